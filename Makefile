@@ -1,0 +1,34 @@
+# Thin wrapper over CMake. `make demo` and `make test` install what they need first.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo test bench sanitize clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Train the reference CNN on Fashion-MNIST.
+demo: deps build
+	$(BUILD)/tessera train --model cnn --epochs 3 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json
+
+test: deps build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Address/UB sanitizer build and test run in build-asan/.
+sanitize: deps
+	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DTS_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
+
+bench: deps build
+	bench/train_vs_pytorch.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) build-asan

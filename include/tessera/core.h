@@ -1,0 +1,130 @@
+/*
+ * tessera/core.h — status codes, errors, dtypes, devices, threads, random numbers.
+ *
+ * Conventions for the whole public API:
+ *   - Every call that can fail returns a ts_status (TS_OK == 0, errors < 0) and
+ *     writes results through out-parameters. On failure, ts_last_error() gives a
+ *     thread-local message with context (file, shape, rank, ...).
+ *   - Objects are opaque handles. A function returning a new object through an
+ *     out-parameter hands the caller one reference, released with the type's
+ *     _release (or _free for non-refcounted objects). Borrowed pointers say so.
+ *   - The library never calls exit() and never prints except through the logger.
+ */
+#ifndef TESSERA_CORE_H
+#define TESSERA_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_VERSION_MAJOR 0
+#define TS_VERSION_MINOR 1
+#define TS_VERSION_PATCH 0
+
+/* ---- status codes ------------------------------------------------------- */
+typedef enum ts_status {
+    TS_OK = 0,
+    TS_ERR_INVALID_ARG = -1, /* a bad argument: NULL, out of range, wrong flag */
+    TS_ERR_SHAPE = -2,       /* tensor shapes do not fit together */
+    TS_ERR_DTYPE = -3,       /* unsupported or mismatched dtype */
+    TS_ERR_DEVICE = -4,      /* tensors on different devices, unknown device */
+    TS_ERR_NOMEM = -5,       /* allocation failed */
+    TS_ERR_IO = -6,          /* a file could not be opened, read or written */
+    TS_ERR_FORMAT = -7,      /* a file is malformed, truncated or corrupt */
+    TS_ERR_STATE = -8,       /* call not valid in the current state */
+    TS_ERR_UNSUPPORTED = -9, /* a feature that this build or device lacks */
+    TS_ERR_TIMEOUT = -10,    /* an operation did not finish in time */
+    TS_ERR_REMOTE = -11,     /* a peer process failed or disconnected */
+    TS_ERR_INTERNAL = -12,   /* a bug in Tessera */
+} ts_status;
+
+/* Short name ("TS_ERR_SHAPE") and description of a status. Static strings. */
+const char *ts_status_name(ts_status s);
+const char *ts_status_str(ts_status s);
+/* The last error message set on this thread (never NULL; "" when none). */
+const char *ts_last_error(void);
+/* Sets the thread-local error message and returns s, for libraries built on Tessera. */
+ts_status ts_error(ts_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ts_clear_error(void);
+
+/* ---- logging --------------------------------------------------------------- */
+typedef enum ts_log_level { TS_LOG_DEBUG = 0, TS_LOG_INFO, TS_LOG_WARN, TS_LOG_ERROR, TS_LOG_OFF } ts_log_level;
+typedef void (*ts_log_fn)(ts_log_level level, const char *msg, void *user);
+/* Default level comes from TS_LOG_LEVEL (debug|info|warn|error|off), else warn. */
+void ts_log_set_level(ts_log_level level);
+ts_log_level ts_log_get_level(void);
+/* Replace the sink (default: stderr). fn == NULL restores the default. */
+void ts_log_set_sink(ts_log_fn fn, void *user);
+void ts_log(ts_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- dtypes ------------------------------------------------------------------ */
+typedef enum ts_dtype {
+    TS_F32 = 0,
+    TS_F16 = 1,  /* storage reserved; no kernels yet */
+    TS_BF16 = 2, /* storage reserved; no kernels yet */
+    TS_I64 = 3,  /* indices and labels */
+    TS_I32 = 4,
+    TS_U8 = 5,
+    TS_DTYPE_COUNT
+} ts_dtype;
+size_t ts_dtype_size(ts_dtype dt);
+const char *ts_dtype_name(ts_dtype dt);
+
+/* ---- devices ------------------------------------------------------------------- */
+typedef struct ts_device ts_device; /* owned by the registry; never freed by users */
+typedef enum ts_device_type { TS_DEVICE_CPU = 0, TS_DEVICE_CUDA = 1 } ts_device_type;
+
+/* The host CPU device ("cpu"). Borrowed. */
+ts_device *ts_device_cpu(void);
+/* Look up a device by name ("cpu", ...). *out is borrowed. */
+ts_status ts_device_get(const char *name, ts_device **out);
+const char *ts_device_name(const ts_device *d);
+ts_device_type ts_device_type_of(const ts_device *d);
+/* Waits until all work queued on the device is done. */
+ts_status ts_device_synchronize(ts_device *d);
+/* Returns cached free blocks of the device's allocator to the system. */
+void ts_device_empty_cache(ts_device *d);
+/* Bytes currently allocated to live tensors and peak since start/reset. */
+size_t ts_device_memory_allocated(const ts_device *d);
+size_t ts_device_memory_peak(const ts_device *d);
+void ts_device_memory_reset_peak(ts_device *d);
+
+/* ---- threads ----------------------------------------------------------------------- */
+/* Number of CPU threads for kernels and BLAS (default: OMP_NUM_THREADS, else cores). */
+void ts_set_num_threads(int n);
+int ts_get_num_threads(void);
+
+/* ---- random numbers ------------------------------------------------------------------ */
+/* A seeded generator (PCG-XSL-RR 128/64); reproducible across runs and machines. */
+typedef struct ts_rng {
+    uint64_t state_hi, state_lo; /* 128-bit LCG state */
+    uint64_t inc_hi, inc_lo;     /* stream (odd) */
+    double spare_normal;         /* Box–Muller spare */
+    int has_spare;
+} ts_rng;
+
+void ts_rng_seed(ts_rng *r, uint64_t seed);
+uint64_t ts_rng_u64(ts_rng *r);
+uint32_t ts_rng_u32(ts_rng *r);
+/* Uniform in [0, 1). */
+double ts_rng_uniform(ts_rng *r);
+/* Uniform integer in [0, n). */
+uint64_t ts_rng_below(ts_rng *r, uint64_t n);
+double ts_rng_normal(ts_rng *r);
+/* Fisher–Yates shuffle of idx[0..n). */
+void ts_rng_shuffle_i64(ts_rng *r, int64_t *idx, int64_t n);
+/* The process-wide default generator (used by initialisers when none is given). */
+ts_rng *ts_rng_default(void);
+void ts_manual_seed(uint64_t seed);
+
+/* ---- wall clock --------------------------------------------------------------------------- */
+double ts_time_now(void); /* seconds, monotonic */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_CORE_H */

@@ -1,0 +1,101 @@
+/*
+ * tessera/ops.h — differentiable tensor operations.
+ *
+ * Every op: inputs are borrowed, the result is a new reference in *out, inputs
+ * must share one device, and the op records an autograd node when grad mode is
+ * on and any input requires grad. Float ops take TS_F32; index inputs TS_I64.
+ * Results are contiguous. Shapes follow PyTorch (NCHW for images).
+ */
+#ifndef TESSERA_OPS_H
+#define TESSERA_OPS_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- elementwise (numpy broadcasting for binary ops) --------------------------------- */
+ts_status ts_add(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+ts_status ts_sub(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+ts_status ts_mul(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+ts_status ts_scale(const ts_tensor *a, float s, ts_tensor **out); /* s * a */
+ts_status ts_relu(const ts_tensor *x, ts_tensor **out);
+
+/* ---- reductions --------------------------------------------------------------------------- */
+ts_status ts_sum(const ts_tensor *x, ts_tensor **out);  /* all elements -> shape [] (ndim 0) */
+ts_status ts_mean(const ts_tensor *x, ts_tensor **out); /* all elements -> shape [] */
+
+/* ---- linear algebra ------------------------------------------------------------------------ */
+/* a: (M, K), b: (K, N) -> (M, N). */
+ts_status ts_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+/* x: (N, in), w: (out, in), b: (out) or NULL -> (N, out) = x w^T + b. */
+ts_status ts_linear(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, ts_tensor **out);
+
+/* ---- convolution and pooling -------------------------------------------------------------------- */
+typedef struct ts_conv2d_params {
+    int stride[2];   /* (h, w), >= 1 */
+    int padding[2];  /* zero padding (h, w), >= 0 */
+    int dilation[2]; /* >= 1 */
+    int groups;      /* >= 1, divides C_in and C_out */
+} ts_conv2d_params;
+#define TS_CONV2D_DEFAULT ((ts_conv2d_params){{1, 1}, {0, 0}, {1, 1}, 1})
+
+/* x: (N, C_in, H, W), w: (C_out, C_in/groups, kH, kW), b: (C_out) or NULL
+ * -> (N, C_out, H_out, W_out), H_out = (H + 2p - d(k-1) - 1)/s + 1. */
+ts_status ts_conv2d(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, ts_conv2d_params p,
+                    ts_tensor **out);
+
+typedef struct ts_pool2d_params {
+    int kernel[2];
+    int stride[2];  /* 0 means = kernel */
+    int padding[2]; /* <= kernel/2; max pool pads with -inf, avg pool counts padding (count_include_pad) */
+    int dilation[2]; /* max pool only; 0 or 1 means 1 */
+    bool ceil_mode;
+} ts_pool2d_params;
+
+ts_status ts_maxpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out);
+ts_status ts_avgpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out);
+/* (N, C, H, W) -> (N, C, 1, 1). */
+ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out);
+
+/* ---- normalisation ------------------------------------------------------------------------------ */
+/* x: (N, C, H, W); weight, bias: (C) or NULL; running_mean/var: (C) or NULL.
+ * training: normalise with batch statistics (biased variance) and, when running
+ * stats are given, update them in place: r = (1 - momentum) r + momentum * stat,
+ * with the unbiased variance, as PyTorch does. Eval: normalise with running stats. */
+ts_status ts_batchnorm2d(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
+                         ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum,
+                         float eps, ts_tensor **out);
+
+/* ---- indexing and shapes ----------------------------------------------------------------------------- */
+/* idx: any shape, TS_I64 in [0, num); weight: (num, dim) -> idx.shape + (dim). */
+ts_status ts_embedding(const ts_tensor *idx, const ts_tensor *weight, ts_tensor **out);
+/* A view with a new shape (one entry may be -1); shares storage when contiguous. */
+ts_status ts_reshape(const ts_tensor *x, int ndim, const int64_t *shape, ts_tensor **out);
+/* Flattens dims [start_dim, end) into one: (N, C, H, W), 1 -> (N, C*H*W). */
+ts_status ts_flatten(const ts_tensor *x, int start_dim, ts_tensor **out);
+ts_status ts_concat(ts_tensor *const *xs, int n, int dim, ts_tensor **out);
+/* Elements [start, end) along dim (negative values count from the end). */
+ts_status ts_slice(const ts_tensor *x, int dim, int64_t start, int64_t end, ts_tensor **out);
+
+/* ---- regularisation ------------------------------------------------------------------------------------ */
+/* Inverted dropout: zeroes with probability p and scales by 1/(1-p) when training. */
+ts_status ts_dropout(const ts_tensor *x, float p, bool training, ts_rng *rng, ts_tensor **out);
+
+/* ---- losses and activations ------------------------------------------------------------------------------ */
+ts_status ts_log_softmax(const ts_tensor *x, int dim, ts_tensor **out);
+/* logits: (N, C), target: (N) TS_I64 -> mean loss, shape []. label_smoothing in [0, 1). */
+ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *target, float label_smoothing,
+                           ts_tensor **out);
+/* Mean squared error over all elements -> shape []. */
+ts_status ts_mse_loss(const ts_tensor *pred, const ts_tensor *target, ts_tensor **out);
+
+/* ---- device movement --------------------------------------------------------------------------------------- */
+/* A copy of x on dev (a new reference to x when already there); gradients flow back. */
+ts_status ts_to_device(const ts_tensor *x, ts_device *dev, ts_tensor **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_OPS_H */

@@ -1,0 +1,306 @@
+/*
+ * autograd/autograd.c — graph recording and the backward engine.
+ *
+ * Engine, for one ts_backward(root):
+ *   1. Walk the graph from root's node, counting for each node how many
+ *      edges of the reachable graph point at it (deps).
+ *   2. Ready set = nodes whose deps reached 0, starting with root's node
+ *      holding the seed gradient. Always run the ready node with the highest
+ *      creation sequence number, i.e. reverse order of the forward pass, so
+ *      the last layers' gradients are final first (DDP's buckets rely on it).
+ *   3. A node sums incoming gradients in node->pending; running it calls its
+ *      backward and hands each input's gradient to the producer node.
+ *   4. An accumulate node (a leaf's) adds its pending gradient to leaf->grad
+ *      and fires the leaf's grad-ready hooks: every contribution of this pass
+ *      has arrived because its deps count reached 0.
+ *   5. Unless retain_graph, saved tensors are freed; a second backward through
+ *      the same nodes fails with TS_ERR_STATE.
+ */
+#include "autograd/autograd.h"
+#include "ops/k_ew.h"
+
+#include <stdio.h>
+
+static _Thread_local int ts_grad_disabled;
+static _Atomic uint64_t ts_node_seq;
+
+bool ts_grad_set_enabled(bool on) {
+    bool prev = !ts_grad_disabled;
+    ts_grad_disabled = !on;
+    return prev;
+}
+bool ts_grad_is_enabled(void) { return !ts_grad_disabled; }
+
+/* ---- nodes ---------------------------------------------------------------------------- */
+static ts_node *node_alloc(const char *name, ts_backward_fn fn) {
+    ts_node *n = ts__calloc(1, sizeof *n);
+    if (!n) return NULL;
+    atomic_init(&n->refcount, 1);
+    n->name = name;
+    n->backward = fn;
+    n->seq = atomic_fetch_add(&ts_node_seq, 1);
+    return n;
+}
+
+static ts_node *retain_node(ts_node *n) {
+    if (n) atomic_fetch_add(&n->refcount, 1);
+    return n;
+}
+
+static void node_free_saved(ts_node *n) {
+    for (int i = 0; i < n->nsaved; i++) {
+        ts_tensor_release(n->saved[i]);
+        n->saved[i] = NULL;
+    }
+    if (n->ctx && n->free_ctx) n->free_ctx(n->ctx);
+    n->ctx = NULL;
+}
+
+void ts__node_release(ts_node *n) {
+    /* iterative over chains so deep graphs cannot overflow the stack */
+    ts_node *stack[64];
+    int top = 0;
+    if (n) stack[top++] = n;
+    while (top > 0) {
+        ts_node *x = stack[--top];
+        if (atomic_fetch_sub(&x->refcount, 1) != 1) continue;
+        node_free_saved(x);
+        ts_tensor_release(x->pending);
+        for (int i = 0; i < x->ninputs; i++) {
+            if (!x->next[i]) continue;
+            if (top < (int)TS_ARRAY_LEN(stack))
+                stack[top++] = x->next[i];
+            else
+                ts__node_release(x->next[i]);
+        }
+        free(x);
+    }
+}
+
+/* The accumulate node of a leaf that requires grad (created on first use). */
+static ts_node *leaf_acc_node(ts_tensor *t) {
+    if (!t->grad_acc) {
+        t->grad_acc = node_alloc("AccumulateGrad", NULL);
+        if (!t->grad_acc) return NULL;
+        t->grad_acc->leaf = t;
+    }
+    return t->grad_acc;
+}
+
+ts_node *ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts_tensor *const *inputs) {
+    if (ts_grad_disabled) return NULL;
+    bool any = false;
+    for (int i = 0; i < ninputs; i++)
+        if (inputs[i] && inputs[i]->requires_grad) any = true;
+    if (!any) return NULL;
+    ts_node *n = node_alloc(name, fn);
+    if (!n) return NULL;
+    n->ninputs = ninputs;
+    for (int i = 0; i < ninputs; i++) {
+        ts_tensor *t = (ts_tensor *)inputs[i];
+        if (!t) continue;
+        n->in_ndim[i] = t->ndim;
+        memcpy(n->in_shape[i], t->shape, sizeof(int64_t) * (size_t)t->ndim);
+        if (!t->requires_grad) continue;
+        n->needs[i] = true;
+        n->next[i] = retain_node(t->grad_fn ? t->grad_fn : leaf_acc_node(t));
+    }
+    return n;
+}
+
+int ts__node_save(ts_node *n, const ts_tensor *t) {
+    int slot = n->nsaved++;
+    if (t) ts_tensor_detach(t, &n->saved[slot]);
+    return slot;
+}
+
+void ts__node_attach(ts_node *n, ts_tensor *out) {
+    if (!n) return;
+    if (out->grad_fn) ts__node_release(out->grad_fn);
+    out->grad_fn = n;
+    out->requires_grad = true;
+}
+
+/* ---- requires_grad, .grad, hooks ------------------------------------------------------------ */
+void ts_tensor_set_requires_grad(ts_tensor *t, bool on) {
+    if (t->grad_fn) return; /* non-leaf: requires_grad follows its inputs */
+    t->requires_grad = on;
+}
+bool ts_tensor_requires_grad(const ts_tensor *t) { return t->requires_grad; }
+bool ts_tensor_is_leaf(const ts_tensor *t) { return t->grad_fn == NULL; }
+ts_tensor *ts_tensor_grad(ts_tensor *t) { return t->grad; }
+
+void ts_tensor_set_grad(ts_tensor *t, ts_tensor *g) {
+    ts_tensor_retain(g);
+    ts_tensor_release(t->grad);
+    t->grad = g;
+}
+
+void ts_tensor_zero_grad(ts_tensor *t) {
+    ts_tensor_release(t->grad);
+    t->grad = NULL;
+}
+
+int ts_tensor_add_grad_ready_hook(ts_tensor *t, ts_grad_ready_fn fn, void *user) {
+    ts_hook *h = realloc(t->hooks, sizeof *h * (size_t)(t->nhooks + 1));
+    if (!h) return -1;
+    t->hooks = h;
+    int id = ++t->next_hook_id;
+    h[t->nhooks++] = (ts_hook){id, fn, user};
+    return id;
+}
+
+void ts_tensor_remove_grad_ready_hook(ts_tensor *t, int id) {
+    for (int i = 0; i < t->nhooks; i++) {
+        if (t->hooks[i].id == id) {
+            memmove(&t->hooks[i], &t->hooks[i + 1], sizeof *t->hooks * (size_t)(t->nhooks - i - 1));
+            t->nhooks--;
+            return;
+        }
+    }
+}
+
+/* ---- gradient accumulation ------------------------------------------------------------------------ */
+ts_status ts__grad_accumulate(ts_tensor **acc, ts_tensor *g) {
+    if (!*acc) {
+        /* take a private contiguous copy: g may be shared with other nodes */
+        return ts_tensor_clone(g, acc);
+    }
+    if (!ts__same_shape(*acc, g)) {
+        char a[96], b[96];
+        return ts_error(TS_ERR_SHAPE, "autograd: gradient of shape %s added to one of shape %s",
+                        ts_shape_str(g->ndim, g->shape, a, sizeof a),
+                        ts_shape_str((*acc)->ndim, (*acc)->shape, b, sizeof b));
+    }
+    return (*acc)->storage->device->k_ew->axpy(*acc, 1.0f, g);
+}
+
+/* ---- the engine ------------------------------------------------------------------------------------ */
+typedef struct node_vec {
+    ts_node **v;
+    size_t n, cap;
+} node_vec;
+
+static ts_status vec_push(node_vec *s, ts_node *x) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 64;
+        ts_node **v = realloc(s->v, cap * sizeof *v);
+        if (!v) return ts_error(TS_ERR_NOMEM, "autograd: out of memory");
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = x;
+    return TS_OK;
+}
+
+enum { NODE_UNSEEN = 0, NODE_SEEN = 1 };
+
+ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
+    TS_ARG(root, "ts_backward: NULL root");
+    if (!root->requires_grad)
+        return ts_error(TS_ERR_STATE, "ts_backward: the tensor does not require grad (no graph was recorded)");
+    ts_node *top = root->grad_fn ? root->grad_fn : leaf_acc_node(root);
+    if (!top) return TS_ERR_NOMEM;
+    ts_status st = TS_OK;
+    node_vec all = {0}, ready = {0};
+    ts_tensor *seed = NULL;
+
+    if (grad) {
+        if (!ts__same_shape(grad, root)) {
+            char a[96], b[96];
+            return ts_error(TS_ERR_SHAPE, "ts_backward: gradient shape %s for a tensor of shape %s",
+                            ts_shape_str(grad->ndim, grad->shape, a, sizeof a),
+                            ts_shape_str(root->ndim, root->shape, b, sizeof b));
+        }
+        seed = ts_tensor_retain(grad);
+    } else {
+        if (ts_tensor_numel(root) != 1)
+            return ts_error(TS_ERR_SHAPE, "ts_backward: grad can be omitted only for a one-element tensor");
+        TS_TRY(ts_tensor_full(root->storage->device, root->ndim, root->shape, 1.0f, &seed));
+    }
+
+    /* 1. discover reachable nodes and count in-edges */
+    TS_CHECK_GOTO(vec_push(&all, top));
+    top->state = NODE_SEEN;
+    top->deps = 0;
+    for (size_t i = 0; i < all.n; i++) {
+        ts_node *x = all.v[i];
+        if (x->released && x->backward)
+            TS_CHECK_GOTO(ts_error(TS_ERR_STATE,
+                                   "ts_backward: trying to backward through the graph a second time (node %s); "
+                                   "pass retain_graph=true the first time",
+                                   x->name));
+        for (int k = 0; k < x->ninputs; k++) {
+            ts_node *y = x->next[k];
+            if (!y) continue;
+            if (y->state != NODE_SEEN) {
+                y->state = NODE_SEEN;
+                y->deps = 0;
+                TS_CHECK_GOTO(vec_push(&all, y));
+            }
+            y->deps++;
+        }
+    }
+
+    /* 2-4. run ready nodes, highest sequence number first */
+    bool prev_mode = ts_grad_set_enabled(false);
+    top->pending = seed;
+    seed = NULL;
+    st = vec_push(&ready, top);
+    while (st == TS_OK && ready.n > 0) {
+        size_t best = 0;
+        for (size_t i = 1; i < ready.n; i++)
+            if (ready.v[i]->seq > ready.v[best]->seq) best = i;
+        ts_node *x = ready.v[best];
+        ready.v[best] = ready.v[--ready.n];
+        ts_tensor *g = x->pending;
+        x->pending = NULL;
+
+        if (!x->backward) { /* accumulate node */
+            ts_tensor *leaf = x->leaf;
+            if (leaf && g) {
+                st = ts__grad_accumulate(&leaf->grad, g);
+                for (int h = 0; st == TS_OK && h < leaf->nhooks; h++) leaf->hooks[h].fn(leaf, leaf->hooks[h].user);
+            }
+            ts_tensor_release(g);
+            continue;
+        }
+        ts_tensor *gin[TS_NODE_MAX_INPUTS] = {0};
+        if (g) {
+            st = x->backward(x, g, gin);
+            if (st != TS_OK) ts__error_prefix(st, "backward of %s", x->name);
+        }
+        ts_tensor_release(g);
+        for (int k = 0; k < x->ninputs; k++) {
+            ts_node *y = x->next[k];
+            if (!y) {
+                ts_tensor_release(gin[k]);
+                continue;
+            }
+            if (st == TS_OK && gin[k]) {
+                if (!y->pending)
+                    y->pending = gin[k], gin[k] = NULL;
+                else
+                    st = y->pending->storage->device->k_ew->axpy(y->pending, 1.0f, gin[k]);
+            }
+            ts_tensor_release(gin[k]);
+            if (--y->deps == 0 && st == TS_OK) st = vec_push(&ready, y);
+        }
+        if (!retain_graph) {
+            node_free_saved(x);
+            x->released = true;
+        }
+    }
+    ts_grad_set_enabled(prev_mode);
+
+fail:
+    for (size_t i = 0; i < all.n; i++) {
+        all.v[i]->state = NODE_UNSEEN;
+        ts_tensor_release(all.v[i]->pending);
+        all.v[i]->pending = NULL;
+    }
+    ts_tensor_release(seed);
+    free(all.v);
+    free(ready.v);
+    return st;
+}

@@ -1,0 +1,157 @@
+/*
+ * device/cpu.c — the host CPU device: a caching allocator and memcpy copies.
+ *
+ * Allocator: training allocates the same sizes every step, so freed blocks are
+ * kept on per-size free lists (sizes rounded up to 64 bytes, or to 4 KiB above
+ * 64 KiB) and reused, which avoids mmap/munmap and page faults on every step.
+ * The cache is bounded (TS_CPU_CACHE_MB, default 2048) and disabled in
+ * sanitizer builds or with TS_CPU_CACHE_MB=0 so ASan sees every free.
+ */
+#include "device/device.h"
+
+#include <stdio.h>
+
+extern const struct ts_kernels_ew ts_cpu_kernels_ew;
+extern const struct ts_kernels_blas ts_cpu_kernels_blas;
+extern const struct ts_kernels_spatial ts_cpu_kernels_spatial;
+extern const struct ts_kernels_misc ts_cpu_kernels_misc;
+extern const struct ts_kernels_optim ts_cpu_kernels_optim;
+
+typedef struct cpu_block {
+    struct cpu_block *next;
+} cpu_block;
+
+#define CPU_NBUCKETS 1024 /* open-addressed table of size classes */
+
+typedef struct cpu_cache {
+    pthread_mutex_t mu;
+    size_t sizes[CPU_NBUCKETS];
+    cpu_block *heads[CPU_NBUCKETS];
+    size_t cached_bytes, limit;
+} cpu_cache;
+
+static cpu_cache ts_cpu_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static size_t round_size(size_t n) {
+    if (n == 0) n = 1;
+    if (n <= 65536) return (n + 63) & ~(size_t)63;
+    return (n + 4095) & ~(size_t)4095;
+}
+
+static size_t bucket_of(cpu_cache *c, size_t sz, int create) {
+    size_t h = (sz / 64) * 0x9e3779b97f4a7c15ULL % CPU_NBUCKETS;
+    for (size_t i = 0; i < CPU_NBUCKETS; i++) {
+        size_t j = (h + i) % CPU_NBUCKETS;
+        if (c->sizes[j] == sz) return j;
+        if (c->sizes[j] == 0) {
+            if (!create) return (size_t)-1;
+            c->sizes[j] = sz;
+            return j;
+        }
+    }
+    return (size_t)-1;
+}
+
+static void *cpu_alloc(ts_device *d, size_t nbytes) {
+    cpu_cache *c = d->ctx;
+    size_t sz = round_size(nbytes);
+    if (c->limit) {
+        pthread_mutex_lock(&c->mu);
+        size_t b = bucket_of(c, sz, 0);
+        if (b != (size_t)-1 && c->heads[b]) {
+            cpu_block *blk = c->heads[b];
+            c->heads[b] = blk->next;
+            c->cached_bytes -= sz;
+            pthread_mutex_unlock(&c->mu);
+            return blk;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sz) != 0) return NULL;
+    return p;
+}
+
+static void cpu_free(ts_device *d, void *p, size_t nbytes) {
+    cpu_cache *c = d->ctx;
+    size_t sz = round_size(nbytes);
+    if (c->limit) {
+        pthread_mutex_lock(&c->mu);
+        if (c->cached_bytes + sz <= c->limit) {
+            size_t b = bucket_of(c, sz, 1);
+            if (b != (size_t)-1) {
+                cpu_block *blk = p;
+                blk->next = c->heads[b];
+                c->heads[b] = blk;
+                c->cached_bytes += sz;
+                pthread_mutex_unlock(&c->mu);
+                return;
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    free(p);
+}
+
+static void cpu_empty_cache(ts_device *d) {
+    cpu_cache *c = d->ctx;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < CPU_NBUCKETS; i++) {
+        while (c->heads[i]) {
+            cpu_block *b = c->heads[i];
+            c->heads[i] = b->next;
+            free(b);
+        }
+        c->sizes[i] = 0;
+    }
+    c->cached_bytes = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static ts_status cpu_copy(ts_device *d, void *dst, const void *src, size_t n) {
+    if (n) memcpy(dst, src, n);
+    return TS_OK;
+}
+
+static ts_status cpu_memset0(ts_device *d, void *dst, size_t n) {
+    if (n) memset(dst, 0, n);
+    return TS_OK;
+}
+
+static ts_status cpu_sync(ts_device *d) { return TS_OK; }
+
+static const ts_device_ops cpu_ops = {
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy,
+    .memset0 = cpu_memset0,
+    .synchronize = cpu_sync,
+    .empty_cache = cpu_empty_cache,
+};
+
+static ts_device ts_cpu_device;
+
+ts_device *ts__cpu_device_init(void) {
+    ts_device *d = &ts_cpu_device;
+    snprintf(d->name, sizeof d->name, "cpu");
+    d->type = TS_DEVICE_CPU;
+    d->index = -1;
+    d->host_accessible = true;
+    d->ops = &cpu_ops;
+    d->ctx = &ts_cpu_cache;
+#ifdef TS_SANITIZE
+    ts_cpu_cache.limit = 0;
+#else
+    const char *e = getenv("TS_CPU_CACHE_MB");
+    ts_cpu_cache.limit = (size_t)(e ? atol(e) : 2048) << 20;
+#endif
+    d->k_ew = &ts_cpu_kernels_ew;
+    d->k_blas = &ts_cpu_kernels_blas;
+    d->k_spatial = &ts_cpu_kernels_spatial;
+    d->k_misc = &ts_cpu_kernels_misc;
+    d->k_optim = &ts_cpu_kernels_optim;
+    ts__device_register(d);
+    return d;
+}

@@ -1,0 +1,67 @@
+/*
+ * device/device.h — the device table. A device is a name, an allocator and
+ * copy functions, plus one kernel table per op family. The op layer
+ * (src/ops/NAME.c) checks arguments, allocates results on the inputs' device and
+ * calls dev->k_<family>->fn(...); it never asks what kind of device it is.
+ *
+ * Kernel families are declared as incomplete structs here and defined by their
+ * op family's header (src/ops/k_<family>.h); each backend provides one
+ * instance per family (src/ops/cpu/<family>.c for the CPU).
+ */
+#ifndef TS_DEVICE_H
+#define TS_DEVICE_H
+
+#include "core/internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+struct ts_kernels_ew;      /* src/ops/k_ew.h: elementwise, reductions, copies */
+struct ts_kernels_blas;    /* src/ops/k_blas.h: gemm */
+struct ts_kernels_spatial; /* src/ops/k_spatial.h: conv2d, pooling, batchnorm */
+struct ts_kernels_misc;    /* src/ops/k_misc.h: embedding, concat/slice, dropout, softmax, losses */
+struct ts_kernels_optim;   /* src/ops/k_optim.h: fused optimizer updates */
+
+typedef struct ts_device_ops {
+    /* Returns device memory of at least nbytes (64-byte aligned) or NULL. */
+    void *(*alloc)(ts_device *d, size_t nbytes);
+    void (*free)(ts_device *d, void *p, size_t nbytes);
+    ts_status (*copy_h2d)(ts_device *d, void *dst, const void *src, size_t n);
+    ts_status (*copy_d2h)(ts_device *d, void *dst, const void *src, size_t n);
+    ts_status (*copy_d2d)(ts_device *d, void *dst, const void *src, size_t n);
+    ts_status (*memset0)(ts_device *d, void *dst, size_t n);
+    ts_status (*synchronize)(ts_device *d);
+    void (*empty_cache)(ts_device *d);
+} ts_device_ops;
+
+struct ts_device {
+    char name[32];
+    ts_device_type type;
+    int index;
+    bool host_accessible; /* memory is addressable by the CPU */
+    const ts_device_ops *ops;
+    void *ctx; /* backend state */
+
+    const struct ts_kernels_ew *k_ew;
+    const struct ts_kernels_blas *k_blas;
+    const struct ts_kernels_spatial *k_spatial;
+    const struct ts_kernels_misc *k_misc;
+    const struct ts_kernels_optim *k_optim;
+
+    /* memory accounting (bytes handed to live storages) */
+    _Atomic size_t mem_allocated;
+    _Atomic size_t mem_peak;
+};
+
+/* Registers a device (the registry keeps the pointer; the device must outlive
+ * the process). Fails if the name is taken. */
+ts_status ts__device_register(ts_device *d);
+
+/* Allocation through the device, with accounting and an error naming the device. */
+void *ts__device_alloc(ts_device *d, size_t nbytes);
+void ts__device_free(ts_device *d, void *p, size_t nbytes);
+
+/* The CPU device's setup (device/cpu.c). */
+ts_device *ts__cpu_device_init(void);
+
+#endif /* TS_DEVICE_H */

@@ -1,0 +1,20 @@
+/*
+ * ops/cpu/blas.c — sgemm through OpenBLAS (its OpenMP build: it shares our
+ * thread pool and runs single-threaded when called inside a parallel region).
+ */
+#include "ops/k_blas.h"
+
+#include <cblas.h>
+
+static ts_status cpu_sgemm(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                           const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                           int64_t ldc) {
+    if (M == 0 || N == 0) return TS_OK;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
+                (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+    return TS_OK;
+}
+
+const struct ts_kernels_blas ts_cpu_kernels_blas = {
+    .sgemm = cpu_sgemm,
+};

@@ -1,0 +1,71 @@
+/*
+ * tensor/tensor.h — the tensor and storage structs (internal).
+ *
+ * Ownership: a tensor holds one reference to its storage and, when it is the
+ * result of a recorded op, one reference to its grad_fn node. A leaf that
+ * requires grad owns its accumulate node (grad_acc); that node points back at
+ * the leaf weakly, and the leaf clears the pointer when it dies.
+ */
+#ifndef TS_TENSOR_INTERNAL_H
+#define TS_TENSOR_INTERNAL_H
+
+#include "device/device.h"
+
+typedef struct ts_storage {
+    _Atomic int refcount;
+    ts_device *device;
+    void *data;
+    size_t nbytes;
+} ts_storage;
+
+struct ts_node;
+
+typedef struct ts_hook {
+    int id;
+    ts_grad_ready_fn fn;
+    void *user;
+} ts_hook;
+
+struct ts_tensor {
+    _Atomic int refcount;
+    ts_dtype dtype;
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    int64_t stride[TS_MAX_DIMS]; /* in elements */
+    int64_t offset;              /* in elements */
+    ts_storage *storage;
+
+    /* autograd */
+    bool requires_grad;
+    ts_tensor *grad;
+    struct ts_node *grad_fn;  /* producer (non-leaf), owned reference */
+    struct ts_node *grad_acc; /* accumulate node (leaf), owned reference, lazily created */
+    ts_hook *hooks;
+    int nhooks, next_hook_id;
+    char *name;
+};
+
+/* Pointer to element 0 (device address). */
+static inline void *ts__ptr(const ts_tensor *t) {
+    return (char *)t->storage->data + (size_t)t->offset * ts_dtype_size(t->dtype);
+}
+static inline float *ts__f32(const ts_tensor *t) { return (float *)ts__ptr(t); }
+
+int64_t ts__numel(int ndim, const int64_t *shape);
+/* A new contiguous tensor with no data initialisation (same as ts_tensor_empty). */
+ts_status ts__new(ts_device *dev, ts_dtype dt, int ndim, const int64_t *shape, ts_tensor **out);
+/* A new contiguous tensor shaped like t. */
+ts_status ts__new_like(const ts_tensor *t, ts_tensor **out);
+ts_status ts__zeros_like(const ts_tensor *t, ts_tensor **out);
+/* A view over t's storage with a new shape (contiguous strides); no autograd. */
+ts_status ts__view(const ts_tensor *t, int ndim, const int64_t *shape, ts_tensor **out);
+/* Returns a new reference to t if contiguous, else a contiguous copy; no autograd. */
+ts_status ts__contiguous(const ts_tensor *t, ts_tensor **out);
+bool ts__same_shape(const ts_tensor *a, const ts_tensor *b);
+
+/* Argument checks with errors that name the op and the shapes. */
+ts_status ts__check_f32(const char *op, const char *arg, const ts_tensor *t);
+ts_status ts__check_ndim(const char *op, const char *arg, const ts_tensor *t, int ndim);
+ts_status ts__check_same_device(const char *op, const ts_tensor *a, const ts_tensor *b);
+
+#endif

@@ -1,0 +1,185 @@
+/* Autograd engine and the core ops: elementwise, matmul, linear. */
+#include "test_util.h"
+
+static ts_status f_add(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_add(in[0], in[1], out); }
+static ts_status f_sub(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_sub(in[0], in[1], out); }
+static ts_status f_mul(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_mul(in[0], in[1], out); }
+static ts_status f_scale(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_scale(in[0], -1.5f, out); }
+static ts_status f_relu(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_relu(in[0], out); }
+static ts_status f_sum(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_sum(in[0], out); }
+static ts_status f_mean(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_mean(in[0], out); }
+static ts_status f_matmul(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_matmul(in[0], in[1], out); }
+static ts_status f_linear(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_linear(in[0], in[1], in[2], out); }
+
+static void test_grad_elementwise(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 1);
+    int64_t s[3] = {2, 3, 4}, sb[2] = {1, 4}, sc[1] = {1};
+    ts_tensor *a = tu_rand(&r, 3, s, -1, 1, true), *b = tu_rand(&r, 3, s, -1, 1, true);
+    ts_tensor *bb = tu_rand(&r, 2, sb, -1, 1, true), *c = tu_rand(&r, 1, sc, -1, 1, true);
+    ts_tensor *in[2] = {a, b};
+    CHECK(tu_gradcheck("add", f_add, in, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("sub", f_sub, in, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("mul", f_mul, in, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    ts_tensor *inb[2] = {a, bb}; /* broadcast (2,3,4) with (1,4) */
+    CHECK(tu_gradcheck("add broadcast", f_add, inb, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("mul broadcast", f_mul, inb, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    ts_tensor *inc[2] = {c, a}; /* scalar-like on the left */
+    CHECK(tu_gradcheck("sub broadcast", f_sub, inc, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("scale", f_scale, in, 1, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("relu", f_relu, in, 1, NULL, 1e-3, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("sum", f_sum, in, 1, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    CHECK(tu_gradcheck("mean", f_mean, in, 1, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    ts_tensor *o = NULL;
+    int64_t s2[2] = {3, 5};
+    ts_tensor *x = tu_rand(&r, 2, s2, -1, 1, false);
+    CHECK_STATUS(ts_add(a, x, &o), TS_ERR_SHAPE);
+    CHECK_ERR_MENTIONS("[2, 3, 4]");
+    ts_tensor_release(x);
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(bb);
+    ts_tensor_release(c);
+}
+
+static void test_grad_linear(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 2);
+    int64_t sa[2] = {5, 7}, sb[2] = {7, 3}, sw[2] = {4, 7}, sbias[1] = {4};
+    ts_tensor *a = tu_rand(&r, 2, sa, -1, 1, true), *b = tu_rand(&r, 2, sb, -1, 1, true);
+    ts_tensor *w = tu_rand(&r, 2, sw, -1, 1, true), *bias = tu_rand(&r, 1, sbias, -1, 1, true);
+    ts_tensor *in[3] = {a, b, NULL};
+    CHECK(tu_gradcheck("matmul", f_matmul, in, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    ts_tensor *inl[3] = {a, w, bias};
+    CHECK(tu_gradcheck("linear", f_linear, inl, 3, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    ts_tensor *inn[3] = {a, w, NULL};
+    CHECK(tu_gradcheck("linear no bias", f_linear, inn, 3, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+    /* a known value: [1 2; 3 4] @ [5; 6] = [17; 39] */
+    ts_tensor *m = tu_tensor(2, (int64_t[]){2, 2}, (float[]){1, 2, 3, 4});
+    ts_tensor *v = tu_tensor(2, (int64_t[]){2, 1}, (float[]){5, 6});
+    ts_tensor *o = NULL;
+    CHECK_OK(ts_matmul(m, v, &o));
+    CHECK_NEAR(ts_tensor_data_f32(o)[0], 17, 0);
+    CHECK_NEAR(ts_tensor_data_f32(o)[1], 39, 0);
+    ts_tensor_release(o);
+    CHECK_STATUS(ts_matmul(v, v, &o), TS_ERR_SHAPE);
+    CHECK_STATUS(ts_linear(a, b, NULL, &o), TS_ERR_SHAPE);
+    CHECK_ERR_MENTIONS("linear");
+    ts_tensor *objs[] = {a, b, w, bias, m, v};
+    for (size_t i = 0; i < 6; i++) ts_tensor_release(objs[i]);
+}
+
+/* gradients accumulate across backward calls; set_to_none clears */
+static void test_accumulate_and_reuse(void) {
+    ts_tensor *x = tu_tensor(1, (int64_t[]){3}, (float[]){1, 2, 3});
+    ts_tensor_set_requires_grad(x, true);
+    for (int pass = 0; pass < 2; pass++) {
+        ts_tensor *y = NULL, *z = NULL, *s = NULL;
+        CHECK_OK(ts_mul(x, x, &y)); /* x used twice in one op */
+        CHECK_OK(ts_add(y, x, &z)); /* and again: d/dx = 2x + 1 */
+        CHECK_OK(ts_sum(z, &s));
+        CHECK_OK(ts_backward(s, NULL, false));
+        ts_tensor_release(y);
+        ts_tensor_release(z);
+        ts_tensor_release(s);
+    }
+    float *g = ts_tensor_data_f32(ts_tensor_grad(x));
+    CHECK_NEAR(g[0], 2 * 3, 1e-6);
+    CHECK_NEAR(g[2], 2 * 7, 1e-6);
+    ts_tensor_zero_grad(x);
+    CHECK(ts_tensor_grad(x) == NULL);
+    ts_tensor_release(x);
+}
+
+static void test_no_grad_and_errors(void) {
+    ts_tensor *x = tu_tensor(1, (int64_t[]){2}, (float[]){1, 2});
+    ts_tensor_set_requires_grad(x, true);
+    bool prev = ts_grad_set_enabled(false);
+    CHECK(prev);
+    ts_tensor *y = NULL;
+    CHECK_OK(ts_scale(x, 2, &y));
+    CHECK(!ts_tensor_requires_grad(y));
+    CHECK_STATUS(ts_backward(y, NULL, false), TS_ERR_STATE);
+    ts_tensor_release(y);
+    ts_grad_set_enabled(true);
+    /* second backward without retain_graph */
+    ts_tensor *z = NULL, *s = NULL;
+    CHECK_OK(ts_mul(x, x, &z));
+    CHECK_OK(ts_sum(z, &s));
+    CHECK_OK(ts_backward(s, NULL, false));
+    CHECK_STATUS(ts_backward(s, NULL, false), TS_ERR_STATE);
+    CHECK_ERR_MENTIONS("second time");
+    ts_tensor_release(s);
+    ts_tensor_release(z);
+    /* retain_graph allows it */
+    ts_tensor_zero_grad(x);
+    CHECK_OK(ts_mul(x, x, &z));
+    CHECK_OK(ts_sum(z, &s));
+    CHECK_OK(ts_backward(s, NULL, true));
+    CHECK_OK(ts_backward(s, NULL, false));
+    CHECK_NEAR(ts_tensor_data_f32(ts_tensor_grad(x))[1], 8, 1e-6);
+    /* non-scalar root needs an explicit gradient */
+    CHECK_STATUS(ts_backward(z, NULL, false), TS_ERR_SHAPE);
+    ts_tensor_release(s);
+    ts_tensor_release(z);
+    ts_tensor_release(x);
+}
+
+/* The grad-ready hook fires once per leaf per pass, after its gradient is
+ * final, in reverse order of use (the last layer first). */
+typedef struct {
+    ts_tensor *order[8];
+    int n;
+    float seen[8];
+} hook_log;
+
+static void on_ready(ts_tensor *t, void *user) {
+    hook_log *h = user;
+    h->seen[h->n] = ts_tensor_data_f32(ts_tensor_grad(t))[0];
+    h->order[h->n++] = t;
+}
+
+static void test_grad_ready_hook(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 3);
+    ts_tensor *x = tu_rand(&r, 2, (int64_t[]){4, 3}, -1, 1, false);
+    ts_tensor *w1 = tu_rand(&r, 2, (int64_t[]){5, 3}, -1, 1, true);
+    ts_tensor *w2 = tu_rand(&r, 2, (int64_t[]){2, 5}, -1, 1, true);
+    hook_log h = {0};
+    ts_tensor_add_grad_ready_hook(w1, on_ready, &h);
+    int id2 = ts_tensor_add_grad_ready_hook(w2, on_ready, &h);
+    ts_tensor *h1 = NULL, *a1 = NULL, *h2 = NULL, *h3 = NULL, *l = NULL;
+    CHECK_OK(ts_linear(x, w1, NULL, &h1));
+    CHECK_OK(ts_relu(h1, &a1));
+    CHECK_OK(ts_linear(a1, w2, NULL, &h2));
+    CHECK_OK(ts_mul(h2, h2, &h3));
+    CHECK_OK(ts_sum(h3, &l));
+    CHECK_OK(ts_backward(l, NULL, false));
+    CHECK(h.n == 2);
+    CHECK(h.order[0] == w2 && h.order[1] == w1);
+    CHECK(h.seen[0] == ts_tensor_data_f32(ts_tensor_grad(w2))[0]);
+    ts_tensor_remove_grad_ready_hook(w2, id2);
+    ts_tensor *objs[] = {h1, a1, h2, h3, l, x, w1, w2};
+    for (size_t i = 0; i < 8; i++) ts_tensor_release(objs[i]);
+}
+
+/* Releasing every tensor frees the whole graph (checked by ASan in the sanitizer build). */
+static void test_graph_lifetime(void) {
+    size_t before = ts_device_memory_allocated(ts_device_cpu());
+    ts_rng r;
+    ts_rng_seed(&r, 4);
+    ts_tensor *w = tu_rand(&r, 2, (int64_t[]){8, 8}, -1, 1, true);
+    ts_tensor *x = tu_rand(&r, 2, (int64_t[]){8, 8}, -1, 1, false);
+    ts_tensor *y = NULL, *s = NULL;
+    CHECK_OK(ts_matmul(x, w, &y));
+    CHECK_OK(ts_mean(y, &s));
+    ts_tensor_release(x);
+    ts_tensor_release(y); /* the graph keeps what backward needs */
+    CHECK_OK(ts_backward(s, NULL, false));
+    ts_tensor_release(s);
+    ts_tensor_release(w);
+    CHECK(ts_device_memory_allocated(ts_device_cpu()) == before);
+}
+
+TU_MAIN(T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
+        T(test_grad_ready_hook), T(test_graph_lifetime))
