@@ -97,6 +97,21 @@ typedef void (*ts_grad_ready_fn)(ts_tensor *t, void *user);
 int ts_tensor_add_grad_ready_hook(ts_tensor *t, ts_grad_ready_fn fn, void *user);
 void ts_tensor_remove_grad_ready_hook(ts_tensor *t, int id);
 
+/* ---- named tensor lists (state dicts, checkpoints, optimizer state) ------------------------ */
+typedef struct ts_tensor_list {
+    int n, cap;
+    char **names;        /* owned copies */
+    ts_tensor **tensors; /* owned references */
+} ts_tensor_list;
+
+#define TS_TENSOR_LIST_INIT ((ts_tensor_list){0, 0, NULL, NULL})
+/* Appends (name, t): copies name, retains t. */
+ts_status ts_tensor_list_append(ts_tensor_list *l, const char *name, ts_tensor *t);
+/* The tensor named `name`, or NULL. Borrowed. */
+ts_tensor *ts_tensor_list_find(const ts_tensor_list *l, const char *name);
+/* Releases every entry and the arrays; leaves an empty list. */
+void ts_tensor_list_clear(ts_tensor_list *l);
+
 #ifdef __cplusplus
 }
 #endif
