@@ -181,5 +181,27 @@ static void test_graph_lifetime(void) {
     CHECK(ts_device_memory_allocated(ts_device_cpu()) == before);
 }
 
-TU_MAIN(T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
+/* A backward that passes one gradient tensor to two inputs (add) must not let a
+ * later accumulation into one input's gradient change the other's. */
+static void test_shared_gradient_not_aliased(void) {
+    ts_tensor *p = tu_tensor(1, (int64_t[]){1}, (float[]){1});
+    ts_tensor *q = tu_tensor(1, (int64_t[]){1}, (float[]){1});
+    ts_tensor_set_requires_grad(p, true);
+    ts_tensor_set_requires_grad(q, true);
+    ts_tensor *a = NULL, *b = NULL, *w = NULL, *z = NULL, *s1 = NULL, *s2 = NULL, *l = NULL;
+    CHECK_OK(ts_relu(p, &a));
+    CHECK_OK(ts_relu(q, &b));
+    CHECK_OK(ts_scale(a, 3, &w));
+    CHECK_OK(ts_add(a, b, &z));
+    CHECK_OK(ts_sum(z, &s1));
+    CHECK_OK(ts_sum(w, &s2));
+    CHECK_OK(ts_add(s1, s2, &l));
+    CHECK_OK(ts_backward(l, NULL, false));
+    CHECK_NEAR(ts_tensor_data_f32(ts_tensor_grad(p))[0], 4, 1e-6);
+    CHECK_NEAR(ts_tensor_data_f32(ts_tensor_grad(q))[0], 1, 1e-6);
+    ts_tensor *objs[] = {p, q, a, b, w, z, s1, s2, l};
+    for (size_t i = 0; i < 9; i++) ts_tensor_release(objs[i]);
+}
+
+TU_MAIN(T(test_shared_gradient_not_aliased), T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
         T(test_grad_ready_hook), T(test_graph_lifetime))

@@ -85,7 +85,7 @@ ts_status ts_dropout(const ts_tensor *x, float p, bool training, ts_rng *rng, ts
 
 /* ---- losses and activations ------------------------------------------------------------------------------ */
 ts_status ts_log_softmax(const ts_tensor *x, int dim, ts_tensor **out);
-/* logits: (N, C), target: (N) TS_I64 -> mean loss, shape []. label_smoothing in [0, 1). */
+/* logits: (N, C), target: (N) TS_I64 -> mean loss, shape []. label_smoothing in [0, 1]; targets of -100 are ignored (PyTorch ignore_index). */
 ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *target, float label_smoothing,
                            ts_tensor **out);
 /* Mean squared error over all elements -> shape []. */

@@ -278,10 +278,19 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
                 continue;
             }
             if (st == TS_OK && gin[k]) {
-                if (!y->pending)
+                if (!y->pending) {
                     y->pending = gin[k], gin[k] = NULL;
-                else
-                    st = y->pending->storage->device->k_ew->axpy(y->pending, 1.0f, gin[k]);
+                } else {
+                    /* a backward may hand one tensor to several inputs (add passes g
+                     * through): never sum into memory someone else can see */
+                    if (atomic_load(&y->pending->refcount) > 1 || atomic_load(&y->pending->storage->refcount) > 1) {
+                        ts_tensor *own = NULL;
+                        st = ts_tensor_clone(y->pending, &own);
+                        ts_tensor_release(y->pending);
+                        y->pending = own;
+                    }
+                    if (st == TS_OK) st = y->pending->storage->device->k_ew->axpy(y->pending, 1.0f, gin[k]);
+                }
             }
             ts_tensor_release(gin[k]);
             if (--y->deps == 0 && st == TS_OK) st = vec_push(&ready, y);

@@ -59,10 +59,16 @@ ts_status ts__error_prefix(ts_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(ctx, sizeof ctx, fmt, ap);
     va_end(ap);
-    if (prev[0])
-        snprintf(ts_errmsg, sizeof ts_errmsg, "%s: %s", ctx, prev);
-    else
-        snprintf(ts_errmsg, sizeof ts_errmsg, "%s: %s", ctx, ts_status_str(s));
+    const char *rest = prev[0] ? prev : ts_status_str(s);
+    size_t n = strlen(ctx);
+    if (n > TS_ERRMSG_MAX - 3) n = TS_ERRMSG_MAX - 3;
+    memcpy(ts_errmsg, ctx, n);
+    memcpy(ts_errmsg + n, ": ", 2);
+    size_t room = TS_ERRMSG_MAX - n - 3;
+    size_t m = strlen(rest);
+    if (m > room) m = room;
+    memcpy(ts_errmsg + n + 2, rest, m);
+    ts_errmsg[n + 2 + m] = '\0';
     return s;
 }
 

@@ -1,13 +1,72 @@
 /*
- * ops/k_misc.h — the misc kernel family: embedding, concat/slice, dropout, log_softmax, losses.
+ * ops/k_misc.h — the misc kernel family: embedding gather/scatter, the block
+ * copy behind concat and slice, dropout masks, log-softmax, and the fused
+ * cross-entropy and mean-squared-error losses, forward and backward. Every
+ * backend provides one instance (src/ops/cpu/misc.c for the CPU).
+ *
+ * The op layer (src/ops/index.c, shape.c, dropout.c, loss.c) checks shapes
+ * and dtypes, allocates contiguous results on the inputs' device and calls
+ * these kernels. Every tensor passed here is contiguous. Kernels that read
+ * indices (embedding, cross_entropy) validate them and report the first bad
+ * one through ts_error, since only the device can read them cheaply.
+ *
+ * The (outer, n, inner) convention: a contiguous tensor seen as three dims,
+ * the middle one being the dim an op works along (outer = product of the dims
+ * before it, inner = product of the dims after it).
  */
 #ifndef TS_K_MISC_H
 #define TS_K_MISC_H
 
 #include "tensor/tensor.h"
 
+/* PyTorch's default ignore_index for cross-entropy: samples with this target
+ * contribute nothing and are not counted in the mean. */
+#define TS_CE_IGNORE_INDEX (-100)
+
 struct ts_kernels_misc {
-    int reserved; /* kernels are added here */
+    /* out: (n, dim) = weight[idx[i], :]; idx: n I64 (any shape, read flat),
+     * weight: (num, dim) F32. Fails with TS_ERR_INVALID_ARG naming the first
+     * index outside [0, num). */
+    ts_status (*embedding)(ts_tensor *out, const ts_tensor *idx, const ts_tensor *weight);
+    /* gw: (num, dim), overwritten: gw[r] = sum of g[i] over i with idx[i] == r;
+     * g: (n, dim); idx already validated by the forward. */
+    ts_status (*embedding_backward)(ts_tensor *gw, const ts_tensor *idx, const ts_tensor *g);
+
+    /* Block copy of any dtype (dst and src share it): dst seen as (outer, dst_n, inner),
+     * src as (outer, src_n, inner); dst[:, dst_start + j, :] = src[:, src_start + j, :]
+     * for j in [0, len). Other elements of dst are left as they are. */
+    ts_status (*narrow_copy)(ts_tensor *dst, int64_t dst_n, int64_t dst_start, const ts_tensor *src, int64_t src_n,
+                             int64_t src_start, int64_t len, int64_t outer, int64_t inner);
+
+    /* mask: any shape, U8, overwritten with 1 (keep) with probability 1 - p and 0
+     * (drop) with probability p, drawn in order from rng; 0 <= p < 1. */
+    ts_status (*dropout_mask)(ts_tensor *mask, float p, ts_rng *rng);
+    /* out = x * mask * scale elementwise (mask U8 like x, or NULL for all ones);
+     * out and x F32 of one shape; out may alias x. */
+    ts_status (*masked_scale)(ts_tensor *out, const ts_tensor *x, const ts_tensor *mask, float scale);
+
+    /* out, x: (outer, n, inner); out = x - logsumexp over the middle dim (max-shifted). */
+    ts_status (*log_softmax)(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner);
+    /* gx = gy - exp(y) * sum over the middle dim of gy; all (outer, n, inner), y = log_softmax output. */
+    ts_status (*log_softmax_backward)(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,
+                                      int64_t inner);
+
+    /* logits: (N, C), target: (N) I64 -> loss: [] (mean over samples whose target is
+     * not ignore_index of (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c])),
+     * lse: (N) = logsumexp of each row (kept for backward). Fails with
+     * TS_ERR_INVALID_ARG naming the first sample whose target is outside [0, C). */
+    ts_status (*cross_entropy)(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
+                               float eps, int64_t ignore_index);
+    /* gx: (N, C) = gloss / count * (softmax(x) - (1 - eps) onehot(t) - eps / C), rows with
+     * target == ignore_index zero; gloss: [] on the device. */
+    ts_status (*cross_entropy_backward)(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,
+                                        const ts_tensor *lse, const ts_tensor *target, float eps, int64_t ignore_index);
+
+    /* loss: [] = mean of (pred - target)^2; pred, target F32 of one shape. */
+    ts_status (*mse)(ts_tensor *loss, const ts_tensor *pred, const ts_tensor *target);
+    /* gpred = 2 gloss / n (pred - target), gtarget = -gpred; either may be NULL. */
+    ts_status (*mse_backward)(ts_tensor *gpred, ts_tensor *gtarget, const ts_tensor *gloss, const ts_tensor *pred,
+                              const ts_tensor *target);
 };
 
-#endif
+#endif /* TS_K_MISC_H */

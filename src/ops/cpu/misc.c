@@ -1,6 +1,282 @@
 /*
- * ops/cpu/misc.c — CPU kernels of the misc family (embedding, concat/slice, dropout, log_softmax, losses).
+ * ops/cpu/misc.c — CPU kernels of the misc family (see ops/k_misc.h):
+ * embedding gather/scatter-add, the block copy behind concat/slice, dropout
+ * masks, log-softmax, and the fused cross-entropy and MSE losses.
+ *
+ * Plain loops that serve as the reference for other backends; OpenMP only
+ * above PAR_MIN elements so the small training-loop shapes, e.g. a (64, 10)
+ * cross-entropy, run on one thread without fork/join overhead. Index checks
+ * run serially before any parallel region so the error names the first bad
+ * index deterministically.
  */
 #include "ops/k_misc.h"
 
-const struct ts_kernels_misc ts_cpu_kernels_misc = {0};
+#include <math.h>
+#include <omp.h>
+
+#define PAR_MIN 32768 /* below this many elements, stay on one thread */
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+/* out: (n, dim) = weight[idx[i]]; weight: (num, dim) */
+static ts_status cpu_embedding(ts_tensor *out, const ts_tensor *idx, const ts_tensor *weight) {
+    const int64_t *ix = (const int64_t *)ts__ptr(idx);
+    const float *w = ts__f32(weight);
+    float *o = ts__f32(out);
+    int64_t n = ts_tensor_numel(idx), num = weight->shape[0], dim = weight->shape[1];
+    for (int64_t i = 0; i < n; i++) {
+        if (ix[i] < 0 || ix[i] >= num) {
+            char b[64];
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "embedding: index %lld (at flat position %lld of the indices) is out of range [0, %lld) "
+                            "for weight %s",
+                            (long long)ix[i], (long long)i, (long long)num, ts_shape_str(2, weight->shape, b, sizeof b));
+        }
+    }
+#pragma omp parallel for if (n * dim > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) memcpy(o + i * dim, w + ix[i] * dim, (size_t)dim * sizeof(float));
+    return TS_OK;
+}
+
+/* gw: (num, dim) = scatter-add of g: (n, dim) rows at idx */
+static ts_status cpu_embedding_backward(ts_tensor *gw, const ts_tensor *idx, const ts_tensor *g) {
+    const int64_t *ix = (const int64_t *)ts__ptr(idx);
+    const float *pg = ts__f32(g);
+    float *o = ts__f32(gw);
+    int64_t n = ts_tensor_numel(idx), dim = gw->shape[1];
+    memset(o, 0, ts_tensor_nbytes(gw));
+    /* rows repeat, so split over columns rather than over indices */
+    if (n * dim > PAR_MIN && dim >= 64) {
+#pragma omp parallel for schedule(static)
+        for (int64_t j0 = 0; j0 < dim; j0 += 16) {
+            int64_t j1 = TS_MIN(j0 + 16, dim);
+            for (int64_t i = 0; i < n; i++) {
+                float *dst = o + ix[i] * dim;
+                const float *src = pg + i * dim;
+                for (int64_t j = j0; j < j1; j++) dst[j] += src[j];
+            }
+        }
+        return TS_OK;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        float *dst = o + ix[i] * dim;
+        const float *src = pg + i * dim;
+        for (int64_t j = 0; j < dim; j++) dst[j] += src[j];
+    }
+    return TS_OK;
+}
+
+/* ---- block copy (concat, slice) ---------------------------------------------------------------- */
+/* dst: (outer, dst_n, inner)[:, dst_start:+len, :] = src: (outer, src_n, inner)[:, src_start:+len, :] */
+static ts_status cpu_narrow_copy(ts_tensor *dst, int64_t dst_n, int64_t dst_start, const ts_tensor *src, int64_t src_n,
+                                 int64_t src_start, int64_t len, int64_t outer, int64_t inner) {
+    size_t es = ts_dtype_size(dst->dtype);
+    char *d = ts__ptr(dst);
+    const char *s = ts__ptr(src);
+    size_t block = (size_t)(len * inner) * es;
+    if (block == 0) return TS_OK;
+#pragma omp parallel for if (outer * len * inner > PAR_MIN) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(d + (size_t)((o * dst_n + dst_start) * inner) * es, s + (size_t)((o * src_n + src_start) * inner) * es,
+               block);
+    return TS_OK;
+}
+
+/* ---- dropout ------------------------------------------------------------------------------------- */
+/* mask: any shape, U8: 1 with probability 1 - p. Two 32-bit draws per 64-bit output of rng, in element order. */
+static ts_status cpu_dropout_mask(ts_tensor *mask, float p, ts_rng *rng) {
+    uint8_t *m = ts__ptr(mask);
+    int64_t n = ts_tensor_numel(mask);
+    /* keep iff u >= thr for u uniform in [0, 2^32): P(keep) = 1 - thr / 2^32 */
+    double t = (double)p * 4294967296.0;
+    uint64_t thr = t >= 4294967296.0 ? (uint64_t)1 << 32 : (uint64_t)t;
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t u = ts_rng_u64(rng);
+        m[i] = (u & 0xffffffffu) >= thr;
+        m[i + 1] = (u >> 32) >= thr;
+    }
+    if (i < n) m[i] = (ts_rng_u64(rng) & 0xffffffffu) >= thr;
+    return TS_OK;
+}
+
+/* out = x * mask * scale (mask NULL: all ones) */
+static ts_status cpu_masked_scale(ts_tensor *out, const ts_tensor *x, const ts_tensor *mask, float scale) {
+    float *o = ts__f32(out);
+    const float *px = ts__f32(x);
+    int64_t n = ts_tensor_numel(out);
+    if (!mask) {
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = px[i] * scale;
+        return TS_OK;
+    }
+    const uint8_t *m = ts__ptr(mask);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) o[i] = m[i] ? px[i] * scale : 0.0f;
+    return TS_OK;
+}
+
+/* ---- log-softmax ------------------------------------------------------------------------------------ */
+/* One row of n elements at stride s: y = x - (max + log sum exp(x - max)). */
+static void log_softmax_row(float *y, const float *x, int64_t n, int64_t s) {
+    float m = -INFINITY;
+    for (int64_t c = 0; c < n; c++) m = fmaxf(m, x[c * s]);
+    double sum = 0;
+    for (int64_t c = 0; c < n; c++) sum += expf(x[c * s] - m);
+    float lse = m + (float)log(sum);
+    for (int64_t c = 0; c < n; c++) y[c * s] = x[c * s] - lse;
+}
+
+/* out, x: (outer, n, inner) */
+static ts_status cpu_log_softmax(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner) {
+    float *o = ts__f32(out);
+    const float *px = ts__f32(x);
+    int64_t rows = outer * inner;
+#pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t a = r / inner, b = r - a * inner;
+        int64_t base = a * n * inner + b;
+        log_softmax_row(o + base, px + base, n, inner);
+    }
+    return TS_OK;
+}
+
+/* gx, gy, y: (outer, n, inner); gx = gy - exp(y) * sum_c gy */
+static ts_status cpu_log_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer,
+                                          int64_t n, int64_t inner) {
+    float *o = ts__f32(gx);
+    const float *pg = ts__f32(gy), *py = ts__f32(y);
+    int64_t rows = outer * inner;
+#pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t a = r / inner, b = r - a * inner;
+        int64_t base = a * n * inner + b;
+        double sum = 0;
+        for (int64_t c = 0; c < n; c++) sum += pg[base + c * inner];
+        float s = (float)sum;
+        for (int64_t c = 0; c < n; c++) {
+            int64_t k = base + c * inner;
+            o[k] = pg[k] - expf(py[k]) * s;
+        }
+    }
+    return TS_OK;
+}
+
+/* ---- cross-entropy (fused log-softmax + NLL + label smoothing) --------------------------------------- */
+/* Checks every target; counts the samples that are not ignored. */
+static ts_status check_targets(const int64_t *t, int64_t N, int64_t C, int64_t ignore, int64_t *count) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < N; i++) {
+        if (t[i] == ignore) continue;
+        if (t[i] < 0 || t[i] >= C)
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "cross_entropy: target %lld of sample %lld is out of range [0, %lld) for logits [%lld, %lld]",
+                            (long long)t[i], (long long)i, (long long)C, (long long)N, (long long)C);
+        k++;
+    }
+    *count = k;
+    return TS_OK;
+}
+
+/* logits: (N, C), target: (N) -> loss: [], lse: (N) */
+static ts_status cpu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
+                                   float eps, int64_t ignore_index) {
+    int64_t N = logits->shape[0], C = logits->shape[1];
+    const float *x = ts__f32(logits);
+    const int64_t *t = (const int64_t *)ts__ptr(target);
+    float *pl = ts__f32(lse);
+    int64_t count = 0;
+    TS_TRY(check_targets(t, N, C, ignore_index, &count));
+    double total = 0;
+#pragma omp parallel for if (N * C > PAR_MIN) reduction(+ : total) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *row = x + i * C;
+        float m = -INFINITY;
+        for (int64_t c = 0; c < C; c++) m = fmaxf(m, row[c]);
+        float s = 0;
+        for (int64_t c = 0; c < C; c++) s += expf(row[c] - m);
+        float l = m + logf(s);
+        pl[i] = l;
+        if (t[i] == ignore_index) continue;
+        double li = (1.0 - (double)eps) * ((double)l - row[t[i]]);
+        if (eps != 0.0f) {
+            double xs = 0;
+            for (int64_t c = 0; c < C; c++) xs += row[c];
+            li += (double)eps * ((double)l - xs / (double)C);
+        }
+        total += li;
+    }
+    /* count == 0 gives NaN (0/0), as PyTorch's mean over no samples does */
+    ts__f32(loss)[0] = (float)(total / (double)count);
+    return TS_OK;
+}
+
+/* gx: (N, C) = gloss / count * (softmax - (1 - eps) onehot - eps / C) */
+static ts_status cpu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,
+                                            const ts_tensor *lse, const ts_tensor *target, float eps,
+                                            int64_t ignore_index) {
+    int64_t N = logits->shape[0], C = logits->shape[1];
+    const float *x = ts__f32(logits), *pl = ts__f32(lse);
+    const int64_t *t = (const int64_t *)ts__ptr(target);
+    float *o = ts__f32(gx);
+    int64_t count = 0;
+    for (int64_t i = 0; i < N; i++) count += t[i] != ignore_index;
+    float scale = ts__f32(gloss)[0] / (float)count;
+    float hit = 1.0f - eps, spread = eps / (float)C;
+#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        const float *row = x + i * C;
+        float *orow = o + i * C;
+        if (t[i] == ignore_index) {
+            for (int64_t c = 0; c < C; c++) orow[c] = 0.0f;
+            continue;
+        }
+        float l = pl[i];
+        for (int64_t c = 0; c < C; c++) orow[c] = scale * (expf(row[c] - l) - spread);
+        orow[t[i]] -= scale * hit;
+    }
+    return TS_OK;
+}
+
+/* ---- mean squared error ---------------------------------------------------------------------------------- */
+/* pred, target: same shape -> loss: [] */
+static ts_status cpu_mse(ts_tensor *loss, const ts_tensor *pred, const ts_tensor *target) {
+    const float *p = ts__f32(pred), *q = ts__f32(target);
+    int64_t n = ts_tensor_numel(pred);
+    double acc = 0;
+#pragma omp parallel for if (n > PAR_MIN) reduction(+ : acc) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)p[i] - q[i];
+        acc += d * d;
+    }
+    ts__f32(loss)[0] = (float)(acc / (double)n); /* n == 0: NaN, as PyTorch */
+    return TS_OK;
+}
+
+static ts_status cpu_mse_backward(ts_tensor *gpred, ts_tensor *gtarget, const ts_tensor *gloss, const ts_tensor *pred,
+                                  const ts_tensor *target) {
+    const float *p = ts__f32(pred), *q = ts__f32(target);
+    int64_t n = ts_tensor_numel(pred);
+    float s = 2.0f * ts__f32(gloss)[0] / (float)n;
+    float *gp = gpred ? ts__f32(gpred) : NULL, *gt = gtarget ? ts__f32(gtarget) : NULL;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float v = s * (p[i] - q[i]);
+        if (gp) gp[i] = v;
+        if (gt) gt[i] = -v;
+    }
+    return TS_OK;
+}
+
+const struct ts_kernels_misc ts_cpu_kernels_misc = {
+    .embedding = cpu_embedding,
+    .embedding_backward = cpu_embedding_backward,
+    .narrow_copy = cpu_narrow_copy,
+    .dropout_mask = cpu_dropout_mask,
+    .masked_scale = cpu_masked_scale,
+    .log_softmax = cpu_log_softmax,
+    .log_softmax_backward = cpu_log_softmax_backward,
+    .cross_entropy = cpu_cross_entropy,
+    .cross_entropy_backward = cpu_cross_entropy_backward,
+    .mse = cpu_mse,
+    .mse_backward = cpu_mse_backward,
+};

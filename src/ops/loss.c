@@ -1,0 +1,173 @@
+/*
+ * ops/loss.c — log_softmax (any dim), cross-entropy and mean-squared error,
+ * with PyTorch 1.13 semantics.
+ *
+ * cross_entropy is fused: one kernel computes each row's logsumexp and the
+ * loss, keeping the (N) logsumexps; backward computes
+ * softmax - (1 - eps) onehot - eps / C directly from the logits and them.
+ * As torch.nn.functional.cross_entropy with its defaults: mean reduction,
+ * label smoothing loss = (1 - eps) nll + eps * mean over classes of -log p,
+ * and targets equal to ignore_index (-100) skipped and not counted.
+ */
+#include "autograd/autograd.h"
+#include "ops/k_misc.h"
+#include "tessera/ops.h"
+
+/* ---- log_softmax ---------------------------------------------------------------------------------- */
+static ts_status log_softmax_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    ts_tensor *g = NULL;
+    TS_TRY(ts__contiguous(g_in, &g));
+    ts_status st = ts__new_like(g, &gin[0]);
+    if (st == TS_OK)
+        st = g->storage->device->k_misc->log_softmax_backward(gin[0], g, n->saved[0], n->p.i[0], n->p.i[1], n->p.i[2]);
+    ts_tensor_release(g);
+    return st;
+}
+
+ts_status ts_log_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
+    TS_TRY(ts__check_f32("log_softmax", "x", x_in));
+    TS_ARG(out, "log_softmax: NULL out");
+    int nd = x_in->ndim ? x_in->ndim : 1; /* a 0-d tensor acts as one element along dim 0 */
+    if (dim < -nd || dim >= nd) {
+        char b[96];
+        return ts_error(TS_ERR_INVALID_ARG, "log_softmax: dim %d is out of range for a tensor of shape %s (expected [%d, %d])",
+                        dim, ts_shape_str(x_in->ndim, x_in->shape, b, sizeof b), -nd, nd - 1);
+    }
+    int d = dim < 0 ? dim + nd : dim;
+    int64_t outer = 1, n = 1, inner = 1;
+    if (x_in->ndim) {
+        outer = ts__numel(d, x_in->shape);
+        n = x_in->shape[d];
+        inner = ts__numel(x_in->ndim - d - 1, x_in->shape + d + 1);
+    }
+    ts_status st;
+    ts_tensor *x = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
+    TS_CHECK_GOTO(ts__new_like(x, &o));
+    TS_CHECK_GOTO(x->storage->device->k_misc->log_softmax(o, x, outer, n, inner));
+    ts_node *node = ts__node_new("log_softmax", log_softmax_backward, 1, &x_in);
+    if (node) {
+        ts__node_save(node, o); /* backward needs softmax = exp(output) */
+        node->p.i[0] = outer;
+        node->p.i[1] = n;
+        node->p.i[2] = inner;
+        ts__node_attach(node, o);
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(o);
+    return st;
+}
+
+/* ---- cross_entropy --------------------------------------------------------------------------------- */
+/* saved: logits (N, C), lse (N), target (N); p.f[0] = label smoothing */
+static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    ts_tensor *g = NULL;
+    TS_TRY(ts__contiguous(g_in, &g));
+    const ts_tensor *logits = n->saved[0];
+    ts_status st = ts__new_like(logits, &gin[0]);
+    if (st == TS_OK)
+        st = g->storage->device->k_misc->cross_entropy_backward(gin[0], g, logits, n->saved[1], n->saved[2], n->p.f[0],
+                                                                  TS_CE_IGNORE_INDEX);
+    ts_tensor_release(g);
+    return st;
+}
+
+ts_status ts_cross_entropy(const ts_tensor *logits_in, const ts_tensor *target_in, float label_smoothing,
+                           ts_tensor **out) {
+    TS_TRY(ts__check_f32("cross_entropy", "logits", logits_in));
+    TS_TRY(ts__check_ndim("cross_entropy", "logits", logits_in, 2));
+    TS_ARG(target_in, "cross_entropy: target is NULL");
+    TS_ARG(out, "cross_entropy: NULL out");
+    TS_TRY(ts__check_same_device("cross_entropy", logits_in, target_in));
+    char a[96], b[96];
+    if (target_in->dtype != TS_I64)
+        return ts_error(TS_ERR_DTYPE, "cross_entropy: target %s has dtype %s, expected int64 class indices",
+                        ts_shape_str(target_in->ndim, target_in->shape, a, sizeof a), ts_dtype_name(target_in->dtype));
+    if (target_in->ndim != 1 || target_in->shape[0] != logits_in->shape[0])
+        return ts_error(TS_ERR_SHAPE, "cross_entropy: target %s does not fit logits %s (expected target [%lld])",
+                        ts_shape_str(target_in->ndim, target_in->shape, a, sizeof a),
+                        ts_shape_str(2, logits_in->shape, b, sizeof b), (long long)logits_in->shape[0]);
+    if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+        return ts_error(TS_ERR_INVALID_ARG, "cross_entropy: label_smoothing %g is outside [0, 1]",
+                        (double)label_smoothing);
+    ts_device *d = logits_in->storage->device;
+    ts_status st;
+    ts_tensor *x = NULL, *t = NULL, *lse = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(logits_in, &x));
+    TS_CHECK_GOTO(ts__contiguous(target_in, &t));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 1, x->shape, &lse));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &o));
+    TS_CHECK_GOTO(d->k_misc->cross_entropy(o, lse, x, t, label_smoothing, TS_CE_IGNORE_INDEX));
+    /* the target is not differentiable: the node's one input is the logits */
+    ts_node *n = ts__node_new("cross_entropy", cross_entropy_backward, 1, &logits_in);
+    if (n) {
+        ts__node_save(n, x);
+        ts__node_save(n, lse);
+        ts__node_save(n, t);
+        n->p.f[0] = label_smoothing;
+        ts__node_attach(n, o);
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(t);
+    ts_tensor_release(lse);
+    ts_tensor_release(o);
+    return st;
+}
+
+/* ---- mse_loss ---------------------------------------------------------------------------------------- */
+/* saved: pred, target (same shape) */
+static ts_status mse_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    const ts_tensor *p = n->saved[0], *t = n->saved[1];
+    for (int i = 0; i < 2; i++)
+        if (n->needs[i]) TS_TRY(ts__new_like(i ? t : p, &gin[i]));
+    return g->storage->device->k_misc->mse_backward(gin[0], gin[1], g, p, t);
+}
+
+ts_status ts_mse_loss(const ts_tensor *pred_in, const ts_tensor *target_in, ts_tensor **out) {
+    TS_TRY(ts__check_f32("mse_loss", "pred", pred_in));
+    TS_TRY(ts__check_f32("mse_loss", "target", target_in));
+    TS_ARG(out, "mse_loss: NULL out");
+    TS_TRY(ts__check_same_device("mse_loss", pred_in, target_in));
+    char a[96], b[96];
+    if (!ts__same_shape(pred_in, target_in)) {
+        /* PyTorch broadcasts the two (with a warning) and averages over the broadcast shape */
+        ts_tensor *diff = NULL, *sq = NULL;
+        ts_status st = ts_sub(pred_in, target_in, &diff);
+        if (st != TS_OK)
+            return ts__error_prefix(st, "mse_loss: pred %s and target %s",
+                                    ts_shape_str(pred_in->ndim, pred_in->shape, a, sizeof a),
+                                    ts_shape_str(target_in->ndim, target_in->shape, b, sizeof b));
+        st = ts_mul(diff, diff, &sq);
+        if (st == TS_OK) st = ts_mean(sq, out);
+        ts_tensor_release(diff);
+        ts_tensor_release(sq);
+        return st;
+    }
+    ts_device *d = pred_in->storage->device;
+    ts_status st;
+    ts_tensor *p = NULL, *t = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(pred_in, &p));
+    TS_CHECK_GOTO(ts__contiguous(target_in, &t));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &o));
+    TS_CHECK_GOTO(d->k_misc->mse(o, p, t));
+    const ts_tensor *in[2] = {pred_in, target_in};
+    ts_node *n = ts__node_new("mse_loss", mse_backward, 2, in);
+    if (n) {
+        ts__node_save(n, p);
+        ts__node_save(n, t);
+        ts__node_attach(n, o);
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(p);
+    ts_tensor_release(t);
+    ts_tensor_release(o);
+    return st;
+}

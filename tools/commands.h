@@ -1,0 +1,11 @@
+/*
+ * tools/commands.h — entry points of the `tessera` subcommands. Each takes
+ * argv starting at the subcommand's name and returns the exit status.
+ */
+#ifndef TS_TOOLS_COMMANDS_H
+#define TS_TOOLS_COMMANDS_H
+
+int ts_cmd_train(int argc, char **argv);
+int ts_cmd_bench(int argc, char **argv);
+
+#endif
