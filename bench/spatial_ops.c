@@ -5,7 +5,7 @@
  * 2 threads. Prints the median and best ms per iteration. bench/spatial_ops.py
  * does the same with PyTorch.
  *
- * usage: bench_spatial_ops [ITERS]
+ * usage: bench_spatial_ops [ITERS] [THREADS]   (both 1 and 2 threads unless THREADS is given)
  */
 #include "tessera.h"
 
@@ -98,6 +98,8 @@ static void run(int which, int iters, block *b1, block *b2, ts_tensor *x1, ts_te
 
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 30;
+    int tlo = argc > 2 ? atoi(argv[2]) : 1, thi = argc > 2 ? atoi(argv[2]) : 2;
+    if (iters < 1) iters = 1;
     ts_rng r;
     ts_rng_seed(&r, 1);
     block b1, b2;
@@ -116,7 +118,7 @@ int main(int argc, char **argv) {
     const char *names[] = {"", "block1 conv(1->32)+bn+relu+pool", "block2 conv(32->64)+bn+relu+pool",
                            "both blocks"};
     printf("%-36s %8s %10s %10s\n", "fwd+bwd, batch 64", "threads", "median_ms", "best_ms");
-    for (int threads = 1; threads <= 2; threads++) {
+    for (int threads = tlo; threads <= thi; threads++) {
         ts_set_num_threads(threads);
         for (int which = 1; which <= 3; which++) {
             double med, best;

@@ -7,5 +7,9 @@
 #include "tessera/core.h"
 #include "tessera/tensor.h"
 #include "tessera/ops.h"
+#include "tessera/nn.h"
+#include "tessera/optim.h"
+#include "tessera/data.h"
+#include "tessera/ckpt.h"
 
 #endif

@@ -1,1 +1,51 @@
-int main(void){return 0;}
+/*
+ * tools/tessera.c — the `tessera` command: dispatch to subcommands.
+ */
+#include "cli.h"
+#include "cmd_ckpt.h"
+#include "commands.h"
+
+#include "tessera.h"
+
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} subcommand;
+
+static const subcommand subcommands[] = {
+    {"train", ts_cmd_train, "train a model on Fashion-MNIST/MNIST (IDX files)"},
+    {"bench", ts_cmd_bench, "measure training throughput (images/s)"},
+    {"ckpt", ts_cmd_ckpt, "inspect and compare checkpoints (show, diff)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tessera COMMAND [flags]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  %-8s %s\n", subcommands[i].name, subcommands[i].summary);
+    fprintf(f, "  %-8s %s\n", "version", "print the version");
+    fprintf(f, "\n'tessera COMMAND --help' describes a command's flags.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("tessera %d.%d.%d\n", TS_VERSION_MAJOR, TS_VERSION_MINOR, TS_VERSION_PATCH);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (strcmp(cmd, subcommands[i].name) == 0) return subcommands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "tessera: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return CLI_EXIT_USAGE;
+}

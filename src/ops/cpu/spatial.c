@@ -1,6 +1,559 @@
 /*
- * ops/cpu/spatial.c — CPU kernels of the spatial family (conv2d, pooling, batchnorm2d).
+ * ops/cpu/spatial.c — CPU kernels of the spatial family: conv2d (im2col +
+ * sgemm), max/avg pooling and batchnorm2d, forward and backward.
+ *
+ * Threading: conv2d runs one image per OpenMP iteration and calls the BLAS
+ * gemm inside the parallel region (OpenBLAS's OpenMP build then runs it on the
+ * calling thread); with fewer images than threads it runs the images in turn
+ * and lets BLAS use the threads. Weight and bias gradients are accumulated in
+ * per-thread buffers and summed afterwards, so there are no races. Pooling runs
+ * over (n, c) planes; batchnorm over channels, with statistics in double.
+ * Scratch buffers come from ts__new so the caching allocator recycles them.
  */
+#include "ops/k_blas.h"
 #include "ops/k_spatial.h"
 
-const struct ts_kernels_spatial ts_cpu_kernels_spatial = {0};
+#include <math.h>
+#include <omp.h>
+
+#define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
+
+/* A scratch F32 buffer of n floats on dev (a tensor, so the device's allocator recycles it). */
+static ts_status scratch(ts_device *dev, int64_t n, ts_tensor **t) {
+    return ts__new(dev, TS_F32, 1, (int64_t[]){n > 0 ? n : 1}, t);
+}
+
+/* Plane reductions: 16 float lanes (so they vectorise; each lane adds only n/16
+ * terms), totalled in double. Callers add the planes of a channel in double. */
+#define LANES 16
+
+/* sum of p[0..n) */
+static double plane_sum(const float *p, int64_t n) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
+    double s = 0;
+    for (; i < n; i++) s += p[i];
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+/* sum of (p[i] - m)^2 */
+static double plane_sqdev(const float *p, int64_t n, float m) {
+    float acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+            float d = p[i + j] - m;
+            acc[j] += d * d;
+        }
+    double s = 0;
+    for (; i < n; i++) s += (double)(p[i] - m) * (p[i] - m);
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+/* *sg += sum of g[i]; *sgx += sum of g[i] * (x[i] - m) */
+static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
+    float a[LANES] = {0}, b[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+            a[j] += g[i + j];
+            b[j] += g[i + j] * (x[i + j] - m);
+        }
+    double s1 = 0, s2 = 0;
+    for (; i < n; i++) {
+        s1 += g[i];
+        s2 += (double)g[i] * (x[i] - m);
+    }
+    for (int j = 0; j < LANES; j++) {
+        s1 += a[j];
+        s2 += b[j];
+    }
+    *sg += s1;
+    *sgx += s2;
+}
+
+/* ================================ conv2d ================================ */
+
+/* The range [*o0, *o1) of output positions o whose input position o*s + off lies in [0, n). */
+static void valid_range(int64_t n, int64_t nout, int s, int64_t off, int64_t *o0, int64_t *o1) {
+    int64_t lo = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t hi = (n - 1 - off) < 0 ? 0 : (n - 1 - off) / s + 1;
+    if (hi > nout) hi = nout;
+    if (lo > hi) lo = hi;
+    *o0 = lo;
+    *o1 = hi;
+}
+
+/* col: (Cg*kh*kw, OH*OW) <- x: (Cg, H, W), zero outside the input. */
+static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *col) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, OHW = OH * OW;
+    for (int ki = 0; ki < g->kh; ki++) {
+        int64_t ioff = (int64_t)ki * g->dh - g->ph, oh0, oh1;
+        valid_range(H, OH, g->sh, ioff, &oh0, &oh1);
+        for (int kj = 0; kj < g->kw; kj++) {
+            int64_t joff = (int64_t)kj * g->dw - g->pw, ow0, ow1;
+            valid_range(W, OW, g->sw, joff, &ow0, &ow1);
+            for (int64_t c = 0; c < Cg; c++) {
+                float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
+                const float *xc = x + c * H * W;
+                if (oh0 > 0) memset(row, 0, sizeof(float) * (size_t)(oh0 * OW));
+                for (int64_t oh = oh0; oh < oh1; oh++) {
+                    float *dst = row + oh * OW;
+                    const float *src = xc + (oh * g->sh + ioff) * W + joff;
+                    for (int64_t ow = 0; ow < ow0; ow++) dst[ow] = 0.0f;
+                    if (g->sw == 1)
+                        for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = src[ow];
+                    else
+                        for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] = src[ow * g->sw];
+                    for (int64_t ow = ow1; ow < OW; ow++) dst[ow] = 0.0f;
+                }
+                if (oh1 < OH) memset(row + oh1 * OW, 0, sizeof(float) * (size_t)((OH - oh1) * OW));
+            }
+        }
+    }
+}
+
+/* x: (Cg, H, W) += col: (Cg*kh*kw, OH*OW) scattered back (the adjoint of im2col). */
+static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, const float *col, float *x) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, OHW = OH * OW;
+    for (int64_t c = 0; c < Cg; c++) {
+        float *xc = x + c * H * W;
+        for (int ki = 0; ki < g->kh; ki++) {
+            int64_t ioff = (int64_t)ki * g->dh - g->ph, oh0, oh1;
+            valid_range(H, OH, g->sh, ioff, &oh0, &oh1);
+            for (int kj = 0; kj < g->kw; kj++) {
+                int64_t joff = (int64_t)kj * g->dw - g->pw, ow0, ow1;
+                valid_range(W, OW, g->sw, joff, &ow0, &ow1);
+                const float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
+                for (int64_t oh = oh0; oh < oh1; oh++) {
+                    const float *src = row + oh * OW;
+                    float *dst = xc + (oh * g->sh + ioff) * W + joff;
+                    if (g->sw == 1)
+                        for (int64_t ow = ow0; ow < ow1; ow++) dst[ow] += src[ow];
+                    else
+                        for (int64_t ow = ow0; ow < ow1; ow++) dst[ow * g->sw] += src[ow];
+                }
+            }
+        }
+    }
+}
+
+/* 1x1, stride 1, no padding: the input plane is its own im2col matrix. */
+static bool conv_is_pointwise(const ts_conv2d_geom *g) {
+    return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
+}
+
+/* Run images in parallel when there is at least one per thread and enough work. */
+static bool conv_par(const ts_conv2d_geom *g, int nthr) {
+    return nthr > 1 && g->N >= nthr && g->N * g->K * g->OH * g->OW >= PAR_MIN;
+}
+
+// out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image and group, + b
+static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
+                            const ts_tensor *b) {
+    ts_device *dev = x->storage->device;
+    const struct ts_kernels_blas *blas = dev->k_blas;
+    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
+    const int64_t CKK = Cg * g->kh * g->kw;
+    const bool pointwise = conv_is_pointwise(g);
+    const int nthr = omp_get_max_threads();
+    const bool par = conv_par(g, nthr);
+    ts_tensor *colbuf = NULL;
+    if (!pointwise) TS_TRY(scratch(dev, (par ? nthr : 1) * CKK * OHW, &colbuf));
+    const float *px = ts__f32(x), *pw = ts__f32(w), *pb = b ? ts__f32(b) : NULL;
+    float *po = ts__f32(out);
+#pragma omp parallel if (par)
+    {
+        float *col = colbuf ? ts__f32(colbuf) + (int64_t)omp_get_thread_num() * CKK * OHW : NULL;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < g->N; n++) {
+            for (int64_t gr = 0; gr < G; gr++) {
+                const float *xin = px + (n * g->C + gr * Cg) * HW;
+                float *o = po + (n * g->K + gr * Kg) * OHW;
+                const float *B = xin;
+                if (!pointwise) {
+                    im2col(g, Cg, xin, col);
+                    B = col;
+                }
+                if (pb)
+                    for (int64_t k = 0; k < Kg; k++) {
+                        float bv = pb[gr * Kg + k];
+                        for (int64_t i = 0; i < OHW; i++) o[k * OHW + i] = bv;
+                    }
+                if (CKK == 0) {
+                    if (!pb) memset(o, 0, sizeof(float) * (size_t)(Kg * OHW));
+                    continue;
+                }
+                blas->sgemm(dev, false, false, Kg, OHW, CKK, 1.0f, pw + gr * Kg * CKK, CKK, B, OHW, pb ? 1.0f : 0.0f,
+                            o, OHW);
+            }
+        }
+    }
+    ts_tensor_release(colbuf);
+    return TS_OK;
+}
+
+/* gx[n] = col2im(w_g^T (CKK, Kg) @ gout_g (Kg, OHW)); gw += gout_g @ im2col(x[n])^T; gb += row sums of gout */
+static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                     const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+    ts_device *dev = x->storage->device;
+    const struct ts_kernels_blas *blas = dev->k_blas;
+    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
+    const int64_t CKK = Cg * g->kh * g->kw, WN = g->K * CKK;
+    const bool pointwise = conv_is_pointwise(g);
+    const int nthr = omp_get_max_threads();
+    const bool par = conv_par(g, nthr);
+    const int nbuf = par ? nthr : 1;
+    /* per thread: an im2col buffer (for gw), a column-gradient buffer (for gx),
+     * a weight-gradient and a bias-gradient accumulator */
+    const int64_t colsz = pointwise ? 0 : CKK * OHW;
+    const int64_t per = (gw ? colsz : 0) + (gx ? colsz : 0) + (gw ? WN : 0) + (gb ? g->K : 0);
+    ts_tensor *buf = NULL;
+    TS_TRY(scratch(dev, nbuf * per, &buf));
+    const float *px = ts__f32(x), *pw = ts__f32(w), *pg = ts__f32(gout);
+    float *pgx = gx ? ts__f32(gx) : NULL;
+    if (gx && !pointwise) memset(pgx, 0, sizeof(float) * (size_t)(g->N * g->C * HW));
+#pragma omp parallel if (par)
+    {
+        float *mine = ts__f32(buf) + (int64_t)omp_get_thread_num() * per;
+        float *colx = NULL, *colg = NULL, *gwt = NULL, *gbt = NULL;
+        if (gw && colsz) colx = mine, mine += colsz;
+        if (gx && colsz) colg = mine, mine += colsz;
+        if (gw) gwt = mine, mine += WN;
+        if (gb) gbt = mine;
+        if (gwt) memset(gwt, 0, sizeof(float) * (size_t)WN);
+        if (gbt) memset(gbt, 0, sizeof(float) * (size_t)g->K);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < g->N; n++) {
+            for (int64_t gr = 0; gr < G; gr++) {
+                const float *go = pg + (n * g->K + gr * Kg) * OHW;
+                const float *xin = px + (n * g->C + gr * Cg) * HW;
+                const float *wg = pw + gr * Kg * CKK;
+                if (gbt)
+                    for (int64_t k = 0; k < Kg; k++) gbt[gr * Kg + k] += (float)plane_sum(go + k * OHW, OHW);
+                if (CKK == 0) continue;
+                if (gwt) {
+                    const float *B = xin;
+                    if (!pointwise) {
+                        im2col(g, Cg, xin, colx);
+                        B = colx;
+                    }
+                    // gw_g: (Kg, CKK) += gout_g: (Kg, OHW) @ B^T: (OHW, CKK)
+                    blas->sgemm(dev, false, true, Kg, CKK, OHW, 1.0f, go, OHW, B, OHW, 1.0f, gwt + gr * Kg * CKK, CKK);
+                }
+                if (pgx) {
+                    float *gxin = pgx + (n * g->C + gr * Cg) * HW;
+                    // colg: (CKK, OHW) = w_g^T: (CKK, Kg) @ gout_g: (Kg, OHW)
+                    if (pointwise) {
+                        blas->sgemm(dev, true, false, CKK, OHW, Kg, 1.0f, wg, CKK, go, OHW, 0.0f, gxin, OHW);
+                    } else {
+                        blas->sgemm(dev, true, false, CKK, OHW, Kg, 1.0f, wg, CKK, go, OHW, 0.0f, colg, OHW);
+                        col2im_add(g, Cg, colg, gxin);
+                    }
+                }
+            }
+        }
+    }
+    /* reduce the per-thread accumulators (thread 0's first, in a fixed order) */
+    const float *base = ts__f32(buf);
+    const int64_t woff = (gw ? colsz : 0) + (gx ? colsz : 0), boff = woff + (gw ? WN : 0);
+    if (gw) {
+        float *o = ts__f32(gw);
+        memcpy(o, base + woff, sizeof(float) * (size_t)WN);
+        for (int t = 1; t < nbuf; t++) {
+            const float *s = base + t * per + woff;
+            for (int64_t i = 0; i < WN; i++) o[i] += s[i];
+        }
+    }
+    if (gb) {
+        float *o = ts__f32(gb);
+        memcpy(o, base + boff, sizeof(float) * (size_t)g->K);
+        for (int t = 1; t < nbuf; t++) {
+            const float *s = base + t * per + boff;
+            for (int64_t i = 0; i < g->K; i++) o[i] += s[i];
+        }
+    }
+    ts_tensor_release(buf);
+    return TS_OK;
+}
+
+/* ================================ pooling ================================ */
+
+/* The first valid input position of a window starting at s with step d, or n when none. */
+static inline int64_t first_valid(int64_t s, int d) {
+    if (s >= 0) return s;
+    return s + ((-s + d - 1) / d) * d;
+}
+
+// out, idx: (N, C, OH, OW) <- max over each window of x: (N, C, H, W)
+static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tensor *idx, const ts_tensor *x) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
+    const float *px = ts__f32(x);
+    float *po = ts__f32(out);
+    int32_t *pi = (int32_t *)ts__ptr(idx);
+    const bool k2s2 = g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+                      g->dh == 1 && g->dw == 1 && 2 * OH <= H && 2 * OW <= W;
+#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        const float *xp = px + p * H * W;
+        float *op = po + p * OH * OW;
+        int32_t *ip = pi + p * OH * OW;
+        if (k2s2) { /* the common 2x2 / stride 2 window, always inside */
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const float *r0 = xp + 2 * oh * W, *r1 = r0 + W;
+                const int32_t b0 = (int32_t)(2 * oh * W), b1 = (int32_t)(b0 + W);
+                float *o = op + oh * OW;
+                int32_t *ix = ip + oh * OW;
+                bool nan = false;
+                /* branch-free so it vectorises: the max, then the first position holding it
+                 * (selected last-to-first), which is the sequential rule when there is no NaN */
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    const int32_t j = (int32_t)(2 * ow);
+                    float a = r0[j], b = r0[j + 1], c = r1[j], d = r1[j + 1];
+                    float m = b > a ? b : a;
+                    m = c > m ? c : m;
+                    m = d > m ? d : m;
+                    int32_t bi = b1 + j + 1;
+                    bi = c == m ? b1 + j : bi;
+                    bi = b == m ? b0 + j + 1 : bi;
+                    bi = a == m ? b0 + j : bi;
+                    nan |= (a != a) | (b != b) | (c != c) | (d != d);
+                    o[ow] = m;
+                    ix[ow] = bi;
+                }
+                if (!nan) continue;
+                for (int64_t ow = 0; ow < OW; ow++) { /* a NaN wins, the last one seen */
+                    const int32_t j = (int32_t)(2 * ow);
+                    const int32_t pos[4] = {b0 + j, b0 + j + 1, b1 + j, b1 + j + 1};
+                    float best = xp[pos[0]];
+                    int32_t bi = pos[0];
+                    for (int q = 1; q < 4; q++) {
+                        float v = xp[pos[q]];
+                        if (v > best || isnan(v)) best = v, bi = pos[q];
+                    }
+                    o[ow] = best;
+                    ix[ow] = bi;
+                }
+            }
+            continue;
+        }
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t hs = oh * g->sh - g->ph, he = TS_MIN(hs + (int64_t)(g->kh - 1) * g->dh + 1, H);
+            int64_t h0 = first_valid(hs, g->dh);
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t ws = ow * g->sw - g->pw, we = TS_MIN(ws + (int64_t)(g->kw - 1) * g->dw + 1, W);
+                int64_t w0 = first_valid(ws, g->dw);
+                float best = -INFINITY;
+                int64_t bi = h0 * W + w0;
+                for (int64_t ih = h0; ih < he; ih += g->dh)
+                    for (int64_t iw = w0; iw < we; iw += g->dw) {
+                        float v = xp[ih * W + iw];
+                        if (v > best || isnan(v)) {
+                            best = v;
+                            bi = ih * W + iw;
+                        }
+                    }
+                op[oh * OW + ow] = best;
+                ip[oh * OW + ow] = (int32_t)(h0 < he && w0 < we ? bi : 0); /* (a window always has an element) */
+            }
+        }
+    }
+    return TS_OK;
+}
+
+// gx: (N, C, H, W) = scatter-add of gout: (N, C, OH, OW) at idx
+static ts_status cpu_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout,
+                                        const ts_tensor *idx) {
+    const int64_t HW = g->H * g->W, OHW = g->OH * g->OW, P = g->N * g->C;
+    float *px = ts__f32(gx);
+    const float *pg = ts__f32(gout);
+    const int32_t *pi = (const int32_t *)ts__ptr(idx);
+#pragma omp parallel for if (P * HW > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        float *xp = px + p * HW;
+        const float *gp = pg + p * OHW;
+        const int32_t *ip = pi + p * OHW;
+        memset(xp, 0, sizeof(float) * (size_t)HW);
+        for (int64_t i = 0; i < OHW; i++) xp[ip[i]] += gp[i];
+    }
+    return TS_OK;
+}
+
+/* Reciprocal of each window's divisor (count_include_pad: the window clipped
+ * at H + ph, W + pw), or 0 for a window with no input element: inv (OH*OW). */
+static void avgpool_divisors(const ts_pool2d_geom *g, float *inv) {
+    for (int64_t oh = 0; oh < g->OH; oh++) {
+        int64_t hs = oh * g->sh - g->ph, he = TS_MIN(hs + g->kh, g->H + g->ph);
+        bool hin = TS_MAX(hs, 0) < TS_MIN(he, g->H);
+        for (int64_t ow = 0; ow < g->OW; ow++) {
+            int64_t ws = ow * g->sw - g->pw, we = TS_MIN(ws + g->kw, g->W + g->pw);
+            bool win = TS_MAX(ws, 0) < TS_MIN(we, g->W);
+            inv[oh * g->OW + ow] = hin && win ? 1.0f / (float)((he - hs) * (we - ws)) : 0.0f;
+        }
+    }
+}
+
+// out: (N, C, OH, OW) = window sums of x: (N, C, H, W) / window size
+static ts_status cpu_avgpool2d(const ts_pool2d_geom *g, ts_tensor *out, const ts_tensor *x) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
+    ts_tensor *invt = NULL;
+    TS_TRY(scratch(x->storage->device, OH * OW, &invt));
+    const float *inv = ts__f32(invt);
+    avgpool_divisors(g, ts__f32(invt));
+    const float *px = ts__f32(x);
+    float *po = ts__f32(out);
+#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        const float *xp = px + p * H * W;
+        float *op = po + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t hs = TS_MAX(oh * g->sh - g->ph, 0), he = TS_MIN(oh * g->sh - g->ph + g->kh, H);
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t ws = TS_MAX(ow * g->sw - g->pw, 0), we = TS_MIN(ow * g->sw - g->pw + g->kw, W);
+                float s = 0.0f;
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) s += xp[ih * W + iw];
+                op[oh * OW + ow] = s * inv[oh * OW + ow];
+            }
+        }
+    }
+    ts_tensor_release(invt);
+    return TS_OK;
+}
+
+// gx: (N, C, H, W) = each gout: (N, C, OH, OW) spread evenly over its window
+static ts_status cpu_avgpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
+    ts_tensor *invt = NULL;
+    TS_TRY(scratch(gx->storage->device, OH * OW, &invt));
+    const float *inv = ts__f32(invt);
+    avgpool_divisors(g, ts__f32(invt));
+    float *px = ts__f32(gx);
+    const float *pg = ts__f32(gout);
+#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        float *xp = px + p * H * W;
+        const float *gp = pg + p * OH * OW;
+        memset(xp, 0, sizeof(float) * (size_t)(H * W));
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t hs = TS_MAX(oh * g->sh - g->ph, 0), he = TS_MIN(oh * g->sh - g->ph + g->kh, H);
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t ws = TS_MAX(ow * g->sw - g->pw, 0), we = TS_MIN(ow * g->sw - g->pw + g->kw, W);
+                float v = gp[oh * OW + ow] * inv[oh * OW + ow];
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) xp[ih * W + iw] += v;
+            }
+        }
+    }
+    ts_tensor_release(invt);
+    return TS_OK;
+}
+
+/* =============================== batchnorm2d =============================== */
+
+// mean, invstd: (C) <- x: (N, C, H, W); running_mean, running_var: (C) updated in place
+static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float momentum, ts_tensor *mean,
+                                       ts_tensor *invstd, ts_tensor *running_mean, ts_tensor *running_var) {
+    const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
+    const float *px = ts__f32(x);
+    float *pm = ts__f32(mean), *pis = ts__f32(invstd);
+    float *rm = running_mean ? ts__f32(running_mean) : NULL, *rv = running_var ? ts__f32(running_var) : NULL;
+    const double mom = momentum;
+#pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
+    for (int64_t c = 0; c < C; c++) {
+        double s = 0;
+        for (int64_t n = 0; n < N; n++) s += plane_sum(px + (n * C + c) * HW, HW);
+        double mu = M ? s / (double)M : 0.0, ss = 0;
+        /* second pass about the (float) mean: the rounding of the mean changes the sum by
+         * M (mu - mf)^2, far below float precision */
+        float mf = (float)mu;
+        for (int64_t n = 0; n < N; n++) ss += plane_sqdev(px + (n * C + c) * HW, HW, mf);
+        ss -= (double)M * (mu - mf) * (mu - mf);
+        pm[c] = (float)mu;
+        pis[c] = (float)(1.0 / sqrt((M ? ss / (double)M : 0.0) + (double)eps));
+        if (rm) rm[c] = (float)(mom * mu + (1.0 - mom) * rm[c]);
+        if (rv) rv[c] = (float)(mom * (M > 1 ? ss / (double)(M - 1) : 0.0) + (1.0 - mom) * rv[c]);
+    }
+    return TS_OK;
+}
+
+// invstd: (C) = 1 / sqrt(var + eps)
+static ts_status cpu_batchnorm2d_invstd(const ts_tensor *var, float eps, ts_tensor *invstd) {
+    const float *v = ts__f32(var);
+    float *o = ts__f32(invstd);
+    for (int64_t c = 0; c < var->shape[0]; c++) o[c] = (float)(1.0 / sqrt((double)v[c] + (double)eps));
+    return TS_OK;
+}
+
+// out: (N, C, H, W) = x * scale[c] + shift[c], scale = invstd * weight, shift = bias - mean * scale
+static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const ts_tensor *mean,
+                                       const ts_tensor *invstd, const ts_tensor *weight, const ts_tensor *bias) {
+    const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
+    const float *px = ts__f32(x), *pm = ts__f32(mean), *pis = ts__f32(invstd);
+    const float *pw = weight ? ts__f32(weight) : NULL, *pb = bias ? ts__f32(bias) : NULL;
+    float *po = ts__f32(out);
+#pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < N * C; p++) {
+        int64_t c = p % C;
+        float scale = pis[c] * (pw ? pw[c] : 1.0f);
+        float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
+        const float *xp = px + p * HW;
+        float *op = po + p * HW;
+        for (int64_t i = 0; i < HW; i++) op[i] = xp[i] * scale + shift;
+    }
+    return TS_OK;
+}
+
+/* With xhat = (x - mean) invstd, M = N*H*W, per channel:
+ *   gb = sum g, gw = sum g xhat,
+ *   training: gx = w invstd (g - gb/M - xhat gw/M)   eval: gx = w invstd g.
+ * gx is written as a g + b x + c per channel. */
+static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor *x, const ts_tensor *mean,
+                                          const ts_tensor *invstd, const ts_tensor *weight, bool training,
+                                          ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+    const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
+    const float *px = ts__f32(x), *pg = ts__f32(gout), *pm = ts__f32(mean), *pis = ts__f32(invstd);
+    const float *pw = weight ? ts__f32(weight) : NULL;
+    float *pgx = gx ? ts__f32(gx) : NULL, *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
+#pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
+    for (int64_t c = 0; c < C; c++) {
+        double sg = 0, sgx = 0, mu = pm[c], is = pis[c];
+        if (pgw || pgb || (pgx && training))
+            for (int64_t n = 0; n < N; n++)
+                plane_dot_dev(pg + (n * C + c) * HW, px + (n * C + c) * HW, HW, pm[c], &sg, &sgx);
+        if (pgb) pgb[c] = (float)sg;
+        if (pgw) pgw[c] = (float)(sgx * is);
+        if (!pgx) continue;
+        double wv = pw ? pw[c] : 1.0;
+        float a = (float)(wv * is), b = 0.0f, k = 0.0f;
+        if (training && M > 0) {
+            /* - w is (xhat gw / M) = - w is^3 (x - mu) sgx / M ; - w is gb / M */
+            double bb = -wv * is * is * is * sgx / (double)M;
+            b = (float)bb;
+            k = (float)(-wv * is * sg / (double)M - bb * mu);
+        }
+        for (int64_t n = 0; n < N; n++) {
+            const float *gp = pg + (n * C + c) * HW, *xp = px + (n * C + c) * HW;
+            float *op = pgx + (n * C + c) * HW;
+            for (int64_t i = 0; i < HW; i++) op[i] = a * gp[i] + b * xp[i] + k;
+        }
+    }
+    return TS_OK;
+}
+
+const struct ts_kernels_spatial ts_cpu_kernels_spatial = {
+    .conv2d = cpu_conv2d,
+    .conv2d_backward = cpu_conv2d_backward,
+    .maxpool2d = cpu_maxpool2d,
+    .maxpool2d_backward = cpu_maxpool2d_backward,
+    .avgpool2d = cpu_avgpool2d,
+    .avgpool2d_backward = cpu_avgpool2d_backward,
+    .batchnorm2d_stats = cpu_batchnorm2d_stats,
+    .batchnorm2d_invstd = cpu_batchnorm2d_invstd,
+    .batchnorm2d_apply = cpu_batchnorm2d_apply,
+    .batchnorm2d_backward = cpu_batchnorm2d_backward,
+};

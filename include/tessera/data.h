@@ -1,0 +1,146 @@
+/*
+ * tessera/data.h — datasets and the batch loader.
+ *
+ * A dataset is a table of functions (size, get one sample, optionally get a
+ * batch) behind an opaque ts_dataset handle, so in-memory tensors, IDX files
+ * (MNIST, Fashion-MNIST) and, later, image folders all feed the same loader.
+ * A sample is a float32 array of a fixed shape (e.g. 1x28x28) plus an int64
+ * class label.
+ *
+ * The loader draws batches in a permutation that depends only on (seed,
+ * epoch), so a run can be resumed at any batch of any epoch and see exactly
+ * the batches it would have seen. It gathers samples into one preallocated
+ * batch buffer per loader; the tensors it hands out are borrowed and are
+ * overwritten by the next call.
+ */
+#ifndef TESSERA_DATA_H
+#define TESSERA_DATA_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- IDX files ---------------------------------------------------------------------------- */
+/* Reads an IDX file of unsigned bytes (magic 0x00000800 | ndim; dtype byte 0x08),
+ * gzip-compressed or plain (detected from the content, not the name). expect_ndim
+ * > 0 requires that many dimensions (3: images 0x00000803, 1: labels 0x00000801);
+ * 0 accepts 1..4. The file must hold exactly the bytes its header promises.
+ * On success *out is a new TS_U8 CPU tensor with the file's dimensions (caller
+ * releases). Errors: TS_ERR_IO (missing, unreadable), TS_ERR_FORMAT (empty,
+ * truncated, bad magic, wrong dtype, trailing data, corrupt gzip), each naming path. */
+ts_status ts_idx_read(const char *path, int expect_ndim, ts_tensor **out);
+
+/* ---- datasets ----------------------------------------------------------------------------- */
+typedef struct ts_dataset ts_dataset;
+
+/* Implementation table. impl is the implementation's private state. */
+typedef struct ts_dataset_ops {
+    /* Number of samples. Required. */
+    int64_t (*size)(void *impl);
+    /* Writes sample i (0 <= i < size): sample_numel float32 values into x and the
+     * label into *y. Required. Must be safe to call from several threads at once. */
+    ts_status (*get)(void *impl, int64_t i, float *x, int64_t *y);
+    /* Optional: samples idx[0..n) into x (n * sample_numel floats) and y (n labels).
+     * NULL: the loader calls get() per sample. */
+    ts_status (*get_batch)(void *impl, const int64_t *idx, int64_t n, float *x, int64_t *y);
+    /* Optional: change the (x - mean) / std normalisation of the stored samples. */
+    ts_status (*set_normalize)(void *impl, float mean, float std);
+    /* Optional: releases impl when the dataset is freed. */
+    void (*destroy)(void *impl);
+} ts_dataset_ops;
+
+/* Wraps an implementation. ops is borrowed (must outlive the dataset, usually a
+ * static table); impl is owned by the dataset from now on (ops->destroy(impl)
+ * runs in ts_dataset_free, also when this call fails). sample_shape (sample_ndim
+ * <= TS_MAX_DIMS - 1 entries) is copied. num_classes may be 0 when unknown. */
+ts_status ts_dataset_new(const ts_dataset_ops *ops, void *impl, int sample_ndim, const int64_t *sample_shape,
+                         int64_t num_classes, ts_dataset **out);
+
+/* An in-memory dataset over x (N, ...) float32 and y (N) int64 CPU tensors. Both
+ * are retained (not copied); don't modify them while the dataset lives. */
+ts_status ts_dataset_from_tensors(ts_tensor *x, ts_tensor *y, ts_dataset **out);
+
+/* Default normalisation constants. */
+#define TS_FASHION_MNIST_MEAN 0.2860f
+#define TS_FASHION_MNIST_STD 0.3530f
+#define TS_MNIST_MEAN 0.1307f
+#define TS_MNIST_STD 0.3081f
+
+/* Loads MNIST-format IDX files from dir: split "train" reads
+ * train-images-idx3-ubyte(.gz) and train-labels-idx1-ubyte(.gz), "test" reads
+ * t10k-*; the .gz name is tried first, then the plain name. Pixels become
+ * float32 x = (p / 255 - mean) / std with the Fashion-MNIST defaults (change
+ * with ts_dataset_set_normalize), stored once as (N, 1, H, W); labels int64.
+ * Image/label count mismatches and labels of 255 or more are TS_ERR_FORMAT.
+ * *out is new; free with ts_dataset_free. */
+ts_status ts_dataset_load_mnist(const char *dir, const char *split, ts_dataset **out);
+
+/* Releases the dataset (NULL is fine). Loaders using it must be freed first. */
+void ts_dataset_free(ts_dataset *ds);
+
+int64_t ts_dataset_size(const ts_dataset *ds);
+/* Writes the sample shape (up to TS_MAX_DIMS - 1 entries) and returns its ndim. */
+int ts_dataset_sample_shape(const ts_dataset *ds, int64_t *shape);
+int64_t ts_dataset_sample_numel(const ts_dataset *ds);
+/* Number of classes (max label + 1 for MNIST; 0 if unknown). */
+int64_t ts_dataset_num_classes(const ts_dataset *ds);
+/* Copies sample i into x (sample_numel floats) and *y. */
+ts_status ts_dataset_get(const ts_dataset *ds, int64_t i, float *x, int64_t *y);
+/* Re-normalises the stored samples to (v - mean) / std, where v is the raw value
+ * in [0, 1] (exact for datasets made from 8-bit pixels). TS_ERR_UNSUPPORTED for
+ * datasets without set_normalize; std must be > 0. */
+ts_status ts_dataset_set_normalize(ts_dataset *ds, float mean, float std);
+/* The current normalisation (0 and 1 for datasets without one). */
+void ts_dataset_get_normalize(const ts_dataset *ds, float *mean, float *std);
+/* For in-memory datasets: the whole data as borrowed tensors x (N, ...) float32
+ * and y (N) int64; TS_ERR_UNSUPPORTED otherwise. Either out pointer may be NULL. */
+ts_status ts_dataset_tensors(const ts_dataset *ds, ts_tensor **x, ts_tensor **y);
+
+/* ---- loader ----------------------------------------------------------------------------------- */
+typedef struct ts_loader ts_loader;
+
+typedef struct ts_loader_opts {
+    int64_t batch_size; /* >= 1 */
+    bool shuffle;       /* false: samples in order 0..N-1 */
+    uint64_t seed;      /* the epoch's order is a function of (seed, epoch) only */
+    bool drop_last;     /* skip the final batch when it is smaller than batch_size */
+    ts_device *device;  /* where the batch tensors live (NULL: CPU) */
+} ts_loader_opts;
+
+#define TS_LOADER_OPTS_INIT ((ts_loader_opts){64, true, 0, false, NULL})
+
+/* A loader over ds (borrowed: ds must outlive the loader). opts is copied.
+ * Allocates the batch tensors once. Starts at epoch 0, batch 0. */
+ts_status ts_loader_new(ts_dataset *ds, const ts_loader_opts *opts, ts_loader **out);
+void ts_loader_free(ts_loader *ld); /* NULL is fine */
+
+/* Batches per epoch: ceil(N / B), or floor(N / B) with drop_last. */
+int64_t ts_loader_num_batches(const ts_loader *ld);
+
+/* Positions the loader at batch `start_batch` (0 <= start_batch <= num_batches)
+ * of `epoch` and computes that epoch's order: the identity without shuffle,
+ * else a Fisher-Yates permutation from a generator seeded with
+ * seed ^ (epoch * 0x9E3779B97F4A7C15), so the same (seed, epoch) always gives
+ * the same order. Use start_batch > 0 to resume mid-epoch. */
+ts_status ts_loader_set_epoch(ts_loader *ld, int64_t epoch, int64_t start_batch);
+int64_t ts_loader_epoch(const ts_loader *ld);
+/* Index of the batch the next ts_loader_next call returns. */
+int64_t ts_loader_batch_index(const ts_loader *ld);
+
+/* Fills the next batch of the current epoch: *x (B, sample shape...) float32 and
+ * *y (B) int64, B = batch_size except for a smaller last batch (unless
+ * drop_last). Both are borrowed: they stay owned by the loader and are
+ * overwritten by the next call (retain or clone to keep them). At the end of the
+ * epoch sets *x = *y = NULL and returns TS_OK; call ts_loader_set_epoch to go on. */
+ts_status ts_loader_next(ts_loader *ld, ts_tensor **x, ts_tensor **y);
+
+/* The current epoch's sample order (N entries; borrowed, valid until the next
+ * ts_loader_set_epoch). *n receives N when n is not NULL. */
+const int64_t *ts_loader_order(const ts_loader *ld, int64_t *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_DATA_H */

@@ -1,0 +1,140 @@
+/*
+ * tessera/nn.h — modules: layers with parameters and buffers, containers,
+ * state dicts, and the model builders.
+ *
+ * A module is an opaque tree, PyTorch style: each module owns its own
+ * parameters (leaf tensors with requires_grad), its buffers (running
+ * statistics; no grad) and its named children. Names are PyTorch's dotted
+ * paths ("0.weight", "features.1.running_mean"), and parameters, buffers and
+ * state dicts come in PyTorch's order (a module's own parameters, then its own
+ * buffers, then each child's in the order the children were added), so a
+ * Tessera model and the equivalent torch.nn model have the same state-dict keys.
+ *
+ * Ownership: a module owns its tensors and its children; ts_module_free
+ * releases the whole tree. Tensors handed out through ts_tensor_list are new
+ * references (released by ts_tensor_list_clear). Input tensors are borrowed.
+ *
+ * Initialisation follows PyTorch's defaults, drawn from a ts_rng* (NULL: the
+ * process-wide default generator; a non-NULL rng is only used during the
+ * constructor call):
+ *   Linear, Conv2d: weight U(-b, b), b = 1/sqrt(fan_in) (kaiming_uniform_ with
+ *                   a = sqrt(5)); bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+ *   BatchNorm2d:    weight 1, bias 0, running_mean 0, running_var 1,
+ *                   num_batches_tracked 0 (TS_I64, shape []).
+ *   Embedding:      weight N(0, 1).
+ * Modules are created on the CPU; move them with ts_module_to.
+ */
+#ifndef TESSERA_NN_H
+#define TESSERA_NN_H
+
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ts_module ts_module;
+
+/* ---- every module ------------------------------------------------------------------------ */
+/* Runs the module on x (borrowed); *out is a new reference. Records autograd
+ * when grad mode is on. Training-mode modules (BatchNorm2d) update their
+ * running statistics in place. */
+ts_status ts_module_forward(ts_module *m, const ts_tensor *x, ts_tensor **out);
+/* Sets training mode (true) or eval mode (false) on m and all its descendants. */
+void ts_module_train(ts_module *m, bool training);
+bool ts_module_is_training(const ts_module *m);
+/* Frees m, its children and its tensors (the tensors live on while other
+ * references to them exist, e.g. in an optimizer). NULL is fine. */
+void ts_module_free(ts_module *m);
+/* The type name ("Linear", "Sequential", ...). Static string. */
+const char *ts_module_type_name(const ts_module *m);
+/* The descendant at a dotted path ("features.1"), or NULL. Borrowed; owned by m. */
+ts_module *ts_module_child(ts_module *m, const char *path);
+
+/* Appends every parameter (recursively, PyTorch's named_parameters order) to
+ * *out as (dotted name, the parameter itself): a new reference to the live
+ * leaf tensor, so an optimizer built on the list updates the module. */
+ts_status ts_module_parameters(ts_module *m, ts_tensor_list *out);
+/* Appends every buffer (running_mean, running_var, num_batches_tracked, ...). */
+ts_status ts_module_buffers(ts_module *m, ts_tensor_list *out);
+/* Appends parameters and buffers in PyTorch's state_dict order. Each entry is
+ * a detached alias (shares storage with the module, no autograd): writing to
+ * it writes the model; clone the tensors for a snapshot. */
+ts_status ts_module_state_dict(ts_module *m, ts_tensor_list *out);
+/* Copies values from sd (borrowed) into m's parameters and buffers. Checks
+ * everything before copying anything: a shape or dtype mismatch is an error
+ * (TS_ERR_SHAPE, naming the key and both shapes) even when !strict; when
+ * strict, a key of m missing from sd or a key of sd unknown to m is an error
+ * (TS_ERR_INVALID_ARG naming the key). sd's tensors may be on any device. */
+ts_status ts_module_load_state_dict(ts_module *m, const ts_tensor_list *sd, bool strict);
+/* Moves every parameter and buffer to dev (gradients move too). Parameters
+ * stay leaves with requires_grad. Tensors already on dev are kept. Lists taken
+ * before the move (and optimizers built on them) still point at the old
+ * tensors: move the model first, then build the optimizer. */
+ts_status ts_module_to(ts_module *m, ts_device *dev);
+/* Sets every parameter's gradient to NULL (set_to_none). */
+void ts_module_zero_grad(ts_module *m);
+/* Number of parameter elements. */
+int64_t ts_module_num_parameters(ts_module *m);
+
+/* ---- containers ------------------------------------------------------------------------------ */
+/* An empty Sequential; forward runs the children in order (an empty one returns x). */
+ts_status ts_nn_sequential_new(ts_module **out);
+/* Appends child under `name` (NULL: its index, "0", "1", ...; a name must be
+ * unique, non-empty and contain no '.'). seq takes ownership of child — also
+ * on failure, when child is freed — so builders can chain calls without leaks.
+ * child == NULL is an error (TS_ERR_INVALID_ARG). */
+ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child);
+/* Number of children of seq. */
+int ts_nn_sequential_len(const ts_module *seq);
+
+/* ---- layers (each *out is a new module owned by the caller) ----------------------------------------- */
+/* y = x W^T + b. x: (N, in) -> (N, out). Parameters "weight" (out, in), "bias" (out). */
+ts_status ts_nn_linear_new(int64_t in_features, int64_t out_features, bool bias, ts_rng *rng, ts_module **out);
+/* Conv2d(in, out, (kh, kw)) with stride/padding/dilation/groups from p.
+ * Parameters "weight" (out, in/groups, kh, kw), "bias" (out). */
+ts_status ts_nn_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, int kw, ts_conv2d_params p, bool bias,
+                           ts_rng *rng, ts_module **out);
+/* BatchNorm2d(C): PyTorch defaults are eps 1e-5, momentum 0.1, affine and
+ * track_running_stats true. momentum < 0 means PyTorch's momentum=None
+ * (cumulative average over num_batches_tracked). Parameters "weight", "bias"
+ * (when affine); buffers "running_mean", "running_var", "num_batches_tracked"
+ * (when track_running_stats). */
+ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
+                                ts_module **out);
+ts_status ts_nn_relu_new(ts_module **out);
+ts_status ts_nn_maxpool2d_new(ts_pool2d_params p, ts_module **out);
+ts_status ts_nn_avgpool2d_new(ts_pool2d_params p, ts_module **out);
+/* PyTorch's AdaptiveAvgPool2d(1): (N, C, H, W) -> (N, C, 1, 1). */
+ts_status ts_nn_global_avgpool2d_new(ts_module **out);
+/* Flatten with start_dim 1: (N, C, H, W) -> (N, C*H*W). */
+ts_status ts_nn_flatten_new(ts_module **out);
+/* Inverted dropout with probability p in [0, 1) while training; identity in
+ * eval mode. rng is borrowed and must outlive the module (NULL: the default
+ * generator). */
+ts_status ts_nn_dropout_new(float p, ts_rng *rng, ts_module **out);
+/* Embedding(num, dim): TS_I64 indices of any shape -> shape + (dim). Parameter "weight" (num, dim). */
+ts_status ts_nn_embedding_new(int64_t num_embeddings, int64_t dim, ts_rng *rng, ts_module **out);
+/* torchvision's ResNet BasicBlock: conv3x3(stride)-BN-ReLU-conv3x3-BN, plus the
+ * identity, or "downsample" = Sequential(conv1x1(stride), BN) when stride != 1
+ * or in != out channels; then ReLU. Convolutions have no bias. Children:
+ * conv1, bn1, conv2, bn2[, downsample.0, downsample.1]. */
+ts_status ts_nn_residual_block_new(int64_t in_channels, int64_t out_channels, int stride, ts_rng *rng,
+                                   ts_module **out);
+
+/* ---- model builders ------------------------------------------------------------------------------------ */
+/* The reference CNN for 1x28x28 inputs, with the names of
+ *   nn.Sequential(nn.Conv2d(1,32,3,padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+ *                 nn.Conv2d(32,64,3,padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+ *                 nn.Flatten(), nn.Linear(3136,128), nn.ReLU(), nn.Linear(128,10)).
+ * (N, 1, 28, 28) -> (N, 10) logits. */
+ts_status ts_model_reference_cnn(ts_rng *rng, ts_module **out);
+/* nn.Sequential(nn.Flatten(), nn.Linear(784,256), nn.ReLU(), nn.Linear(256,10)). */
+ts_status ts_model_mlp(ts_rng *rng, ts_module **out);
+/* "cnn" or "mlp"; an unknown name is TS_ERR_INVALID_ARG naming it. */
+ts_status ts_model_by_name(const char *name, ts_rng *rng, ts_module **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_NN_H */

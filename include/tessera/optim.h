@@ -1,0 +1,134 @@
+/*
+ * tessera/optim.h — optimizers (SGD, AdamW) and learning-rate schedules.
+ *
+ * An optimizer updates a named list of parameters (usually from
+ * ts_module_parameters) exactly as torch.optim does, one fused kernel per
+ * tensor on the parameter's device. Parameters whose gradient is NULL are
+ * skipped (their state is not created or advanced), as in PyTorch.
+ *
+ * Config structs are versioned (size, magic, version first) and must be
+ * initialised with their macro, then edited:
+ *     ts_sgd_config c = TS_SGD_CONFIG_INIT;
+ *     c.lr = 0.1f; c.momentum = 0.9f;
+ *     ts_optim_sgd_new(&params, &c, &opt);
+ *
+ * State (for checkpoints) is a named tensor list:
+ *     "step"                       TS_I64 [1]  number of ts_optimizer_step calls
+ *     "lr"                         TS_F32 [1]  the current learning rate
+ *     SGD:   "<param>.momentum_buffer"          (when momentum != 0 and created)
+ *     AdamW: "<param>.step" (TS_I64 [1]), "<param>.exp_avg", "<param>.exp_avg_sq",
+ *            "<param>.max_exp_avg_sq" (amsgrad)
+ * Parameters without state yet (never had a gradient) have no entries.
+ */
+#ifndef TESSERA_OPTIM_H
+#define TESSERA_OPTIM_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_OPTIM_CONFIG_MAGIC 0x4f505431u /* "OPT1" */
+#define TS_OPTIM_CONFIG_VERSION 1u
+
+/* torch.optim.SGD. nesterov needs momentum > 0 and dampening == 0. */
+typedef struct ts_sgd_config {
+    size_t size;           /* sizeof(ts_sgd_config) */
+    unsigned int magic;    /* TS_OPTIM_CONFIG_MAGIC */
+    unsigned int version;  /* TS_OPTIM_CONFIG_VERSION */
+    float lr;              /* default 1e-3 */
+    float momentum;        /* default 0 */
+    float dampening;       /* default 0 */
+    float weight_decay;    /* L2 penalty added to the gradient; default 0 */
+    bool nesterov;         /* default false */
+    bool maximize;         /* default false */
+} ts_sgd_config;
+#define TS_SGD_CONFIG_INIT \
+    ((ts_sgd_config){sizeof(ts_sgd_config), TS_OPTIM_CONFIG_MAGIC, TS_OPTIM_CONFIG_VERSION, 1e-3f, 0.0f, 0.0f, 0.0f, false, false})
+
+/* torch.optim.AdamW (decoupled weight decay, bias correction). */
+typedef struct ts_adamw_config {
+    size_t size;           /* sizeof(ts_adamw_config) */
+    unsigned int magic;    /* TS_OPTIM_CONFIG_MAGIC */
+    unsigned int version;  /* TS_OPTIM_CONFIG_VERSION */
+    float lr;              /* default 1e-3 */
+    float beta1, beta2;    /* default 0.9, 0.999 */
+    float eps;             /* default 1e-8 */
+    float weight_decay;    /* default 1e-2 */
+    bool amsgrad;          /* default false */
+    bool maximize;         /* default false */
+} ts_adamw_config;
+#define TS_ADAMW_CONFIG_INIT                                                                                   \
+    ((ts_adamw_config){sizeof(ts_adamw_config), TS_OPTIM_CONFIG_MAGIC, TS_OPTIM_CONFIG_VERSION, 1e-3f, 0.9f, \
+                       0.999f, 1e-8f, 1e-2f, false, false})
+
+typedef struct ts_optimizer ts_optimizer;
+
+/* Creates an optimizer over params (borrowed list; the optimizer copies the
+ * names and retains the tensors, which must be F32, contiguous leaves).
+ * The config is copied. *out is freed with ts_optimizer_free. */
+ts_status ts_optim_sgd_new(const ts_tensor_list *params, const ts_sgd_config *config, ts_optimizer **out);
+ts_status ts_optim_adamw_new(const ts_tensor_list *params, const ts_adamw_config *config, ts_optimizer **out);
+/* Releases the optimizer's state and its references to the parameters. NULL is fine. */
+void ts_optimizer_free(ts_optimizer *opt);
+
+/* One update of every parameter with a gradient. Runs with grad mode off. */
+ts_status ts_optimizer_step(ts_optimizer *opt);
+/* Sets every parameter's gradient to NULL (set_to_none). */
+void ts_optimizer_zero_grad(ts_optimizer *opt);
+void ts_optimizer_set_lr(ts_optimizer *opt, float lr);
+float ts_optimizer_get_lr(const ts_optimizer *opt);
+/* Number of ts_optimizer_step calls so far (restored by ts_optimizer_load_state). */
+int64_t ts_optimizer_step_count(const ts_optimizer *opt);
+/* "SGD" or "AdamW". Static string. */
+const char *ts_optimizer_name(const ts_optimizer *opt);
+
+/* Appends the state (see the top of this file) to *out. Buffers are new
+ * references to the optimizer's live state tensors (clone them for a snapshot
+ * that must not change with later steps); "step", "lr" and per-parameter
+ * steps are fresh CPU tensors. */
+ts_status ts_optimizer_state(const ts_optimizer *opt, ts_tensor_list *out);
+/* Replaces the state with copies of the entries of st (borrowed; tensors may
+ * be on any device; they are copied to each parameter's device). Checks
+ * everything first: a key that names no parameter or state of this optimizer,
+ * a shape mismatch, or an incomplete AdamW state is an error naming the key,
+ * and nothing is changed. Parameters without entries get no state (fresh). */
+ts_status ts_optimizer_load_state(ts_optimizer *opt, const ts_tensor_list *st);
+
+/* ---- learning-rate schedules ------------------------------------------------------------------ */
+typedef enum ts_lr_kind {
+    TS_LR_CONSTANT = 0,
+    TS_LR_STEP = 1,   /* StepLR: base * gamma^floor(t / step_size) */
+    TS_LR_COSINE = 2, /* CosineAnnealingLR: eta_min + (base - eta_min)(1 + cos(pi t / T_max)) / 2 */
+} ts_lr_kind;
+
+/* A closed-form schedule over t = epoch (or step) index, 0-based.
+ * Optional linear warmup, as SequentialLR(LinearLR(start_factor, total_iters = warmup), main,
+ * milestones = [warmup]): for t < warmup, lr = base (f + (1 - f) t / warmup) with
+ * f = warmup_start_factor; from t = warmup on, the main schedule at t - warmup. */
+typedef struct ts_lr_schedule {
+    ts_lr_kind kind;
+    double base_lr;
+    int64_t step_size;          /* TS_LR_STEP, >= 1 */
+    double gamma;               /* TS_LR_STEP */
+    int64_t t_max;              /* TS_LR_COSINE, >= 1 */
+    double eta_min;             /* TS_LR_COSINE */
+    int64_t warmup;             /* warmup length (0: none) */
+    double warmup_start_factor; /* in (0, 1]; PyTorch's LinearLR default 1/3 */
+} ts_lr_schedule;
+
+ts_lr_schedule ts_lr_constant(double base_lr);
+ts_lr_schedule ts_lr_step(double base_lr, int64_t step_size, double gamma);
+ts_lr_schedule ts_lr_cosine(double base_lr, int64_t t_max, double eta_min);
+/* Returns s with a linear warmup of `warmup` epochs starting at start_factor * base. */
+ts_lr_schedule ts_lr_with_warmup(ts_lr_schedule s, int64_t warmup, double start_factor);
+/* Checks the fields (TS_ERR_INVALID_ARG naming the bad one). */
+ts_status ts_lr_schedule_check(const ts_lr_schedule *s);
+/* The learning rate at index t (t < 0 is treated as 0). Assumes a checked schedule. */
+double ts_lr_schedule_at(const ts_lr_schedule *s, int64_t t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_OPTIM_H */

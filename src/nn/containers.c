@@ -1,0 +1,110 @@
+/*
+ * nn/containers.c — modules made of modules: Sequential and the ResNet
+ * BasicBlock (ResidualBlock).
+ */
+#include "nn/module.h"
+
+/* ---- Sequential ----------------------------------------------------------------------------- */
+static ts_status sequential_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+    ts_tensor *cur = ts_tensor_retain((ts_tensor *)x);
+    for (int i = 0; i < m->nchildren; i++) {
+        ts_tensor *next = NULL;
+        ts_status st = ts_module_forward(m->children[i], cur, &next);
+        ts_tensor_release(cur);
+        if (st != TS_OK) return ts__error_prefix(st, "Sequential '%s' (%s)", m->child_names[i], m->children[i]->vt->name);
+        cur = next;
+    }
+    *out = cur;
+    return TS_OK;
+}
+static const ts_module_vt sequential_vt = {"Sequential", sequential_forward, NULL};
+
+ts_status ts_nn_sequential_new(ts_module **out) {
+    TS_ARG(out, "ts_nn_sequential_new: NULL out");
+    return ts__module_new(&sequential_vt, 0, out);
+}
+
+ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child) {
+    if (!seq || seq->vt != &sequential_vt) {
+        ts_module_free(child);
+        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_sequential_add: not a Sequential");
+    }
+    return ts__module_add_child(seq, name, child);
+}
+
+int ts_nn_sequential_len(const ts_module *seq) { return seq ? seq->nchildren : 0; }
+
+/* ---- ResidualBlock (torchvision BasicBlock) ------------------------------------------------------ */
+/* children: 0 conv1, 1 bn1, 2 conv2, 3 bn2, [4 downsample]
+ * x: (N, C_in, H, W) -> (N, C_out, H/stride, W/stride) */
+static ts_status residual_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+    ts_tensor *a = NULL, *b = NULL, *id = NULL;
+    ts_status st;
+    TS_CHECK_GOTO(ts_module_forward(m->children[0], x, &a)); /* conv1 */
+    TS_CHECK_GOTO(ts_module_forward(m->children[1], a, &b)); /* bn1 */
+    ts_tensor_release(a);
+    a = NULL;
+    TS_CHECK_GOTO(ts_relu(b, &a));
+    ts_tensor_release(b);
+    b = NULL;
+    TS_CHECK_GOTO(ts_module_forward(m->children[2], a, &b)); /* conv2 */
+    ts_tensor_release(a);
+    a = NULL;
+    TS_CHECK_GOTO(ts_module_forward(m->children[3], b, &a)); /* bn2 */
+    ts_tensor_release(b);
+    b = NULL;
+    if (m->nchildren > 4)
+        TS_CHECK_GOTO(ts_module_forward(m->children[4], x, &id)); /* downsample */
+    else
+        id = ts_tensor_retain((ts_tensor *)x);
+    TS_CHECK_GOTO(ts_add(a, id, &b));
+    ts_tensor_release(a);
+    a = NULL;
+    TS_CHECK_GOTO(ts_relu(b, out));
+    ts_tensor_release(b);
+    ts_tensor_release(id);
+    return TS_OK;
+fail:
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(id);
+    return ts__error_prefix(st, "ResidualBlock");
+}
+static const ts_module_vt residual_vt = {"BasicBlock", residual_forward, NULL};
+
+static ts_status conv_bn(ts_module *m, const char *conv_name, const char *bn_name, int64_t cin, int64_t cout, int k,
+                         int stride, ts_rng *rng) {
+    ts_conv2d_params p = TS_CONV2D_DEFAULT;
+    p.stride[0] = p.stride[1] = stride;
+    p.padding[0] = p.padding[1] = k / 2;
+    ts_module *c = NULL;
+    TS_TRY(ts_nn_conv2d_new(cin, cout, k, k, p, false, rng, &c));
+    TS_TRY(ts__module_add_child(m, conv_name, c));
+    TS_TRY(ts_nn_batchnorm2d_new(cout, 1e-5f, 0.1f, true, true, &c));
+    return ts__module_add_child(m, bn_name, c);
+}
+
+ts_status ts_nn_residual_block_new(int64_t in_channels, int64_t out_channels, int stride, ts_rng *rng,
+                                   ts_module **out) {
+    TS_ARG(out, "ts_nn_residual_block_new: NULL out");
+    TS_ARG(in_channels > 0 && out_channels > 0 && stride >= 1, "ts_nn_residual_block_new: bad sizes or stride");
+    ts_module *m = NULL, *ds = NULL;
+    ts_status st;
+    TS_CHECK_GOTO(ts__module_new(&residual_vt, 0, &m));
+    /* children in torchvision's registration order: conv1, bn1, conv2, bn2, downsample */
+    TS_CHECK_GOTO(conv_bn(m, "conv1", "bn1", in_channels, out_channels, 3, stride, rng));
+    TS_CHECK_GOTO(conv_bn(m, "conv2", "bn2", out_channels, out_channels, 3, 1, rng));
+    if (stride != 1 || in_channels != out_channels) {
+        TS_CHECK_GOTO(ts_nn_sequential_new(&ds));
+        TS_CHECK_GOTO(conv_bn(ds, "0", "1", in_channels, out_channels, 1, stride, rng));
+        st = ts__module_add_child(m, "downsample", ds);
+        ds = NULL; /* owned by m now, or freed */
+        TS_CHECK_GOTO(st);
+    }
+    *out = m;
+    return TS_OK;
+fail:
+    ts_module_free(ds);
+    ts_module_free(m);
+    return st;
+}

@@ -1,0 +1,452 @@
+/* Checkpoint files: round trips, corruption, truncation and atomic saves. */
+#include "test_util.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char tu_dir[256];
+
+static const char *tmpdir(void) {
+    if (!tu_dir[0]) {
+        snprintf(tu_dir, sizeof tu_dir, "/tmp/ts_test_ckpt_XXXXXX");
+        if (!mkdtemp(tu_dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return tu_dir;
+}
+
+static void rm_tmpdir(void) {
+    if (!tu_dir[0]) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tu_dir);
+}
+
+static const char *tpath(const char *name) {
+    static char bufs[8][400];
+    static int next;
+    char *b = bufs[next++ % 8];
+    snprintf(b, sizeof bufs[0], "%.255s/%.100s", tmpdir(), name);
+    return b;
+}
+
+static unsigned char *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)len + 1);
+    *n = fread(b, 1, (size_t)len, f);
+    fclose(f);
+    return b;
+}
+
+static void write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || (n && fwrite(p, 1, n, f) != n) || fclose(f) != 0) abort();
+}
+
+static ts_tensor *make(ts_dtype dt, int ndim, const int64_t *shape, ts_rng *r) {
+    ts_tensor *t = NULL;
+    if (ts_tensor_empty(NULL, dt, ndim, shape, &t) != TS_OK) abort();
+    unsigned char *p = ts_tensor_data(t);
+    for (size_t i = 0; i < ts_tensor_nbytes(t); i++) p[i] = (unsigned char)ts_rng_u32(r);
+    if (dt == TS_F32) /* finite values, so equality checks read naturally */
+        for (int64_t i = 0; i < ts_tensor_numel(t); i++) ts_tensor_data_f32(t)[i] = (float)ts_rng_normal(r);
+    return t;
+}
+
+static bool same_tensor(ts_tensor *a, ts_tensor *b) {
+    if (!a || !b || ts_tensor_dtype(a) != ts_tensor_dtype(b) || ts_tensor_ndim(a) != ts_tensor_ndim(b)) return false;
+    for (int i = 0; i < ts_tensor_ndim(a); i++)
+        if (ts_tensor_dim(a, i) != ts_tensor_dim(b, i)) return false;
+    return ts_tensor_nbytes(a) == ts_tensor_nbytes(b) &&
+           memcmp(ts_tensor_data(a), ts_tensor_data(b), ts_tensor_nbytes(a)) == 0;
+}
+
+/* A checkpoint with model.* and optim.* tensors of several dtypes and all metadata kinds. */
+static ts_ckpt *build(ts_tensor_list *model, ts_tensor_list *optim) {
+    ts_rng r;
+    ts_rng_seed(&r, 99);
+    int64_t s23[2] = {2, 3}, s4[1] = {4}, s22[2] = {2, 2}, s5[1] = {5}, s3[1] = {3}, s04[2] = {0, 4},
+            s4d[4] = {2, 1, 3, 3};
+    struct {
+        const char *name;
+        ts_dtype dt;
+        int nd;
+        const int64_t *shape;
+        ts_tensor_list *l;
+    } spec[] = {
+        {"fc.weight", TS_F32, 2, s23, model}, {"fc.bias", TS_F32, 1, s3, model},
+        {"conv.weight", TS_F32, 4, s4d, model}, {"bn.num_batches", TS_I64, 1, s4, model},
+        {"scalar", TS_F32, 0, NULL, model}, {"empty", TS_F32, 2, s04, model},
+        {"fc.weight.m", TS_I32, 2, s22, optim}, {"mask", TS_U8, 1, s5, optim},
+        {"half", TS_BF16, 1, s3, optim}, {"f16", TS_F16, 1, s3, optim},
+    };
+    for (size_t i = 0; i < sizeof spec / sizeof spec[0]; i++) {
+        ts_tensor *t = make(spec[i].dt, spec[i].nd, spec[i].shape, &r);
+        CHECK_OK(ts_tensor_list_append(spec[i].l, spec[i].name, t));
+        ts_tensor_release(t);
+    }
+    ts_ckpt *ck = ts_ckpt_new();
+    CHECK_OK(ts_ckpt_add_tensors(ck, "model.", model));
+    CHECK_OK(ts_ckpt_add_tensors(ck, "optim.", optim));
+    CHECK_OK(ts_ckpt_set_i64(ck, "epoch", 3));
+    CHECK_OK(ts_ckpt_set_i64(ck, "step", -5));
+    CHECK_OK(ts_ckpt_set_i64(ck, "min", INT64_MIN));
+    CHECK_OK(ts_ckpt_set_f64(ck, "lr", 0.1));
+    CHECK_OK(ts_ckpt_set_f64(ck, "negzero", -0.0));
+    CHECK_OK(ts_ckpt_set_f64(ck, "inf", INFINITY));
+    unsigned char blob[40];
+    for (int i = 0; i < 40; i++) blob[i] = (unsigned char)(i * 37);
+    blob[3] = 0;
+    CHECK_OK(ts_ckpt_set_bytes(ck, "rng", blob, sizeof blob));
+    CHECK_OK(ts_ckpt_set_bytes(ck, "empty", NULL, 0));
+    const char *json = "{\"model\": \"mlp\", \"lr\": 0.1}";
+    CHECK_OK(ts_ckpt_set_bytes(ck, "config", json, strlen(json)));
+    return ck;
+}
+
+static void check_loaded(ts_ckpt *ck, ts_tensor_list *model, ts_tensor_list *optim) {
+    CHECK(ts_ckpt_version(ck) == TS_CKPT_VERSION);
+    int64_t v = 0;
+    CHECK_OK(ts_ckpt_get_i64(ck, "epoch", &v));
+    CHECK(v == 3);
+    CHECK_OK(ts_ckpt_get_i64(ck, "step", &v));
+    CHECK(v == -5);
+    CHECK_OK(ts_ckpt_get_i64(ck, "min", &v));
+    CHECK(v == INT64_MIN);
+    double d = 0;
+    CHECK_OK(ts_ckpt_get_f64(ck, "lr", &d));
+    CHECK(d == 0.1);
+    CHECK_OK(ts_ckpt_get_f64(ck, "negzero", &d));
+    CHECK(d == 0.0 && signbit(d));
+    CHECK_OK(ts_ckpt_get_f64(ck, "inf", &d));
+    CHECK(isinf(d) && d > 0);
+    const void *p = NULL;
+    size_t n = 0;
+    CHECK_OK(ts_ckpt_get_bytes(ck, "rng", &p, &n));
+    CHECK(n == 40 && p && ((const unsigned char *)p)[3] == 0 && ((const unsigned char *)p)[39] == (unsigned char)(39 * 37));
+    CHECK_OK(ts_ckpt_get_bytes(ck, "empty", &p, &n));
+    CHECK(n == 0);
+    CHECK_OK(ts_ckpt_get_bytes(ck, "config", &p, &n));
+    CHECK(n == strlen("{\"model\": \"mlp\", \"lr\": 0.1}") && memcmp(p, "{\"model\"", 8) == 0);
+    CHECK(ts_ckpt_count(ck, TS_CKPT_I64) == 3 && ts_ckpt_count(ck, TS_CKPT_F64) == 3);
+    CHECK(ts_ckpt_count(ck, TS_CKPT_BYTES) == 3 && ts_ckpt_count(ck, TS_CKPT_TENSOR) == model->n + optim->n);
+    CHECK(ts_ckpt_name(ck, TS_CKPT_I64, 0) && strcmp(ts_ckpt_name(ck, TS_CKPT_I64, 0), "epoch") == 0);
+    CHECK(ts_ckpt_name(ck, TS_CKPT_I64, 3) == NULL);
+    CHECK(ts_ckpt_has(ck, TS_CKPT_F64, "lr") && !ts_ckpt_has(ck, TS_CKPT_I64, "lr"));
+
+    ts_tensor_list m = TS_TENSOR_LIST_INIT, o = TS_TENSOR_LIST_INIT, all = TS_TENSOR_LIST_INIT;
+    CHECK_OK(ts_ckpt_get_tensors(ck, "model.", &m));
+    CHECK_OK(ts_ckpt_get_tensors(ck, "optim.", &o));
+    CHECK_OK(ts_ckpt_get_tensors(ck, NULL, &all));
+    CHECK(m.n == model->n && o.n == optim->n && all.n == model->n + optim->n);
+    for (int i = 0; i < model->n && i < m.n; i++) {
+        CHECK(strcmp(m.names[i], model->names[i]) == 0);
+        CHECK(same_tensor(m.tensors[i], model->tensors[i]));
+        CHECK(ts_tensor_device(m.tensors[i]) == ts_device_cpu());
+    }
+    for (int i = 0; i < optim->n && i < o.n; i++) {
+        CHECK(strcmp(o.names[i], optim->names[i]) == 0);
+        CHECK(same_tensor(o.tensors[i], optim->tensors[i]));
+    }
+    CHECK(ts_ckpt_find_tensor(ck, "model.fc.bias") == m.tensors[1]);
+    ts_tensor_list_clear(&m);
+    ts_tensor_list_clear(&o);
+    ts_tensor_list_clear(&all);
+}
+
+static void test_round_trip(void) {
+    ts_tensor_list model = TS_TENSOR_LIST_INIT, optim = TS_TENSOR_LIST_INIT;
+    ts_ckpt *ck = build(&model, &optim);
+    const char *path = tpath("rt.ckpt");
+    CHECK_OK(ts_ckpt_save(ck, path));
+    check_loaded(ck, &model, &optim); /* the in-memory object answers the same */
+    ts_ckpt_free(ck);
+
+    ts_ckpt *back = NULL;
+    CHECK_OK(ts_ckpt_load(path, &back));
+    if (back) check_loaded(back, &model, &optim);
+    /* tensors handed out outlive the checkpoint */
+    ts_tensor_list keep = TS_TENSOR_LIST_INIT;
+    CHECK_OK(ts_ckpt_get_tensors(back, "model.fc.", &keep));
+    CHECK(keep.n == 2 && strcmp(keep.names[0], "weight") == 0);
+    /* saving a loaded checkpoint reproduces the file byte for byte */
+    const char *path2 = tpath("rt2.ckpt");
+    CHECK_OK(ts_ckpt_save(back, path2));
+    ts_ckpt_free(back);
+    CHECK(keep.n == 2 && same_tensor(keep.tensors[0], model.tensors[0]));
+    ts_tensor_list_clear(&keep);
+    size_t n1 = 0, n2 = 0;
+    unsigned char *a = read_file(path, &n1), *b = read_file(path2, &n2);
+    CHECK(a && b && n1 == n2 && memcmp(a, b, n1) == 0);
+    CHECK(n1 > 8 && memcmp(a, "TSCKPT\0\1", 8) == 0);
+    free(a);
+    free(b);
+
+    /* an empty checkpoint */
+    ts_ckpt *e = ts_ckpt_new();
+    CHECK_OK(ts_ckpt_save(e, path2));
+    ts_ckpt_free(e);
+    e = NULL;
+    CHECK_OK(ts_ckpt_load(path2, &e));
+    CHECK(e && ts_ckpt_count(e, TS_CKPT_TENSOR) == 0 && ts_ckpt_count(e, TS_CKPT_I64) == 0);
+    ts_ckpt_free(e);
+    ts_tensor_list_clear(&model);
+    ts_tensor_list_clear(&optim);
+}
+
+static void test_api_errors(void) {
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    int64_t s[1] = {2};
+    float v[2] = {1, 2};
+    ts_tensor *t = tu_tensor(1, s, v);
+    CHECK_OK(ts_tensor_list_append(&l, "w", t));
+    CHECK_OK(ts_tensor_list_append(&l, "b", t));
+    ts_ckpt *ck = ts_ckpt_new();
+    CHECK_OK(ts_ckpt_add_tensors(ck, "m.", &l));
+    CHECK_STATUS(ts_ckpt_add_tensors(ck, "m.", &l), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("m.w");
+    CHECK(ts_ckpt_count(ck, TS_CKPT_TENSOR) == 2); /* nothing added by the failed call */
+    CHECK_OK(ts_tensor_list_append(&l, "w", t));   /* a duplicate inside one list */
+    CHECK_STATUS(ts_ckpt_add_tensors(ck, "n.", &l), TS_ERR_INVALID_ARG);
+    CHECK(ts_ckpt_count(ck, TS_CKPT_TENSOR) == 2);
+    int64_t x = 0;
+    CHECK_STATUS(ts_ckpt_get_i64(ck, "epoch", &x), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("epoch");
+    CHECK_OK(ts_ckpt_set_i64(ck, "epoch", 1));
+    CHECK_OK(ts_ckpt_set_i64(ck, "epoch", 2)); /* replaces */
+    CHECK_OK(ts_ckpt_get_i64(ck, "epoch", &x));
+    CHECK(x == 2 && ts_ckpt_count(ck, TS_CKPT_I64) == 1);
+    double d;
+    CHECK_STATUS(ts_ckpt_get_f64(ck, "epoch", &d), TS_ERR_INVALID_ARG); /* kinds are separate */
+    CHECK_OK(ts_ckpt_set_bytes(ck, "b", "abc", 3));
+    CHECK_OK(ts_ckpt_set_bytes(ck, "b", "de", 2));
+    const void *p;
+    size_t n;
+    CHECK_OK(ts_ckpt_get_bytes(ck, "b", &p, &n));
+    CHECK(n == 2 && memcmp(p, "de", 2) == 0);
+    ts_ckpt *none = NULL;
+    CHECK_STATUS(ts_ckpt_load(tpath("does-not-exist.ckpt"), &none), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("does-not-exist.ckpt");
+    CHECK_ERR_MENTIONS("No such file");
+    ts_ckpt_free(ck);
+    ts_tensor_list_clear(&l);
+    ts_tensor_release(t);
+}
+
+/* Saves a small checkpoint to `name`; returns its bytes. */
+static unsigned char *small_file(const char *name, size_t *n) {
+    ts_tensor_list model = TS_TENSOR_LIST_INIT, optim = TS_TENSOR_LIST_INIT;
+    ts_ckpt *ck = build(&model, &optim);
+    CHECK_OK(ts_ckpt_save(ck, tpath(name)));
+    ts_ckpt_free(ck);
+    ts_tensor_list_clear(&model);
+    ts_tensor_list_clear(&optim);
+    return read_file(tpath(name), n);
+}
+
+static void test_truncation(void) {
+    size_t n = 0;
+    unsigned char *full = small_file("full.ckpt", &n);
+    if (!full) return;
+    const char *p = tpath("cut.ckpt");
+    int wrong = 0;
+    for (size_t len = 0; len < n; len++) {
+        write_file(p, full, len);
+        ts_ckpt *ck = NULL;
+        ts_status st = ts_ckpt_load(p, &ck);
+        if (st != TS_ERR_FORMAT || ck || !strstr(ts_last_error(), "truncated") || !strstr(ts_last_error(), p)) {
+            if (wrong++ < 5) fprintf(stderr, "  cut at %zu: %s: %s\n", len, ts_status_name(st), ts_last_error());
+        }
+        ts_ckpt_free(ck);
+    }
+    CHECK(wrong == 0);
+    /* one byte too many */
+    unsigned char *more = malloc(n + 1);
+    memcpy(more, full, n);
+    more[n] = 0;
+    write_file(p, more, n + 1);
+    ts_ckpt *ck = NULL;
+    CHECK_STATUS(ts_ckpt_load(p, &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("trailing data");
+    free(more);
+    free(full);
+}
+
+static void test_corruption(void) {
+    size_t n = 0;
+    unsigned char *full = small_file("good.ckpt", &n);
+    if (!full) return;
+    const char *p = tpath("flip.ckpt");
+    int wrong = 0;
+    for (size_t off = 0; off < n; off++) {
+        for (int bit = 0; bit < 8; bit += 7) { /* lowest and highest bit of every byte */
+            full[off] ^= (unsigned char)(1u << bit);
+            write_file(p, full, n);
+            full[off] ^= (unsigned char)(1u << bit);
+            ts_ckpt *ck = NULL;
+            ts_status st = ts_ckpt_load(p, &ck);
+            const char *want = off < 8 ? "bad magic" : "checksum mismatch";
+            if (st != TS_ERR_FORMAT || ck || !strstr(ts_last_error(), want) || !strstr(ts_last_error(), p)) {
+                if (wrong++ < 5)
+                    fprintf(stderr, "  flip at %zu bit %d: %s: %s\n", off, bit, ts_status_name(st), ts_last_error());
+            }
+            ts_ckpt_free(ck);
+        }
+    }
+    CHECK(wrong == 0);
+    free(full);
+}
+
+/* A hand-made file: version v, optional unknown section before an I64 section. */
+static size_t craft(unsigned char *buf, uint32_t version, int unknown) {
+    size_t o = 32;
+    uint32_t nsec = 1;
+    if (unknown) {
+        memcpy(buf + o, "ZZZZ", 4);
+        uint32_t c = 1;
+        uint64_t b = 5;
+        memcpy(buf + o + 4, &c, 4);
+        memcpy(buf + o + 8, &b, 8);
+        memcpy(buf + o + 16, "hello", 5);
+        o += 21;
+        nsec++;
+    }
+    uint32_t c = 1, nl = 5;
+    uint64_t b = 4 + 5 + 8;
+    int64_t val = 42;
+    memcpy(buf + o, "I64 ", 4);
+    memcpy(buf + o + 4, &c, 4);
+    memcpy(buf + o + 8, &b, 8);
+    memcpy(buf + o + 16, &nl, 4);
+    memcpy(buf + o + 20, "epoch", 5);
+    memcpy(buf + o + 25, &val, 8);
+    o += 33;
+    uint64_t size = o + 4;
+    uint32_t flags = 0;
+    memcpy(buf, "TSCKPT\0\1", 8);
+    memcpy(buf + 8, &version, 4);
+    memcpy(buf + 12, &flags, 4);
+    memcpy(buf + 16, &size, 8);
+    memcpy(buf + 24, &nsec, 4);
+    uint32_t hc = (uint32_t)crc32(0, buf, 28);
+    memcpy(buf + 28, &hc, 4);
+    uint32_t fc = (uint32_t)crc32(0, buf, (uInt)o);
+    memcpy(buf + o, &fc, 4);
+    return o + 4;
+}
+
+static void test_versions_and_sections(void) {
+    unsigned char buf[256];
+    const char *p = tpath("crafted.ckpt");
+    size_t n = craft(buf, 1, 1);
+    write_file(p, buf, n);
+    ts_ckpt *ck = NULL;
+    CHECK_OK(ts_ckpt_load(p, &ck)); /* the unknown section is skipped */
+    int64_t v = 0;
+    if (ck) CHECK_OK(ts_ckpt_get_i64(ck, "epoch", &v));
+    CHECK(v == 42);
+    ts_ckpt_free(ck);
+    ck = NULL;
+    n = craft(buf, 2, 0);
+    write_file(p, buf, n);
+    CHECK_STATUS(ts_ckpt_load(p, &ck), TS_ERR_UNSUPPORTED);
+    CHECK_ERR_MENTIONS("version 2");
+    CHECK_ERR_MENTIONS("1");
+    CHECK_ERR_MENTIONS(p);
+    write_file(p, "PK\3\4 this is a zip file, not a checkpoint........", 50);
+    CHECK_STATUS(ts_ckpt_load(p, &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("bad magic");
+}
+
+/* Names in the temp dir that start with prefix. */
+static int count_entries(const char *prefix) {
+    DIR *d = opendir(tmpdir());
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
+    if (d) closedir(d);
+    return n;
+}
+
+static void test_failed_save_keeps_old_file(void) {
+    size_t n = 0;
+    unsigned char *good = small_file("keep.ckpt", &n);
+    if (!good) return;
+    const char *path = tpath("keep.ckpt");
+
+    /* a checkpoint too large to write: the file size limit makes write() fail
+     * (EFBIG) halfway, even for root */
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    int64_t s[1] = {1 << 20};
+    ts_tensor *big = NULL;
+    CHECK_OK(ts_tensor_zeros(NULL, TS_F32, 1, s, &big));
+    CHECK_OK(ts_tensor_list_append(&l, "big", big));
+    ts_ckpt *ck = ts_ckpt_new();
+    CHECK_OK(ts_ckpt_add_tensors(ck, "model.", &l));
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 64 * 1024;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+    ts_status st = ts_ckpt_save(ck, path);
+    setrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, prev);
+    CHECK(st == TS_ERR_IO);
+    CHECK_ERR_MENTIONS(path);
+    CHECK_ERR_MENTIONS("too large");
+    size_t m = 0;
+    unsigned char *now = read_file(path, &m);
+    CHECK(now && m == n && memcmp(now, good, n) == 0);
+    free(now);
+    CHECK(count_entries("keep.ckpt") == 1); /* no keep.ckpt.tmp.* left */
+
+    /* a parent "directory" that is a regular file */
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/sub/x.ckpt", path);
+    CHECK_STATUS(ts_ckpt_save(ck, bad), TS_ERR_IO);
+    CHECK_ERR_MENTIONS(bad);
+    CHECK_ERR_MENTIONS("Not a directory");
+    /* the temporary name already taken by a directory */
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    CHECK(mkdir(tmp, 0755) == 0);
+    CHECK_STATUS(ts_ckpt_save(ck, path), TS_ERR_IO);
+    CHECK_ERR_MENTIONS(path);
+    rmdir(tmp);
+    now = read_file(path, &m);
+    CHECK(now && m == n && memcmp(now, good, n) == 0);
+    free(now);
+    CHECK(count_entries("keep.ckpt") == 1);
+
+    /* and a successful save replaces it */
+    CHECK_OK(ts_ckpt_save(ck, path));
+    ts_ckpt *back = NULL;
+    CHECK_OK(ts_ckpt_load(path, &back));
+    CHECK(back && ts_ckpt_count(back, TS_CKPT_TENSOR) == 1);
+    CHECK(count_entries("keep.ckpt") == 1);
+    ts_ckpt_free(back);
+    ts_ckpt_free(ck);
+    ts_tensor_list_clear(&l);
+    ts_tensor_release(big);
+    free(good);
+}
+
+int main(int argc, char **argv) {
+    static const tu_test tests[] = {T(test_round_trip), T(test_api_errors), T(test_truncation), T(test_corruption),
+                                    T(test_versions_and_sections), T(test_failed_save_keeps_old_file)};
+    int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+    rm_tmpdir();
+    return rc;
+}

@@ -1,0 +1,557 @@
+/* IDX reading, MNIST datasets and the batch loader. */
+#include "test_util.h"
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char tu_dir[256]; /* a fresh temporary directory for this process */
+static int real_data_missing;
+
+static const char *tmpdir(void) {
+    if (!tu_dir[0]) {
+        snprintf(tu_dir, sizeof tu_dir, "/tmp/ts_test_data_XXXXXX");
+        if (!mkdtemp(tu_dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return tu_dir;
+}
+
+static void rm_tmpdir(void) {
+    if (!tu_dir[0]) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tu_dir);
+}
+
+/* "<tmp>/<sub>" created as a directory; returns one of 8 rotating static buffers. */
+static const char *subdir(const char *sub) {
+    static char bufs[8][300];
+    static int next;
+    char *buf = bufs[next++ % 8];
+    snprintf(buf, sizeof bufs[0], "%.255s/%.40s", tmpdir(), sub);
+    mkdir(buf, 0755);
+    return buf;
+}
+
+/* Writes raw bytes to path, gzip-compressed when gz. */
+static void write_bytes(const char *path, const void *data, size_t n, int gz) {
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        if (!f || (n && gzwrite(f, data, (unsigned)n) != (int)n) || gzclose(f) != Z_OK) abort();
+    } else {
+        FILE *f = fopen(path, "wb");
+        if (!f || (n && fwrite(data, 1, n, f) != n) || fclose(f) != 0) abort();
+    }
+}
+
+static size_t put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+    return 4;
+}
+
+/* An IDX file: magic, dims, then `payload` bytes of data (pattern from data, which
+ * must hold at least payload bytes). */
+static void write_idx(const char *path, int gz, uint32_t magic, int ndim, const uint32_t *dims, const uint8_t *data,
+                      size_t payload) {
+    size_t n = 4 + 4 * (size_t)ndim + payload;
+    unsigned char *buf = malloc(n);
+    size_t o = put_be32(buf, magic);
+    for (int i = 0; i < ndim; i++) o += put_be32(buf + o, dims[i]);
+    memcpy(buf + o, data, payload);
+    write_bytes(path, buf, n, gz);
+    free(buf);
+}
+
+/* Synthetic MNIST-format pair in dir: n images of h x w, pixel (i, j) = (7 i + 3 j) % 256,
+ * label i % 10. */
+enum { SN = 5, SH = 3, SW = 4 };
+static uint8_t syn_pix[SN * SH * SW], syn_lab[SN];
+
+static void make_synthetic(const char *dir, const char *pre, int gz, const char *suffix) {
+    for (int i = 0; i < SN; i++) {
+        syn_lab[i] = (uint8_t)(i % 10);
+        for (int j = 0; j < SH * SW; j++) syn_pix[i * SH * SW + j] = (uint8_t)((7 * i + 3 * j + 250 * (j == 0)) % 256);
+    }
+    char p[400];
+    uint32_t idims[3] = {SN, SH, SW}, ldims[1] = {SN};
+    snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte%s", dir, pre, suffix);
+    write_idx(p, gz, 0x803, 3, idims, syn_pix, sizeof syn_pix);
+    snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte%s", dir, pre, suffix);
+    write_idx(p, gz, 0x801, 1, ldims, syn_lab, sizeof syn_lab);
+}
+
+static void check_synthetic(ts_dataset *ds) {
+    CHECK(ts_dataset_size(ds) == SN);
+    int64_t shape[TS_MAX_DIMS];
+    CHECK(ts_dataset_sample_shape(ds, shape) == 3);
+    CHECK(shape[0] == 1 && shape[1] == SH && shape[2] == SW);
+    CHECK(ts_dataset_num_classes(ds) == 5);
+    ts_tensor *x = NULL, *y = NULL;
+    CHECK_OK(ts_dataset_tensors(ds, &x, &y));
+    CHECK(ts_tensor_ndim(x) == 4 && ts_tensor_dim(x, 0) == SN && ts_tensor_dim(x, 1) == 1);
+    CHECK(ts_tensor_dtype(y) == TS_I64);
+    const float *xp = ts_tensor_data_f32(x);
+    const int64_t *yp = ts_tensor_data(y);
+    int bad = 0;
+    for (int k = 0; k < SN * SH * SW; k++) {
+        float want = ((float)syn_pix[k] / 255.0f - TS_FASHION_MNIST_MEAN) / TS_FASHION_MNIST_STD;
+        bad += xp[k] != want;
+    }
+    CHECK(bad == 0);
+    for (int i = 0; i < SN; i++) CHECK(yp[i] == syn_lab[i]);
+    float s[SH * SW];
+    int64_t lab = -1;
+    CHECK_OK(ts_dataset_get(ds, 2, s, &lab));
+    CHECK(lab == 2 && memcmp(s, xp + 2 * SH * SW, sizeof s) == 0);
+    CHECK_STATUS(ts_dataset_get(ds, SN, s, &lab), TS_ERR_INVALID_ARG);
+}
+
+static void test_synthetic_gz_and_plain(void) {
+    const char *d1 = subdir("gz");
+    make_synthetic(d1, "train", 1, ".gz");
+    ts_dataset *ds = NULL;
+    CHECK_OK(ts_dataset_load_mnist(d1, "train", &ds));
+    if (ds) check_synthetic(ds);
+    ts_dataset_free(ds);
+
+    const char *d2 = subdir("plain");
+    make_synthetic(d2, "t10k", 0, "");
+    ds = NULL;
+    CHECK_OK(ts_dataset_load_mnist(d2, "test", &ds));
+    if (ds) check_synthetic(ds);
+
+    /* exact re-normalisation: to raw [0, 1] and back */
+    if (ds) {
+        CHECK_OK(ts_dataset_set_normalize(ds, 0.0f, 1.0f));
+        ts_tensor *x = NULL;
+        CHECK_OK(ts_dataset_tensors(ds, &x, NULL));
+        int bad = 0;
+        for (int k = 0; k < SN * SH * SW; k++) bad += ts_tensor_data_f32(x)[k] != (float)syn_pix[k] / 255.0f;
+        CHECK(bad == 0);
+        CHECK_OK(ts_dataset_set_normalize(ds, 0.5f, 0.25f));
+        CHECK_OK(ts_dataset_set_normalize(ds, TS_FASHION_MNIST_MEAN, TS_FASHION_MNIST_STD));
+        float m, s;
+        ts_dataset_get_normalize(ds, &m, &s);
+        CHECK(m == TS_FASHION_MNIST_MEAN && s == TS_FASHION_MNIST_STD);
+        check_synthetic(ds);
+        CHECK_STATUS(ts_dataset_set_normalize(ds, 0.0f, 0.0f), TS_ERR_INVALID_ARG);
+    }
+    ts_dataset_free(ds);
+
+    /* gzip content under a plain name is still read (content decides) */
+    const char *d3 = subdir("mixed");
+    make_synthetic(d3, "train", 1, "");
+    ds = NULL;
+    CHECK_OK(ts_dataset_load_mnist(d3, "train", &ds));
+    if (ds) check_synthetic(ds);
+    ts_dataset_free(ds);
+
+    /* ts_idx_read: raw bytes and shape */
+    char p[400];
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte.gz", d1);
+    ts_tensor *t = NULL;
+    CHECK_OK(ts_idx_read(p, 0, &t));
+    if (t) {
+        CHECK(ts_tensor_dtype(t) == TS_U8 && ts_tensor_ndim(t) == 3);
+        CHECK(ts_tensor_dim(t, 0) == SN && ts_tensor_dim(t, 1) == SH && ts_tensor_dim(t, 2) == SW);
+        CHECK(memcmp(ts_tensor_data(t), syn_pix, sizeof syn_pix) == 0);
+    }
+    ts_tensor_release(t);
+    CHECK_STATUS(ts_dataset_load_mnist(d1, "valid", &ds), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("valid");
+}
+
+/* Expects ts_idx_read(path, nd) to fail with st and a message naming path and `what`. */
+static void expect_idx_error(const char *path, int nd, ts_status st, const char *what) {
+    ts_tensor *t = NULL;
+    CHECK_STATUS(ts_idx_read(path, nd, &t), st);
+    CHECK(t == NULL);
+    CHECK_ERR_MENTIONS(path);
+    CHECK_ERR_MENTIONS(what);
+}
+
+static void test_idx_errors(void) {
+    const char *d = subdir("bad");
+    char p[400];
+    uint8_t data[64] = {0};
+    uint32_t idims[3] = {SN, SH, SW};
+
+    snprintf(p, sizeof p, "%s/missing-idx3-ubyte.gz", d);
+    expect_idx_error(p, 3, TS_ERR_IO, "No such file");
+
+    for (int gz = 0; gz <= 1; gz++) {
+        /* truncated payload: the header promises 60 bytes, the file holds 36 */
+        snprintf(p, sizeof p, "%s/trunc%d", d, gz);
+        write_idx(p, gz, 0x803, 3, idims, data, 36);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated: expected 60 bytes of pixels, got 36");
+        /* truncated header */
+        write_idx(p, gz, 0x803, 1, idims, data, 0);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated header: expected 12 bytes of dimensions, got 4");
+        unsigned char h[6] = {0, 0, 8, 3, 0, 0};
+        write_bytes(p, h, sizeof h, gz);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated header");
+        write_bytes(p, h, 2, gz);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated");
+        /* labels where images are expected */
+        write_idx(p, gz, 0x801, 1, idims, data, SN);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "bad magic 0x00000801 (expected 0x00000803)");
+        /* not an IDX file at all */
+        write_bytes(p, "hello, world\n", 13, gz);
+        expect_idx_error(p, 1, TS_ERR_FORMAT, "bad magic 0x68656c6c (expected 0x00000801)");
+        /* float32 element type */
+        write_idx(p, gz, 0xD03, 3, idims, data, 60);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "element type 0x0d");
+        /* trailing bytes */
+        write_idx(p, gz, 0x803, 3, idims, data, 61);
+        expect_idx_error(p, 3, TS_ERR_FORMAT, "trailing data");
+        /* exact size is fine */
+        write_idx(p, gz, 0x803, 3, idims, data, 60);
+        ts_tensor *t = NULL;
+        CHECK_OK(ts_idx_read(p, 3, &t));
+        ts_tensor_release(t);
+    }
+    /* zero bytes */
+    snprintf(p, sizeof p, "%s/empty-idx1-ubyte", d);
+    write_bytes(p, "", 0, 0);
+    expect_idx_error(p, 1, TS_ERR_FORMAT, "empty");
+    /* a gzip stream cut in the middle */
+    uint8_t big[4096];
+    for (size_t i = 0; i < sizeof big; i++) big[i] = (uint8_t)(i * 2654435761u >> 13);
+    uint32_t bd[3] = {4, 32, 32};
+    snprintf(p, sizeof p, "%s/cut-idx3-ubyte.gz", d);
+    write_idx(p, 1, 0x803, 3, bd, big, sizeof big);
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0);
+    CHECK(truncate(p, sb.st_size / 2) == 0);
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated");
+    /* a directory */
+    expect_idx_error(d, 3, TS_ERR_IO, "directory");
+}
+
+static void test_mnist_errors(void) {
+    ts_dataset *ds = NULL;
+    const char *d = subdir("empty_dir");
+    CHECK_STATUS(ts_dataset_load_mnist(d, "train", &ds), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("train-images-idx3-ubyte.gz");
+    CHECK_ERR_MENTIONS("No such file");
+    CHECK(ds == NULL);
+
+    /* counts disagree: 5 images, 4 labels */
+    const char *d2 = subdir("mismatch");
+    make_synthetic(d2, "train", 1, ".gz");
+    char p[400];
+    uint32_t ld[1] = {4};
+    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte.gz", d2);
+    write_idx(p, 1, 0x801, 1, ld, syn_lab, 4);
+    CHECK_STATUS(ts_dataset_load_mnist(d2, "train", &ds), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("train-images-idx3-ubyte.gz has 5 images");
+    CHECK_ERR_MENTIONS("train-labels-idx1-ubyte.gz has 4 labels");
+
+    /* a truncated images file is reported through the dataset loader too */
+    const char *d3 = subdir("trunc_ds");
+    make_synthetic(d3, "t10k", 0, "");
+    uint32_t idims[3] = {SN, SH, SW};
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte", d3);
+    write_idx(p, 0, 0x803, 3, idims, syn_pix, 10);
+    CHECK_STATUS(ts_dataset_load_mnist(d3, "test", &ds), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("t10k-images-idx3-ubyte: truncated: expected 60 bytes of pixels, got 10");
+}
+
+static const char *real_dir(void) {
+    const char *e = getenv("TS_FASHION_MNIST_DIR");
+    return e ? e : "/usr/share/datasets/fashion-mnist";
+}
+
+static void test_real_fashion_mnist(void) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte.gz", real_dir());
+    if (access(p, R_OK) != 0) {
+        fprintf(stderr, "skipping: %s not found\n", p);
+        real_data_missing = 1;
+        return;
+    }
+    ts_dataset *ds = NULL;
+    double t0 = ts_time_now();
+    CHECK_OK(ts_dataset_load_mnist(real_dir(), "test", &ds));
+    if (!ds) return;
+    fprintf(stderr, "  loaded the test split in %.3fs\n", ts_time_now() - t0);
+    CHECK(ts_dataset_size(ds) == 10000);
+    CHECK(ts_dataset_num_classes(ds) == 10);
+    int64_t shape[TS_MAX_DIMS];
+    CHECK(ts_dataset_sample_shape(ds, shape) == 3 && shape[0] == 1 && shape[1] == 28 && shape[2] == 28);
+    ts_tensor *x = NULL, *y = NULL;
+    CHECK_OK(ts_dataset_tensors(ds, &x, &y));
+    const float *xp = ts_tensor_data_f32(x);
+    const int64_t *yp = ts_tensor_data(y);
+    int64_t counts[10] = {0}, out_of_range = 0;
+    for (int i = 0; i < 10000; i++) {
+        if (yp[i] < 0 || yp[i] > 9) out_of_range++;
+        else counts[yp[i]]++;
+    }
+    CHECK(out_of_range == 0);
+    for (int c = 0; c < 10; c++) CHECK(counts[c] == 1000);
+    double s = 0, s2 = 0;
+    int64_t n = ts_tensor_numel(x);
+    for (int64_t i = 0; i < n; i++) {
+        s += xp[i];
+        s2 += (double)xp[i] * xp[i];
+    }
+    double mean = s / (double)n, sd = sqrt(s2 / (double)n - mean * mean);
+    CHECK_NEAR(mean, 0.0, 0.02);
+    CHECK_NEAR(sd, 1.0, 0.05);
+
+    /* a full epoch through the loader is cheap */
+    ts_loader_opts o = TS_LOADER_OPTS_INIT;
+    o.batch_size = 128;
+    o.seed = 42;
+    ts_loader *ld = NULL;
+    CHECK_OK(ts_loader_new(ds, &o, &ld));
+    if (ld) {
+        CHECK(ts_loader_num_batches(ld) == 79);
+        ts_tensor *bx, *by;
+        int64_t nb = 0, seen = 0;
+        t0 = ts_time_now();
+        while (ts_loader_next(ld, &bx, &by) == TS_OK && bx) {
+            nb++;
+            seen += ts_tensor_dim(bx, 0);
+            CHECK(ts_tensor_ndim(bx) == 4 && ts_tensor_dim(bx, 1) == 1 && ts_tensor_dim(bx, 3) == 28);
+        }
+        fprintf(stderr, "  one shuffled epoch of 10000 in %.4fs\n", ts_time_now() - t0);
+        CHECK(nb == 79 && seen == 10000);
+    }
+    ts_loader_free(ld);
+    ts_dataset_free(ds);
+
+    ds = NULL;
+    CHECK_OK(ts_dataset_load_mnist(real_dir(), "train", &ds));
+    CHECK(ts_dataset_size(ds) == 60000);
+    ts_dataset_free(ds);
+}
+
+/* ---- loader over a vtable dataset: sample i is D values equal to i, label i ------------------ */
+enum { VD = 6 };
+typedef struct {
+    int64_t n;
+    int gets;
+} vt_impl;
+static int64_t vt_size(void *impl) { return ((vt_impl *)impl)->n; }
+static ts_status vt_get(void *impl, int64_t i, float *x, int64_t *y) {
+    ((vt_impl *)impl)->gets++;
+    for (int k = 0; k < VD; k++) x[k] = (float)i;
+    *y = i;
+    return TS_OK;
+}
+static const ts_dataset_ops vt_ops = {.size = vt_size, .get = vt_get, .destroy = free};
+
+static ts_dataset *vt_dataset(int64_t n) {
+    vt_impl *m = calloc(1, sizeof *m);
+    m->n = n;
+    ts_dataset *ds = NULL;
+    int64_t shape[2] = {2, 3};
+    CHECK_OK(ts_dataset_new(&vt_ops, m, 2, shape, 0, &ds));
+    return ds;
+}
+
+/* Runs the rest of the loader's epoch, appending labels to seq (cap entries) and
+ * checking x rows agree with labels. Returns the number of samples; sizes gets batch sizes. */
+static int64_t drain(ts_loader *ld, int64_t *seq, int64_t cap, int64_t *sizes, int64_t *nbatches) {
+    ts_tensor *x, *y;
+    int64_t n = 0, nb = 0;
+    while (ts_loader_next(ld, &x, &y) == TS_OK && x) {
+        int64_t b = ts_tensor_dim(y, 0);
+        CHECK(ts_tensor_dim(x, 0) == b && ts_tensor_dim(x, 1) == 2 && ts_tensor_dim(x, 2) == 3);
+        CHECK(ts_tensor_dtype(x) == TS_F32 && ts_tensor_dtype(y) == TS_I64);
+        const float *xp = ts_tensor_data_f32(x);
+        const int64_t *yp = ts_tensor_data(y);
+        for (int64_t k = 0; k < b; k++) {
+            if (n < cap) seq[n] = yp[k];
+            n++;
+            int ok = 1;
+            for (int j = 0; j < VD; j++) ok &= xp[k * VD + j] == (float)yp[k];
+            CHECK(ok);
+        }
+        if (sizes) sizes[nb] = b;
+        nb++;
+    }
+    if (nbatches) *nbatches = nb;
+    return n;
+}
+
+static void test_loader(void) {
+    enum { N = 103, B = 10 };
+    ts_dataset *ds = vt_dataset(N);
+    if (!ds) return;
+    CHECK(ts_dataset_size(ds) == N && ts_dataset_sample_numel(ds) == VD);
+    ts_loader_opts o = TS_LOADER_OPTS_INIT;
+    o.batch_size = B;
+    o.seed = 7;
+    ts_loader *a = NULL, *b = NULL;
+    CHECK_OK(ts_loader_new(ds, &o, &a));
+    CHECK_OK(ts_loader_new(ds, &o, &b));
+    if (!a || !b) goto out;
+    CHECK(ts_loader_num_batches(a) == 11);
+
+    int64_t s0[N], s1[N], sb[N], sizes[16], nb = 0;
+    /* every index exactly once, last batch of 3 */
+    CHECK(drain(a, s0, N, sizes, &nb) == N);
+    CHECK(nb == 11 && sizes[0] == B && sizes[10] == 3);
+    int seen[N] = {0};
+    for (int i = 0; i < N; i++) seen[s0[i]]++;
+    int once = 1;
+    for (int i = 0; i < N; i++) once &= seen[i] == 1;
+    CHECK(once);
+    int64_t on = 0;
+    const int64_t *ord = ts_loader_order(a, &on);
+    CHECK(on == N && memcmp(ord, s0, sizeof s0) == 0);
+    /* shuffled at all */
+    int identity = 1;
+    for (int i = 0; i < N; i++) identity &= s0[i] == i;
+    CHECK(!identity);
+    /* end of epoch stays at the end */
+    ts_tensor *x = (ts_tensor *)1, *y = (ts_tensor *)1;
+    CHECK_OK(ts_loader_next(a, &x, &y));
+    CHECK(x == NULL && y == NULL);
+
+    /* same seed and epoch: same order (another loader, and the same loader again) */
+    CHECK(drain(b, sb, N, NULL, NULL) == N);
+    CHECK(memcmp(s0, sb, sizeof s0) == 0);
+    CHECK_OK(ts_loader_set_epoch(a, 0, 0));
+    drain(a, s1, N, NULL, NULL);
+    CHECK(memcmp(s0, s1, sizeof s0) == 0);
+    /* a different epoch differs, and is itself reproducible */
+    CHECK_OK(ts_loader_set_epoch(a, 1, 0));
+    CHECK(ts_loader_epoch(a) == 1);
+    drain(a, s1, N, NULL, NULL);
+    CHECK(memcmp(s0, s1, sizeof s0) != 0);
+    CHECK_OK(ts_loader_set_epoch(b, 1, 0));
+    drain(b, sb, N, NULL, NULL);
+    CHECK(memcmp(s1, sb, sizeof s1) == 0);
+
+    /* resume mid-epoch at batch 4: the rest of the epoch matches */
+    CHECK_OK(ts_loader_set_epoch(b, 1, 4));
+    CHECK(ts_loader_batch_index(b) == 4);
+    CHECK(drain(b, sb, N, NULL, &nb) == N - 4 * B);
+    CHECK(nb == 7);
+    CHECK(memcmp(s1 + 4 * B, sb, sizeof(int64_t) * (N - 4 * B)) == 0);
+    CHECK(ts_loader_batch_index(b) == 11);
+    CHECK_OK(ts_loader_set_epoch(b, 1, 11)); /* at the end: nothing left */
+    CHECK(drain(b, sb, N, NULL, NULL) == 0);
+    CHECK_STATUS(ts_loader_set_epoch(b, 1, 12), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_loader_set_epoch(b, -1, 0), TS_ERR_INVALID_ARG);
+    ts_loader_free(b);
+    b = NULL;
+
+    /* a different seed gives a different order */
+    o.seed = 8;
+    CHECK_OK(ts_loader_new(ds, &o, &b));
+    drain(b, sb, N, NULL, NULL);
+    CHECK(memcmp(s0, sb, sizeof s0) != 0);
+    ts_loader_free(b);
+    b = NULL;
+
+    /* drop_last: 10 full batches, 100 distinct samples */
+    o.drop_last = true;
+    CHECK_OK(ts_loader_new(ds, &o, &b));
+    CHECK(ts_loader_num_batches(b) == 10);
+    CHECK(drain(b, sb, N, sizes, &nb) == 100);
+    CHECK(nb == 10 && sizes[9] == B);
+    memset(seen, 0, sizeof seen);
+    int dup = 0;
+    for (int i = 0; i < 100; i++) dup += seen[sb[i]]++ > 0;
+    CHECK(dup == 0);
+    ts_loader_free(b);
+    b = NULL;
+
+    /* no shuffle: in order; batch larger than the dataset */
+    o.drop_last = false;
+    o.shuffle = false;
+    o.batch_size = 1000;
+    CHECK_OK(ts_loader_new(ds, &o, &b));
+    CHECK(ts_loader_num_batches(b) == 1);
+    CHECK(drain(b, sb, N, sizes, &nb) == N);
+    identity = 1;
+    for (int i = 0; i < N; i++) identity &= sb[i] == i;
+    CHECK(identity && nb == 1 && sizes[0] == N);
+    ts_loader_free(b);
+    b = NULL;
+    o.drop_last = true; /* ... and with drop_last, no batches at all */
+    CHECK_OK(ts_loader_new(ds, &o, &b));
+    CHECK(ts_loader_num_batches(b) == 0);
+    CHECK(drain(b, sb, N, NULL, NULL) == 0);
+
+    o.batch_size = 0;
+    ts_loader *bad = NULL;
+    CHECK_STATUS(ts_loader_new(ds, &o, &bad), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_dataset_set_normalize(ds, 0.f, 1.f), TS_ERR_UNSUPPORTED);
+    CHECK_STATUS(ts_dataset_tensors(ds, NULL, NULL), TS_ERR_UNSUPPORTED);
+out:
+    ts_loader_free(a);
+    ts_loader_free(b);
+    ts_dataset_free(ds);
+}
+
+/* The in-memory dataset's gather path gives the same batches as the per-sample path. */
+static void test_from_tensors(void) {
+    enum { N = 37 };
+    float xs[N * VD];
+    int64_t ys[N];
+    for (int i = 0; i < N; i++) {
+        ys[i] = i;
+        for (int k = 0; k < VD; k++) xs[i * VD + k] = (float)i;
+    }
+    int64_t xshape[3] = {N, 2, 3}, yshape[1] = {N};
+    ts_tensor *x = tu_tensor(3, xshape, xs), *y = NULL;
+    CHECK_OK(ts_tensor_from_data(NULL, TS_I64, 1, yshape, ys, &y));
+    ts_dataset *m = NULL, *v = vt_dataset(N);
+    CHECK_OK(ts_dataset_from_tensors(x, y, &m));
+    ts_tensor_release(x); /* the dataset keeps its own references */
+    ts_tensor_release(y);
+    if (!m || !v) goto out;
+    CHECK(ts_dataset_num_classes(m) == N);
+    ts_loader_opts o = TS_LOADER_OPTS_INIT;
+    o.batch_size = 8;
+    o.seed = 123;
+    ts_loader *la = NULL, *lb = NULL;
+    CHECK_OK(ts_loader_new(m, &o, &la));
+    CHECK_OK(ts_loader_new(v, &o, &lb));
+    for (int e = 0; e < 3 && la && lb; e++) {
+        int64_t sa[N], sb[N];
+        CHECK_OK(ts_loader_set_epoch(la, e, 0));
+        CHECK_OK(ts_loader_set_epoch(lb, e, 0));
+        CHECK(drain(la, sa, N, NULL, NULL) == N);
+        CHECK(drain(lb, sb, N, NULL, NULL) == N);
+        CHECK(memcmp(sa, sb, sizeof sa) == 0);
+    }
+    ts_loader_free(la);
+    ts_loader_free(lb);
+    /* affine re-normalisation of float data */
+    CHECK_OK(ts_dataset_set_normalize(m, 1.0f, 2.0f));
+    ts_tensor *mx = NULL;
+    CHECK_OK(ts_dataset_tensors(m, &mx, NULL));
+    CHECK_NEAR(ts_tensor_data_f32(mx)[VD * 5], 2.0, 1e-6);
+    /* bad inputs */
+    ts_dataset *bad = NULL;
+    CHECK_STATUS(ts_dataset_from_tensors(mx, mx, &bad), TS_ERR_DTYPE);
+out:
+    ts_dataset_free(m);
+    ts_dataset_free(v);
+}
+
+int main(int argc, char **argv) {
+    static const tu_test tests[] = {T(test_synthetic_gz_and_plain), T(test_idx_errors), T(test_mnist_errors),
+                                    T(test_real_fashion_mnist), T(test_loader), T(test_from_tensors)};
+    int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+    rm_tmpdir();
+    if (rc == 0 && real_data_missing) {
+        printf("Fashion-MNIST not found under %s: real-data checks skipped\n", real_dir());
+        return 77;
+    }
+    return rc;
+}

@@ -1,0 +1,329 @@
+/*
+ * tools/cmd_ckpt.c — `tessera ckpt show FILE` and `tessera ckpt diff A B [--tol X]`.
+ *
+ * show: the file's metadata (int64, float64, byte blobs) and one aligned row per
+ * tensor: name, dtype, shape, L2 norm. diff: per tensor the largest absolute
+ * difference, tensors present in one file only or with different shapes/dtypes,
+ * and a final line with the overall maximum. Exit status: 0 ok / no difference
+ * over the tolerance, 1 differences, 2 usage error or unreadable file.
+ */
+#include "cmd_ckpt.h"
+
+#include "tessera.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#define CKPT_USAGE                                                                              \
+    "usage: tessera ckpt show FILE\n"                                                           \
+    "       tessera ckpt diff A B [--tol X]\n"                                                  \
+    "\n"                                                                                        \
+    "  show   list a checkpoint's metadata and tensors (name, dtype, shape, L2 norm)\n"         \
+    "  diff   compare the tensors of two checkpoints; exit 1 if any differs by more than\n"     \
+    "         the tolerance or the tensor sets differ, 0 otherwise\n"                           \
+    "\n"                                                                                        \
+    "Run 'tessera ckpt show --help' or 'tessera ckpt diff --help' for details.\n"
+
+#define SHOW_USAGE                                                                              \
+    "usage: tessera ckpt show FILE\n"                                                           \
+    "\n"                                                                                        \
+    "Prints the format version and size of FILE, its int64, float64 and byte-blob metadata,\n"  \
+    "and a table of its tensors: name, dtype, shape and L2 norm.\n"                             \
+    "Exit status: 0 ok, 2 bad usage or unreadable/corrupt file.\n"
+
+#define DIFF_USAGE                                                                              \
+    "usage: tessera ckpt diff A B [--tol X]\n"                                                  \
+    "\n"                                                                                        \
+    "For each tensor prints the largest absolute elementwise difference between A and B,\n"     \
+    "names tensors found in only one file or with different shapes or dtypes, reports\n"        \
+    "differing int64/float64 metadata (informational), and ends with the overall maximum.\n"    \
+    "  --tol X   allowed absolute difference (default 0)\n"                                     \
+    "Exit status: 0 no tensor differs by more than X and both files hold the same tensors,\n"   \
+    "1 otherwise, 2 bad usage or unreadable/corrupt file.\n"
+
+static bool is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
+
+/* Element i of a host buffer of dtype dt, as double. */
+static double elem(const void *p, ts_dtype dt, int64_t i) {
+    switch (dt) {
+    case TS_F32: return ((const float *)p)[i];
+    case TS_I64: return (double)((const int64_t *)p)[i];
+    case TS_I32: return ((const int32_t *)p)[i];
+    case TS_U8: return ((const uint8_t *)p)[i];
+    case TS_BF16: {
+        uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    case TS_F16: {
+        uint16_t h = ((const uint16_t *)p)[i];
+        int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+        double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+        return (h & 0x8000) ? -v : v;
+    }
+    default: return NAN;
+    }
+}
+
+static double l2_norm(ts_tensor *t) {
+    const void *p = ts_tensor_data(t); /* loaded checkpoints hold contiguous CPU tensors */
+    double s = 0;
+    for (int64_t i = 0; i < ts_tensor_numel(t); i++) {
+        double v = elem(p, ts_tensor_dtype(t), i);
+        s += v * v;
+    }
+    return sqrt(s);
+}
+
+static ts_ckpt *load_or_complain(const char *path) {
+    ts_ckpt *ck = NULL;
+    if (ts_ckpt_load(path, &ck) != TS_OK) {
+        const char *msg = ts_last_error();
+        /* library messages already start with the path */
+        if (strncmp(msg, path, strlen(path)) == 0)
+            fprintf(stderr, "tessera ckpt: %s\n", msg);
+        else
+            fprintf(stderr, "tessera ckpt: %s: %s\n", path, msg);
+        return NULL;
+    }
+    return ck;
+}
+
+static int width_of(const ts_ckpt *ck, ts_ckpt_kind k, int minw) {
+    int w = minw;
+    for (int i = 0; i < ts_ckpt_count(ck, k); i++) {
+        int n = (int)strlen(ts_ckpt_name(ck, k, i));
+        if (n > w) w = n;
+    }
+    return w;
+}
+
+/* A printable preview of a blob: its text when it is short printable ASCII. */
+static void blob_preview(const unsigned char *p, size_t n, char *out, size_t cap) {
+    out[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < 0x20 || p[i] > 0x7e) return;
+    size_t k = n < cap - 4 ? n : cap - 4;
+    memcpy(out, p, k);
+    strcpy(out + k, k < n ? "..." : "");
+}
+
+static int cmd_show(int argc, char **argv) {
+    if (argc == 2 && is_help(argv[1])) {
+        fputs(SHOW_USAGE, stdout);
+        return 0;
+    }
+    if (argc != 2 || argv[1][0] == '-') {
+        fputs(SHOW_USAGE, stderr);
+        return 2;
+    }
+    const char *path = argv[1];
+    ts_ckpt *ck = load_or_complain(path);
+    if (!ck) return 2;
+    FILE *f = fopen(path, "rb");
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    if (f) fclose(f);
+    printf("%s: Tessera checkpoint, format version %u, %ld bytes\n", path, ts_ckpt_version(ck), size);
+
+    int w = width_of(ck, TS_CKPT_I64, 4);
+    w = CK_MAX(w, width_of(ck, TS_CKPT_F64, 4));
+    w = CK_MAX(w, width_of(ck, TS_CKPT_BYTES, 4));
+    int nmeta = ts_ckpt_count(ck, TS_CKPT_I64) + ts_ckpt_count(ck, TS_CKPT_F64) + ts_ckpt_count(ck, TS_CKPT_BYTES);
+    printf("\nmetadata (%d):\n", nmeta);
+    for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_I64); i++) {
+        const char *name = ts_ckpt_name(ck, TS_CKPT_I64, i);
+        int64_t v = 0;
+        ts_ckpt_get_i64(ck, name, &v);
+        printf("  %-*s  int64    %lld\n", w, name, (long long)v);
+    }
+    for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_F64); i++) {
+        const char *name = ts_ckpt_name(ck, TS_CKPT_F64, i);
+        double v = 0;
+        ts_ckpt_get_f64(ck, name, &v);
+        printf("  %-*s  float64  %.17g\n", w, name, v);
+    }
+    for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_BYTES); i++) {
+        const char *name = ts_ckpt_name(ck, TS_CKPT_BYTES, i);
+        const void *p = NULL;
+        size_t n = 0;
+        ts_ckpt_get_bytes(ck, name, &p, &n);
+        char prev[64];
+        blob_preview(p, n, prev, sizeof prev);
+        printf("  %-*s  bytes    %zu bytes%s%s\n", w, name, n, prev[0] ? ": " : "", prev);
+    }
+
+    int nt = ts_ckpt_count(ck, TS_CKPT_TENSOR);
+    int wn = width_of(ck, TS_CKPT_TENSOR, 4), ws = 5;
+    int64_t elems = 0;
+    size_t bytes = 0;
+    char shape[128];
+    for (int i = 0; i < nt; i++) {
+        ts_tensor *t = ts_ckpt_find_tensor(ck, ts_ckpt_name(ck, TS_CKPT_TENSOR, i));
+        int n = (int)strlen(ts_shape_str(ts_tensor_ndim(t), ts_tensor_shape(t), shape, sizeof shape));
+        ws = CK_MAX(ws, n);
+        elems += ts_tensor_numel(t);
+        bytes += ts_tensor_nbytes(t);
+    }
+    printf("\ntensors (%d, %lld elements, %zu bytes):\n", nt, (long long)elems, bytes);
+    if (nt) printf("  %-*s  %-8s  %-*s  %s\n", wn, "name", "dtype", ws, "shape", "L2 norm");
+    for (int i = 0; i < nt; i++) {
+        const char *name = ts_ckpt_name(ck, TS_CKPT_TENSOR, i);
+        ts_tensor *t = ts_ckpt_find_tensor(ck, name);
+        printf("  %-*s  %-8s  %-*s  %.6g\n", wn, name, ts_dtype_name(ts_tensor_dtype(t)), ws,
+               ts_shape_str(ts_tensor_ndim(t), ts_tensor_shape(t), shape, sizeof shape), l2_norm(t));
+    }
+    ts_ckpt_free(ck);
+    return 0;
+}
+
+static bool same_shape(ts_tensor *a, ts_tensor *b) {
+    if (ts_tensor_ndim(a) != ts_tensor_ndim(b)) return false;
+    for (int i = 0; i < ts_tensor_ndim(a); i++)
+        if (ts_tensor_dim(a, i) != ts_tensor_dim(b, i)) return false;
+    return true;
+}
+
+/* Largest |a - b|; NaN against a number counts as infinite, NaN against NaN as equal. */
+static double max_abs_diff(ts_tensor *a, ts_tensor *b) {
+    const void *pa = ts_tensor_data(a), *pb = ts_tensor_data(b);
+    ts_dtype dt = ts_tensor_dtype(a);
+    double m = 0;
+    for (int64_t i = 0; i < ts_tensor_numel(a); i++) {
+        double x = elem(pa, dt, i), y = elem(pb, dt, i), d;
+        if (isnan(x) || isnan(y))
+            d = (isnan(x) && isnan(y)) ? 0 : INFINITY;
+        else if (x == y)
+            d = 0; /* also inf == inf */
+        else
+            d = fabs(x - y);
+        if (d > m) m = d;
+    }
+    return m;
+}
+
+static void diff_metadata(const ts_ckpt *a, const ts_ckpt *b) {
+    for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_I64); i++) {
+        const char *name = ts_ckpt_name(a, TS_CKPT_I64, i);
+        int64_t x = 0, y = 0;
+        ts_ckpt_get_i64(a, name, &x);
+        if (ts_ckpt_has(b, TS_CKPT_I64, name) && ts_ckpt_get_i64(b, name, &y) == TS_OK && x != y)
+            printf("  metadata %s: %lld vs %lld\n", name, (long long)x, (long long)y);
+    }
+    for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_F64); i++) {
+        const char *name = ts_ckpt_name(a, TS_CKPT_F64, i);
+        double x = 0, y = 0;
+        ts_ckpt_get_f64(a, name, &x);
+        if (ts_ckpt_has(b, TS_CKPT_F64, name) && ts_ckpt_get_f64(b, name, &y) == TS_OK && memcmp(&x, &y, 8) != 0)
+            printf("  metadata %s: %.17g vs %.17g\n", name, x, y);
+    }
+}
+
+static int cmd_diff(int argc, char **argv) {
+    const char *files[2] = {NULL, NULL};
+    int nf = 0;
+    double tol = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        if (is_help(a)) {
+            fputs(DIFF_USAGE, stdout);
+            return 0;
+        }
+        if (strcmp(a, "--tol") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "tessera ckpt diff: --tol needs a value\n");
+                return 2;
+            }
+            val = argv[++i];
+        } else if (strncmp(a, "--tol=", 6) == 0) {
+            val = a + 6;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "tessera ckpt diff: unknown option '%s'\n%s", a, DIFF_USAGE);
+            return 2;
+        } else if (nf < 2) {
+            files[nf++] = a;
+            continue;
+        } else {
+            fprintf(stderr, "tessera ckpt diff: too many arguments ('%s')\n%s", a, DIFF_USAGE);
+            return 2;
+        }
+        char *end = NULL;
+        errno = 0;
+        tol = strtod(val, &end);
+        if (!val[0] || *end || errno || !(tol >= 0)) {
+            fprintf(stderr, "tessera ckpt diff: --tol '%s' is not a non-negative number\n", val);
+            return 2;
+        }
+    }
+    if (nf != 2) {
+        fprintf(stderr, "tessera ckpt diff: expected two checkpoint files\n%s", DIFF_USAGE);
+        return 2;
+    }
+    ts_ckpt *a = load_or_complain(files[0]);
+    if (!a) return 2;
+    ts_ckpt *b = load_or_complain(files[1]);
+    if (!b) {
+        ts_ckpt_free(a);
+        return 2;
+    }
+    int wn = CK_MAX(width_of(a, TS_CKPT_TENSOR, 4), width_of(b, TS_CKPT_TENSOR, 4));
+    printf("comparing %s (A) with %s (B), tolerance %g\n", files[0], files[1], tol);
+    printf("  %-*s  %s\n", wn, "name", "max abs diff");
+    double overall = 0;
+    int compared = 0, over = 0, mismatched = 0;
+    char sa[128], sb[128];
+    for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_TENSOR); i++) {
+        const char *name = ts_ckpt_name(a, TS_CKPT_TENSOR, i);
+        ts_tensor *ta = ts_ckpt_find_tensor(a, name), *tb = ts_ckpt_find_tensor(b, name);
+        if (!tb) {
+            printf("  %-*s  only in A\n", wn, name);
+            mismatched++;
+        } else if (!same_shape(ta, tb) || ts_tensor_dtype(ta) != ts_tensor_dtype(tb)) {
+            printf("  %-*s  differs: %s %s in A, %s %s in B\n", wn, name, ts_dtype_name(ts_tensor_dtype(ta)),
+                   ts_shape_str(ts_tensor_ndim(ta), ts_tensor_shape(ta), sa, sizeof sa),
+                   ts_dtype_name(ts_tensor_dtype(tb)),
+                   ts_shape_str(ts_tensor_ndim(tb), ts_tensor_shape(tb), sb, sizeof sb));
+            mismatched++;
+        } else {
+            double d = max_abs_diff(ta, tb);
+            compared++;
+            if (d > overall) overall = d;
+            if (d > tol) over++;
+            printf("  %-*s  %.6g%s\n", wn, name, d, d > tol ? "  (over tolerance)" : "");
+        }
+    }
+    for (int i = 0; i < ts_ckpt_count(b, TS_CKPT_TENSOR); i++) {
+        const char *name = ts_ckpt_name(b, TS_CKPT_TENSOR, i);
+        if (!ts_ckpt_find_tensor(a, name)) {
+            printf("  %-*s  only in B\n", wn, name);
+            mismatched++;
+        }
+    }
+    diff_metadata(a, b);
+    printf("max abs difference: %.6g over %d tensors; %d over tolerance %g; %d only in one file or mismatched\n",
+           overall, compared, over, tol, mismatched);
+    ts_ckpt_free(a);
+    ts_ckpt_free(b);
+    return (over || mismatched) ? 1 : 0;
+}
+
+int ts_cmd_ckpt(int argc, char **argv) {
+    if (argc < 2) {
+        fputs(CKPT_USAGE, stderr);
+        return 2;
+    }
+    if (is_help(argv[1])) {
+        fputs(CKPT_USAGE, stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "show") == 0) return cmd_show(argc - 1, argv + 1);
+    if (strcmp(argv[1], "diff") == 0) return cmd_diff(argc - 1, argv + 1);
+    fprintf(stderr, "tessera ckpt: unknown subcommand '%s'\n%s", argv[1], CKPT_USAGE);
+    return 2;
+}

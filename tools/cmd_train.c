@@ -1,0 +1,344 @@
+/*
+ * tools/cmd_train.c — `tessera train`: trains a model on IDX (MNIST-style)
+ * data with a progress bar, evaluates after every epoch, writes checkpoints
+ * and a metrics JSON, and resumes from a checkpoint bit for bit.
+ */
+#include "cli.h"
+#include "commands.h"
+#include "train_common.h"
+
+#include "tessera.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define TRY_GOTO(expr)              \
+    do {                            \
+        st = (expr);                \
+        if (st != TS_OK) goto fail; \
+    } while (0)
+
+typedef struct train_args {
+    const char *data, *model, *optimizer, *schedule;
+    const char *checkpoint, *resume, *metrics_json;
+    int64_t epochs, max_steps, batch_size, seed, threads;
+    double lr, momentum, weight_decay, label_smoothing;
+    bool quiet;
+} train_args;
+
+/* Checkpoint metadata keys. */
+#define CK_EPOCH "train.epoch" /* epoch to continue with */
+#define CK_BATCH "train.batch" /* batch index within that epoch */
+#define CK_STEP "train.step"   /* optimizer steps done */
+#define CK_SEED "train.seed"
+#define CK_BATCH_SIZE "train.batch_size"
+#define CK_MODEL "train.model"
+#define CK_OPTIM "train.optimizer"
+#define CK_RNG "train.rng"
+#define CK_LOSS "train.loss"
+
+static ts_status save_checkpoint(const char *path, ts_module *model, ts_optimizer *opt, const train_args *a,
+                                 int64_t epoch, int64_t batch, int64_t step, const ts_rng *rng, double loss) {
+    ts_status st;
+    ts_ckpt *ck = ts_ckpt_new();
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
+    if (!ck) return TS_ERR_NOMEM;
+    TRY_GOTO(ts_module_state_dict(model, &sd));
+    TRY_GOTO(ts_optimizer_state(opt, &os));
+    TRY_GOTO(ts_ckpt_add_tensors(ck, "model.", &sd));
+    TRY_GOTO(ts_ckpt_add_tensors(ck, "optim.", &os));
+    TRY_GOTO(ts_ckpt_set_i64(ck, CK_EPOCH, epoch));
+    TRY_GOTO(ts_ckpt_set_i64(ck, CK_BATCH, batch));
+    TRY_GOTO(ts_ckpt_set_i64(ck, CK_STEP, step));
+    TRY_GOTO(ts_ckpt_set_i64(ck, CK_SEED, a->seed));
+    TRY_GOTO(ts_ckpt_set_i64(ck, CK_BATCH_SIZE, a->batch_size));
+    TRY_GOTO(ts_ckpt_set_f64(ck, CK_LOSS, loss));
+    TRY_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, a->model, strlen(a->model)));
+    TRY_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, a->optimizer, strlen(a->optimizer)));
+    TRY_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, rng, sizeof *rng));
+    TRY_GOTO(ts_ckpt_save(ck, path));
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_tensor_list_clear(&os);
+    ts_ckpt_free(ck);
+    return st;
+}
+
+/* Compares a string stored in the checkpoint with the run's value. */
+static int check_same(const ts_ckpt *ck, const char *key, const char *want, const char *flag, const char *path) {
+    const void *p;
+    size_t n;
+    if (ts_ckpt_get_bytes(ck, key, &p, &n) != TS_OK) {
+        fprintf(stderr, "tessera train: --resume %s: not a training checkpoint (no %s)\n", path, key);
+        return CLI_EXIT_USAGE;
+    }
+    if (n != strlen(want) || memcmp(p, want, n) != 0) {
+        fprintf(stderr, "tessera train: --resume %s was written with %s %.*s, this run has %s %s\n", path, flag,
+                (int)n, (const char *)p, flag, want);
+        return CLI_EXIT_USAGE;
+    }
+    return 0;
+}
+
+static const char *basename_of(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+int ts_cmd_train(int argc, char **argv) {
+    train_args a = {
+        .data = "/usr/share/datasets/fashion-mnist",
+        .model = "cnn",
+        .optimizer = "sgd",
+        .schedule = "cosine",
+        .epochs = 3,
+        .max_steps = 0,
+        .batch_size = 64,
+        .seed = 0,
+        .threads = 0,
+        .lr = 0.05,
+        .momentum = 0.9,
+        .weight_decay = 5e-4,
+        .label_smoothing = 0.0,
+    };
+    const cli_flag flags[] = {
+        {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]", 1, 0},
+        {"model", CLI_STRING, &a.model, "cnn (the reference CNN) or mlp", 1, 0},
+        {"epochs", CLI_INT, &a.epochs, "number of epochs", 1, 1e6},
+        {"max-steps", CLI_INT, &a.max_steps, "stop after this many optimizer steps in all (0: no limit)", 0, 1e12},
+        {"batch-size", CLI_INT, &a.batch_size, "images per step", 1, 1 << 20},
+        {"lr", CLI_FLOAT, &a.lr, "peak learning rate", 0, 1e3},
+        {"momentum", CLI_FLOAT, &a.momentum, "SGD momentum", 0, 1},
+        {"weight-decay", CLI_FLOAT, &a.weight_decay, "weight decay (SGD: L2; AdamW: decoupled)", 0, 1},
+        {"optimizer", CLI_STRING, &a.optimizer, "sgd or adamw", 1, 0},
+        {"lr-schedule", CLI_STRING, &a.schedule, "none, step (x0.1 every epoch) or cosine (over all steps)", 1, 0},
+        {"label-smoothing", CLI_FLOAT, &a.label_smoothing, "cross-entropy label smoothing", 0, 1},
+        {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
+        {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
+        {"checkpoint", CLI_STRING, &a.checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
+        {"resume", CLI_STRING, &a.resume, "continue the run saved in this checkpoint", 1, 0},
+        {"metrics-json", CLI_STRING, &a.metrics_json, "write final metrics to this JSON file", 1, 0},
+        {"quiet", CLI_BOOL, &a.quiet, "no progress bar", 1, 0},
+    };
+    const cli_command cmd = {
+        "train", "tessera train [flags]",
+        "Trains a model on Fashion-MNIST (or any MNIST-format IDX data set), prints the test\n"
+        "accuracy after every epoch and saves checkpoints. The reference CNN is\n"
+        "conv(1->32,3x3)-BN-ReLU-maxpool -> conv(32->64,3x3)-BN-ReLU-maxpool -> linear(3136->128)-ReLU -> linear(128->10).",
+        flags, (int)(sizeof flags / sizeof flags[0])};
+    int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+
+    if (strcmp(a.model, "cnn") != 0 && strcmp(a.model, "mlp") != 0)
+        return cli_usage_error(&cmd, "unknown --model '%s' (expected cnn or mlp)", a.model);
+    if (strcmp(a.optimizer, "sgd") != 0 && strcmp(a.optimizer, "adamw") != 0)
+        return cli_usage_error(&cmd, "unknown --optimizer '%s' (expected sgd or adamw)", a.optimizer);
+    if (strcmp(a.schedule, "none") != 0 && strcmp(a.schedule, "step") != 0 && strcmp(a.schedule, "cosine") != 0)
+        return cli_usage_error(&cmd, "unknown --lr-schedule '%s' (expected none, step or cosine)", a.schedule);
+    struct stat sb;
+    if (stat(a.data, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return cli_usage_error(&cmd, "--data %s: %s", a.data, stat(a.data, &sb) != 0 ? strerror(errno) : "not a directory");
+    if (a.threads > 0) ts_set_num_threads((int)a.threads);
+
+    /* resume: read the checkpoint first so its seed decides the data order */
+    ts_ckpt *ck = NULL;
+    int64_t start_epoch = 0, start_batch = 0, step = 0;
+    if (a.resume) {
+        if (ts_ckpt_load(a.resume, &ck) != TS_OK) {
+            fprintf(stderr, "tessera train: --resume: %s\n", ts_last_error());
+            return CLI_EXIT_USAGE;
+        }
+        int64_t seed = 0, bs = 0;
+        if ((rc = check_same(ck, CK_MODEL, a.model, "--model", a.resume)) ||
+            (rc = check_same(ck, CK_OPTIM, a.optimizer, "--optimizer", a.resume))) {
+            ts_ckpt_free(ck);
+            return rc;
+        }
+        if (ts_ckpt_get_i64(ck, CK_EPOCH, &start_epoch) != TS_OK || ts_ckpt_get_i64(ck, CK_BATCH, &start_batch) != TS_OK ||
+            ts_ckpt_get_i64(ck, CK_STEP, &step) != TS_OK || ts_ckpt_get_i64(ck, CK_SEED, &seed) != TS_OK ||
+            ts_ckpt_get_i64(ck, CK_BATCH_SIZE, &bs) != TS_OK) {
+            fprintf(stderr, "tessera train: --resume %s: missing training state: %s\n", a.resume, ts_last_error());
+            ts_ckpt_free(ck);
+            return CLI_EXIT_USAGE;
+        }
+        if (bs != a.batch_size) {
+            fprintf(stderr, "tessera train: --resume %s was written with --batch-size %lld, this run has %lld\n",
+                    a.resume, (long long)bs, (long long)a.batch_size);
+            ts_ckpt_free(ck);
+            return CLI_EXIT_USAGE;
+        }
+        a.seed = seed;
+    }
+
+    int status = 1;
+    ts_status st = TS_OK;
+    ts_dataset *train = NULL, *test = NULL;
+    ts_loader *loader = NULL;
+    ts_module *model = NULL;
+    ts_optimizer *opt = NULL;
+    ts_tensor_list params = TS_TENSOR_LIST_INIT, sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
+    ts_rng rng;
+    ts_rng_seed(&rng, (uint64_t)a.seed);
+
+    if (ts_dataset_load_mnist(a.data, "train", &train) != TS_OK || ts_dataset_load_mnist(a.data, "test", &test) != TS_OK) {
+        fprintf(stderr, "tessera train: --data %s: %s\n", a.data, ts_last_error());
+        status = CLI_EXIT_USAGE;
+        goto done;
+    }
+    ts_loader_opts lo = TS_LOADER_OPTS_INIT;
+    lo.batch_size = a.batch_size;
+    lo.seed = (uint64_t)a.seed;
+    if ((st = ts_loader_new(train, &lo, &loader)) != TS_OK) goto fail;
+    int64_t nbatches = ts_loader_num_batches(loader);
+
+    if ((st = ts_model_by_name(a.model, &rng, &model)) != TS_OK) goto fail;
+    if ((st = ts_module_parameters(model, &params)) != TS_OK) goto fail;
+    if (strcmp(a.optimizer, "sgd") == 0) {
+        ts_sgd_config c = TS_SGD_CONFIG_INIT;
+        c.lr = (float)a.lr;
+        c.momentum = (float)a.momentum;
+        c.weight_decay = (float)a.weight_decay;
+        st = ts_optim_sgd_new(&params, &c, &opt);
+    } else {
+        ts_adamw_config c = TS_ADAMW_CONFIG_INIT;
+        c.lr = (float)a.lr;
+        c.weight_decay = (float)a.weight_decay;
+        st = ts_optim_adamw_new(&params, &c, &opt);
+    }
+    if (st != TS_OK) goto fail;
+
+    int64_t total_steps = a.epochs * nbatches;
+    ts_lr_schedule sched = strcmp(a.schedule, "cosine") == 0 ? ts_lr_cosine(a.lr, total_steps, 0.0)
+                           : strcmp(a.schedule, "step") == 0 ? ts_lr_step(a.lr, nbatches, 0.1)
+                                                             : ts_lr_constant(a.lr);
+
+    if (ck) {
+        const void *rb;
+        size_t rn;
+        if ((st = ts_ckpt_get_tensors(ck, "model.", &sd)) != TS_OK ||
+            (st = ts_module_load_state_dict(model, &sd, true)) != TS_OK ||
+            (st = ts_ckpt_get_tensors(ck, "optim.", &os)) != TS_OK || (st = ts_optimizer_load_state(opt, &os)) != TS_OK) {
+            fprintf(stderr, "tessera train: --resume %s: %s\n", a.resume, ts_last_error());
+            status = CLI_EXIT_USAGE;
+            goto done;
+        }
+        if (ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn) == TS_OK && rn == sizeof rng) memcpy(&rng, rb, sizeof rng);
+        printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", a.resume, (long long)start_epoch + 1,
+               (long long)start_batch, (long long)step);
+    }
+
+    printf("training %s on %s: %lld images, %lld batches of %lld per epoch, %lld parameters, %d threads\n", a.model,
+           a.data, (long long)ts_dataset_size(train), (long long)nbatches, (long long)a.batch_size,
+           (long long)ts_module_num_parameters(model), ts_get_num_threads());
+    fflush(stdout);
+
+    cli_progress bar;
+    cli_progress_init(&bar);
+    double train_seconds = 0, last_loss = NAN, test_acc = NAN;
+    int64_t images = 0, epochs_done = start_epoch;
+    bool stopped = false;
+    for (int64_t epoch = start_epoch; epoch < a.epochs && !stopped; epoch++) {
+        if ((st = ts_loader_set_epoch(loader, epoch, epoch == start_epoch ? start_batch : 0)) != TS_OK) goto fail;
+        ts_module_train(model, true);
+        double t0 = ts_time_now(), loss_sum = 0;
+        int64_t epoch_images = 0, epoch_steps = 0;
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "epoch %lld/%lld", (long long)epoch + 1, (long long)a.epochs);
+        for (;;) {
+            if (a.max_steps > 0 && step >= a.max_steps) {
+                stopped = true;
+                break;
+            }
+            ts_tensor *x = NULL, *y = NULL;
+            if ((st = ts_loader_next(loader, &x, &y)) != TS_OK) goto fail;
+            if (!x) break;
+            double lr = ts_lr_schedule_at(&sched, step);
+            ts_optimizer_set_lr(opt, (float)lr);
+            float loss;
+            if ((st = train_step(model, opt, x, y, (float)a.label_smoothing, &loss)) != TS_OK) goto fail;
+            step++;
+            epoch_steps++;
+            epoch_images += ts_tensor_dim(x, 0);
+            loss_sum += loss;
+            last_loss = loss;
+            if (!isfinite(loss)) {
+                fprintf(stderr, "\ntessera train: the loss became %f at step %lld (epoch %lld); lower --lr\n", loss,
+                        (long long)step, (long long)epoch + 1);
+                goto done;
+            }
+            if (!a.quiet) {
+                char suffix[128];
+                double dt = ts_time_now() - t0;
+                snprintf(suffix, sizeof suffix, "loss %.4f  %.0f img/s  lr %.4g", loss_sum / (double)epoch_steps,
+                         dt > 0 ? (double)epoch_images / dt : 0.0, lr);
+                cli_progress_update(&bar, prefix, ts_loader_batch_index(loader), nbatches, suffix, false);
+            }
+        }
+        double dt = ts_time_now() - t0;
+        train_seconds += dt;
+        images += epoch_images;
+        if (!a.quiet && epoch_steps > 0) {
+            char suffix[128];
+            snprintf(suffix, sizeof suffix, "loss %.4f  %.0f img/s", loss_sum / (double)epoch_steps,
+                     dt > 0 ? (double)epoch_images / dt : 0.0);
+            cli_progress_update(&bar, prefix, ts_loader_batch_index(loader), nbatches, suffix, true);
+        }
+        int64_t next_epoch = stopped ? epoch : epoch + 1, next_batch = stopped ? ts_loader_batch_index(loader) : 0;
+        epochs_done = stopped ? epoch : epoch + 1;
+        if ((st = evaluate(model, test, 1000, &test_acc)) != TS_OK) goto fail;
+        printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%% (%lld images), %.1f s, %.0f images/s\n",
+               (long long)epoch + 1, (long long)a.epochs, epoch_steps ? loss_sum / (double)epoch_steps : NAN,
+               100.0 * test_acc, (long long)ts_dataset_size(test), dt, dt > 0 ? (double)epoch_images / dt : 0.0);
+        if (a.checkpoint) {
+            if ((st = save_checkpoint(a.checkpoint, model, opt, &a, next_epoch, next_batch, step, &rng, last_loss)) !=
+                TS_OK) {
+                fprintf(stderr, "tessera train: saving checkpoint: %s\n", ts_last_error());
+                goto done;
+            }
+            printf("saved checkpoint to %s (epoch %lld, step %lld)\n", a.checkpoint, (long long)next_epoch,
+                   (long long)step);
+        }
+        fflush(stdout);
+    }
+    if (isnan(test_acc) && (st = evaluate(model, test, 1000, &test_acc)) != TS_OK) goto fail;
+
+    double ips = train_seconds > 0 ? (double)images / train_seconds : 0.0;
+    printf("done: %lld steps, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", (long long)step,
+           100.0 * test_acc, ips, train_seconds);
+    if (a.metrics_json) {
+        FILE *f = fopen(a.metrics_json, "w");
+        if (!f) {
+            fprintf(stderr, "tessera train: --metrics-json %s: %s\n", a.metrics_json, strerror(errno));
+            goto done;
+        }
+        fprintf(f,
+                "{\n  \"model\": \"%s\",\n  \"test_accuracy\": %.6f,\n  \"images_per_second\": %.1f,\n"
+                "  \"epochs\": %lld,\n  \"steps\": %lld,\n  \"final_loss\": %.6f,\n  \"train_seconds\": %.3f,\n"
+                "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"data\": \"%s\"\n}\n",
+                a.model, test_acc, ips, (long long)epochs_done, (long long)step, isfinite(last_loss) ? last_loss : -1.0,
+                train_seconds, ts_get_num_threads(), (long long)a.batch_size, basename_of(a.data));
+        if (fclose(f) != 0) {
+            fprintf(stderr, "tessera train: --metrics-json %s: %s\n", a.metrics_json, strerror(errno));
+            goto done;
+        }
+    }
+    status = 0;
+    goto done;
+
+fail:
+    fprintf(stderr, "tessera train: %s\n", ts_last_error());
+    status = 1;
+done:
+    ts_tensor_list_clear(&params);
+    ts_tensor_list_clear(&sd);
+    ts_tensor_list_clear(&os);
+    ts_optimizer_free(opt);
+    ts_module_free(model);
+    ts_loader_free(loader);
+    ts_dataset_free(train);
+    ts_dataset_free(test);
+    ts_ckpt_free(ck);
+    return status;
+}

@@ -1,0 +1,16 @@
+/*
+ * tools/train_common.h — the training step and evaluation shared by
+ * `tessera train` and `tessera bench`.
+ */
+#ifndef TS_TOOLS_TRAIN_COMMON_H
+#define TS_TOOLS_TRAIN_COMMON_H
+
+#include "tessera.h"
+
+/* forward, cross-entropy, backward, optimizer step, zero_grad; *loss gets the batch loss. */
+ts_status train_step(ts_module *model, ts_optimizer *opt, ts_tensor *x, ts_tensor *y, float label_smoothing,
+                     float *loss);
+/* Accuracy of model (put in eval mode, no grad) over ds in batches; leaves the model in eval mode. */
+ts_status evaluate(ts_module *model, ts_dataset *ds, int64_t batch_size, double *accuracy);
+
+#endif
