@@ -231,6 +231,12 @@ static void test_idx_errors(void) {
     CHECK(stat(p, &sb) == 0);
     CHECK(truncate(p, sb.st_size / 2) == 0);
     expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated");
+    /* a gzip header followed by garbage */
+    unsigned char junk[40] = {0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 0x03};
+    for (size_t i = 10; i < sizeof junk; i++) junk[i] = (unsigned char)(0xff - 7 * i);
+    snprintf(p, sizeof p, "%s/junk-idx3-ubyte.gz", d);
+    write_bytes(p, junk, sizeof junk, 0);
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "corrupt gzip data");
     /* a directory */
     expect_idx_error(d, 3, TS_ERR_IO, "directory");
 }

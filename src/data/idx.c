@@ -30,7 +30,10 @@ static uint64_t read_full(gzFile gz, void *buf, uint64_t n, const char **gzerr) 
         if (r < 0) {
             int errnum = 0;
             const char *msg = gzerror(gz, &errnum);
-            if (errnum != Z_BUF_ERROR) *gzerr = msg; /* Z_BUF_ERROR: unexpected end of file */
+            if (errnum != Z_BUF_ERROR) { /* Z_BUF_ERROR: unexpected end of file */
+                const char *sep = strstr(msg, ": ");
+                *gzerr = (strncmp(msg, "<fd:", 4) == 0 && sep) ? sep + 2 : msg; /* drop zlib's "<fd:3>: " */
+            }
             break;
         }
         if (r == 0) break;

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `tessera train` from the command line: flag and path errors (exit 2 with a
+# message naming what is wrong), metrics JSON, and resume giving the same
+# parameters as an uninterrupted run (checked with `tessera ckpt diff`).
+set -u
+TS=${1:?usage: cli_train.sh path/to/tessera}
+DATA=/usr/share/datasets/fashion-mnist
+[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0; passes=0
+ok()   { passes=$((passes+1)); echo "ok: $1"; }
+bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+
+# expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
+expect_exit() {
+  local want=$1 needle=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
+  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
+  ok "$* -> $rc"
+}
+
+expect_exit 0 "--max-steps" "$TS" train --help
+expect_exit 0 "usage: tessera COMMAND" "$TS" --help
+expect_exit 2 "unknown command 'trian'" "$TS" trian
+expect_exit 2 "unknown flag '--epoch'" "$TS" train --epoch 3
+expect_exit 2 "--lr expects a number, got 'fast'" "$TS" train --lr fast
+expect_exit 2 "--epochs must be in" "$TS" train --epochs 0
+expect_exit 2 "--batch-size needs a value" "$TS" train --batch-size
+expect_exit 2 "unknown --model 'resnet9000'" "$TS" train --model resnet9000
+expect_exit 2 "unknown --optimizer 'lion'" "$TS" train --optimizer lion
+expect_exit 2 "--data /no/such/dir" "$TS" train --data /no/such/dir
+mkdir -p "$T/empty"
+expect_exit 2 "train-images-idx3-ubyte" "$TS" train --data "$T/empty"
+# a truncated image file is named in the error
+mkdir -p "$T/trunc"
+cp "$DATA"/*labels* "$DATA"/t10k-images* "$T/trunc/"
+head -c 100000 <(gzip -dc "$DATA/train-images-idx3-ubyte.gz") > "$T/trunc/train-images-idx3-ubyte"
+expect_exit 2 "truncated" "$TS" train --data "$T/trunc"
+expect_exit 2 "--resume" "$TS" train --resume "$T/nothing.ckpt"
+expect_exit 2 "unknown benchmark" "$TS" bench nothing
+
+# a short run writes metrics and a checkpoint
+common=(--model cnn --threads 2 --batch-size 32 --seed 5 --quiet)
+if "$TS" train "${common[@]}" --max-steps 20 --checkpoint "$T/a.ckpt" --metrics-json "$T/m.json" > "$T/a.log" 2>&1; then
+  ok "train 20 steps"
+else
+  bad "train 20 steps: $(cat "$T/a.log")"
+fi
+for key in test_accuracy images_per_second epochs steps final_loss; do
+  grep -q "\"$key\"" "$T/m.json" 2>/dev/null && ok "metrics has $key" || bad "metrics lacks $key"
+done
+grep -q '"steps": 20' "$T/m.json" && ok "metrics steps = 20" || bad "metrics steps: $(cat "$T/m.json")"
+grep -q "saved checkpoint to $T/a.ckpt" "$T/a.log" && ok "says where the checkpoint is" || bad "no checkpoint line"
+
+# resume: 8 steps, then 12 more from the checkpoint == 20 straight
+"$TS" train "${common[@]}" --max-steps 8 --checkpoint "$T/b.ckpt" > "$T/b.log" 2>&1 || bad "train 8 steps: $(cat "$T/b.log")"
+"$TS" train "${common[@]}" --max-steps 20 --resume "$T/b.ckpt" --checkpoint "$T/c.ckpt" > "$T/c.log" 2>&1 || bad "resume: $(cat "$T/c.log")"
+grep -q "resumed from" "$T/c.log" && ok "resume says so" || bad "resume line missing: $(cat "$T/c.log")"
+expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/a.ckpt" "$T/c.ckpt" --tol 0
+# and the uninterrupted run differs from the 8-step one
+expect_exit 1 "" "$TS" ckpt diff "$T/a.ckpt" "$T/b.ckpt" --tol 0
+# resuming with another model or batch size is refused, naming the mismatch
+expect_exit 2 "--model cnn" "$TS" train --model mlp --resume "$T/b.ckpt"
+expect_exit 2 "--batch-size 32" "$TS" train --model cnn --batch-size 64 --resume "$T/b.ckpt"
+# a corrupted checkpoint is refused
+cp "$T/b.ckpt" "$T/bad.ckpt"
+printf '\xff\xff\xff\xff' | dd of="$T/bad.ckpt" bs=1 seek=5000 conv=notrunc 2>/dev/null
+expect_exit 2 "checksum" "$TS" train "${common[@]}" --resume "$T/bad.ckpt"
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
