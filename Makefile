@@ -27,7 +27,9 @@ test: deps build
 sanitize: deps
 	$(MAKE) test BUILD=build-asan CMAKE_FLAGS="-DTS_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
 
-bench: deps build
+# Tessera beside PyTorch (Debian python3-torch, installed here) in one run.
+bench: build
+	TS_WITH_TORCH=1 scripts/install-deps
 	bench/train_vs_pytorch.sh $(BUILD)
 
 clean:

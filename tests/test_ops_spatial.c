@@ -4,7 +4,8 @@
  * PyTorch 1.13), conv2d against a plain direct convolution, finite-difference
  * gradchecks over stride, padding, dilation, groups, odd sizes, non-square
  * kernels and ceil_mode, running-statistics updates, eval mode, the 1- and
- * 2-thread paths agreeing, and error messages.
+ * 2-thread paths agreeing, and error messages. (tests/test_golden_ops.c compares
+ * the same ops with PyTorch's values.)
  */
 #include "test_util.h"
 
@@ -99,6 +100,12 @@ static const conv_case conv_cases[] = {
     {"1x1 pointwise, no bias", 2, 3, 4, 5, 2, 1, 1, {{1, 1}, {0, 0}, {1, 1}, 1}, false},
     {"1x1 stride 2 pad 1", 1, 2, 5, 4, 3, 1, 1, {{2, 2}, {1, 1}, {1, 1}, 1}, true},
     {"kernel = padded input", 2, 2, 3, 4, 2, 5, 6, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+    {"dilation 2, same size", 2, 3, 6, 5, 4, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 1}, true},
+    {"2x3 pad (0,1)", 1, 2, 5, 4, 3, 2, 3, {{1, 1}, {0, 1}, {1, 1}, 1}, true},
+    {"1x3 pad 1 grows H", 1, 2, 4, 5, 3, 1, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+    {"5x5 pad 2", 2, 2, 4, 6, 3, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, false},
+    {"tall kernel, one output row", 1, 2, 5, 5, 2, 7, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+    {"stride (2,1) pad 1, depthwise x2", 2, 4, 7, 6, 8, 3, 3, {{2, 1}, {1, 1}, {1, 1}, 4}, true},
 };
 
 static void test_conv2d_values(void) {

@@ -7,14 +7,23 @@
  * calling thread); with fewer images than threads it runs the images in turn
  * and lets BLAS use the threads. Weight and bias gradients are accumulated in
  * per-thread buffers and summed afterwards, so there are no races. Pooling runs
- * over (n, c) planes; batchnorm over channels, with statistics in double.
- * Scratch buffers come from ts__new so the caching allocator recycles them.
+ * over (n, c) planes; batchnorm over channels, with per-plane float SIMD
+ * partial sums totalled in double.
+ *
+ * Fast paths: 1x1 stride-1 unpadded convs use the input as the im2col matrix;
+ * stride-1 convs whose output rows are as long as the input's (3x3 pad 1, ...)
+ * im2col/col2im a whole shifted span at once; 2x2 stride-2 max pooling is
+ * branch-free (AVX-512 when the build targets it). Scratch buffers come from
+ * ts__new so the device's caching allocator recycles them.
  */
 #include "ops/k_blas.h"
 #include "ops/k_spatial.h"
 
 #include <math.h>
 #include <omp.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
@@ -23,57 +32,35 @@ static ts_status scratch(ts_device *dev, int64_t n, ts_tensor **t) {
     return ts__new(dev, TS_F32, 1, (int64_t[]){n > 0 ? n : 1}, t);
 }
 
-/* Plane reductions: 16 float lanes (so they vectorise; each lane adds only n/16
- * terms), totalled in double. Callers add the planes of a channel in double. */
-#define LANES 16
+/* Plane reductions: float partial sums in SIMD lanes (omp simd; each lane adds
+ * only n/16 terms), totalled in double. Callers add a channel's planes in double. */
 
 /* sum of p[0..n) */
 static double plane_sum(const float *p, int64_t n) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += p[i + j];
-    double s = 0;
-    for (; i < n; i++) s += p[i];
-    for (int j = 0; j < LANES; j++) s += acc[j];
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += p[i];
     return s;
 }
 
 /* sum of (p[i] - m)^2 */
 static double plane_sqdev(const float *p, int64_t n, float m) {
-    float acc[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) {
-            float d = p[i + j] - m;
-            acc[j] += d * d;
-        }
-    double s = 0;
-    for (; i < n; i++) s += (double)(p[i] - m) * (p[i] - m);
-    for (int j = 0; j < LANES; j++) s += acc[j];
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (p[i] - m) * (p[i] - m);
     return s;
 }
 
 /* *sg += sum of g[i]; *sgx += sum of g[i] * (x[i] - m) */
 static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
-    float a[LANES] = {0}, b[LANES] = {0};
-    int64_t i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++) {
-            a[j] += g[i + j];
-            b[j] += g[i + j] * (x[i + j] - m);
-        }
-    double s1 = 0, s2 = 0;
-    for (; i < n; i++) {
-        s1 += g[i];
-        s2 += (double)g[i] * (x[i] - m);
+    float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t i = 0; i < n; i++) {
+        a += g[i];
+        b += g[i] * (x[i] - m);
     }
-    for (int j = 0; j < LANES; j++) {
-        s1 += a[j];
-        s2 += b[j];
-    }
-    *sg += s1;
-    *sgx += s2;
+    *sg += a;
+    *sgx += b;
 }
 
 /* ================================ conv2d ================================ */
@@ -100,6 +87,20 @@ static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *c
             for (int64_t c = 0; c < Cg; c++) {
                 float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
                 const float *xc = x + c * H * W;
+                if (g->sh == 1 && g->sw == 1 && OW == W) {
+                    /* rows of x and col have one length: the valid rows are one shifted copy,
+                     * then the |joff| columns that wrapped around are zeroed */
+                    const int64_t shift = ioff * W + joff, lo = oh0 * OW, hi = oh1 * OW;
+                    const int64_t c0 = TS_MIN(TS_MAX(lo, -shift), hi), c1 = TS_MAX(TS_MIN(hi, H * W - shift), c0);
+                    memset(row, 0, sizeof(float) * (size_t)c0);
+                    if (c1 > c0) memcpy(row + c0, xc + c0 + shift, sizeof(float) * (size_t)(c1 - c0));
+                    memset(row + c1, 0, sizeof(float) * (size_t)(OHW - c1));
+                    for (int64_t oh = oh0; oh < oh1; oh++) {
+                        for (int64_t ow = 0; ow < ow0; ow++) row[oh * OW + ow] = 0.0f;
+                        for (int64_t ow = ow1; ow < OW; ow++) row[oh * OW + ow] = 0.0f;
+                    }
+                    continue;
+                }
                 if (oh0 > 0) memset(row, 0, sizeof(float) * (size_t)(oh0 * OW));
                 for (int64_t oh = oh0; oh < oh1; oh++) {
                     float *dst = row + oh * OW;
@@ -117,8 +118,9 @@ static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *c
     }
 }
 
-/* x: (Cg, H, W) += col: (Cg*kh*kw, OH*OW) scattered back (the adjoint of im2col). */
-static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, const float *col, float *x) {
+/* x: (Cg, H, W) += col: (Cg*kh*kw, OH*OW) scattered back (the adjoint of im2col).
+ * col is scratch: entries that map to padding may be overwritten with zeros. */
+static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, float *col, float *x) {
     const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, OHW = OH * OW;
     for (int64_t c = 0; c < Cg; c++) {
         float *xc = x + c * H * W;
@@ -128,7 +130,17 @@ static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, const float *col, fl
             for (int kj = 0; kj < g->kw; kj++) {
                 int64_t joff = (int64_t)kj * g->dw - g->pw, ow0, ow1;
                 valid_range(W, OW, g->sw, joff, &ow0, &ow1);
-                const float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
+                float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
+                if (g->sh == 1 && g->sw == 1 && OW == W) { /* as in im2col: one shifted span */
+                    const int64_t shift = ioff * W + joff;
+                    for (int64_t oh = oh0; oh < oh1; oh++) {
+                        for (int64_t ow = 0; ow < ow0; ow++) row[oh * OW + ow] = 0.0f;
+                        for (int64_t ow = ow1; ow < OW; ow++) row[oh * OW + ow] = 0.0f;
+                    }
+                    const int64_t c0 = TS_MAX(oh0 * OW, -shift), c1 = TS_MIN(oh1 * OW, H * W - shift);
+                    for (int64_t i = c0; i < c1; i++) xc[i + shift] += row[i];
+                    continue;
+                }
                 for (int64_t oh = oh0; oh < oh1; oh++) {
                     const float *src = row + oh * OW;
                     float *dst = xc + (oh * g->sh + ioff) * W + joff;
@@ -216,7 +228,6 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
     TS_TRY(scratch(dev, nbuf * per, &buf));
     const float *px = ts__f32(x), *pw = ts__f32(w), *pg = ts__f32(gout);
     float *pgx = gx ? ts__f32(gx) : NULL;
-    if (gx && !pointwise) memset(pgx, 0, sizeof(float) * (size_t)(g->N * g->C * HW));
 #pragma omp parallel if (par)
     {
         float *mine = ts__f32(buf) + (int64_t)omp_get_thread_num() * per;
@@ -252,6 +263,7 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
                         blas->sgemm(dev, true, false, CKK, OHW, Kg, 1.0f, wg, CKK, go, OHW, 0.0f, gxin, OHW);
                     } else {
                         blas->sgemm(dev, true, false, CKK, OHW, Kg, 1.0f, wg, CKK, go, OHW, 0.0f, colg, OHW);
+                        memset(gxin, 0, sizeof(float) * (size_t)(Cg * HW));
                         col2im_add(g, Cg, colg, gxin);
                     }
                 }
@@ -289,6 +301,57 @@ static inline int64_t first_valid(int64_t s, int d) {
     return s + ((-s + d - 1) / d) * d;
 }
 
+/* One output row of the 2x2 / stride 2 max pool from input rows r0, r1 (r1 = r0 + W).
+ * o, ix: OW outputs; b0, b1: flat indices of r0[0], r1[0] in the plane. The max,
+ * then the first position holding it (selected last-to-first), which is the
+ * sequential rule when there is no NaN; returns true when a NaN was seen (the
+ * caller then redoes the row with the sequential rule). */
+static bool maxpool_2x2_row(const float *r0, const float *r1, int64_t OW, int32_t b0, int32_t b1, float *o,
+                            int32_t *ix) {
+    int64_t ow = 0;
+    int nan = 0;
+#ifdef __AVX512F__
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (; ow < OW; ow += 16) {
+        int64_t nout = TS_MIN(16, OW - ow), nin = 2 * nout;
+        __mmask16 mlo = (__mmask16)(nin >= 16 ? 0xffff : (1u << nin) - 1);
+        __mmask16 mhi = (__mmask16)(nin <= 16 ? 0 : (1u << (nin - 16)) - 1);
+        __mmask16 mout = (__mmask16)(nout == 16 ? 0xffff : (1u << nout) - 1);
+        const float *p0 = r0 + 2 * ow, *p1 = r1 + 2 * ow;
+        __m512 l0 = _mm512_maskz_loadu_ps(mlo, p0), h0 = _mm512_maskz_loadu_ps(mhi, p0 + 16);
+        __m512 l1 = _mm512_maskz_loadu_ps(mlo, p1), h1 = _mm512_maskz_loadu_ps(mhi, p1 + 16);
+        __m512 a = _mm512_permutex2var_ps(l0, ev, h0), b = _mm512_permutex2var_ps(l0, od, h0);
+        __m512 c = _mm512_permutex2var_ps(l1, ev, h1), d = _mm512_permutex2var_ps(l1, od, h1);
+        __m512 m = _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(b, a), c), d); /* max(x, y) = x > y ? x : y */
+        __m512i j = _mm512_add_epi32(ev, _mm512_set1_epi32((int32_t)(2 * ow)));
+        __m512i bi = _mm512_add_epi32(j, _mm512_set1_epi32(b1 + 1));
+        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(c, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b1)));
+        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(b, m, _CMP_EQ_OQ),
+                                   _mm512_add_epi32(j, _mm512_set1_epi32(b0 + 1)));
+        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(a, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b0)));
+        nan |= (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q)) != 0;
+        _mm512_mask_storeu_ps(o + ow, mout, m);
+        _mm512_mask_storeu_epi32(ix + ow, mout, bi);
+    }
+#endif
+    for (; ow < OW; ow++) {
+        const int32_t j = (int32_t)(2 * ow);
+        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+        float m = b > a ? b : a;
+        m = c > m ? c : m;
+        m = d > m ? d : m;
+        int32_t bi = b1 + j + 1;
+        bi = c == m ? b1 + j : bi;
+        bi = b == m ? b0 + j + 1 : bi;
+        bi = a == m ? b0 + j : bi;
+        nan |= (a != a) | (b != b) | (c != c) | (d != d);
+        o[ow] = m;
+        ix[ow] = bi;
+    }
+    return nan != 0;
+}
+
 // out, idx: (N, C, OH, OW) <- max over each window of x: (N, C, H, W)
 static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tensor *idx, const ts_tensor *x) {
     const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
@@ -308,24 +371,7 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
                 const int32_t b0 = (int32_t)(2 * oh * W), b1 = (int32_t)(b0 + W);
                 float *o = op + oh * OW;
                 int32_t *ix = ip + oh * OW;
-                bool nan = false;
-                /* branch-free so it vectorises: the max, then the first position holding it
-                 * (selected last-to-first), which is the sequential rule when there is no NaN */
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    const int32_t j = (int32_t)(2 * ow);
-                    float a = r0[j], b = r0[j + 1], c = r1[j], d = r1[j + 1];
-                    float m = b > a ? b : a;
-                    m = c > m ? c : m;
-                    m = d > m ? d : m;
-                    int32_t bi = b1 + j + 1;
-                    bi = c == m ? b1 + j : bi;
-                    bi = b == m ? b0 + j + 1 : bi;
-                    bi = a == m ? b0 + j : bi;
-                    nan |= (a != a) | (b != b) | (c != c) | (d != d);
-                    o[ow] = m;
-                    ix[ow] = bi;
-                }
-                if (!nan) continue;
+                if (!maxpool_2x2_row(r0, r1, OW, b0, b1, o, ix)) continue;
                 for (int64_t ow = 0; ow < OW; ow++) { /* a NaN wins, the last one seen */
                     const int32_t j = (int32_t)(2 * ow);
                     const int32_t pos[4] = {b0 + j, b0 + j + 1, b1 + j, b1 + j + 1};
