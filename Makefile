@@ -18,7 +18,7 @@ build: $(BUILD)/CMakeCache.txt
 
 # Train the reference CNN on Fashion-MNIST.
 demo: deps build
-	$(BUILD)/tessera train --model cnn --epochs 3 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json
+	$(BUILD)/tessera train --model cnn --epochs 4 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

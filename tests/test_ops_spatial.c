@@ -556,6 +556,20 @@ static void test_block_lifetime(void) {
     CHECK(ts_device_memory_allocated(ts_device_cpu()) == before);
 }
 
-TU_MAIN(T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
+/* A by-value params struct written as a constant literal reaches the op intact
+ * (GCC 12 + AVX-512 miscompiled this one; CMakeLists.txt turns the SLP
+ * vectoriser off for it). */
+static void test_params_literal_by_value(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 11);
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){1, 1, 28, 28}, -1, 1, false), *o = NULL;
+    ts_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, {0, 0}, false};
+    CHECK_OK(ts_maxpool2d(x, p, &o));
+    CHECK(o && ts_tensor_dim(o, 2) == 14 && ts_tensor_dim(o, 3) == 14);
+    ts_tensor_release(o);
+    ts_tensor_release(x);
+}
+
+TU_MAIN(T(test_params_literal_by_value), T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
         T(test_maxpool_values), T(test_avgpool_values), T(test_pool_grad), T(test_pool_errors),
         T(test_batchnorm_values), T(test_batchnorm_grad), T(test_batchnorm_errors), T(test_block_lifetime))

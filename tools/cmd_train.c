@@ -93,7 +93,7 @@ int ts_cmd_train(int argc, char **argv) {
         .model = "cnn",
         .optimizer = "sgd",
         .schedule = "cosine",
-        .epochs = 3,
+        .epochs = 4,
         .max_steps = 0,
         .batch_size = 64,
         .seed = 0,
