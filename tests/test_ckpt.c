@@ -8,31 +8,12 @@
 #include <unistd.h>
 #include <zlib.h>
 
-static char tu_dir[256];
-
-static const char *tmpdir(void) {
-    if (!tu_dir[0]) {
-        snprintf(tu_dir, sizeof tu_dir, "/tmp/ts_test_ckpt_XXXXXX");
-        if (!mkdtemp(tu_dir)) {
-            perror("mkdtemp");
-            abort();
-        }
-    }
-    return tu_dir;
-}
-
-static void rm_tmpdir(void) {
-    if (!tu_dir[0]) return;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tu_dir);
-}
 
 static const char *tpath(const char *name) {
     static char bufs[8][400];
     static int next;
     char *b = bufs[next++ % 8];
-    snprintf(b, sizeof bufs[0], "%.255s/%.100s", tmpdir(), name);
+    snprintf(b, sizeof bufs[0], "%.255s/%.100s", tu_tmpdir(), name);
     return b;
 }
 
@@ -370,7 +351,7 @@ static void test_versions_and_sections(void) {
 
 /* Names in the temp dir that start with prefix. */
 static int count_entries(const char *prefix) {
-    DIR *d = opendir(tmpdir());
+    DIR *d = opendir(tu_tmpdir());
     int n = 0;
     struct dirent *e;
     while (d && (e = readdir(d)))
@@ -447,6 +428,6 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_round_trip), T(test_api_errors), T(test_truncation), T(test_corruption),
                                     T(test_versions_and_sections), T(test_failed_save_keeps_old_file)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
-    rm_tmpdir();
+    tu_rm_tmpdir();
     return rc;
 }

@@ -6,33 +6,14 @@
 #include <unistd.h>
 #include <zlib.h>
 
-static char tu_dir[256]; /* a fresh temporary directory for this process */
 static int real_data_missing;
-
-static const char *tmpdir(void) {
-    if (!tu_dir[0]) {
-        snprintf(tu_dir, sizeof tu_dir, "/tmp/ts_test_data_XXXXXX");
-        if (!mkdtemp(tu_dir)) {
-            perror("mkdtemp");
-            abort();
-        }
-    }
-    return tu_dir;
-}
-
-static void rm_tmpdir(void) {
-    if (!tu_dir[0]) return;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tu_dir);
-}
 
 /* "<tmp>/<sub>" created as a directory; returns one of 8 rotating static buffers. */
 static const char *subdir(const char *sub) {
     static char bufs[8][300];
     static int next;
     char *buf = bufs[next++ % 8];
-    snprintf(buf, sizeof bufs[0], "%.255s/%.40s", tmpdir(), sub);
+    snprintf(buf, sizeof bufs[0], "%.255s/%.40s", tu_tmpdir(), sub);
     mkdir(buf, 0755);
     return buf;
 }
@@ -554,7 +535,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_synthetic_gz_and_plain), T(test_idx_errors), T(test_mnist_errors),
                                     T(test_real_fashion_mnist), T(test_loader), T(test_from_tensors)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
-    rm_tmpdir();
+    tu_rm_tmpdir();
     if (rc == 0 && real_data_missing) {
         printf("Fashion-MNIST not found under %s: real-data checks skipped\n", real_dir());
         return 77;

@@ -134,6 +134,28 @@ static inline double tu_max_abs_diff(ts_tensor *a, const float *b) {
     return m;
 }
 
+/* ---- a per-process temporary directory ------------------------------------------------ */
+static char tu_dir[256];
+
+/* Creates /tmp/ts_test_XXXXXX on first use; tu_rm_tmpdir removes it. */
+static inline const char *tu_tmpdir(void) {
+    if (!tu_dir[0]) {
+        snprintf(tu_dir, sizeof tu_dir, "/tmp/ts_test_XXXXXX");
+        if (!mkdtemp(tu_dir)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return tu_dir;
+}
+
+static inline void tu_rm_tmpdir(void) {
+    if (!tu_dir[0]) return;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tu_dir);
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tu_dir);
+}
+
 /* ---- finite-difference gradient check ------------------------------------------------ */
 /* f computes one output from inputs; ctx carries op parameters. */
 typedef ts_status (*tu_fwd_fn)(ts_tensor **inputs, void *ctx, ts_tensor **out);
