@@ -1,0 +1,164 @@
+/*
+ * tessera/dist.h — multi-process training: rendezvous stores, process groups
+ * and collectives, distributed data parallel, distributed samplers.
+ *
+ * The model is torch.distributed's: every process (rank) owns one device and
+ * its own data; only gradients cross between ranks. A process group is created
+ * from a rendezvous (env://, tcp://host:port, file://path, or a given store);
+ * collectives on it are called by every rank in the same order.
+ *
+ * Errors never hang silently: every blocking call honours the group's timeout
+ * (default 1800 s, TS_DIST_TIMEOUT seconds in the environment, or the options)
+ * and a peer that dies makes the others return TS_ERR_REMOTE / TS_ERR_TIMEOUT
+ * with a message naming the rank.
+ */
+#ifndef TESSERA_DIST_H
+#define TESSERA_DIST_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TS_DIST_DEFAULT_TIMEOUT_S 1800.0
+
+/* ---- rendezvous stores (gloo/torch semantics) ------------------------------------------ */
+/* A key-value store shared by all ranks: set, get (waits for the key), add (an
+ * atomic counter), wait for keys, check. Refcounted; thread-safe. */
+typedef struct ts_store ts_store;
+
+/* TCP store: the server (rank 0) listens on host:port and also acts as a client;
+ * others connect, retrying until timeout_s. A port in use, or a master that
+ * cannot be reached within the timeout, is an error naming host and port.
+ * port 0 with is_server picks a free port (see ts_store_tcp_port). */
+ts_status ts_store_tcp_new(const char *host, int port, bool is_server, double timeout_s, ts_store **out);
+int ts_store_tcp_port(const ts_store *s); /* the port actually listened on / connected to */
+/* File store: a file on a filesystem shared by all ranks (locked with fcntl). */
+ts_status ts_store_file_new(const char *path, double timeout_s, ts_store **out);
+/* In-memory store, shared by threads of one process (ranks-as-threads tests). */
+ts_status ts_store_memory_new(ts_store **out);
+/* Every key is prefixed with "prefix/" before it reaches base (retained). */
+ts_status ts_store_prefix_new(ts_store *base, const char *prefix, ts_store **out);
+
+ts_store *ts_store_retain(ts_store *s);
+void ts_store_release(ts_store *s); /* NULL is fine */
+
+ts_status ts_store_set(ts_store *s, const char *key, const void *value, size_t len);
+/* Waits up to the store's timeout for key; *value is malloc'd (caller frees), NUL-terminated past len. */
+ts_status ts_store_get(ts_store *s, const char *key, void **value, size_t *len);
+/* Atomically adds delta to the integer stored at key (absent: 0); *result gets the new value. */
+ts_status ts_store_add(ts_store *s, const char *key, int64_t delta, int64_t *result);
+/* Waits until every key exists; TS_ERR_TIMEOUT naming the first missing key. timeout_s < 0: the store's. */
+ts_status ts_store_wait(ts_store *s, const char *const *keys, int nkeys, double timeout_s);
+ts_status ts_store_check(ts_store *s, const char *key, bool *exists);
+void ts_store_set_timeout(ts_store *s, double timeout_s);
+
+/* ---- launch environment ------------------------------------------------------------------------ */
+/* Where this process sits, read from the environment: torchrun / Kubernetes
+ * names (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
+ * then mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE) and srun
+ * (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE). */
+typedef struct ts_dist_env {
+    int rank, world_size, local_rank, local_world_size;
+    char master_addr[256];
+    int master_port; /* 0 when unset */
+    const char *source; /* "torchrun", "mpirun", "srun" (static) */
+} ts_dist_env;
+/* TS_ERR_INVALID_ARG naming the missing or malformed variable. */
+ts_status ts_dist_env_read(ts_dist_env *out);
+
+/* ---- process groups ------------------------------------------------------------------------------ */
+typedef struct ts_process_group ts_process_group;
+
+typedef enum ts_reduce_op { TS_REDUCE_SUM = 0, TS_REDUCE_AVG, TS_REDUCE_MAX, TS_REDUCE_MIN } ts_reduce_op;
+
+typedef struct ts_pg_options {
+    size_t size;          /* sizeof(ts_pg_options) */
+    unsigned int magic;   /* TS_PG_OPTIONS_MAGIC */
+    unsigned int version; /* TS_PG_OPTIONS_VERSION */
+    const char *backend;  /* "builtin" (shared memory + TCP), "mpi"; NULL: builtin */
+    /* Rendezvous: a store (retained), else init_method "env://" (default),
+     * "tcp://host:port" or "file:///path". */
+    ts_store *store;
+    const char *init_method;
+    int rank, world_size;             /* -1: from the environment */
+    int local_rank, local_world_size; /* -1: from the environment, else derived from host names */
+    double timeout_s;                 /* <= 0: TS_DIST_TIMEOUT or TS_DIST_DEFAULT_TIMEOUT_S */
+    const char *group_name;           /* key prefix in the store; NULL: "default" */
+} ts_pg_options;
+
+#define TS_PG_OPTIONS_MAGIC 0x7e5a9001u
+#define TS_PG_OPTIONS_VERSION 1u
+#define TS_PG_OPTIONS_INIT \
+    ((ts_pg_options){sizeof(ts_pg_options), TS_PG_OPTIONS_MAGIC, TS_PG_OPTIONS_VERSION, NULL, NULL, NULL, -1, -1, -1, -1, 0.0, NULL})
+
+/* Joins the group (blocks until every rank has arrived or the timeout). */
+ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out);
+/* Leaves the group: pending work is finished or failed, connections closed. NULL is fine. */
+void ts_pg_free(ts_process_group *pg);
+int ts_pg_rank(const ts_process_group *pg);
+int ts_pg_size(const ts_process_group *pg);
+int ts_pg_local_rank(const ts_process_group *pg);
+const char *ts_pg_backend_name(const ts_process_group *pg);
+double ts_pg_timeout(const ts_process_group *pg);
+/* Aborts: every pending and later call fails fast; peers see this rank as gone. */
+void ts_pg_abort(ts_process_group *pg, const char *reason);
+
+/* Asynchronous work: collectives run in issue order on the group's
+ * communication thread. */
+typedef struct ts_work ts_work;
+/* Waits for completion; timeout_s < 0: the group's timeout. Returns the work's status. */
+ts_status ts_work_wait(ts_work *w, double timeout_s);
+bool ts_work_is_completed(ts_work *w);
+void ts_work_free(ts_work *w); /* waits first if still running */
+
+/* Collectives on contiguous CPU tensors (f32 reduce ops; any dtype for broadcast,
+ * all_gather, send/recv). In place unless an out tensor is given. `work`: NULL
+ * blocks; otherwise *work is a new handle and t must stay alive until it completes. */
+ts_status ts_all_reduce(ts_process_group *pg, ts_tensor *t, ts_reduce_op op, ts_work **work);
+ts_status ts_broadcast(ts_process_group *pg, ts_tensor *t, int root, ts_work **work);
+/* Result on root only (others' t unspecified afterwards). */
+ts_status ts_reduce(ts_process_group *pg, ts_tensor *t, int root, ts_reduce_op op, ts_work **work);
+/* out: world_size * numel(in) elements, rank r's input at offset r * numel(in). */
+ts_status ts_all_gather(ts_process_group *pg, ts_tensor *out, const ts_tensor *in, ts_work **work);
+/* in: world_size * numel(out) elements; rank r gets the reduction of block r. */
+ts_status ts_reduce_scatter(ts_process_group *pg, ts_tensor *out, const ts_tensor *in, ts_reduce_op op,
+                            ts_work **work);
+ts_status ts_barrier(ts_process_group *pg, ts_work **work);
+ts_status ts_send(ts_process_group *pg, const ts_tensor *t, int dst, int tag);
+ts_status ts_recv(ts_process_group *pg, ts_tensor *t, int src, int tag);
+/* Raw buffers (what DDP's buckets use): count elements of dtype. */
+ts_status ts_all_reduce_buffer(ts_process_group *pg, void *buf, size_t count, ts_dtype dt, ts_reduce_op op,
+                               ts_work **work);
+
+/* ---- distributed samplers ------------------------------------------------------------------------- */
+/* Exactly torch.utils.data.DistributedSampler: total = ceil(N / R) * R (or
+ * floor(N / R) * R with drop_last), indices 0..N-1 shuffled by a generator
+ * seeded with seed + epoch (torch.randperm with manual_seed), padded by
+ * repeating from the start (drop_last: truncated), rank r takes r, r+R, r+2R... */
+typedef struct ts_dist_sampler {
+    int64_t n, num_replicas, rank;
+    bool shuffle, drop_last, auto_epoch; /* auto_epoch: each ts_dist_sampler_indices advances the epoch */
+    uint64_t seed;
+    int64_t epoch;
+} ts_dist_sampler;
+
+ts_status ts_dist_sampler_init(ts_dist_sampler *s, int64_t n, int64_t num_replicas, int64_t rank, bool shuffle,
+                               uint64_t seed, bool drop_last);
+void ts_dist_sampler_set_epoch(ts_dist_sampler *s, int64_t epoch);
+/* Samples per rank per epoch. */
+int64_t ts_dist_sampler_len(const ts_dist_sampler *s);
+/* Writes this rank's indices for the current epoch into idx (ts_dist_sampler_len entries). */
+ts_status ts_dist_sampler_indices(ts_dist_sampler *s, int64_t *idx);
+
+/* Balanced: every rank gets indices whose total cost (cost[i] >= 0 per sample)
+ * is as equal as possible, with the same count per rank (padding as above);
+ * deterministic in (seed, epoch). */
+ts_status ts_balanced_sampler_indices(const double *cost, int64_t n, int64_t num_replicas, int64_t rank,
+                                      uint64_t seed, int64_t epoch, bool shuffle, int64_t *idx, int64_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_DIST_H */
