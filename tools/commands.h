@@ -7,5 +7,6 @@
 
 int ts_cmd_train(int argc, char **argv);
 int ts_cmd_bench(int argc, char **argv);
+int ts_cmd_run(int argc, char **argv);
 
 #endif

@@ -19,6 +19,7 @@ static const subcommand subcommands[] = {
     {"train", ts_cmd_train, "train a model on Fashion-MNIST/MNIST (IDX files)"},
     {"bench", ts_cmd_bench, "measure training throughput (images/s)"},
     {"ckpt", ts_cmd_ckpt, "inspect and compare checkpoints (show, diff)"},
+    {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},
 };
 
 static void usage(FILE *f) {
