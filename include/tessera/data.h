@@ -116,7 +116,8 @@ typedef struct ts_loader_opts {
 ts_status ts_loader_new(ts_dataset *ds, const ts_loader_opts *opts, ts_loader **out);
 void ts_loader_free(ts_loader *ld); /* NULL is fine */
 
-/* Batches per epoch: ceil(N / B), or floor(N / B) with drop_last. */
+/* Batches per epoch: ceil(N / B), or floor(N / B) with drop_last (N: the
+ * length of the current order, see ts_loader_set_indices). */
 int64_t ts_loader_num_batches(const ts_loader *ld);
 
 /* Positions the loader at batch `start_batch` (0 <= start_batch <= num_batches)
@@ -129,6 +130,17 @@ int64_t ts_loader_epoch(const ts_loader *ld);
 /* Index of the batch the next ts_loader_next call returns. */
 int64_t ts_loader_batch_index(const ts_loader *ld);
 
+/* Makes the current epoch iterate the caller's index list instead of the
+ * loader's own order (e.g. this rank's share from ts_dist_sampler_indices in
+ * tessera/dist.h): the samples idx[0], idx[1], ... in batches of batch_size,
+ * ceil(n / B) batches or floor(n / B) with drop_last, starting at batch
+ * `start_batch` (0 <= start_batch <= that count; > 0 resumes mid-epoch).
+ * idx (n >= 0 entries, repeats allowed) is copied. Every index must be in
+ * [0, dataset size); TS_ERR_INVALID_ARG names the first one that is not, and
+ * leaves the loader as it was. The epoch number (ts_loader_epoch) is unchanged;
+ * the next ts_loader_set_epoch goes back to the loader's own order. */
+ts_status ts_loader_set_indices(ts_loader *ld, const int64_t *idx, int64_t n, int64_t start_batch);
+
 /* Fills the next batch of the current epoch: *x (B, sample shape...) float32 and
  * *y (B) int64, B = batch_size except for a smaller last batch (unless
  * drop_last). Both are borrowed: they stay owned by the loader and are
@@ -137,7 +149,8 @@ int64_t ts_loader_batch_index(const ts_loader *ld);
 ts_status ts_loader_next(ts_loader *ld, ts_tensor **x, ts_tensor **y);
 
 /* The current epoch's sample order (N entries; borrowed, valid until the next
- * ts_loader_set_epoch). *n receives N when n is not NULL. */
+ * ts_loader_set_epoch or ts_loader_set_indices). *n receives N when n is not
+ * NULL (after ts_loader_set_indices, N is its n). */
 const int64_t *ts_loader_order(const ts_loader *ld, int64_t *n);
 
 #ifdef __cplusplus

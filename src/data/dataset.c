@@ -4,7 +4,8 @@
  *
  * Ownership: a ts_dataset owns its impl (ops->destroy); the in-memory impl holds
  * one reference to each of its x and y tensors. A ts_loader borrows its dataset
- * and owns its order array and batch tensors.
+ * and owns its order array and batch tensors; ts_loader_set_indices copies the
+ * caller's index list into that order array (grown as needed).
  */
 #include "tensor/tensor.h"
 #include "tessera/data.h"
@@ -269,14 +270,45 @@ fail:
 struct ts_loader {
     ts_dataset *ds; /* borrowed */
     ts_loader_opts o;
-    int64_t n, nb, tail; /* samples, batches per epoch, size of a short last batch (0: none) */
+    int64_t n;             /* samples in the dataset */
+    int64_t len, nb, tail; /* entries in this epoch's order, its batches, size of a short last batch (0: none) */
     int64_t epoch, next;
-    int64_t *order; /* n entries, owned */
+    int64_t *order; /* len entries in use of cap, owned */
+    int64_t cap;
     ts_tensor *xb, *yb; /* full batch (B, ...) / (B), owned */
     ts_tensor *xt, *yt; /* views of the first `tail` rows, owned; NULL when tail == 0 */
     float *hx;          /* host staging for non-host devices, else NULL */
     int64_t *hy;
 };
+
+/* Batches over an order of len entries: sets len, nb and tail, and remakes the
+ * views of the short last batch when its size changes (xt, yt are non-NULL
+ * exactly when tail > 0). On failure nothing has changed. */
+static ts_status loader_layout(ts_loader *ld, int64_t len) {
+    int64_t B = ld->o.batch_size, tail = ld->o.drop_last ? 0 : len % B;
+    if (tail != ld->tail) {
+        ts_tensor *xt = NULL, *yt = NULL;
+        if (tail) {
+            int64_t shape[TS_MAX_DIMS];
+            int sn = ts_dataset_sample_shape(ld->ds, shape + 1);
+            shape[0] = tail;
+            ts_status st = ts__view(ld->xb, sn + 1, shape, &xt);
+            if (st == TS_OK) st = ts__view(ld->yb, 1, &tail, &yt);
+            if (st != TS_OK) {
+                ts_tensor_release(xt);
+                return st;
+            }
+        }
+        ts_tensor_release(ld->xt);
+        ts_tensor_release(ld->yt);
+        ld->xt = xt;
+        ld->yt = yt;
+    }
+    ld->len = len;
+    ld->nb = ld->o.drop_last ? len / B : (len + B - 1) / B;
+    ld->tail = tail;
+    return TS_OK;
+}
 
 void ts_loader_free(ts_loader *ld) {
     if (!ld) return;
@@ -302,9 +334,8 @@ ts_status ts_loader_new(ts_dataset *ds, const ts_loader_opts *opts, ts_loader **
     if (!ld->o.device) ld->o.device = ts_device_cpu();
     ld->n = ts_dataset_size(ds);
     int64_t B = opts->batch_size;
-    ld->nb = opts->drop_last ? ld->n / B : (ld->n + B - 1) / B;
-    ld->tail = opts->drop_last ? 0 : ld->n % B;
-    ld->order = ts__malloc(sizeof(int64_t) * (size_t)(ld->n ? ld->n : 1));
+    ld->cap = ld->n ? ld->n : 1;
+    ld->order = ts__malloc(sizeof(int64_t) * (size_t)ld->cap);
     if (!ld->order) {
         st = TS_ERR_NOMEM;
         goto fail;
@@ -314,11 +345,7 @@ ts_status ts_loader_new(ts_dataset *ds, const ts_loader_opts *opts, ts_loader **
     int sn = ts_dataset_sample_shape(ds, shape + 1);
     TS_CHECK_GOTO(ts__new(ld->o.device, TS_F32, sn + 1, shape, &ld->xb));
     TS_CHECK_GOTO(ts__new(ld->o.device, TS_I64, 1, &B, &ld->yb));
-    if (ld->tail) {
-        shape[0] = ld->tail;
-        TS_CHECK_GOTO(ts__view(ld->xb, sn + 1, shape, &ld->xt));
-        TS_CHECK_GOTO(ts__view(ld->yb, 1, &ld->tail, &ld->yt));
-    }
+    TS_CHECK_GOTO(loader_layout(ld, ld->n));
     if (!ld->o.device->host_accessible) {
         ld->hx = ts__malloc(sizeof(float) * (size_t)(B * ds->sample_numel));
         ld->hy = ts__malloc(sizeof(int64_t) * (size_t)B);
@@ -340,15 +367,17 @@ int64_t ts_loader_epoch(const ts_loader *ld) { return ld->epoch; }
 int64_t ts_loader_batch_index(const ts_loader *ld) { return ld->next; }
 
 const int64_t *ts_loader_order(const ts_loader *ld, int64_t *n) {
-    if (n) *n = ld->n;
+    if (n) *n = ld->len;
     return ld->order;
 }
 
 ts_status ts_loader_set_epoch(ts_loader *ld, int64_t epoch, int64_t start_batch) {
     TS_ARG(ld, "ts_loader_set_epoch: NULL loader");
     TS_ARG(epoch >= 0, "ts_loader_set_epoch: negative epoch %lld", (long long)epoch);
-    TS_ARG(start_batch >= 0 && start_batch <= ld->nb, "ts_loader_set_epoch: start batch %lld is out of range [0, %lld]",
-           (long long)start_batch, (long long)ld->nb);
+    int64_t B = ld->o.batch_size, nb = ld->o.drop_last ? ld->n / B : (ld->n + B - 1) / B;
+    TS_ARG(start_batch >= 0 && start_batch <= nb, "ts_loader_set_epoch: start batch %lld is out of range [0, %lld]",
+           (long long)start_batch, (long long)nb);
+    TS_TRY(loader_layout(ld, ld->n)); /* back to the loader's own order after ts_loader_set_indices */
     for (int64_t i = 0; i < ld->n; i++) ld->order[i] = i;
     if (ld->o.shuffle) {
         ts_rng r;
@@ -360,11 +389,40 @@ ts_status ts_loader_set_epoch(ts_loader *ld, int64_t epoch, int64_t start_batch)
     return TS_OK;
 }
 
+ts_status ts_loader_set_indices(ts_loader *ld, const int64_t *idx, int64_t n, int64_t start_batch) {
+    TS_ARG(ld, "ts_loader_set_indices: NULL loader");
+    TS_ARG(n >= 0, "ts_loader_set_indices: negative count %lld", (long long)n);
+    TS_ARG(idx || n == 0, "ts_loader_set_indices: NULL indices");
+    for (int64_t k = 0; k < n; k++)
+        TS_ARG(idx[k] >= 0 && idx[k] < ld->n,
+               "ts_loader_set_indices: index %lld at position %lld is out of range [0, %lld) (dataset size)",
+               (long long)idx[k], (long long)k, (long long)ld->n);
+    int64_t B = ld->o.batch_size, nb = ld->o.drop_last ? n / B : (n + B - 1) / B;
+    TS_ARG(start_batch >= 0 && start_batch <= nb,
+           "ts_loader_set_indices: start batch %lld is out of range [0, %lld] (%lld indices, batch size %lld)",
+           (long long)start_batch, (long long)nb, (long long)n, (long long)B);
+    int64_t *grown = NULL;
+    if (n > ld->cap && !(grown = ts__malloc(sizeof(int64_t) * (size_t)n))) return TS_ERR_NOMEM;
+    ts_status st = loader_layout(ld, n);
+    if (st != TS_OK) {
+        free(grown);
+        return st;
+    }
+    if (grown) {
+        free(ld->order);
+        ld->order = grown;
+        ld->cap = n;
+    }
+    if (n) memcpy(ld->order, idx, sizeof(int64_t) * (size_t)n);
+    ld->next = start_batch;
+    return TS_OK;
+}
+
 ts_status ts_loader_next(ts_loader *ld, ts_tensor **x, ts_tensor **y) {
     TS_ARG(ld && x && y, "ts_loader_next: NULL argument");
     *x = *y = NULL;
     if (ld->next >= ld->nb) return TS_OK;
-    int64_t B = ld->o.batch_size, start = ld->next * B, cnt = TS_MIN(B, ld->n - start);
+    int64_t B = ld->o.batch_size, start = ld->next * B, cnt = TS_MIN(B, ld->len - start);
     ts_tensor *bx = cnt == B ? ld->xb : ld->xt, *by = cnt == B ? ld->yb : ld->yt;
     float *hx = ld->hx ? ld->hx : ts__f32(ld->xb);
     int64_t *hy = ld->hy ? ld->hy : (int64_t *)ts__ptr(ld->yb);
