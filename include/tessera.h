@@ -11,5 +11,7 @@
 #include "tessera/optim.h"
 #include "tessera/data.h"
 #include "tessera/ckpt.h"
+#include "tessera/dist.h"
+#include "tessera/ddp.h"
 
 #endif

@@ -152,9 +152,13 @@ int64_t ts_dist_sampler_len(const ts_dist_sampler *s);
 /* Writes this rank's indices for the current epoch into idx (ts_dist_sampler_len entries). */
 ts_status ts_dist_sampler_indices(ts_dist_sampler *s, int64_t *idx);
 
-/* Balanced: every rank gets indices whose total cost (cost[i] >= 0 per sample)
- * is as equal as possible, with the same count per rank (padding as above);
- * deterministic in (seed, epoch). */
+/* Balanced: every rank gets ceil(n / R) indices whose total cost (cost[i] >= 0
+ * per sample) is as equal as possible: samples sorted by cost (ties in the
+ * seed+epoch shuffle order), padded to a multiple of R with the globally
+ * cheapest samples, and dealt block by block, the j-th most expensive of each
+ * block of R to the j-th least-loaded rank. Guarantee: max rank cost - min rank
+ * cost <= max cost - min cost. Deterministic in (seed, epoch). idx needs room
+ * for ceil(n / R) entries; idx NULL only sets *len. */
 ts_status ts_balanced_sampler_indices(const double *cost, int64_t n, int64_t num_replicas, int64_t rank,
                                       uint64_t seed, int64_t epoch, bool shuffle, int64_t *idx, int64_t *len);
 
