@@ -1,6 +1,8 @@
 /* Autograd engine and the core ops: elementwise, matmul, linear. */
 #include "test_util.h"
 
+#include "autograd/autograd.h"
+
 static ts_status f_add(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_add(in[0], in[1], out); }
 static ts_status f_sub(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_sub(in[0], in[1], out); }
 static ts_status f_mul(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_mul(in[0], in[1], out); }
@@ -203,5 +205,52 @@ static void test_shared_gradient_not_aliased(void) {
     for (size_t i = 0; i < 9; i++) ts_tensor_release(objs[i]);
 }
 
-TU_MAIN(T(test_shared_gradient_not_aliased), T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
+/* An identity op whose backward records that it ran. */
+static int probe_ran;
+static ts_status probe_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    probe_ran = 1;
+    gin[0] = ts_tensor_retain(g);
+    return TS_OK;
+}
+static ts_tensor *probe(ts_tensor *x) {
+    ts_tensor *o = NULL;
+    ts_tensor_clone(x, &o);
+    const ts_tensor *in[1] = {x};
+    ts__node_attach(ts__node_new("probe", probe_backward, 1, in), o);
+    return o;
+}
+static void on_ready_probe(ts_tensor *t, void *user) { *(int *)user = probe_ran ? 2 : 1; }
+
+/* In every iteration (not only the first), a leaf's hook fires as soon as its
+ * gradient is final: w2's before the backward of anything earlier in forward. */
+static void test_hook_fires_early_every_iteration(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 5);
+    ts_tensor *x = tu_rand(&r, 2, (int64_t[]){4, 3}, -1, 1, false);
+    ts_tensor *w1 = tu_rand(&r, 2, (int64_t[]){5, 3}, -1, 1, true);
+    ts_tensor *w2 = tu_rand(&r, 2, (int64_t[]){2, 5}, -1, 1, true);
+    int seen = 0;
+    ts_tensor_add_grad_ready_hook(w2, on_ready_probe, &seen);
+    for (int it = 0; it < 3; it++) {
+        probe_ran = 0;
+        seen = 0;
+        ts_tensor *h1 = NULL, *h2 = NULL, *l = NULL;
+        CHECK_OK(ts_linear(x, w1, NULL, &h1));
+        ts_tensor *p = probe(h1);
+        CHECK_OK(ts_linear(p, w2, NULL, &h2));
+        CHECK_OK(ts_sum(h2, &l));
+        CHECK_OK(ts_backward(l, NULL, false));
+        CHECK(probe_ran == 1);
+        CHECK(seen == 1); /* the hook ran before the probe's backward */
+        ts_tensor *objs[] = {h1, p, h2, l};
+        for (size_t i = 0; i < 4; i++) ts_tensor_release(objs[i]);
+        ts_tensor_zero_grad(w1);
+        ts_tensor_zero_grad(w2);
+    }
+    ts_tensor_release(x);
+    ts_tensor_release(w1);
+    ts_tensor_release(w2);
+}
+
+TU_MAIN(T(test_hook_fires_early_every_iteration), T(test_shared_gradient_not_aliased), T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
         T(test_grad_ready_hook), T(test_graph_lifetime))

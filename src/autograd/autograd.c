@@ -8,6 +8,9 @@
  *      holding the seed gradient. Always run the ready node with the highest
  *      creation sequence number, i.e. reverse order of the forward pass, so
  *      the last layers' gradients are final first (DDP's buckets rely on it).
+ *      Accumulate nodes rank above every op node (bit 63 set on their sequence
+ *      number; ties go to the later-created leaf), so a leaf's hooks fire as soon
+ *      as its gradient is final, in every iteration.
  *   3. A node sums incoming gradients in node->pending; running it calls its
  *      backward and hands each input's gradient to the producer node.
  *   4. An accumulate node (a leaf's) adds its pending gradient to leaf->grad
@@ -82,6 +85,10 @@ static ts_node *leaf_acc_node(ts_tensor *t) {
     if (!t->grad_acc) {
         t->grad_acc = node_alloc("AccumulateGrad", NULL);
         if (!t->grad_acc) return NULL;
+        /* above every op node, as PyTorch's AccumulateGrad (sequence_nr UINT64_MAX): a
+         * leaf's gradient is accumulated and its hooks fire as soon as it is final,
+         * not when the rest of backward is done (DDP overlaps on this) */
+        t->grad_acc->seq |= UINT64_C(1) << 63; /* ties: the later-created leaf first */
         t->grad_acc->leaf = t;
     }
     return t->grad_acc;

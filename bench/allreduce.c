@@ -1,0 +1,194 @@
+/*
+ * bench/allreduce.c — all-reduce bandwidth and latency, nccl-tests style.
+ *
+ * Forks N processes (default 2) that join a process group through env://
+ * on 127.0.0.1 and a free port, then times in-place f32 sum all-reduces
+ * from 8 B to 256 MiB (powers of two, or --step 4): warm-up, then repeated
+ * calls for about --time seconds per size. Prints, from rank 0,
+ *     size  count  time(us)  algbw(GB/s)  busbw(GB/s)
+ * with algbw = bytes / time and busbw = algbw * 2(n-1)/n (the bandwidth each
+ * link sustains in a ring; comparable across world sizes), or a JSON array
+ * with --json. Each size is first checked once for exact results.
+ *
+ *   bench_allreduce [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4]
+ *                   [--time S] [--transport shm|tcp] [--json]
+ */
+#include "tessera.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct bench_opts {
+    int nprocs;
+    size_t min_bytes, max_bytes;
+    int step;
+    double time_s;
+    bool json;
+} bench_opts;
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static size_t parse_bytes(const char *s) {
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end && (*end == 'k' || *end == 'K')) v *= 1024;
+    else if (end && (*end == 'm' || *end == 'M')) v *= 1024 * 1024;
+    else if (end && (*end == 'g' || *end == 'G')) v *= 1024.0 * 1024 * 1024;
+    return (size_t)v;
+}
+
+static int run_rank(const bench_opts *o, int rank) {
+    ts_pg_options po = TS_PG_OPTIONS_INIT;
+    po.init_method = "env://";
+    po.timeout_s = 120;
+    ts_process_group *pg = NULL;
+    if (ts_pg_new(&po, &pg) != TS_OK) {
+        fprintf(stderr, "rank %d: ts_pg_new: %s\n", rank, ts_last_error());
+        return 1;
+    }
+    int n = ts_pg_size(pg);
+    size_t maxcount = (o->max_bytes + 3) / 4;
+    float *buf = aligned_alloc(64, ((maxcount * 4 + 63) / 64) * 64 + 64);
+    if (!buf) return 1;
+    memset(buf, 0, maxcount * 4);
+    int rc = 0;
+    bool first = true;
+    if (rank == 0) {
+        if (o->json) printf("[\n");
+        else
+            printf("# all_reduce f32 sum, %d processes, backend %s\n# %12s %12s %12s %12s %12s\n", n,
+                   ts_pg_backend_name(pg), "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+    }
+    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= (size_t)o->step) {
+        size_t count = bytes / 4;
+        if (count == 0) continue;
+        /* exact check: every element sums to n(n+1)/2 */
+        for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + 1);
+        if (ts_all_reduce_buffer(pg, buf, count, TS_F32, TS_REDUCE_SUM, NULL) != TS_OK) {
+            fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
+            rc = 1;
+            break;
+        }
+        for (size_t i = 0; i < count; i++)
+            if (buf[i] != (float)(n * (n + 1) / 2)) {
+                fprintf(stderr, "rank %d: wrong result at %zu of %zu: %g\n", rank, i, count, (double)buf[i]);
+                rc = 1;
+                break;
+            }
+        memset(buf, 0, count * 4);
+        /* warm up, then pick an iteration count that takes about time_s (all ranks agree: rank 0 decides) */
+        double t0 = ts_time_now();
+        int warm = bytes <= (1u << 20) ? 50 : 3; /* the same on every rank: collectives must match */
+        for (int it = 0; it < warm; it++) ts_all_reduce_buffer(pg, buf, count, TS_F32, TS_REDUCE_SUM, NULL);
+        float iters_f = (float)(o->time_s / ((ts_time_now() - t0) / warm));
+        iters_f = iters_f < 3 ? 3 : iters_f > 100000 ? 100000 : iters_f;
+        ts_all_reduce_buffer(pg, &iters_f, 1, TS_F32, TS_REDUCE_MAX, NULL);
+        int iters = (int)iters_f;
+        ts_barrier(pg, NULL);
+        t0 = ts_time_now();
+        for (int it = 0; it < iters; it++)
+            if (ts_all_reduce_buffer(pg, buf, count, TS_F32, TS_REDUCE_SUM, NULL) != TS_OK) {
+                fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
+                rc = 1;
+                break;
+            }
+        double dt = (ts_time_now() - t0) / iters;
+        if (rc) break;
+        double algbw = (double)(count * 4) / dt / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
+        if (rank == 0) {
+            if (o->json)
+                printf("%s  {\"bytes\": %zu, \"count\": %zu, \"nprocs\": %d, \"iters\": %d, \"time_us\": %.3f, "
+                       "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f}",
+                       first ? "" : ",\n", count * 4, count, n, iters, dt * 1e6, algbw, busbw);
+            else
+                printf("  %12zu %12zu %12.2f %12.3f %12.3f\n", count * 4, count, dt * 1e6, algbw, busbw);
+            fflush(stdout);
+        }
+        first = false;
+    }
+    if (rank == 0 && o->json) printf("\n]\n");
+    fflush(stdout);
+    free(buf);
+    ts_pg_free(pg);
+    return rc;
+}
+
+static int bench_main(int argc, char **argv) {
+    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0) o.json = true;
+        else if ((strcmp(a, "-n") == 0 || strcmp(a, "--nprocs") == 0) && v) o.nprocs = atoi(argv[++i]);
+        else if (strcmp(a, "--min-bytes") == 0 && v) o.min_bytes = parse_bytes(argv[++i]);
+        else if (strcmp(a, "--max-bytes") == 0 && v) o.max_bytes = parse_bytes(argv[++i]);
+        else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
+        else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
+        else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
+        else {
+            fprintf(stderr,
+                    "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
+                    "[--json]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (o.nprocs < 1 || o.nprocs > 256 || o.step < 2 || o.min_bytes < 1 || o.max_bytes < o.min_bytes) {
+        fprintf(stderr, "bad arguments\n");
+        return 2;
+    }
+    int port = free_port();
+    if (port <= 0) {
+        fprintf(stderr, "no free port\n");
+        return 1;
+    }
+    char buf[32];
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    snprintf(buf, sizeof buf, "%d", port);
+    setenv("MASTER_PORT", buf, 1);
+    snprintf(buf, sizeof buf, "%d", o.nprocs);
+    setenv("WORLD_SIZE", buf, 1);
+    setenv("LOCAL_WORLD_SIZE", buf, 1);
+    fflush(NULL);
+    pid_t pids[256];
+    for (int r = 0; r < o.nprocs; r++) {
+        pids[r] = fork();
+        if (pids[r] < 0) {
+            perror("fork");
+            return 1;
+        }
+        if (pids[r] == 0) {
+            snprintf(buf, sizeof buf, "%d", r);
+            setenv("RANK", buf, 1);
+            setenv("LOCAL_RANK", buf, 1);
+            _exit(run_rank(&o, r));
+        }
+    }
+    int rc = 0;
+    for (int r = 0; r < o.nprocs; r++) {
+        int st = 0;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
+    }
+    return rc;
+}
+
+int main(int argc, char **argv) { return bench_main(argc, argv); }

@@ -1,0 +1,77 @@
+/*
+ * dist/builtin/transport.h — one connection to one peer (internal).
+ *
+ * The built-in backend picks a transport per pair of peers (NCCL's habit):
+ * shared memory (shm.c) between ranks on the same host, TCP (tcp.c)
+ * otherwise or when TS_DIST_TRANSPORT=tcp. Both are byte streams in each
+ * direction with non-blocking primitives; the algorithms (builtin.c) are
+ * written once over this table and drive several links at the same time, so
+ * a ring step sends to the next rank while it receives from the previous one.
+ *
+ * Non-blocking primitives return the number of bytes moved (0: would block) or
+ * a negative ts_status with the error message set (TS_ERR_REMOTE naming the
+ * peer rank when it is gone, closed its end or aborted).
+ */
+#ifndef TS_DIST_BUILTIN_TRANSPORT_H
+#define TS_DIST_BUILTIN_TRANSPORT_H
+
+#include "core/internal.h"
+#include "tessera/dist.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* What a receive does with the incoming bytes. COPY moves bytes; the others
+ * combine f32 elements into the destination: dst[i] = op(dst[i], in[i]), then
+ * dst[i] *= scale when scale != 1 (the last step of an average). Reducing
+ * receives only consume whole 4-byte elements. */
+typedef enum ts__rop { TS__ROP_COPY = 0, TS__ROP_SUM, TS__ROP_MAX, TS__ROP_MIN } ts__rop;
+
+typedef struct ts__link ts__link;
+typedef struct ts__link_vt {
+    const char *name; /* "shm", "tcp" */
+    long (*try_send)(ts__link *l, const void *buf, size_t n);
+    long (*try_recv)(ts__link *l, void *dst, size_t n, ts__rop op, float scale);
+    /* Called while waiting: TS_OK, or TS_ERR_REMOTE if the peer is gone or closed its end. */
+    ts_status (*check)(ts__link *l);
+    /* Marks this end closed with a reason peers can read (any thread). */
+    void (*close)(ts__link *l, const char *reason);
+    void (*destroy)(ts__link *l);
+} ts__link_vt;
+
+struct ts__link {
+    const ts__link_vt *vt;
+    int peer; /* the peer's rank */
+    int fd;   /* a socket to poll() while idle, or -1 (shared memory: spin/yield) */
+};
+
+/* dst[i] = op(dst[i], src[i]) (then *scale when scale != 1) over n f32
+ * elements; src may be unaligned (it often points into a ring buffer). */
+void ts__reduce_f32(float *dst, const void *src, size_t n, ts__rop op, float scale);
+
+/* ---- shared memory (shm.c) ---------------------------------------------------------------- */
+/* A segment holds this rank's incoming rings, one per same-host peer; peers
+ * map it and write into their ring. */
+typedef struct ts__shm_seg ts__shm_seg;
+/* Creates (and maps) this rank's segment with rings of ring_bytes for world
+ * peers; *name receives its shm name (static storage inside the segment object). */
+ts_status ts__shm_seg_create(int rank, int world, size_t ring_bytes, ts__shm_seg **out, const char **name);
+/* Maps a peer's segment by name. */
+ts_status ts__shm_seg_open(const char *name, int owner_rank, ts__shm_seg **out);
+void ts__shm_seg_unlink(ts__shm_seg *s); /* removes the name (once every peer has mapped it) */
+void ts__shm_seg_release(ts__shm_seg *s); /* unmaps; the last link using it also releases */
+/* A link to peer: receives from mine (slot peer), sends into theirs (slot rank). Retains both segments. */
+ts_status ts__shm_link_new(ts__shm_seg *mine, ts__shm_seg *theirs, int rank, int peer, ts__link **out);
+
+/* ---- TCP (tcp.c) -------------------------------------------------------------------------- */
+/* Listens on all interfaces on a free port; *addr gets "ip:port" to publish. */
+ts_status ts__tcp_listen(int *fd, char *addr, size_t addr_len);
+/* Connects to a peer's "ip:port" and introduces this rank. */
+ts_status ts__tcp_connect(const char *addr, int rank, int peer, double deadline, ts__link **out);
+/* Accepts one connection; *peer gets the rank that introduced itself. */
+ts_status ts__tcp_accept(int listen_fd, int world, double deadline, ts__link **out);
+
+/* Is the process alive (not gone, not a zombie)? */
+bool ts__pid_alive(int pid);
+
+#endif /* TS_DIST_BUILTIN_TRANSPORT_H */

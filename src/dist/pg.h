@@ -1,0 +1,19 @@
+/*
+ * dist/pg.h — process-group internals shared with other parts of src/dist
+ * and src/parallel (not installed).
+ */
+#ifndef TS_DIST_PG_H
+#define TS_DIST_PG_H
+
+#include "dist/backend.h"
+
+/* Aborts the group with a status other than TS_ERR_STATE: later calls fail
+ * with `status` and "process group '<name>' was aborted: <reason>". The first
+ * abort wins; later ones are ignored. Any thread. */
+void ts__pg_abort_status(ts_process_group *pg, ts_status status, const char *reason);
+/* The group's name ("default" unless given). Borrowed. */
+const char *ts__pg_name(const ts_process_group *pg);
+/* Has the group been aborted? */
+bool ts__pg_aborted(const ts_process_group *pg);
+
+#endif /* TS_DIST_PG_H */

@@ -1,0 +1,40 @@
+/*
+ * dist/rendezvous.h — how a process group finds its peers: reading the launch
+ * environment (env.c) and the store-based join (rendezvous.c).
+ * Not installed; not part of the public API.
+ *
+ * Keys the join leaves in the returned store (already under "<group>/"):
+ *     rank/<r>/host     rank r's host name (gethostname)
+ *     rank/<r>/joined   "1" (a second join with the same rank is an error)
+ *     joined            the number of ranks that arrived
+ *     world_size        rank 0's world size (others compare theirs)
+ *     all_joined        set by the last rank to arrive
+ */
+#ifndef TS_DIST_RENDEZVOUS_H
+#define TS_DIST_RENDEZVOUS_H
+
+#include "dist/store.h"
+
+/* Flags for ts__dist_env_read. */
+#define TS__ENV_NEED_RANK 1u   /* no rank variable at all is an error (else rank/world_size = -1) */
+#define TS__ENV_NEED_MASTER 2u /* MASTER_ADDR unset is an error (else master_addr = "") */
+
+/* ts_dist_env_read with a choice of what is required. Fields the environment does
+ * not give are -1 (local_rank, local_world_size; rank/world_size without
+ * TS__ENV_NEED_RANK), master_port 0, source "none". Malformed values are always errors. */
+ts_status ts__dist_env_read(ts_dist_env *out, unsigned flags);
+
+/* Validates opts (NULL: TS_PG_OPTIONS_INIT), resolves the timeout (opts->timeout_s > 0,
+ * else TS_DIST_TIMEOUT, else TS_DIST_DEFAULT_TIMEOUT_S), builds the store (opts->store
+ * retained, else from init_method: "env://" (default), "tcp://host:port",
+ * "file:///path"), wraps it in a prefix store "<group_name or default>" whose timeout
+ * is the resolved one, and joins: blocks until all world_size ranks arrived
+ * (TS_ERR_TIMEOUT saying how many of how many arrived and which ranks are missing).
+ * local_rank/local_world_size come from opts, else the environment, else the ranks'
+ * host names. On success *store is a new reference (the caller releases it); on
+ * failure nothing is left allocated. Rank 0 of a TCP rendezvous hosts the server:
+ * its store must outlive the other ranks' use of theirs. */
+ts_status ts__rendezvous(const ts_pg_options *opts, ts_store **store, int *rank, int *world_size, int *local_rank,
+                         int *local_world_size, double *timeout_s);
+
+#endif /* TS_DIST_RENDEZVOUS_H */
