@@ -38,7 +38,7 @@ def run(rank, nproc, max_bytes, port):
             algbw = nbytes / dt / 1e9
             print(json.dumps({"impl": "gloo", "bytes": nbytes, "time_us": dt * 1e6, "algbw": algbw,
                               "busbw": algbw * 2 * (nproc - 1) / nproc}), flush=True)
-        nbytes *= 4
+        nbytes *= 2
     dist.destroy_process_group()
 
 

@@ -7,6 +7,8 @@
 
 int ts_cmd_train(int argc, char **argv);
 int ts_cmd_bench(int argc, char **argv);
+/* `tessera bench allreduce`: argv[0] is "allreduce". */
+int ts_bench_allreduce(int argc, char **argv);
 int ts_cmd_run(int argc, char **argv);
 
 #endif

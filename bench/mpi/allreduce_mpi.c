@@ -17,7 +17,7 @@ int main(int argc, char **argv) {
     long max_bytes = argc > 1 ? atol(argv[1]) : 256L << 20;
     float *buf = malloc((size_t)max_bytes);
     for (long i = 0; i < max_bytes / 4; i++) buf[i] = 1.0f;
-    for (long nbytes = 8; nbytes <= max_bytes; nbytes *= 4) {
+    for (long nbytes = 8; nbytes <= max_bytes; nbytes *= 2) {
         int n = iters_for(nbytes), count = (int)(nbytes / 4);
         for (int i = 0; i < n / 10 + 2; i++) MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);

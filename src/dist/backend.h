@@ -52,5 +52,8 @@ typedef struct ts__backend_ops {
 /* The backends built into this library. An MPI backend adds itself here and
  * in pg.c's table under #ifdef TS_HAVE_MPI. */
 extern const ts__backend_ops ts__builtin_backend;
+#ifdef TS_HAVE_MPI
+extern const ts__backend_ops ts__mpi_backend;
+#endif
 
 #endif /* TS_DIST_BACKEND_H */

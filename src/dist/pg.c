@@ -218,7 +218,7 @@ static void execute(ts_process_group *pg, ts_work *w) {
         default: st = ts_error(TS_ERR_INTERNAL, "bad work kind %d", (int)w->kind); break;
         }
         if (st != TS_OK) {
-            if (atomic_load(&pg->aborted) && st == TS_ERR_STATE) {
+            if (atomic_load(&pg->aborted)) { /* a consequence of the abort (e.g. our own closed socket) */
                 st = aborted_error(pg, wnames[w->kind]);
             } else {
                 /* Ranks are out of step now: abort so that every later call fails fast. */

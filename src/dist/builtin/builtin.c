@@ -30,8 +30,8 @@
  * forwarding chains of broadcast/reduce (L = 0) and the rings (L = 1) stream
  * at segment granularity with no bubble between steps. GATE_RX_BY_TX is the
  * converse (receive-reduce into bytes already sent), used by recursive
- * doubling to combine in place. Waiting spins TS_DIST_SPIN (default 4000)
- * iterations (tens of microseconds: latency matters while a collective is in
+ * doubling to combine in place. Waiting spins TS_DIST_SPIN (default 300)
+ * iterations (~10 us: latency matters while a collective is in
  * flight), then polls the sockets (TCP) or yields the core for up to 2 ms
  * (ranks sharing cores, e.g. 8 thread ranks on 2 cores), then sleeps 50 us
  * at a time; it checks the abort flag, the
@@ -628,7 +628,7 @@ static ts_status bi_init(const ts__backend_ctx *ctx, void **state) {
     b->timeout_s = ctx->timeout_s;
     b->aborted = ctx->aborted;
     b->ring_threshold = env_bytes("TS_DIST_RING_THRESHOLD", 256u << 10);
-    b->spin_limit = (unsigned)env_bytes("TS_DIST_SPIN", 4000);
+    b->spin_limit = (unsigned)env_bytes("TS_DIST_SPIN", 300);
     b->peers = ts__calloc((size_t)b->world, sizeof *b->peers);
     b->tx_steps = ts__calloc((size_t)b->world * 2, sizeof(step));
     b->rx_steps = ts__calloc((size_t)b->world * 2, sizeof(step));

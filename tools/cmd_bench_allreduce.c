@@ -1,5 +1,7 @@
 /*
- * bench/allreduce.c — all-reduce bandwidth and latency, nccl-tests style.
+ * tools/cmd_bench_allreduce.c — `tessera bench allreduce`: all-reduce
+ * bandwidth and latency, nccl-tests style (bench/allreduce_vs.sh puts
+ * PyTorch's gloo and OpenMPI beside it).
  *
  * Forks N processes (default 2) that join a process group through env://
  * on 127.0.0.1 and a free port, then times in-place f32 sum all-reduces
@@ -10,9 +12,10 @@
  * link sustains in a ring; comparable across world sizes), or a JSON array
  * with --json. Each size is first checked once for exact results.
  *
- *   bench_allreduce [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4]
+ *   tessera bench allreduce [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4]
  *                   [--time S] [--transport shm|tcp] [--json]
  */
+#include "commands.h"
 #include "tessera.h"
 
 #include <arpa/inet.h>
@@ -132,7 +135,7 @@ static int run_rank(const bench_opts *o, int rank) {
     return rc;
 }
 
-static int bench_main(int argc, char **argv) {
+int ts_bench_allreduce(int argc, char **argv) {
     bench_opts o = {2, 8, 256u << 20, 2, 0.2, false};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -144,11 +147,13 @@ static int bench_main(int argc, char **argv) {
         else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
         else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
         else {
-            fprintf(stderr,
+            FILE *f = strcmp(a, "--help") == 0 ? stdout : stderr;
+            if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", a);
+            fprintf(f,
                     "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
                     "[--json]\n",
-                    argv[0]);
-            return 2;
+                    "tessera bench allreduce");
+            return f == stdout ? 0 : 2;
         }
     }
     if (o.nprocs < 1 || o.nprocs > 256 || o.step < 2 || o.min_bytes < 1 || o.max_bytes < o.min_bytes) {
@@ -191,4 +196,3 @@ static int bench_main(int argc, char **argv) {
     return rc;
 }
 
-int main(int argc, char **argv) { return bench_main(argc, argv); }
