@@ -70,5 +70,20 @@ cp "$T/b.ckpt" "$T/bad.ckpt"
 printf '\xff\xff\xff\xff' | dd of="$T/bad.ckpt" bs=1 seek=5000 conv=notrunc 2>/dev/null
 expect_exit 2 "checksum" "$TS" train "${common[@]}" --resume "$T/bad.ckpt"
 
+# two DDP processes through the built-in launcher: rank-prefixed output, rank 0 checkpoints,
+# every rank resumes; a 2-process checkpoint is refused by a 1-process run
+dd=(--model mlp --batch-size 32 --seed 3 --quiet --nproc 2 --timeout 60)
+if "$TS" train "${dd[@]}" --max-steps 6 --checkpoint "$T/d1.ckpt" > "$T/d1.log" 2>&1; then ok "train --nproc 2"; else bad "train --nproc 2: $(cat "$T/d1.log")"; fi
+grep -q "\[rank 0\] training mlp.*2 ranks (DDP)" "$T/d1.log" && ok "ranks announced" || bad "no DDP banner: $(cat "$T/d1.log")"
+grep -q "\[rank 1\] .*test accuracy" "$T/d1.log" && bad "rank 1 evaluated" || ok "only rank 0 evaluates"
+[ -f "$T/d1.ckpt" ] && ok "rank 0 wrote the checkpoint" || bad "no checkpoint from --nproc 2"
+if "$TS" train "${dd[@]}" --max-steps 10 --resume "$T/d1.ckpt" --checkpoint "$T/d2.ckpt" > "$T/d2.log" 2>&1; then
+  ok "resume --nproc 2"
+else
+  bad "resume --nproc 2: $(cat "$T/d2.log")"
+fi
+if "$TS" ckpt show "$T/d2.ckpt" | grep -q "train.step *int64 *10$"; then ok "resumed to step 10"; else bad "step after resume: $("$TS" ckpt show "$T/d2.ckpt" | head -8)"; fi
+expect_exit 2 "written by 2 processes" "$TS" train --model mlp --batch-size 32 --resume "$T/d1.ckpt"
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -60,10 +60,10 @@ static int bench_train(int argc, char **argv) {
     ts_module_train(model, true);
     float loss = 0;
     for (int64_t i = 0; i < warmup; i++)
-        if (train_step(model, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
+        if (train_step(model, NULL, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
     double t0 = ts_time_now();
     for (int64_t i = 0; i < steps; i++)
-        if (train_step(model, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
+        if (train_step(model, NULL, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
     double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
     if (json)
         printf("{\"framework\": \"tessera\", \"model\": \"%s\", \"threads\": %d, \"batch_size\": %lld, \"steps\": %lld, "

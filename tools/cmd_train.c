@@ -11,8 +11,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define TRY_GOTO(expr)              \
     do {                            \
@@ -23,8 +25,8 @@
 typedef struct train_args {
     const char *data, *model, *optimizer, *schedule;
     const char *checkpoint, *resume, *metrics_json;
-    int64_t epochs, max_steps, batch_size, seed, threads;
-    double lr, momentum, weight_decay, label_smoothing;
+    int64_t epochs, max_steps, batch_size, seed, threads, nproc;
+    double lr, momentum, weight_decay, label_smoothing, timeout;
     bool quiet;
 } train_args;
 
@@ -38,9 +40,11 @@ typedef struct train_args {
 #define CK_OPTIM "train.optimizer"
 #define CK_RNG "train.rng"
 #define CK_LOSS "train.loss"
+#define CK_WORLD "train.world_size"
 
 static ts_status save_checkpoint(const char *path, ts_module *model, ts_optimizer *opt, const train_args *a,
-                                 int64_t epoch, int64_t batch, int64_t step, const ts_rng *rng, double loss) {
+                                 int64_t epoch, int64_t batch, int64_t step, const ts_rng *rng, double loss,
+                                 int world) {
     ts_status st;
     ts_ckpt *ck = ts_ckpt_new();
     ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
@@ -55,6 +59,7 @@ static ts_status save_checkpoint(const char *path, ts_module *model, ts_optimize
     TRY_GOTO(ts_ckpt_set_i64(ck, CK_SEED, a->seed));
     TRY_GOTO(ts_ckpt_set_i64(ck, CK_BATCH_SIZE, a->batch_size));
     TRY_GOTO(ts_ckpt_set_f64(ck, CK_LOSS, loss));
+    TRY_GOTO(ts_ckpt_set_i64(ck, CK_WORLD, world));
     TRY_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, a->model, strlen(a->model)));
     TRY_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, a->optimizer, strlen(a->optimizer)));
     TRY_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, rng, sizeof *rng));
@@ -82,6 +87,32 @@ static int check_same(const ts_ckpt *ck, const char *key, const char *want, cons
     return 0;
 }
 
+/* `tessera train --nproc N` outside a launcher: run N copies of this command
+ * through `tessera run`, which sets RANK, WORLD_SIZE, MASTER_ADDR, ... */
+static int relaunch(int argc, char **argv, int64_t nproc) {
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) {
+        fprintf(stderr, "tessera train: cannot find the tessera executable: %s\n", strerror(errno));
+        return 1;
+    }
+    exe[n] = '\0';
+    char nbuf[32];
+    snprintf(nbuf, sizeof nbuf, "%lld", (long long)nproc);
+    char **rargv = calloc((size_t)argc + 6, sizeof *rargv);
+    if (!rargv) return 1;
+    int k = 0;
+    rargv[k++] = "run";
+    rargv[k++] = "-n";
+    rargv[k++] = nbuf;
+    rargv[k++] = "--";
+    rargv[k++] = exe;
+    for (int i = 0; i < argc; i++) rargv[k++] = argv[i]; /* "train" and its flags */
+    int rc = ts_cmd_run(k, rargv);
+    free(rargv);
+    return rc;
+}
+
 static const char *basename_of(const char *p) {
     const char *s = strrchr(p, '/');
     return s ? s + 1 : p;
@@ -102,6 +133,8 @@ int ts_cmd_train(int argc, char **argv) {
         .momentum = 0.9,
         .weight_decay = 5e-4,
         .label_smoothing = 0.0,
+        .nproc = 1,
+        .timeout = 0.0,
     };
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]", 1, 0},
@@ -121,6 +154,8 @@ int ts_cmd_train(int argc, char **argv) {
         {"resume", CLI_STRING, &a.resume, "continue the run saved in this checkpoint", 1, 0},
         {"metrics-json", CLI_STRING, &a.metrics_json, "write final metrics to this JSON file", 1, 0},
         {"quiet", CLI_BOOL, &a.quiet, "no progress bar", 1, 0},
+        {"nproc", CLI_INT, &a.nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
+        {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
     };
     const cli_command cmd = {
         "train", "tessera train [flags]",
@@ -140,7 +175,30 @@ int ts_cmd_train(int argc, char **argv) {
     struct stat sb;
     if (stat(a.data, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return cli_usage_error(&cmd, "--data %s: %s", a.data, stat(a.data, &sb) != 0 ? strerror(errno) : "not a directory");
-    if (a.threads > 0) ts_set_num_threads((int)a.threads);
+    /* distributed: WORLD_SIZE set by a launcher (tessera run, torchrun, mpirun via env) */
+    const char *ws_env = getenv("WORLD_SIZE");
+    if (a.nproc > 1 && !ws_env) return relaunch(argc, argv, a.nproc);
+    bool distributed = ws_env && atoi(ws_env) > 1;
+    if (a.threads > 0) {
+        ts_set_num_threads((int)a.threads);
+    } else if (distributed) { /* share the cores between the local ranks */
+        const char *lws = getenv("LOCAL_WORLD_SIZE");
+        long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws ? atol(lws) : 1;
+        ts_set_num_threads((int)(local > 0 && cores / local > 0 ? cores / local : 1));
+    }
+    ts_process_group *pg = NULL;
+    int rank = 0, world = 1;
+    if (distributed) {
+        ts_pg_options po = TS_PG_OPTIONS_INIT;
+        po.timeout_s = a.timeout;
+        if (ts_pg_new(&po, &pg) != TS_OK) {
+            fprintf(stderr, "tessera train: joining the process group: %s\n", ts_last_error());
+            return 1;
+        }
+        rank = ts_pg_rank(pg);
+        world = ts_pg_size(pg);
+    }
+    const bool leader = rank == 0;
 
     /* resume: read the checkpoint first so its seed decides the data order */
     ts_ckpt *ck = NULL;
@@ -148,12 +206,14 @@ int ts_cmd_train(int argc, char **argv) {
     if (a.resume) {
         if (ts_ckpt_load(a.resume, &ck) != TS_OK) {
             fprintf(stderr, "tessera train: --resume: %s\n", ts_last_error());
+            ts_pg_free(pg);
             return CLI_EXIT_USAGE;
         }
         int64_t seed = 0, bs = 0;
         if ((rc = check_same(ck, CK_MODEL, a.model, "--model", a.resume)) ||
             (rc = check_same(ck, CK_OPTIM, a.optimizer, "--optimizer", a.resume))) {
             ts_ckpt_free(ck);
+            ts_pg_free(pg);
             return rc;
         }
         if (ts_ckpt_get_i64(ck, CK_EPOCH, &start_epoch) != TS_OK || ts_ckpt_get_i64(ck, CK_BATCH, &start_batch) != TS_OK ||
@@ -161,12 +221,23 @@ int ts_cmd_train(int argc, char **argv) {
             ts_ckpt_get_i64(ck, CK_BATCH_SIZE, &bs) != TS_OK) {
             fprintf(stderr, "tessera train: --resume %s: missing training state: %s\n", a.resume, ts_last_error());
             ts_ckpt_free(ck);
+            ts_pg_free(pg);
             return CLI_EXIT_USAGE;
         }
         if (bs != a.batch_size) {
             fprintf(stderr, "tessera train: --resume %s was written with --batch-size %lld, this run has %lld\n",
                     a.resume, (long long)bs, (long long)a.batch_size);
             ts_ckpt_free(ck);
+            ts_pg_free(pg);
+            return CLI_EXIT_USAGE;
+        }
+        int64_t ck_world = 1;
+        ts_ckpt_get_i64(ck, CK_WORLD, &ck_world); /* absent in single-process checkpoints */
+        if (ck_world != world) {
+            fprintf(stderr, "tessera train: --resume %s was written by %lld processes, this run has %d\n", a.resume,
+                    (long long)ck_world, world);
+            ts_ckpt_free(ck);
+            ts_pg_free(pg);
             return CLI_EXIT_USAGE;
         }
         a.seed = seed;
@@ -178,6 +249,9 @@ int ts_cmd_train(int argc, char **argv) {
     ts_loader *loader = NULL;
     ts_module *model = NULL;
     ts_optimizer *opt = NULL;
+    ts_ddp *ddp = NULL;
+    ts_dist_sampler sampler;
+    int64_t *rank_idx = NULL, rank_len = 0;
     ts_tensor_list params = TS_TENSOR_LIST_INIT, sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
     ts_rng rng;
     ts_rng_seed(&rng, (uint64_t)a.seed);
@@ -192,6 +266,17 @@ int ts_cmd_train(int argc, char **argv) {
     lo.seed = (uint64_t)a.seed;
     if ((st = ts_loader_new(train, &lo, &loader)) != TS_OK) goto fail;
     int64_t nbatches = ts_loader_num_batches(loader);
+    if (distributed) { /* each rank iterates its DistributedSampler share */
+        if ((st = ts_dist_sampler_init(&sampler, ts_dataset_size(train), world, rank, true, (uint64_t)a.seed, false)) !=
+            TS_OK)
+            goto fail;
+        rank_len = ts_dist_sampler_len(&sampler);
+        if (!(rank_idx = malloc(sizeof *rank_idx * (size_t)(rank_len ? rank_len : 1)))) {
+            st = ts_error(TS_ERR_NOMEM, "out of memory for %lld sample indices", (long long)rank_len);
+            goto fail;
+        }
+        nbatches = (rank_len + a.batch_size - 1) / a.batch_size;
+    }
 
     if ((st = ts_model_by_name(a.model, &rng, &model)) != TS_OK) goto fail;
     if ((st = ts_module_parameters(model, &params)) != TS_OK) goto fail;
@@ -225,13 +310,19 @@ int ts_cmd_train(int argc, char **argv) {
             goto done;
         }
         if (ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn) == TS_OK && rn == sizeof rng) memcpy(&rng, rb, sizeof rng);
-        printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", a.resume, (long long)start_epoch + 1,
+        if (leader)
+            printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", a.resume, (long long)start_epoch + 1,
                (long long)start_batch, (long long)step);
     }
 
-    printf("training %s on %s: %lld images, %lld batches of %lld per epoch, %lld parameters, %d threads\n", a.model,
-           a.data, (long long)ts_dataset_size(train), (long long)nbatches, (long long)a.batch_size,
-           (long long)ts_module_num_parameters(model), ts_get_num_threads());
+    if (distributed && (st = ts_ddp_new(model, pg, NULL, &ddp)) != TS_OK) goto fail;
+    if (leader) {
+        printf("training %s on %s: %lld images, %lld batches of %lld per epoch", a.model, a.data,
+               (long long)ts_dataset_size(train), (long long)nbatches, (long long)a.batch_size);
+        if (distributed) printf(" per rank, %d ranks (DDP)", world);
+        printf(", %lld parameters, %d threads%s\n", (long long)ts_module_num_parameters(model), ts_get_num_threads(),
+               distributed ? " per rank" : "");
+    }
     fflush(stdout);
 
     cli_progress bar;
@@ -240,7 +331,15 @@ int ts_cmd_train(int argc, char **argv) {
     int64_t images = 0, epochs_done = start_epoch;
     bool stopped = false;
     for (int64_t epoch = start_epoch; epoch < a.epochs && !stopped; epoch++) {
-        if ((st = ts_loader_set_epoch(loader, epoch, epoch == start_epoch ? start_batch : 0)) != TS_OK) goto fail;
+        int64_t first = epoch == start_epoch ? start_batch : 0;
+        if (distributed) {
+            ts_dist_sampler_set_epoch(&sampler, epoch);
+            if ((st = ts_dist_sampler_indices(&sampler, rank_idx)) != TS_OK ||
+                (st = ts_loader_set_indices(loader, rank_idx, rank_len, first)) != TS_OK)
+                goto fail;
+        } else if ((st = ts_loader_set_epoch(loader, epoch, first)) != TS_OK) {
+            goto fail;
+        }
         ts_module_train(model, true);
         double t0 = ts_time_now(), loss_sum = 0;
         int64_t epoch_images = 0, epoch_steps = 0;
@@ -257,10 +356,10 @@ int ts_cmd_train(int argc, char **argv) {
             double lr = ts_lr_schedule_at(&sched, step);
             ts_optimizer_set_lr(opt, (float)lr);
             float loss;
-            if ((st = train_step(model, opt, x, y, (float)a.label_smoothing, &loss)) != TS_OK) goto fail;
+            if ((st = train_step(model, ddp, opt, x, y, (float)a.label_smoothing, &loss)) != TS_OK) goto fail;
             step++;
             epoch_steps++;
-            epoch_images += ts_tensor_dim(x, 0);
+            epoch_images += ts_tensor_dim(x, 0) * world; /* every rank ran a batch like this one */
             loss_sum += loss;
             last_loss = loss;
             if (!isfinite(loss)) {
@@ -268,7 +367,7 @@ int ts_cmd_train(int argc, char **argv) {
                         (long long)step, (long long)epoch + 1);
                 goto done;
             }
-            if (!a.quiet) {
+            if (!a.quiet && leader) {
                 char suffix[128];
                 double dt = ts_time_now() - t0;
                 snprintf(suffix, sizeof suffix, "loss %.4f  %.0f img/s  lr %.4g", loss_sum / (double)epoch_steps,
@@ -279,7 +378,7 @@ int ts_cmd_train(int argc, char **argv) {
         double dt = ts_time_now() - t0;
         train_seconds += dt;
         images += epoch_images;
-        if (!a.quiet && epoch_steps > 0) {
+        if (!a.quiet && leader && epoch_steps > 0) {
             char suffix[128];
             snprintf(suffix, sizeof suffix, "loss %.4f  %.0f img/s", loss_sum / (double)epoch_steps,
                      dt > 0 ? (double)epoch_images / dt : 0.0);
@@ -287,13 +386,14 @@ int ts_cmd_train(int argc, char **argv) {
         }
         int64_t next_epoch = stopped ? epoch : epoch + 1, next_batch = stopped ? ts_loader_batch_index(loader) : 0;
         epochs_done = stopped ? epoch : epoch + 1;
+        if (!leader) continue; /* rank 0 evaluates and checkpoints; the others go on */
         if ((st = evaluate(model, test, 1000, &test_acc)) != TS_OK) goto fail;
         printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%% (%lld images), %.1f s, %.0f images/s\n",
                (long long)epoch + 1, (long long)a.epochs, epoch_steps ? loss_sum / (double)epoch_steps : NAN,
                100.0 * test_acc, (long long)ts_dataset_size(test), dt, dt > 0 ? (double)epoch_images / dt : 0.0);
         if (a.checkpoint) {
-            if ((st = save_checkpoint(a.checkpoint, model, opt, &a, next_epoch, next_batch, step, &rng, last_loss)) !=
-                TS_OK) {
+            if ((st = save_checkpoint(a.checkpoint, model, opt, &a, next_epoch, next_batch, step, &rng, last_loss,
+                                      world)) != TS_OK) {
                 fprintf(stderr, "tessera train: saving checkpoint: %s\n", ts_last_error());
                 goto done;
             }
@@ -301,6 +401,10 @@ int ts_cmd_train(int argc, char **argv) {
                    (long long)step);
         }
         fflush(stdout);
+    }
+    if (!leader) {
+        status = 0;
+        goto done;
     }
     if (isnan(test_acc) && (st = evaluate(model, test, 1000, &test_acc)) != TS_OK) goto fail;
 
@@ -316,9 +420,9 @@ int ts_cmd_train(int argc, char **argv) {
         fprintf(f,
                 "{\n  \"model\": \"%s\",\n  \"test_accuracy\": %.6f,\n  \"images_per_second\": %.1f,\n"
                 "  \"epochs\": %lld,\n  \"steps\": %lld,\n  \"final_loss\": %.6f,\n  \"train_seconds\": %.3f,\n"
-                "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"data\": \"%s\"\n}\n",
+                "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"processes\": %d,\n  \"data\": \"%s\"\n}\n",
                 a.model, test_acc, ips, (long long)epochs_done, (long long)step, isfinite(last_loss) ? last_loss : -1.0,
-                train_seconds, ts_get_num_threads(), (long long)a.batch_size, basename_of(a.data));
+                train_seconds, ts_get_num_threads(), (long long)a.batch_size, world, basename_of(a.data));
         if (fclose(f) != 0) {
             fprintf(stderr, "tessera train: --metrics-json %s: %s\n", a.metrics_json, strerror(errno));
             goto done;
@@ -328,9 +432,14 @@ int ts_cmd_train(int argc, char **argv) {
     goto done;
 
 fail:
-    fprintf(stderr, "tessera train: %s\n", ts_last_error());
+    if (distributed)
+        fprintf(stderr, "tessera train: rank %d: %s\n", rank, ts_last_error());
+    else
+        fprintf(stderr, "tessera train: %s\n", ts_last_error());
     status = 1;
 done:
+    ts_ddp_free(ddp);
+    free(rank_idx);
     ts_tensor_list_clear(&params);
     ts_tensor_list_clear(&sd);
     ts_tensor_list_clear(&os);
@@ -340,5 +449,7 @@ done:
     ts_dataset_free(train);
     ts_dataset_free(test);
     ts_ckpt_free(ck);
+    if (pg && status != 0) ts_pg_abort(pg, "tessera train failed on this rank");
+    ts_pg_free(pg);
     return status;
 }

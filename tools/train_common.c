@@ -3,13 +3,14 @@
  */
 #include "train_common.h"
 
-ts_status train_step(ts_module *model, ts_optimizer *opt, ts_tensor *x, ts_tensor *y, float label_smoothing,
-                     float *loss) {
+ts_status train_step(ts_module *model, ts_ddp *ddp, ts_optimizer *opt, ts_tensor *x, ts_tensor *y,
+                     float label_smoothing, float *loss) {
     ts_tensor *logits = NULL, *l = NULL;
-    ts_status st = ts_module_forward(model, x, &logits);
+    ts_status st = ddp ? ts_ddp_forward(ddp, x, &logits) : ts_module_forward(model, x, &logits);
     if (st == TS_OK) st = ts_cross_entropy(logits, y, label_smoothing, &l);
     if (st == TS_OK) *loss = (float)ts_tensor_item(l, 0);
     if (st == TS_OK) st = ts_backward(l, NULL, false);
+    if (st == TS_OK && ddp) st = ts_ddp_sync_status(ddp); /* the all-reduces finished inside backward */
     if (st == TS_OK) st = ts_optimizer_step(opt);
     ts_optimizer_zero_grad(opt);
     ts_tensor_release(l);

@@ -7,9 +7,10 @@
 
 #include "tessera.h"
 
-/* forward, cross-entropy, backward, optimizer step, zero_grad; *loss gets the batch loss. */
-ts_status train_step(ts_module *model, ts_optimizer *opt, ts_tensor *x, ts_tensor *y, float label_smoothing,
-                     float *loss);
+/* forward (through ddp when not NULL: gradients averaged across ranks),
+ * cross-entropy, backward, optimizer step, zero_grad; *loss gets this rank's batch loss. */
+ts_status train_step(ts_module *model, ts_ddp *ddp, ts_optimizer *opt, ts_tensor *x, ts_tensor *y,
+                     float label_smoothing, float *loss);
 /* Accuracy of model (put in eval mode, no grad) over ds in batches; leaves the model in eval mode. */
 ts_status evaluate(ts_module *model, ts_dataset *ds, int64_t batch_size, double *accuracy);
 
