@@ -91,6 +91,11 @@ static void free_ranks(rank_ctx *c, int world) {
     }
 }
 
+/* Appends the module just made (*m) to seq when making it succeeded. */
+static ts_status push(ts_module *seq, ts_status made, ts_module **m) {
+    return made == TS_OK ? ts_nn_sequential_add(seq, NULL, *m) : made;
+}
+
 /* ---- models and data ------------------------------------------------------------------------ */
 typedef ts_status (*model_fn)(uint64_t seed, ts_module **out);
 
@@ -109,16 +114,11 @@ static ts_status make_cnn(uint64_t seed, ts_module **out) {
     ts_conv2d_params cp = TS_CONV2D_DEFAULT;
     cp.padding[0] = cp.padding[1] = 1;
     ts_pool2d_params pp = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false};
-    ts_status st = ts_nn_conv2d_new(1, 4, 3, 3, cp, true, &r, &m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_relu_new(&m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_maxpool2d_new(pp, &m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_flatten_new(&m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_linear_new(64, 10, true, &r, &m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
+    ts_status st = push(seq, ts_nn_conv2d_new(1, 4, 3, 3, cp, true, &r, &m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_relu_new(&m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_maxpool2d_new(pp, &m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_flatten_new(&m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_linear_new(64, 10, true, &r, &m), &m);
     if (st != TS_OK) {
         ts_module_free(seq);
         return st;
@@ -135,16 +135,11 @@ static ts_status make_bn_cnn(uint64_t seed, ts_module **out) {
     TS_TRY(ts_nn_sequential_new(&seq));
     ts_conv2d_params cp = TS_CONV2D_DEFAULT;
     cp.padding[0] = cp.padding[1] = 1;
-    ts_status st = ts_nn_conv2d_new(1, 2, 3, 3, cp, true, &r, &m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_batchnorm2d_new(2, 1e-5f, 0.1f, true, true, &m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_relu_new(&m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_flatten_new(&m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
-    if (st == TS_OK) st = ts_nn_linear_new(128, 10, true, &r, &m);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);
+    ts_status st = push(seq, ts_nn_conv2d_new(1, 2, 3, 3, cp, true, &r, &m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_batchnorm2d_new(2, 1e-5f, 0.1f, true, true, &m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_relu_new(&m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_flatten_new(&m), &m);
+    if (st == TS_OK) st = push(seq, ts_nn_linear_new(128, 10, true, &r, &m), &m);
     if (st != TS_OK) {
         ts_module_free(seq);
         return st;

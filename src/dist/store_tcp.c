@@ -699,38 +699,41 @@ static ts_status tcp_call(tcp_store *t, wbuf *req, double timeout_s, const char 
     return TS_OK;
 }
 
+/* One request about one key: op, key, then the value (OP_SET) or the delta
+ * (OP_ADD). `verb` names the operation in errors ("setting key 'k'"). On
+ * TS_OK, *reply (malloc'd, the caller frees) holds the reply body. */
+static ts_status key_call(tcp_store *t, uint8_t op, const char *key, const void *value, size_t len, int64_t delta,
+                          const char *verb, double timeout_s, uint8_t **reply, size_t *rlen) {
+    char what[300];
+    snprintf(what, sizeof what, "%s key '%.200s'", verb, key);
+    wbuf req = {0};
+    wb_frame(&req, op);
+    wb_str(&req, key, strlen(key));
+    if (op == OP_SET) wb_str(&req, value, len);
+    if (op == OP_ADD) wb_int(&req, (uint64_t)delta, 8);
+    wb_frame_end(&req, 0);
+    ts_status st = tcp_call(t, &req, timeout_s, what, reply, rlen);
+    free(req.p);
+    return st;
+}
+
 static ts_status tcp_set(ts_store *s, const char *key, const void *value, size_t len, double timeout_s) {
     tcp_store *t = (tcp_store *)s;
-    char what[300];
-    snprintf(what, sizeof what, "setting key '%.200s'", key);
     if (len > MAX_FRAME - strlen(key) - 16)
         return ts_error(TS_ERR_INVALID_ARG, "tcp store %s: value of %zu bytes for key '%.200s' is over the 1 GiB limit",
                         t->hp, len, key);
-    wbuf req = {0};
-    wb_frame(&req, OP_SET);
-    wb_str(&req, key, strlen(key));
-    wb_str(&req, value, len);
-    wb_frame_end(&req, 0);
     uint8_t *b;
     size_t bl;
-    ts_status st = tcp_call(t, &req, timeout_s, what, &b, &bl);
-    free(req.p);
-    free(b);
+    ts_status st = key_call(t, OP_SET, key, value, len, 0, "setting", timeout_s, &b, &bl);
+    if (st == TS_OK) free(b);
     return st;
 }
 
 static ts_status tcp_get(ts_store *s, const char *key, double timeout_s, void **value, size_t *len) {
     tcp_store *t = (tcp_store *)s;
-    char what[300];
-    snprintf(what, sizeof what, "waiting for key '%.200s'", key);
-    wbuf req = {0};
-    wb_frame(&req, OP_GET);
-    wb_str(&req, key, strlen(key));
-    wb_frame_end(&req, 0);
     uint8_t *b;
     size_t bl;
-    ts_status st = tcp_call(t, &req, timeout_s, what, &b, &bl);
-    free(req.p);
+    ts_status st = key_call(t, OP_GET, key, NULL, 0, 0, "waiting for", timeout_s, &b, &bl);
     if (st != TS_OK) return st;
     rbuf rb = {b, bl, 1, false};
     size_t vl = 0;
@@ -754,17 +757,9 @@ static ts_status tcp_get(ts_store *s, const char *key, double timeout_s, void **
 
 static ts_status tcp_add(ts_store *s, const char *key, int64_t delta, double timeout_s, int64_t *result) {
     tcp_store *t = (tcp_store *)s;
-    char what[300];
-    snprintf(what, sizeof what, "adding to key '%.200s'", key);
-    wbuf req = {0};
-    wb_frame(&req, OP_ADD);
-    wb_str(&req, key, strlen(key));
-    wb_int(&req, (uint64_t)delta, 8);
-    wb_frame_end(&req, 0);
     uint8_t *b;
     size_t bl;
-    ts_status st = tcp_call(t, &req, timeout_s, what, &b, &bl);
-    free(req.p);
+    ts_status st = key_call(t, OP_ADD, key, NULL, 0, delta, "adding to", timeout_s, &b, &bl);
     if (st != TS_OK) return st;
     rbuf rb = {b, bl, 1, false};
     int64_t v = (int64_t)rb_int(&rb, 8);
@@ -776,16 +771,9 @@ static ts_status tcp_add(ts_store *s, const char *key, int64_t delta, double tim
 
 static ts_status tcp_check(ts_store *s, const char *key, double timeout_s, bool *exists) {
     tcp_store *t = (tcp_store *)s;
-    char what[300];
-    snprintf(what, sizeof what, "checking key '%.200s'", key);
-    wbuf req = {0};
-    wb_frame(&req, OP_CHECK);
-    wb_str(&req, key, strlen(key));
-    wb_frame_end(&req, 0);
     uint8_t *b;
     size_t bl;
-    ts_status st = tcp_call(t, &req, timeout_s, what, &b, &bl);
-    free(req.p);
+    ts_status st = key_call(t, OP_CHECK, key, NULL, 0, 0, "checking", timeout_s, &b, &bl);
     if (st != TS_OK) return st;
     rbuf rb = {b, bl, 1, false};
     *exists = rb_int(&rb, 1) != 0;
