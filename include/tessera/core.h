@@ -80,11 +80,11 @@ typedef enum ts_device_type { TS_DEVICE_CPU = 0, TS_DEVICE_CUDA = 1 } ts_device_
 
 /* The host CPU device ("cpu"). Borrowed. */
 ts_device *ts_device_cpu(void);
-/* Look up a device by name ("cpu", ...). *out is borrowed. */
+/* Look up a device by name ("cpu", "cpu:1", ...). *out is borrowed. */
 ts_status ts_device_get(const char *name, ts_device **out);
 const char *ts_device_name(const ts_device *d);
 ts_device_type ts_device_type_of(const ts_device *d);
-/* Waits until all work queued on the device is done. */
+/* Waits until all work queued on the device (its stream) is done. */
 ts_status ts_device_synchronize(ts_device *d);
 /* Returns cached free blocks of the device's allocator to the system. */
 void ts_device_empty_cache(ts_device *d);
@@ -92,6 +92,37 @@ void ts_device_empty_cache(ts_device *d);
 size_t ts_device_memory_allocated(const ts_device *d);
 size_t ts_device_memory_peak(const ts_device *d);
 void ts_device_memory_reset_peak(ts_device *d);
+
+/* Virtual CPU devices "cpu:0" ... "cpu:N-1": each has its own memory pool and
+ * accounting (a tensor moved between two of them is a real copy, and ops refuse
+ * to mix them, exactly as with GPUs) and its own worker thread, the device's
+ * stream, so work submitted to different devices runs at the same time. Kernels
+ * on a virtual device use that device's thread budget (below) wherever they run.
+ * N comes from TS_CPU_DEVICES (default 2, at most TS_MAX_CPU_DEVICES) or from
+ * ts_set_cpu_device_count before the first virtual device is used. */
+#define TS_MAX_CPU_DEVICES 16
+ts_status ts_set_cpu_device_count(int n); /* TS_ERR_STATE once a virtual device exists */
+int ts_cpu_device_count(void);
+/* Kernel threads each virtual CPU device's worker uses (default: cores / N, at least 1;
+ * TS_CPU_DEVICE_THREADS overrides). Takes effect for workers started afterwards. */
+void ts_set_cpu_device_threads(int n);
+int ts_cpu_device_threads(void);
+/* Parses a comma-separated device list ("cpu:0,cpu:1"); *out gets up to max borrowed devices. */
+ts_status ts_device_list_parse(const char *list, ts_device **out, int max, int *count);
+
+/* Streams: every device runs submitted tasks in FIFO order on its own worker
+ * thread ("cpu", which has no worker, runs them inline in ts_device_submit).
+ * A task's ts_status and error message come back through ts_task_wait. */
+typedef struct ts_task ts_task;
+typedef ts_status (*ts_task_fn)(void *arg);
+/* Queues fn(arg) on d; *out (required) is waited on and freed by the caller. */
+ts_status ts_device_submit(ts_device *d, ts_task_fn fn, void *arg, ts_task **out);
+/* Waits for the task; returns its status (and sets this thread's error message to the task's). */
+ts_status ts_task_wait(ts_task *t);
+void ts_task_free(ts_task *t); /* waits first; NULL is fine */
+/* Runs fn(args[i]) on devs[i] for i < n concurrently, waits for all and returns
+ * the first failure (by index), its message prefixed with the device name. */
+ts_status ts_device_run_parallel(ts_device *const *devs, int n, ts_task_fn fn, void *const *args);
 
 /* ---- threads ----------------------------------------------------------------------- */
 /* Number of CPU threads for kernels and BLAS (default: OMP_NUM_THREADS, else cores). */

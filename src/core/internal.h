@@ -15,6 +15,7 @@
 #define TS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define TS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define TS_ERRMSG_MAX 1024 /* bytes of a thread's last error message */
 
 /* Propagate a failing status: TS_TRY(ts_foo(...)); */
 #define TS_TRY(expr)                        \

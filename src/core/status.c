@@ -6,7 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-#define TS_ERRMSG_MAX 1024
+
 static _Thread_local char ts_errmsg[TS_ERRMSG_MAX];
 
 static const struct {

@@ -30,7 +30,7 @@ typedef struct cpu_cache {
     size_t cached_bytes, limit;
 } cpu_cache;
 
-static cpu_cache ts_cpu_cache = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static cpu_cache ts_cpu_cache;
 
 static size_t round_size(size_t n) {
     if (n == 0) n = 1;
@@ -118,7 +118,7 @@ static ts_status cpu_memset0(ts_device *d, void *dst, size_t n) {
     return TS_OK;
 }
 
-static ts_status cpu_sync(ts_device *d) { return TS_OK; }
+static ts_status cpu_sync(ts_device *d) { return ts__stream_synchronize(d->stream); }
 
 static const ts_device_ops cpu_ops = {
     .alloc = cpu_alloc,
@@ -131,27 +131,51 @@ static const ts_device_ops cpu_ops = {
     .empty_cache = cpu_empty_cache,
 };
 
-static ts_device ts_cpu_device;
-
-ts_device *ts__cpu_device_init(void) {
-    ts_device *d = &ts_cpu_device;
-    snprintf(d->name, sizeof d->name, "cpu");
+static void cpu_device_setup(ts_device *d, const char *name, int index, cpu_cache *cache) {
+    snprintf(d->name, sizeof d->name, "%s", name);
     d->type = TS_DEVICE_CPU;
-    d->index = -1;
+    d->index = index;
     d->host_accessible = true;
     d->ops = &cpu_ops;
-    d->ctx = &ts_cpu_cache;
+    d->ctx = cache;
+    pthread_mutex_init(&cache->mu, NULL);
 #ifdef TS_SANITIZE
-    ts_cpu_cache.limit = 0;
+    cache->limit = 0;
 #else
     const char *e = getenv("TS_CPU_CACHE_MB");
-    ts_cpu_cache.limit = (size_t)(e ? atol(e) : 2048) << 20;
+    cache->limit = (size_t)(e ? atol(e) : 2048) << 20;
 #endif
     d->k_ew = &ts_cpu_kernels_ew;
     d->k_blas = &ts_cpu_kernels_blas;
     d->k_spatial = &ts_cpu_kernels_spatial;
     d->k_misc = &ts_cpu_kernels_misc;
     d->k_optim = &ts_cpu_kernels_optim;
+}
+
+static ts_device ts_cpu_device;
+
+ts_device *ts__cpu_device_init(void) {
+    ts_device *d = &ts_cpu_device;
+    cpu_device_setup(d, "cpu", -1, &ts_cpu_cache);
     ts__device_register(d);
     return d;
+}
+
+/* Virtual CPU devices: the same kernels and allocator code as "cpu", but each
+ * with its own cache (its own memory pool and accounting) and its own stream. */
+static ts_device ts_vcpu_devices[TS_MAX_CPU_DEVICES];
+static cpu_cache ts_vcpu_caches[TS_MAX_CPU_DEVICES];
+
+ts_status ts__cpu_virtual_device_new(int index, int threads, ts_device **out) {
+    TS_ARG(index >= 0 && index < TS_MAX_CPU_DEVICES, "virtual CPU device index %d out of range [0, %d)", index,
+           TS_MAX_CPU_DEVICES);
+    ts_device *d = &ts_vcpu_devices[index];
+    char name[32];
+    snprintf(name, sizeof name, "cpu:%d", index);
+    cpu_device_setup(d, name, index, &ts_vcpu_caches[index]);
+    d->stream = ts__stream_new(name, threads);
+    if (!d->stream) return TS_ERR_NOMEM;
+    TS_TRY(ts__device_register(d));
+    *out = d;
+    return TS_OK;
 }

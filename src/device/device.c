@@ -3,6 +3,7 @@
  */
 #include "device/device.h"
 
+#include <omp.h>
 #include <stdio.h>
 
 #define TS_MAX_DEVICES 64
@@ -36,16 +37,151 @@ ts_device *ts_device_cpu(void) {
     return ts_devices[0];
 }
 
-ts_status ts_device_get(const char *name, ts_device **out) {
-    TS_ARG(name && out, "ts_device_get: NULL argument");
-    pthread_once(&ts_registry_once, registry_init);
+/* ---- virtual CPU devices ------------------------------------------------------------------------- */
+/* Created all at once, on the first lookup of a "cpu:K" name; the count is
+ * fixed from then on (tensors and modules hold device pointers). */
+static int ts_vcpu_count = -1;   /* -1: not configured (TS_CPU_DEVICES or 2) */
+static int ts_vcpu_threads = -1; /* -1: not configured (TS_CPU_DEVICE_THREADS or cores / count) */
+static bool ts_vcpu_created;
+static ts_device *ts_vcpu[TS_MAX_CPU_DEVICES];
+
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    if (!e || !*e) return dflt;
+    char *end;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 1 || v > 1 << 20) {
+        ts_log(TS_LOG_WARN, "ignoring %s='%s' (want a positive integer)", name, e);
+        return dflt;
+    }
+    return (int)v;
+}
+
+static int vcpu_count_locked(void) {
+    if (ts_vcpu_count < 0) ts_vcpu_count = TS_MIN(env_int("TS_CPU_DEVICES", 2), TS_MAX_CPU_DEVICES);
+    return ts_vcpu_count;
+}
+
+static int vcpu_threads_locked(void) {
+    if (ts_vcpu_threads > 0) return ts_vcpu_threads;
+    int cores = omp_get_num_procs();
+    return env_int("TS_CPU_DEVICE_THREADS", TS_MAX(1, cores / TS_MAX(1, vcpu_count_locked())));
+}
+
+ts_status ts_set_cpu_device_count(int n) {
+    TS_ARG(n >= 1 && n <= TS_MAX_CPU_DEVICES, "ts_set_cpu_device_count: %d is not in [1, %d]", n, TS_MAX_CPU_DEVICES);
     pthread_mutex_lock(&ts_registry_mu);
+    bool created = ts_vcpu_created;
+    int have = ts_vcpu_count;
+    if (!created) ts_vcpu_count = n;
+    pthread_mutex_unlock(&ts_registry_mu);
+    if (created && have != n)
+        return ts_error(TS_ERR_STATE, "ts_set_cpu_device_count(%d): the %d virtual CPU devices already exist", n, have);
+    return TS_OK;
+}
+
+int ts_cpu_device_count(void) {
+    pthread_mutex_lock(&ts_registry_mu);
+    int n = vcpu_count_locked();
+    pthread_mutex_unlock(&ts_registry_mu);
+    return n;
+}
+
+void ts_set_cpu_device_threads(int n) {
+    pthread_mutex_lock(&ts_registry_mu);
+    ts_vcpu_threads = n < 1 ? 1 : n;
+    pthread_mutex_unlock(&ts_registry_mu);
+}
+
+int ts_cpu_device_threads(void) {
+    pthread_mutex_lock(&ts_registry_mu);
+    int n = vcpu_threads_locked();
+    pthread_mutex_unlock(&ts_registry_mu);
+    return n;
+}
+
+/* Called with ts_registry_mu held: registers cpu:0..N-1 once. */
+static ts_status vcpu_create_locked(void) {
+    if (ts_vcpu_created) return TS_OK;
+    int n = vcpu_count_locked(), threads = vcpu_threads_locked();
+    pthread_mutex_unlock(&ts_registry_mu); /* ts__device_register takes the lock */
+    ts_status st = TS_OK;
+    for (int i = 0; i < n && st == TS_OK; i++) st = ts__cpu_virtual_device_new(i, threads, &ts_vcpu[i]);
+    pthread_mutex_lock(&ts_registry_mu);
+    if (st == TS_OK) ts_vcpu_created = true;
+    return st;
+}
+
+static pthread_mutex_t ts_vcpu_create_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises vcpu_create_locked */
+
+static ts_status lookup(const char *name, ts_device **out) {
     ts_device *found = NULL;
+    ts_status st = TS_OK;
+    if (strncmp(name, "cpu:", 4) == 0) {
+        char *end;
+        long k = strtol(name + 4, &end, 10);
+        if (name[4] < '0' || name[4] > '9' || *end)
+            return ts_error(TS_ERR_DEVICE, "malformed device name '%s' (want cpu, cpu:K or cuda:K)", name);
+        pthread_mutex_lock(&ts_vcpu_create_mu);
+        pthread_mutex_lock(&ts_registry_mu);
+        st = vcpu_create_locked();
+        int n = ts_vcpu_count;
+        if (st == TS_OK && k >= 0 && k < n) found = ts_vcpu[k];
+        pthread_mutex_unlock(&ts_registry_mu);
+        pthread_mutex_unlock(&ts_vcpu_create_mu);
+        TS_TRY(st);
+        if (!found)
+            return ts_error(TS_ERR_DEVICE,
+                            "unknown device '%s': there are %d virtual CPU devices, cpu:0 to cpu:%d (set "
+                            "TS_CPU_DEVICES or ts_set_cpu_device_count for more)",
+                            name, n, n - 1);
+        *out = found;
+        return TS_OK;
+    }
+    pthread_mutex_lock(&ts_registry_mu);
     for (int i = 0; i < ts_ndevices; i++)
         if (strcmp(ts_devices[i]->name, name) == 0) found = ts_devices[i];
     pthread_mutex_unlock(&ts_registry_mu);
-    if (!found) return ts_error(TS_ERR_DEVICE, "unknown device '%s' (known: cpu)", name);
+    if (!found) {
+        if (strncmp(name, "cuda", 4) == 0)
+            return ts_error(TS_ERR_DEVICE, "unknown device '%s': this Tessera has no CUDA devices", name);
+        return ts_error(TS_ERR_DEVICE, "unknown device '%s' (known: cpu, cpu:0 ... cpu:%d)", name,
+                        ts_cpu_device_count() - 1);
+    }
     *out = found;
+    return TS_OK;
+}
+
+ts_status ts_device_get(const char *name, ts_device **out) {
+    TS_ARG(name && out, "ts_device_get: NULL argument");
+    pthread_once(&ts_registry_once, registry_init);
+    return lookup(name, out);
+}
+
+ts_status ts_device_list_parse(const char *list, ts_device **out, int max, int *count) {
+    TS_ARG(list && out && count && max > 0, "ts_device_list_parse: bad arguments");
+    *count = 0;
+    const char *p = list;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char name[64];
+        if (len == 0 || len >= sizeof name)
+            return ts_error(TS_ERR_INVALID_ARG, "device list '%s': empty or overlong entry at offset %d", list,
+                            (int)(p - list));
+        memcpy(name, p, len);
+        name[len] = 0;
+        if (*count == max) return ts_error(TS_ERR_INVALID_ARG, "device list '%s': more than %d devices", list, max);
+        ts_device *d;
+        ts_status st = ts_device_get(name, &d);
+        if (st != TS_OK) return ts__error_prefix(st, "device list '%s'", list);
+        for (int i = 0; i < *count; i++)
+            if (out[i] == d) return ts_error(TS_ERR_INVALID_ARG, "device list '%s': %s appears twice", list, name);
+        out[(*count)++] = d;
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (*count == 0) return ts_error(TS_ERR_INVALID_ARG, "device list '%s' is empty", list);
     return TS_OK;
 }
 

@@ -22,6 +22,8 @@ struct ts_kernels_spatial; /* src/ops/k_spatial.h: conv2d, pooling, batchnorm */
 struct ts_kernels_misc;    /* src/ops/k_misc.h: embedding, concat/slice, dropout, softmax, losses */
 struct ts_kernels_optim;   /* src/ops/k_optim.h: fused optimizer updates */
 
+typedef struct ts__stream ts__stream; /* device/stream.c */
+
 typedef struct ts_device_ops {
     /* Returns device memory of at least nbytes (64-byte aligned) or NULL. */
     void *(*alloc)(ts_device *d, size_t nbytes);
@@ -41,6 +43,7 @@ struct ts_device {
     bool host_accessible; /* memory is addressable by the CPU */
     const ts_device_ops *ops;
     void *ctx; /* backend state */
+    ts__stream *stream; /* the worker that runs submitted tasks; NULL: inline (the host "cpu") */
 
     const struct ts_kernels_ew *k_ew;
     const struct ts_kernels_blas *k_blas;
@@ -63,5 +66,12 @@ void ts__device_free(ts_device *d, void *p, size_t nbytes);
 
 /* The CPU device's setup (device/cpu.c). */
 ts_device *ts__cpu_device_init(void);
+/* Creates and registers virtual CPU device cpu:<index> (device/cpu.c), with a
+ * stream whose kernels use `threads` threads. */
+ts_status ts__cpu_virtual_device_new(int index, int threads, ts_device **out);
+
+/* Streams (device/stream.c). */
+ts__stream *ts__stream_new(const char *device_name, int threads);
+ts_status ts__stream_synchronize(ts__stream *s);
 
 #endif /* TS_DEVICE_H */

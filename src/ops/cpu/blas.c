@@ -5,11 +5,21 @@
 #include "ops/k_blas.h"
 
 #include <cblas.h>
+#include <omp.h>
+
+/* OpenBLAS keeps ONE global thread count, which its OpenMP build resets from
+ * the calling thread's omp_get_max_threads() only while it is above 1. Worker
+ * threads of virtual CPU devices run with a smaller OpenMP budget than the main
+ * thread, so follow the caller's budget on every call (a cheap comparison). */
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int n);
 
 static ts_status cpu_sgemm(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                            int64_t ldc) {
     if (M == 0 || N == 0) return TS_OK;
+    int want = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (openblas_get_num_threads() != want) openblas_set_num_threads(want);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
                 (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
     return TS_OK;
