@@ -13,5 +13,6 @@
 #include "tessera/ckpt.h"
 #include "tessera/dist.h"
 #include "tessera/ddp.h"
+#include "tessera/parallel.h"
 
 #endif
