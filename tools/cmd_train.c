@@ -178,7 +178,9 @@ int ts_cmd_train(int argc, char **argv) {
     /* distributed: WORLD_SIZE set by a launcher (tessera run, torchrun, mpirun via env) */
     const char *ws_env = getenv("WORLD_SIZE");
     if (a.nproc > 1 && !ws_env) return relaunch(argc, argv, a.nproc);
-    bool distributed = ws_env && atoi(ws_env) > 1;
+    /* A launched world of 1 is distributed too: its DistributedSampler order is the union of
+     * the shares of N ranks at batch B/N, so runs compare across world sizes (tests/cli_ddp.sh). */
+    bool distributed = ws_env && atoi(ws_env) >= 1;
     if (a.threads > 0) {
         ts_set_num_threads((int)a.threads);
     } else if (distributed) { /* share the cores between the local ranks */
