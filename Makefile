@@ -16,9 +16,10 @@ $(BUILD)/CMakeCache.txt:
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Train the reference CNN on Fashion-MNIST.
+# Train the reference CNN on Fashion-MNIST with two DDP processes (32 images per rank:
+# the global batch of 64 and the learning rate of a one-process run).
 demo: deps build
-	$(BUILD)/tessera train --model cnn --epochs 4 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json
+	$(BUILD)/tessera train --model cnn --epochs 4 --nproc 2 --batch-size 32 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
