@@ -310,6 +310,7 @@ typedef struct rank_proc {
     int rank;  /* global rank */
     bool exited;
     int status; /* exit status, or 128+signal */
+    int signal; /* the signal that killed it, else 0 */
     stream out, err;
 } rank_proc;
 
@@ -519,8 +520,12 @@ static int spawn_rank(launcher *L, int i) {
 
 /* ---- supervision ------------------------------------------------------------------------------ */
 
-/* Notices ranks that exited (leaving them zombies), reports the first failure. */
+/* Notices ranks that exited (leaving them zombies) and reports the first
+ * failure. Ranks that exit together are judged together: a rank killed by a
+ * signal is the cause, and peers that exit non-zero because it vanished (their
+ * collectives fail at once) are not, whatever order waitid finds them in. */
 static void check_exits(launcher *L) {
+    rank_proc *culprit = NULL;
     for (int i = 0; i < L->n; i++) {
         rank_proc *r = &L->ranks[i];
         if (r->exited || r->pid <= 0) continue;
@@ -530,24 +535,27 @@ static void check_exits(launcher *L) {
         r->exited = true;
         L->nexited++;
         bool by_signal = si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED;
+        r->signal = by_signal ? si.si_status : 0;
         r->status = by_signal ? 128 + si.si_status : si.si_status;
         /* its last words first, then our verdict */
         stream_read(L, &r->out, r->rank, true);
         stream_read(L, &r->err, r->rank, true);
-        if (r->status == 0 || L->failed || L->got_signal) continue;
-        char b[16];
-        if (by_signal)
-            fprintf(stderr, "tessera run: rank %d (pid %d) was killed by signal %s\n", r->rank, (int)r->pid,
-                    signal_name(si.si_status, b, sizeof b));
-        else
-            fprintf(stderr, "tessera run: rank %d (pid %d) exited with status %d\n", r->rank, (int)r->pid, r->status);
-        L->failed = true;
-        L->fail_status = r->status;
-        if (L->nexited < L->n)
-            fprintf(stderr, "tessera run: stopping the other ranks (SIGTERM, then SIGKILL after %gs)\n", L->o.grace);
-        signal_all(L, SIGTERM);
-        L->deadline = now_s() + L->o.grace;
+        if (r->status != 0 && (!culprit || (r->signal && !culprit->signal))) culprit = r;
     }
+    if (!culprit || L->failed || L->got_signal) return;
+    char b[16];
+    if (culprit->signal)
+        fprintf(stderr, "tessera run: rank %d (pid %d) was killed by signal %s\n", culprit->rank, (int)culprit->pid,
+                signal_name(culprit->signal, b, sizeof b));
+    else
+        fprintf(stderr, "tessera run: rank %d (pid %d) exited with status %d\n", culprit->rank, (int)culprit->pid,
+                culprit->status);
+    L->failed = true;
+    L->fail_status = culprit->status;
+    if (L->nexited < L->n)
+        fprintf(stderr, "tessera run: stopping the other ranks (SIGTERM, then SIGKILL after %gs)\n", L->o.grace);
+    signal_all(L, SIGTERM);
+    L->deadline = now_s() + L->o.grace;
 }
 
 static void on_terminating_signal(launcher *L, int sig) {
