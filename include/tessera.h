@@ -10,6 +10,7 @@
 #include "tessera/nn.h"
 #include "tessera/optim.h"
 #include "tessera/data.h"
+#include "tessera/pipeline.h"
 #include "tessera/ckpt.h"
 #include "tessera/dist.h"
 #include "tessera/ddp.h"

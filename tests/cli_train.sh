@@ -85,5 +85,15 @@ fi
 if "$TS" ckpt show "$T/d2.ckpt" | grep -q "train.step *int64 *10$"; then ok "resumed to step 10"; else bad "step after resume: $("$TS" ckpt show "$T/d2.ckpt" | head -8)"; fi
 expect_exit 2 "written by 2 processes" "$TS" train --model mlp --batch-size 32 --resume "$T/d1.ckpt"
 
+# --sync-bn: BatchNorm2d layers become SyncBatchNorm under DDP; the checkpoint keeps BatchNorm2d's keys
+sb=(--model cnn --batch-size 16 --seed 3 --quiet --threads 1 --timeout 60 --max-steps 3 --sync-bn)
+if "$TS" train "${sb[@]}" --nproc 2 --checkpoint "$T/s.ckpt" > "$T/s.log" 2>&1; then ok "train --nproc 2 --sync-bn"; else bad "train --nproc 2 --sync-bn: $(cat "$T/s.log")"; fi
+grep -q "\[rank 0\] --sync-bn: BatchNorm2d layers are SyncBatchNorm over all 2 ranks" "$T/s.log" && ok "--sync-bn announced" || bad "no --sync-bn line: $(cat "$T/s.log")"
+"$TS" ckpt show "$T/s.ckpt" 2>/dev/null | grep -q "model.5.running_var" && ok "--sync-bn checkpoint has BatchNorm2d keys" || bad "--sync-bn checkpoint keys: $("$TS" ckpt show "$T/s.ckpt" 2>&1 | head -12)"
+expect_exit 0 "--sync-bn" "$TS" train --help
+# with one process --sync-bn is accepted and changes nothing: the same checkpoint as the 20-step run
+"$TS" train "${common[@]}" --max-steps 20 --sync-bn --checkpoint "$T/s1.ckpt" > "$T/s1.log" 2>&1 || bad "train --sync-bn (1 process): $(cat "$T/s1.log")"
+expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/a.ckpt" "$T/s1.ckpt" --tol 0
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

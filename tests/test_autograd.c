@@ -252,5 +252,53 @@ static void test_hook_fires_early_every_iteration(void) {
     ts_tensor_release(w2);
 }
 
-TU_MAIN(T(test_hook_fires_early_every_iteration), T(test_shared_gradient_not_aliased), T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
+/* A node with more inputs than it stores inline (TS_NODE_INLINE_INPUTS): out =
+ * sum_i (i + 1) * x_i, recorded as ONE node over 21 inputs, some of them not
+ * requiring grad, one used twice and one the output of another op. */
+#define MANY 21
+static ts_status many_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    for (int i = 0; i < n->ninputs; i++) {
+        if (!n->needs[i]) continue;
+        if (n->in_ndim[i] != 1 || n->in_shape[i][0] != 3) return ts_error(TS_ERR_INTERNAL, "input %d's shape lost", i);
+        TS_TRY(ts_scale(g, (float)(i + 1), &gin[i]));
+    }
+    return TS_OK;
+}
+
+static void test_node_many_inputs(void) {
+    CHECK(MANY > TS_NODE_INLINE_INPUTS);
+    ts_rng r;
+    ts_rng_seed(&r, 6);
+    ts_tensor *x[MANY], *y = NULL, *out = NULL, *s = NULL;
+    for (int i = 0; i < MANY; i++) x[i] = tu_rand(&r, 1, (int64_t[]){3}, -1, 1, i % 5 != 3);
+    CHECK_OK(ts_scale(x[20], 2.0f, &y)); /* input 19 is y = 2 x20: x20 gets 2 * 20 + 21 */
+    const ts_tensor *in[MANY];
+    for (int i = 0; i < MANY; i++) in[i] = x[i];
+    in[19] = y;
+    in[9] = x[0]; /* x0 twice: 1 + 10 */
+    CHECK_OK(ts_tensor_zeros(ts_device_cpu(), TS_F32, 1, (int64_t[]){3}, &out));
+    ts_node *n = ts__node_new("many", many_backward, MANY, in);
+    CHECK(n != NULL);
+    if (!n) return;
+    CHECK(n->ninputs == MANY && n->needs[20] && !n->needs[3] && n->next[19] == y->grad_fn);
+    ts__node_attach(n, out);
+    CHECK_OK(ts_sum(out, &s));
+    CHECK_OK(ts_backward(s, NULL, false));
+    for (int i = 0; i < MANY; i++) {
+        ts_tensor *g = ts_tensor_grad(x[i]);
+        double want = i == 0 ? 11 : i == 20 ? 61 : i == 9 || i == 19 || i % 5 == 3 ? 0 : i + 1;
+        if (want == 0) {
+            CHECK(g == NULL);
+            continue;
+        }
+        CHECK(g != NULL);
+        for (int k = 0; g && k < 3; k++) CHECK_NEAR(ts_tensor_item(g, k), want, 1e-6);
+    }
+    ts_tensor_release(s);
+    ts_tensor_release(out);
+    ts_tensor_release(y);
+    for (int i = 0; i < MANY; i++) ts_tensor_release(x[i]); /* frees the node's heap arrays (ASan) */
+}
+
+TU_MAIN(T(test_node_many_inputs), T(test_hook_fires_early_every_iteration), T(test_shared_gradient_not_aliased), T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
         T(test_grad_ready_hook), T(test_graph_lifetime))

@@ -176,6 +176,11 @@ static void test_devices_run_concurrently(void) {
     meet_arg a0 = {flags, 0}, a1 = {flags, 1};
     void *args[2] = {&a0, &a1};
     CHECK_OK(ts_device_run_parallel(devs, 2, meet, args));
+    /* "cpu" runs its task inline: the devices with a worker must be started before it */
+    ts_device *mixed[2] = {ts_device_cpu(), dev("cpu:1")};
+    atomic_store(&flags[0], 0);
+    atomic_store(&flags[1], 0);
+    CHECK_OK(ts_device_run_parallel(mixed, 2, meet, args));
 }
 
 static ts_status fail_if_odd(void *p) {

@@ -92,11 +92,13 @@ int ts_cmd_bench(int argc, char **argv) {
         FILE *f = argc < 2 ? stderr : stdout;
         fprintf(f, "usage: tessera bench WHAT [flags]\n\n  train    training throughput of the reference CNN "
                    "(images/s)\n  allreduce  all-reduce time, algbw and busbw from 8 B to 256 MiB (nccl-tests style)"
+                   "\n  loader   images/s of the input pipeline (decode + augment) beside raw libjpeg-turbo decoding"
                    "\n\n'tessera bench WHAT --help' lists the flags.\n");
         return argc < 2 ? CLI_EXIT_USAGE : 0;
     }
     if (strcmp(argv[1], "train") == 0) return bench_train(argc - 1, argv + 1);
     if (strcmp(argv[1], "allreduce") == 0) return ts_bench_allreduce(argc - 1, argv + 1);
-    fprintf(stderr, "tessera bench: unknown benchmark '%s' (available: train, allreduce)\n", argv[1]);
+    if (strcmp(argv[1], "loader") == 0) return ts_bench_loader(argc - 1, argv + 1);
+    fprintf(stderr, "tessera bench: unknown benchmark '%s' (available: train, allreduce, loader)\n", argv[1]);
     return CLI_EXIT_USAGE;
 }

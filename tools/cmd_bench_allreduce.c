@@ -13,7 +13,10 @@
  * with --json. Each size is first checked once for exact results.
  *
  *   tessera bench allreduce [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4]
- *                   [--time S] [--transport shm|tcp] [--json]
+ *                   [--time S] [--transport shm|tcp] [--backend builtin|mpi] [--json]
+ *
+ * --backend mpi runs under mpirun instead of forking (MPI's ranks are its
+ * processes): `mpirun -n 2 tessera bench allreduce --backend mpi`.
  */
 #include "commands.h"
 #include "tessera.h"
@@ -34,6 +37,7 @@ typedef struct bench_opts {
     int step;
     double time_s;
     bool json;
+    const char *backend;
 } bench_opts;
 
 static int free_port(void) {
@@ -63,6 +67,7 @@ static int run_rank(const bench_opts *o, int rank) {
     ts_pg_options po = TS_PG_OPTIONS_INIT;
     po.init_method = "env://";
     po.timeout_s = 120;
+    po.backend = o->backend;
     ts_process_group *pg = NULL;
     if (ts_pg_new(&po, &pg) != TS_OK) {
         fprintf(stderr, "rank %d: ts_pg_new: %s\n", rank, ts_last_error());
@@ -136,7 +141,7 @@ static int run_rank(const bench_opts *o, int rank) {
 }
 
 int ts_bench_allreduce(int argc, char **argv) {
-    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false};
+    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) o.json = true;
@@ -146,12 +151,13 @@ int ts_bench_allreduce(int argc, char **argv) {
         else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
         else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
         else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
+        else if (strcmp(a, "--backend") == 0 && v) o.backend = argv[++i];
         else {
             FILE *f = strcmp(a, "--help") == 0 ? stdout : stderr;
             if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", a);
             fprintf(f,
                     "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
-                    "[--json]\n",
+                    "[--backend builtin|mpi] [--json]\n",
                     "tessera bench allreduce");
             return f == stdout ? 0 : 2;
         }
@@ -159,6 +165,15 @@ int ts_bench_allreduce(int argc, char **argv) {
     if (o.nprocs < 1 || o.nprocs > 256 || o.step < 2 || o.min_bytes < 1 || o.max_bytes < o.min_bytes) {
         fprintf(stderr, "bad arguments\n");
         return 2;
+    }
+    if (strcmp(o.backend, "mpi") == 0) { /* this process is one of mpirun's ranks */
+        const char *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (!r) {
+            fprintf(stderr, "tessera bench allreduce: --backend mpi runs under mpirun: mpirun -n %d %s\n", o.nprocs,
+                    "tessera bench allreduce --backend mpi");
+            return 2;
+        }
+        return run_rank(&o, atoi(r));
     }
     int port = free_port();
     if (port <= 0) {

@@ -10,5 +10,9 @@ int ts_cmd_bench(int argc, char **argv);
 /* `tessera bench allreduce`: argv[0] is "allreduce". */
 int ts_bench_allreduce(int argc, char **argv);
 int ts_cmd_run(int argc, char **argv);
+/* `tessera data export|show` (tools/cmd_data.c). */
+int ts_cmd_data(int argc, char **argv);
+/* `tessera bench loader`: argv[0] is "loader" (tools/cmd_bench_loader.c). */
+int ts_bench_loader(int argc, char **argv);
 
 #endif

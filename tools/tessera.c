@@ -20,6 +20,7 @@ static const subcommand subcommands[] = {
     {"bench", ts_cmd_bench, "measure training throughput (images/s)"},
     {"ckpt", ts_cmd_ckpt, "inspect and compare checkpoints (show, diff)"},
     {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},
+    {"data", ts_cmd_data, "export image folders, show a decoded and augmented pipeline batch"},
 };
 
 static void usage(FILE *f) {

@@ -18,6 +18,15 @@ ts_status train_step(ts_module *model, ts_ddp *ddp, ts_optimizer *opt, ts_tensor
     return st;
 }
 
+ts_status train_step_strategy(ts_module *runner, const train_strategy *s, ts_optimizer *opt, ts_tensor *x,
+                              ts_tensor *y, float label_smoothing, float *loss) {
+    if (!s || !s->forward_backward) return train_step(runner, NULL, opt, x, y, label_smoothing, loss);
+    ts_status st = s->forward_backward(runner, x, y, label_smoothing, loss);
+    if (st == TS_OK) st = ts_optimizer_step(opt);
+    ts_optimizer_zero_grad(opt);
+    return st;
+}
+
 ts_status evaluate(ts_module *model, ts_dataset *ds, int64_t batch_size, double *accuracy) {
     ts_loader_opts o = TS_LOADER_OPTS_INIT;
     o.batch_size = batch_size;

@@ -57,8 +57,8 @@
  *
  * Not provided yet (not declared here): find_unused_parameters, rebuilding buckets in the observed gradient order after the
  * first iteration, gradient_as_bucket_view, static_graph, communication hooks
- * (fp16 compression, PowerSGD), SyncBatchNorm, and model replicas on several
- * devices per process.
+ * (fp16 compression, PowerSGD), and model replicas on several devices per
+ * process.
  */
 #ifndef TESSERA_DDP_H
 #define TESSERA_DDP_H
@@ -158,6 +158,52 @@ typedef struct ts_ddp_stats {
     double comm_wait_s;             /* total time spent waiting for reductions at the end of backward */
 } ts_ddp_stats;
 void ts_ddp_get_stats(const ts_ddp *ddp, ts_ddp_stats *out);
+
+/* ---- SyncBatchNorm -------------------------------------------------------------------------- */
+/* torch.nn.SyncBatchNorm for (N, C, H, W) inputs: a BatchNorm2d whose batch
+ * statistics in training mode are those of the union of every rank's batch,
+ * so training at batch B/R on each of R ranks normalises like one process at
+ * batch B. Type name "SyncBatchNorm"; parameters and buffers (and so state-dict
+ * keys) are BatchNorm2d's: a BatchNorm2d checkpoint loads into it and back.
+ *
+ * Training mode with a group of two or more ranks (a collective: every rank of
+ * pg runs the same forward and backward, in the same order):
+ *   - forward: one all_gather of each rank's (count, mean, sum of squared
+ *     deviations) per channel, in double; every rank combines them in rank
+ *     order (Chan's parallel variance), so the global mean and biased variance
+ *     used to normalise, and the running_mean/running_var update (unbiased
+ *     variance, momentum as BatchNorm2d's, momentum < 0: cumulative) are
+ *     bit-identical on all ranks. Ranks may hold different batch sizes,
+ *     including 0 samples (the output is then empty); fewer than 2 values per
+ *     channel over all ranks is TS_ERR_SHAPE on every rank.
+ *   - backward: when the input needs a gradient, one all_reduce (SUM) of the
+ *     per-channel sum(dy) and sum(dy * (x - mean)), so grad_input equals that of
+ *     one BatchNorm2d over the concatenated batch. grad_weight and grad_bias
+ *     are this rank's share (as in torch): summed over ranks they equal the
+ *     single-process gradients, and with DDP (per-rank mean loss, averaged
+ *     gradients) training matches one process at the whole batch. A failed
+ *     collective fails the forward, or ts_backward (with the group's error).
+ * These collectives run on pg in issue order after any asynchronous DDP bucket
+ * all-reduce already issued, which is safe since all ranks issue both in the
+ * same order. In eval mode, with pg NULL, or a group of one rank, it is
+ * exactly BatchNorm2d (no communication). Input and parameters may live on any
+ * device; the statistics travel through host buffers.
+ *
+ * pg is borrowed and must outlive the module and any graph it recorded. */
+ts_status ts_nn_sync_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine,
+                                     bool track_running_stats, ts_process_group *pg, ts_module **out);
+
+/* torch.nn.SyncBatchNorm.convert_sync_batchnorm: turns every BatchNorm2d in
+ * the tree under root (root included) into a SyncBatchNorm over pg, in place:
+ * the module handles, names, parameter and buffer tensors (weight, bias,
+ * running statistics, num_batches_tracked), eps, momentum, affine,
+ * track_running_stats and the training flag stay as they were, so tensor
+ * lists, optimizers and a ts_ddp built on the model keep working. A
+ * SyncBatchNorm already in the tree is rebound to pg. As in torch, convert
+ * after building the model and before ts_ddp_new (and build the optimizer
+ * before or after; it sees the same tensors). All or nothing: on failure
+ * (TS_ERR_NOMEM) the tree is unchanged. */
+ts_status ts_nn_convert_sync_batchnorm(ts_module *root, ts_process_group *pg);
 
 #ifdef __cplusplus
 }

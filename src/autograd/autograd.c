@@ -18,6 +18,17 @@
  *      has arrived because its deps count reached 0.
  *   5. Unless retain_graph, saved tensors are freed; a second backward through
  *      the same nodes fails with TS_ERR_STATE.
+ *
+ * Concurrency: a pass keeps its state in the nodes it reached (deps, pending,
+ * state) and in locals; the only globals are the atomic sequence counter and
+ * thread-locals (grad mode, the retain flag). So passes over disjoint graphs
+ * may run at the same time on different threads, and a node's backward may run
+ * a nested pass over a graph disjoint from the outer one (data parallelism's
+ * per-replica backward does both). Two passes over one graph at once are not
+ * supported (neither are they in PyTorch without reentrant care).
+ *
+ * Inputs: a node keeps up to TS_NODE_INLINE_INPUTS inputs' edges and shapes in
+ * itself and any number beyond that in one heap block (inputs_heap).
  */
 #include "autograd/autograd.h"
 #include "ops/k_ew.h"
@@ -25,7 +36,10 @@
 #include <stdio.h>
 
 static _Thread_local int ts_grad_disabled;
+static _Thread_local int ts_backward_retain; /* retain_graph of the innermost pass on this thread */
 static _Atomic uint64_t ts_node_seq;
+
+bool ts__backward_retain_graph(void) { return ts_backward_retain != 0; }
 
 bool ts_grad_set_enabled(bool on) {
     bool prev = !ts_grad_disabled;
@@ -42,7 +56,27 @@ static ts_node *node_alloc(const char *name, ts_backward_fn fn) {
     n->name = name;
     n->backward = fn;
     n->seq = atomic_fetch_add(&ts_node_seq, 1);
+    n->next = n->next_inline;
+    n->needs = n->needs_inline;
+    n->in_ndim = n->in_ndim_inline;
+    n->in_shape = n->in_shape_inline;
     return n;
+}
+
+/* Points the input arrays of n at heap storage for ninputs > TS_NODE_INLINE_INPUTS. */
+static bool node_inputs_alloc(ts_node *n, int ninputs) {
+    if (ninputs <= TS_NODE_INLINE_INPUTS) return true;
+    size_t k = (size_t)ninputs;
+    /* one zeroed block: shapes (8-byte aligned) first, then edges, ndims, flags */
+    size_t shapes = k * sizeof(int64_t[TS_MAX_DIMS]), edges = k * sizeof(ts_node *), ndims = k * sizeof(int);
+    char *b = ts__calloc(1, shapes + edges + ndims + k * sizeof(bool));
+    if (!b) return false;
+    n->inputs_heap = b;
+    n->in_shape = (int64_t(*)[TS_MAX_DIMS])b;
+    n->next = (ts_node **)(b + shapes);
+    n->in_ndim = (int *)(b + shapes + edges);
+    n->needs = (bool *)(b + shapes + edges + ndims);
+    return true;
 }
 
 static ts_node *retain_node(ts_node *n) {
@@ -76,6 +110,7 @@ void ts__node_release(ts_node *n) {
             else
                 ts__node_release(x->next[i]);
         }
+        free(x->inputs_heap);
         free(x);
     }
 }
@@ -102,6 +137,10 @@ ts_node *ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts
     if (!any) return NULL;
     ts_node *n = node_alloc(name, fn);
     if (!n) return NULL;
+    if (!node_inputs_alloc(n, ninputs)) {
+        free(n);
+        return NULL;
+    }
     n->ninputs = ninputs;
     for (int i = 0; i < ninputs; i++) {
         ts_tensor *t = (ts_tensor *)inputs[i];
@@ -251,6 +290,10 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
 
     /* 2-4. run ready nodes, highest sequence number first */
     bool prev_mode = ts_grad_set_enabled(false);
+    int prev_retain = ts_backward_retain;
+    ts_backward_retain = retain_graph;
+    ts_tensor *gin_inline[TS_NODE_INLINE_INPUTS], **gin_heap = NULL;
+    size_t gin_cap = 0;
     top->pending = seed;
     seed = NULL;
     st = vec_push(&ready, top);
@@ -272,7 +315,21 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
             ts_tensor_release(g);
             continue;
         }
-        ts_tensor *gin[TS_NODE_MAX_INPUTS] = {0};
+        ts_tensor **gin = gin_inline;
+        if (x->ninputs > TS_NODE_INLINE_INPUTS) {
+            if ((size_t)x->ninputs > gin_cap) {
+                ts_tensor **v = realloc(gin_heap, sizeof *v * (size_t)x->ninputs);
+                if (!v) {
+                    st = ts_error(TS_ERR_NOMEM, "autograd: out of memory");
+                    ts_tensor_release(g);
+                    break;
+                }
+                gin_heap = v;
+                gin_cap = (size_t)x->ninputs;
+            }
+            gin = gin_heap;
+        }
+        memset(gin, 0, sizeof *gin * (size_t)(x->ninputs > TS_NODE_INLINE_INPUTS ? x->ninputs : TS_NODE_INLINE_INPUTS));
         if (g) {
             st = x->backward(x, g, gin);
             if (st != TS_OK) ts__error_prefix(st, "backward of %s", x->name);
@@ -308,6 +365,8 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
         }
     }
     ts_grad_set_enabled(prev_mode);
+    ts_backward_retain = prev_retain;
+    free(gin_heap);
 
 fail:
     for (size_t i = 0; i < all.n; i++) {

@@ -10,14 +10,29 @@
  *
  * backward(node, gout, gin) receives the gradient of the op's output and
  * writes a new reference for input i into gin[i] when node->needs[i] (leave
- * it NULL otherwise). It runs with grad mode off.
+ * it NULL otherwise); gin[i] must be on input i's device. It runs with grad
+ * mode off, on the thread that called ts_backward.
+ *
+ * A backward may itself call ts_backward on a graph that is disjoint from the
+ * one being run (src/parallel/data_parallel.c runs each replica's graph that
+ * way, on the replica's device worker): the engine keeps its per-pass state in
+ * the nodes it reached and in locals, so passes over disjoint graphs may run
+ * at the same time on different threads, or nested on one thread.
+ * ts__backward_retain_graph() tells such a backward whether the pass that runs
+ * it keeps its graph (so the inner pass can do the same).
  */
 #ifndef TS_AUTOGRAD_H
 #define TS_AUTOGRAD_H
 
 #include "tensor/tensor.h"
 
-#define TS_NODE_MAX_INPUTS 8
+/* A node takes any number of inputs. The first TS_NODE_INLINE_INPUTS are
+ * stored in the node itself; a node with more gets heap arrays (one block,
+ * freed with the node). Either way n->next[i], n->needs[i], n->in_ndim[i]
+ * and n->in_shape[i][d] index the same way. (TS_NODE_MAX_INPUTS is the old
+ * name of the inline count; ops may still use it to group work.) */
+#define TS_NODE_INLINE_INPUTS 8
+#define TS_NODE_MAX_INPUTS TS_NODE_INLINE_INPUTS
 #define TS_NODE_MAX_SAVED 8
 
 typedef struct ts_node ts_node;
@@ -30,11 +45,17 @@ struct ts_node {
     ts_backward_fn backward;
 
     int ninputs;
-    ts_node *next[TS_NODE_MAX_INPUTS]; /* producer of input i (owned ref) or NULL */
-    bool needs[TS_NODE_MAX_INPUTS];    /* input i needs a gradient */
+    ts_node **next; /* [ninputs] producer of input i (owned ref) or NULL */
+    bool *needs;    /* [ninputs] input i needs a gradient */
     /* shape of input i, for ops that reduce a broadcast gradient */
-    int in_ndim[TS_NODE_MAX_INPUTS];
-    int64_t in_shape[TS_NODE_MAX_INPUTS][TS_MAX_DIMS];
+    int *in_ndim;                    /* [ninputs] */
+    int64_t (*in_shape)[TS_MAX_DIMS]; /* [ninputs][TS_MAX_DIMS] */
+    /* storage of the four arrays above for up to TS_NODE_INLINE_INPUTS inputs */
+    ts_node *next_inline[TS_NODE_INLINE_INPUTS];
+    bool needs_inline[TS_NODE_INLINE_INPUTS];
+    int in_ndim_inline[TS_NODE_INLINE_INPUTS];
+    int64_t in_shape_inline[TS_NODE_INLINE_INPUTS][TS_MAX_DIMS];
+    void *inputs_heap; /* the arrays of a node with more inputs (one allocation), or NULL */
 
     ts_tensor *saved[TS_NODE_MAX_SAVED]; /* detached aliases (owned) */
     int nsaved;
@@ -64,6 +85,10 @@ int ts__node_save(ts_node *n, const ts_tensor *t);
 /* out takes ownership of the caller's node reference; sets requires_grad. */
 void ts__node_attach(ts_node *n, ts_tensor *out);
 void ts__node_release(ts_node *n);
+
+/* The retain_graph flag of the innermost ts_backward running on this thread
+ * (false outside backward). */
+bool ts__backward_retain_graph(void);
 
 /* Sums g into *acc (allocating on first use). Used by the engine and by ops. */
 ts_status ts__grad_accumulate(ts_tensor **acc, ts_tensor *g);

@@ -151,21 +151,30 @@ ts_status ts_device_run_parallel(ts_device *const *devs, int n, ts_task_fn fn, v
     if (!tasks) return TS_ERR_NOMEM;
     ts_status first = TS_OK;
     char msg[TS_ERRMSG_MAX] = "";
-    int submitted = 0;
-    for (; submitted < n; submitted++) {
-        if (!devs[submitted]) {
-            first = ts_error(TS_ERR_INVALID_ARG, "ts_device_run_parallel: device %d is NULL", submitted);
+    for (int i = 0; i < n; i++) {
+        tasks[i] = NULL;
+        if (!devs[i] && first == TS_OK) {
+            first = ts_error(TS_ERR_INVALID_ARG, "ts_device_run_parallel: device %d is NULL", i);
             snprintf(msg, sizeof msg, "%s", ts_last_error());
-            break;
-        }
-        ts_status st = ts_device_submit(devs[submitted], fn, args[submitted], &tasks[submitted]);
-        if (st != TS_OK) {
-            first = st;
-            snprintf(msg, sizeof msg, "%s", ts_last_error());
-            break;
         }
     }
-    for (int i = 0; i < submitted; i++) {
+    /* devices with a worker first: a device without one ("cpu", or our own
+     * worker's) runs its task inline in submit, which would otherwise hold
+     * back the submits after it */
+    for (int pass = 0; pass < 2 && first == TS_OK; pass++) {
+        for (int i = 0; i < n; i++) {
+            bool runs_inline = !devs[i]->stream || devs[i]->stream == ts_current_stream;
+            if (runs_inline != (pass == 1)) continue;
+            ts_status st = ts_device_submit(devs[i], fn, args[i], &tasks[i]);
+            if (st != TS_OK) {
+                first = st;
+                snprintf(msg, sizeof msg, "%s", ts_last_error());
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) { /* the first failure by index */
+        if (!tasks[i]) continue;
         ts_status st = ts_task_wait(tasks[i]);
         if (st != TS_OK && first == TS_OK) {
             first = st;

@@ -19,6 +19,17 @@
  * "process group '<name>' was aborted: <reason>". ts_work_wait with a timeout
  * that expires does the same with TS_ERR_TIMEOUT naming the op and seconds.
  * Argument errors are found before anything is queued and abort nothing.
+ *
+ * Rendezvous under mpirun. Backend "mpi" with no store, init_method NULL or
+ * "env://" and no MASTER_ADDR in the environment (plain `mpirun -n N prog`)
+ * skips the store-based join: the MPI backend never uses the store, and MPI
+ * itself is the rendezvous (the backend checks MPI's rank and size against
+ * the group's). rank/world_size (and local ones) come from the options, else
+ * the launcher's variables (env.c: OMPI_COMM_WORLD_*, or SLURM_* under srun),
+ * else 0 of 1 (a singleton MPI process); the store is a private in-process
+ * memory store joined as a group of one (mpi_rendezvous below). With
+ * MASTER_ADDR set, or a store or tcp:// / file:// init method, the usual join
+ * runs first for "mpi" as for every backend.
  */
 #include "dist/pg.h"
 
@@ -103,6 +114,44 @@ static ts_status find_backend(const char *name, const ts__backend_ops **out) {
     return ts_error(TS_ERR_INVALID_ARG, "unknown process group backend '%s' (available: %s)", name, avail);
 }
 
+/* Backend "mpi" under plain mpirun: see "Rendezvous under mpirun" at the top. */
+static bool mpi_without_store(const ts_pg_options *opts, const ts__backend_ops *be) {
+    const char *addr = getenv("MASTER_ADDR");
+    return strcmp(be->name, "mpi") == 0 && !opts->store &&
+           (!opts->init_method || strcmp(opts->init_method, "env://") == 0) && !(addr && addr[0]);
+}
+
+static ts_status mpi_rendezvous(const ts_pg_options *opts, ts_process_group *pg) {
+    ts_dist_env env;
+    TS_TRY(ts__dist_env_read(&env, 0));
+    int r = opts->rank >= 0 ? opts->rank : env.rank, w = opts->world_size >= 0 ? opts->world_size : env.world_size;
+    int lr = opts->local_rank >= 0 ? opts->local_rank : env.local_rank;
+    int lw = opts->local_world_size >= 0 ? opts->local_world_size : env.local_world_size;
+    if (w < 0) w = 1;
+    if (r < 0) r = 0;
+    if (lr < 0 || lw < 0) { /* no launcher said: one host (the backend checks rank and size against MPI's) */
+        lr = r;
+        lw = w;
+    }
+    ts_store *mem = NULL;
+    TS_TRY(ts_store_memory_new(&mem));
+    ts_pg_options o = *opts;
+    o.store = mem;
+    o.rank = 0;
+    o.world_size = 1;
+    o.local_rank = 0;
+    o.local_world_size = 1;
+    int r1, w1, lr1, lw1;
+    ts_status st = ts__rendezvous(&o, &pg->store, &r1, &w1, &lr1, &lw1, &pg->timeout_s);
+    ts_store_release(mem);
+    TS_TRY(st);
+    pg->rank = r;
+    pg->world = w;
+    pg->local_rank = lr;
+    pg->local_world = lw;
+    return TS_OK;
+}
+
 ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
     TS_ARG(out, "ts_pg_new: out is NULL");
     *out = NULL;
@@ -112,8 +161,10 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
 
     ts_process_group *pg = ts__calloc(1, sizeof *pg);
     if (!pg) return TS_ERR_NOMEM;
-    ts_status st = ts__rendezvous(opts, &pg->store, &pg->rank, &pg->world, &pg->local_rank, &pg->local_world,
-                                  &pg->timeout_s);
+    ts_status st = opts_ok && mpi_without_store(opts, be)
+                       ? mpi_rendezvous(opts, pg)
+                       : ts__rendezvous(opts, &pg->store, &pg->rank, &pg->world, &pg->local_rank, &pg->local_world,
+                                        &pg->timeout_s);
     if (st != TS_OK) {
         free(pg);
         return st;

@@ -108,6 +108,15 @@ static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
 }
 static const ts_module_vt bn_vt = {"BatchNorm2d", bn_forward, NULL};
 
+bool ts__batchnorm2d_config(const ts_module *m, float *eps, float *momentum, bool *track_running_stats) {
+    if (!m || m->vt != &bn_vt) return false;
+    const bn_impl *c = m->impl;
+    *eps = c->eps;
+    *momentum = c->momentum;
+    *track_running_stats = c->track;
+    return true;
+}
+
 ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
                                 ts_module **out) {
     TS_ARG(out, "ts_nn_batchnorm2d_new: NULL out");

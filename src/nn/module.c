@@ -87,8 +87,10 @@ void ts_module_free(ts_module *m) {
     free(m->child_names);
     for (int i = 0; i < m->nparams; i++) ts_tensor_release(m->params[i]);
     for (int i = 0; i < m->nbuffers; i++) ts_tensor_release(m->buffers[i]);
-    if (m->vt->free_impl) m->vt->free_impl(m);
-    free(m->impl);
+    if (!m->impl_borrowed) {
+        if (m->vt->free_impl) m->vt->free_impl(m);
+        free(m->impl);
+    }
     free(m);
 }
 

@@ -39,6 +39,10 @@ struct ts_module {
     ts_module **children;  /* owned */
 
     void *impl; /* type-specific configuration (ts__calloc'd, freed by the core) */
+    /* impl is borrowed from the module this one replicates (src/parallel/
+     * data_parallel.c, ts_replicate): read-only configuration shared as PyTorch's
+     * replicas share their module's attributes; not freed with this module. */
+    bool impl_borrowed;
 };
 
 /* A new module of type vt with impl_size zeroed bytes of configuration; training mode. */
@@ -49,6 +53,10 @@ void ts__module_add_param(ts_module *m, const char *name, ts_tensor *t);
 void ts__module_add_buffer(ts_module *m, const char *name, ts_tensor *t);
 /* Appends a named child; takes ownership of child (freed on failure). name NULL: the index. */
 ts_status ts__module_add_child(ts_module *m, const char *name, ts_module *child);
+
+/* BatchNorm2d's configuration (src/parallel/syncbn.c converts BatchNorm2d
+ * modules in place): false, outputs untouched, when m is not a BatchNorm2d. */
+bool ts__batchnorm2d_config(const ts_module *m, float *eps, float *momentum, bool *track_running_stats);
 
 /* A new CPU F32 tensor filled with U(-bound, bound). */
 ts_status ts__param_uniform(int ndim, const int64_t *shape, double bound, ts_rng *rng, ts_tensor **out);

@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""bench/loader_vs_torchvision.py — the torchvision half of bench/loader_vs_torchvision.sh.
+
+  loader_vs_torchvision.py make-photos --out DIR      cut JPEG photographs (MATE's backgrounds,
+                                                      Debian package mate-backgrounds) into
+                                                      ImageNet-sized 500x375 crops, one folder per photo
+  loader_vs_torchvision.py run DIR --threads T        images/s of torch.utils.data.DataLoader over
+                                                      torchvision's ImageFolder with RandomResizedCrop,
+                                                      RandomHorizontalFlip, ToTensor, Normalize — the
+                                                      same work as `tessera bench loader`
+
+Needs Debian's python3-torch, python3-torchvision and python3-pil (TS_WITH_BENCH=1 scripts/install-deps);
+run with /usr/bin/python3.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+
+def make_photos(out, pattern, w, h, quality):
+    from PIL import Image
+    files = sorted(glob.glob(pattern, recursive=True))
+    if not files:
+        sys.exit(f"make-photos: no files match {pattern} (install mate-backgrounds)")
+    n = 0
+    for f in files:
+        im = Image.open(f).convert("RGB")
+        cls = os.path.join(out, os.path.splitext(os.path.basename(f))[0])
+        os.makedirs(cls, exist_ok=True)
+        k = 0
+        for y in range(0, im.height - h + 1, h):
+            for x in range(0, im.width - w + 1, w):
+                im.crop((x, y, x + w, y + h)).save(os.path.join(cls, f"{k:04d}.jpg"), quality=quality)
+                k += 1
+        n += k
+    print(f"make-photos: {n} crops of {w}x{h} from {len(files)} photographs in {out}")
+
+
+def run(root, threads, batch, size, seconds, gray):
+    import torch
+    import torchvision.datasets as D
+    import torchvision.transforms as T
+    from PIL import Image
+    torch.set_num_threads(1)
+    if os.path.isdir(os.path.join(root, "train")):
+        root = os.path.join(root, "train")
+    mean, std = ([0.5], [0.25]) if gray else ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)])
+
+    def load(path):
+        with open(path, "rb") as f:
+            im = Image.open(f)
+            return im.convert("L" if gray else "RGB")
+
+    ds = D.ImageFolder(root, transform=tf, loader=load)
+    dl = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=threads,
+                                     persistent_workers=threads > 0)
+    it = iter(dl)
+    next(it)  # warm-up batch (workers start), not timed
+    images, batches, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = iter(dl)
+            continue
+        images += len(y)
+        batches += 1
+    dt = time.perf_counter() - t0
+    print(json.dumps({"framework": "torchvision", "torch": torch.__version__, "threads": threads,
+                      "files": len(ds), "batch_size": batch, "size": size, "channels": 1 if gray else 3,
+                      "images_per_second": round(images / dt, 1), "batches": batches, "seconds": round(dt, 3)}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    mp = sub.add_parser("make-photos")
+    mp.add_argument("--out", required=True)
+    mp.add_argument("--glob", default="/usr/share/backgrounds/mate/**/*.jpg")
+    mp.add_argument("--width", type=int, default=500)
+    mp.add_argument("--height", type=int, default=375)
+    mp.add_argument("--quality", type=int, default=90)
+    rp = sub.add_parser("run")
+    rp.add_argument("root")
+    rp.add_argument("--threads", type=int, default=1)
+    rp.add_argument("--batch-size", type=int, default=64)
+    rp.add_argument("--size", type=int, default=224)
+    rp.add_argument("--seconds", type=float, default=4.0)
+    rp.add_argument("--gray", action="store_true")
+    a = ap.parse_args()
+    if a.cmd == "make-photos":
+        make_photos(a.out, a.glob, a.width, a.height, a.quality)
+    else:
+        run(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray)
+
+
+if __name__ == "__main__":
+    main()

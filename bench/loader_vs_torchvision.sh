@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# bench/loader_vs_torchvision.sh [BUILD_DIR] — the input pipeline beside raw libjpeg-turbo decoding
+# and beside PyTorch's DataLoader with torchvision (Debian's python3-torch / python3-torchvision), in
+# one run, on two data sets:
+#   photos   real photographs (Debian's mate-backgrounds) cut into 500x375 JPEG crops (ImageNet-sized),
+#            random resized crop to 224x224 RGB, flip, normalise
+#   fmnist   Fashion-MNIST exported as 28x28 gray JPEGs (tessera data export), random resized crop to 28x28
+# For each thread count T: `tessera bench loader` (T pipeline workers; raw libjpeg-turbo decoding with T
+# threads, of files in memory and of files read each time) and DataLoader(num_workers=T), alternating,
+# best of REPS runs each. Prints a Markdown table; "per CPU-second" rates divide by the CPU time the
+# process used, so they hold on a machine shared with other work.
+# Environment: THREADS (default "1 2"), REPS (default 3), SECONDS_PER_RUN (default 4), TS_BENCH_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+TS=$BUILD/tessera
+PY=/usr/bin/python3 # Debian's python with torch (the default python3 may be another one)
+THREADS=${THREADS:-1 2}
+REPS=${REPS:-3}
+SECS=${SECONDS_PER_RUN:-4}
+WORK=${TS_BENCH_DIR:-/tmp/tessera-bench-loader}
+TS_WITH_BENCH=1 scripts/install-deps
+[ -x "$TS" ] || cmake --build "$BUILD" -j "$(nproc)" --target tessera
+mkdir -p "$WORK"
+[ -d "$WORK/photos" ] || $PY bench/loader_vs_torchvision.py make-photos --out "$WORK/photos"
+[ -d "$WORK/fmnist" ] || "$TS" data export fashion-mnist --format jpeg --split train --limit 20000 --out "$WORK/fmnist"
+
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for set in photos fmnist; do
+  if [ "$set" = photos ]; then targs=(--size 224); pargs=(--size 224); else targs=(--size 28 --gray); pargs=(--size 28 --gray); fi
+  for t in $THREADS; do
+    for r in $(seq "$REPS"); do
+      echo "== $set, $t threads, run $r" >&2
+      printf '%s ' "$set" >> "$out"; "$TS" bench loader "$WORK/$set" --threads "$t" --seconds "$SECS" --json "${targs[@]}" >> "$out"
+      printf '%s ' "$set" >> "$out"; $PY bench/loader_vs_torchvision.py run "$WORK/$set" --threads "$t" --seconds "$SECS" "${pargs[@]}" >> "$out"
+    done
+  done
+done
+
+$PY - "$out" <<'PYEOF'
+import json, sys
+best = {}
+for line in open(sys.argv[1]):
+    name, js = line.split(" ", 1)
+    r = json.loads(js)
+    key = (name, r["threads"], r["framework"])
+    if key not in best or r["images_per_second"] > best[key]["images_per_second"]:
+        best[key] = r
+print("| data set | threads | raw decode img/s | raw read+decode img/s | Tessera pipeline img/s | torchvision img/s | Tessera / torchvision "
+      "| per CPU-second: raw decode | raw read+decode | pipeline | pipeline / raw decode | pipeline / raw read+decode |")
+print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+for (name, t, fw), r in sorted(best.items()):
+    if fw != "tessera":
+        continue
+    tv = best.get((name, t, "torchvision"), {}).get("images_per_second", float("nan"))
+    raw, rr, ips = r["raw_decode_images_per_second"], r["raw_read_decode_images_per_second"], r["images_per_second"]
+    craw, crr, cips = (r["raw_decode_images_per_cpu_second"], r["raw_read_decode_images_per_cpu_second"],
+                       r["images_per_cpu_second"])
+    print(f"| {name} ({r['files']} files, {r['channels']}x{r['size']}x{r['size']}) | {t} | {raw:.0f} | {rr:.0f} | {ips:.0f} "
+          f"| {tv:.0f} | {ips/tv:.1f} | {craw:.0f} | {crr:.0f} | {cips:.0f} | {cips/craw:.2f} | {cips/crr:.2f} |")
+PYEOF

@@ -1,0 +1,236 @@
+/*
+ * tessera/pipeline.h — DALI-style input pipelines: a sharded reader, JPEG/PNG
+ * decoders, augmentation ops and a prefetching executor that hands out ready
+ * NCHW float batches (docs/pipeline.md has the whole picture).
+ *
+ *   reader (one per shard / rank)  ->  worker threads: read file, decode,
+ *   random resized crop / resize, flip, crop-mirror-normalize  ->  batch slots
+ *   (prefetch_queue_depth ready ahead)  ->  ts_pipeline_next: (B,C,H,W) f32 +
+ *   (B) int64 on the pipeline's device.
+ *
+ * The reader reproduces the semantics of NVIDIA DALI's readers.file
+ * (dali/operators/reader/loader/loader.h, file_label_loader.h): file_root /
+ * file_list listing order, shard boundaries floor(N*i/S), shard rotation per
+ * epoch unless stick_to_shard, pad_last_batch, the random_shuffle buffer of
+ * initial_fill samples, shuffle_after_epoch, and DALI's random streams
+ * (std::minstd_rand0 seeded through std::seed_seq, std::mt19937 +
+ * std::shuffle as GCC 12's libstdc++ computes them).
+ *
+ * Threads: a pipeline's calls are made from one thread at a time; its workers
+ * are its own. Image and op functions are reentrant.
+ */
+#ifndef TESSERA_PIPELINE_H
+#define TESSERA_PIPELINE_H
+
+#include "data.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- images: 8-bit, interleaved (HWC), rows packed ------------------------------------------- */
+typedef struct ts_image {
+    uint8_t *data; /* height * width * channels bytes; owned, freed by ts_image_free */
+    int width, height, channels; /* channels: 1 (gray) or 3 (RGB) */
+    size_t cap;    /* bytes allocated at data (decoders reuse the buffer when it is large enough) */
+} ts_image;
+
+#define TS_IMAGE_INIT ((ts_image){NULL, 0, 0, 0, 0})
+
+typedef enum ts_color { TS_COLOR_GRAY = 1, TS_COLOR_RGB = 3 } ts_color;
+
+/* Makes *im a width x height x channels image (contents undefined), reusing its
+ * buffer when large enough. */
+ts_status ts_image_alloc(ts_image *im, int width, int height, int channels);
+/* Frees the pixels and resets *im to TS_IMAGE_INIT (NULL is fine). */
+void ts_image_free(ts_image *im);
+
+/* Decodes a JPEG (libjpeg-turbo, TurboJPEG API) or PNG (libspng) held in
+ * buf[0..n), recognised by its content, into *out with `color`'s channels
+ * (gray from RGB: JPEG's own luma for JPEG, BT.601 weights for PNG; alpha is
+ * dropped). out is (re)allocated as by ts_image_alloc. `name` (a path) is put
+ * in error messages. TS_ERR_FORMAT names it for an empty buffer, an unknown
+ * format, and corrupt or truncated data (libjpeg warnings such as "Premature
+ * end of JPEG file" count as errors: the pixels would be made up). */
+ts_status ts_image_decode(const void *buf, size_t n, ts_color color, const char *name, ts_image *out);
+/* Reads and decodes a file; TS_ERR_IO when it cannot be read. */
+ts_status ts_image_read(const char *path, ts_color color, ts_image *out);
+/* Writes a PNG (libspng; 8-bit gray or RGB). */
+ts_status ts_image_write_png(const ts_image *im, const char *path);
+/* Writes a baseline JPEG (TurboJPEG; RGB as 4:2:0, gray as one plane); quality 1..100. */
+ts_status ts_image_write_jpeg(const ts_image *im, const char *path, int quality);
+
+/* ---- operations ------------------------------------------------------------------------------- */
+/* A window of a source image in pixels. */
+typedef struct ts_roi {
+    int x, y, w, h;
+} ts_roi;
+
+/* torchvision's RandomResizedCrop.get_params (and DALI's random_resized_crop):
+ * up to 10 tries of an area fraction uniform in [scale[0], scale[1]] and an
+ * aspect ratio log-uniform in [ratio[0], ratio[1]]; the first window that fits
+ * is placed uniformly; after 10 misses, the central window of the clamped ratio. */
+ts_roi ts_random_resized_crop_roi(ts_rng *r, int width, int height, const float scale[2], const float ratio[2]);
+
+/* Bilinear resize to out_w x out_h: half-pixel centres (OpenCV's INTER_LINEAR,
+ * PyTorch's align_corners=False) when enlarging; when shrinking, the triangle
+ * filter widened by the scale (antialiasing, like PIL's BILINEAR and DALI's
+ * resize with antialias). dst is (re)allocated; it must not be src. */
+ts_status ts_image_resize(const ts_image *src, int out_w, int out_h, ts_image *dst);
+/* Mirrors an image in place: horizontally (left-right) and/or vertically. */
+void ts_image_flip(ts_image *im, bool horizontal, bool vertical);
+
+/* The fused crop -> resize -> mirror -> normalise step that ends a pipeline:
+ * the window roi of src (inside the image) is resized as by ts_image_resize to
+ * out_w x out_h, mirrored left-right when `mirror`, and written as float32 CHW
+ * planes out[c][y][x] = (v - mean[c]) / std[c] with mean and std in pixel units
+ * (0..255, DALI's convention; one value per source channel). out holds
+ * channels * out_h * out_w floats. With roi size == output size this is exactly
+ * DALI's crop_mirror_normalize (no resampling: every weight is 1). */
+ts_status ts_image_crop_resize_normalize(const ts_image *src, const ts_roi *roi, int out_w, int out_h, bool mirror,
+                                         const float *mean, const float *std, float *out);
+/* DALI's crop_mirror_normalize: the crop_w x crop_h window at (x, y), mirrored,
+ * normalised, written as CHW float32. */
+ts_status ts_image_crop_mirror_normalize(const ts_image *src, int x, int y, int crop_w, int crop_h, bool mirror,
+                                         const float *mean, const float *std, float *out);
+
+/* ---- reader ----------------------------------------------------------------------------------- */
+/* The sample source and its order. Exactly one of file_root (alone), file_list
+ * (with or without file_root) and idx_dir. */
+typedef struct ts_reader_opts {
+    const char *file_root; /* one sub-folder per class: classes are the folders in byte order (label =
+                              position), files in each are those ending .jpg .jpeg .png (any case), in
+                              byte order (DALI's traverse_directories) */
+    const char *file_list; /* text file, one "path label" per line (the label is the trailing integer, the
+                              path may hold spaces; blank lines skipped); paths relative to file_root when
+                              given, else to the list's folder */
+    const char *idx_dir;   /* MNIST-style IDX files (ts_dataset_load_mnist's names) behind the same reader */
+    const char *idx_split; /* "train" or "test" (NULL: "train") */
+    int shard_id, num_shards;   /* this reader's shard of num_shards (0, 1) */
+    bool stick_to_shard;        /* every epoch reads the same shard (default: shard_id + epoch) */
+    bool pad_last_batch;        /* repeat the last sample up to ceil(N / num_shards), then to a whole batch */
+    bool random_shuffle;        /* DALI's shuffling buffer of initial_fill samples (and a global pre-shuffle) */
+    int initial_fill;           /* shuffling buffer size (1024) */
+    bool shuffle_after_epoch;   /* reshuffle the whole list every epoch (implies stick_to_shard; excludes
+                                   random_shuffle and stick_to_shard, as in DALI) */
+    int64_t seed;               /* the shuffling buffer's seed (DALI's reader `seed`) */
+    int64_t batch_size;         /* for pad_last_batch: epochs end on a whole batch (1) */
+} ts_reader_opts;
+
+#define TS_READER_OPTS_INIT \
+    ((ts_reader_opts){NULL, NULL, NULL, NULL, 0, 1, false, false, false, 1024, false, 0, 1})
+
+typedef struct ts_reader ts_reader;
+
+/* Lists the samples (reads IDX files into memory). Errors name the path:
+ * TS_ERR_IO for a missing folder or list, TS_ERR_FORMAT for a malformed list
+ * line (with its number), no samples, or more shards than samples
+ * ("N samples cannot make S shards"); TS_ERR_INVALID_ARG for bad options. */
+ts_status ts_reader_new(const ts_reader_opts *o, ts_reader **out);
+void ts_reader_free(ts_reader *r); /* NULL is fine */
+
+int64_t ts_reader_size(const ts_reader *r);        /* N: samples in the whole data set */
+int64_t ts_reader_num_classes(const ts_reader *r); /* folders (file_root), else max label + 1 */
+/* Folder name of class `label` (file_root), else NULL. Borrowed. */
+const char *ts_reader_class_name(const ts_reader *r, int64_t label);
+/* Path of sample i in listing order (NULL for IDX). Borrowed. */
+const char *ts_reader_path(const ts_reader *r, int64_t i);
+int64_t ts_reader_label(const ts_reader *r, int64_t i);
+/* Real samples this shard returns in `epoch`: the shard it reads that epoch,
+ * start(v + 1) - start(v) with v = shard_id (stick_to_shard) or
+ * (shard_id + epoch) % num_shards. */
+int64_t ts_reader_shard_size(const ts_reader *r, int64_t epoch);
+/* Samples returned per epoch including padding: with pad_last_batch
+ * ceil(ceil(N / S) / batch) * batch, else ts_reader_shard_size. */
+int64_t ts_reader_epoch_length(const ts_reader *r, int64_t epoch);
+
+/* DALI's start_index: shard i of s over n samples starts at floor(n * i / s). */
+int64_t ts_shard_start(int64_t shard_id, int64_t num_shards, int64_t n);
+
+typedef struct ts_reader_sample {
+    int64_t index; /* position in listing order (0..N-1) */
+    int64_t label;
+    int64_t epoch; /* the epoch the sample belongs to */
+    bool pad;      /* a repeat of the epoch's last sample (pad_last_batch) */
+    bool epoch_end; /* the last sample (real or pad) of its epoch */
+} ts_reader_sample;
+
+/* The next sample of this shard's stream: what DALI's Loader::ReadOne(
+ * is_new_batch, is_end_of_batch) returns (the flags only matter with
+ * pad_last_batch). The stream never ends. */
+void ts_reader_next(ts_reader *r, bool is_new_batch, bool is_end_of_batch, ts_reader_sample *s);
+/* Back to the state right after ts_reader_new. */
+void ts_reader_reset(ts_reader *r);
+
+/* ---- pipeline (executor) ------------------------------------------------------------------------ */
+typedef struct ts_pipeline_opts {
+    ts_reader_opts reader;    /* its batch_size is replaced by batch_size below */
+    int64_t batch_size;       /* samples per batch (64) */
+    int num_threads;          /* worker threads reading, decoding and augmenting (2) */
+    int prefetch_queue_depth; /* batches prepared ahead of the one the caller holds (2) */
+    ts_device *device;        /* where batches land (NULL: the CPU); any registered device */
+    ts_color color;           /* output channels: RGB (3) or gray (1) */
+    bool skip_corrupt;        /* count and leave out undecodable images instead of failing */
+    int out_width, out_height; /* output image size (required) */
+    bool random_resized_crop; /* window from ts_random_resized_crop_roi, else the whole image */
+    float rrc_scale[2], rrc_ratio[2]; /* (0.08, 1) and (3/4, 4/3) */
+    float flip_prob;          /* probability of mirroring a sample left-right (0) */
+    float mean[3], std[3];    /* normalisation in pixel units (0 and 255: values in [0, 1]) */
+    bool jpeg_scaled_decode;  /* let libjpeg-turbo decode at 1/2, 1/4 or 1/8 size when the window would still
+                                 be at least the output size (true; faster for large photographs) */
+} ts_pipeline_opts;
+
+#define TS_PIPELINE_OPTS_INIT                                                                                  \
+    ((ts_pipeline_opts){TS_READER_OPTS_INIT, 64, 2, 2, NULL, TS_COLOR_RGB, false, 0, 0, false, {0.08f, 1.0f},  \
+                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true})
+
+typedef struct ts_pipeline ts_pipeline;
+
+/* Builds the reader (errors as ts_reader_new) and starts num_threads workers,
+ * which begin filling prefetch_queue_depth batches right away. opts is copied
+ * (its strings too). */
+ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out);
+/* Stops the workers (at any point: a sample being decoded is finished and
+ * dropped) and frees everything. NULL is fine. */
+void ts_pipeline_free(ts_pipeline *p);
+
+typedef struct ts_batch_info {
+    int64_t epoch, batch; /* the batch's epoch and its index in that epoch */
+    int64_t size;         /* rows in x and y */
+    int64_t real;         /* rows that are not pad_last_batch repeats (the first `real` rows) */
+    int64_t skipped;      /* samples of this batch left out as corrupt (skip_corrupt) */
+    bool last;            /* the last batch of its epoch */
+    bool epoch_end;       /* this call returned no batch: the epoch is over */
+} ts_batch_info;
+
+/* The next ready batch: *x (size, C, H, W) float32 and *y (size) int64 on the
+ * pipeline's device, borrowed until the next call (or seek/free). Batches of an
+ * epoch never mix with the next epoch's samples; the last one may be smaller
+ * (unless pad_last_batch). After an epoch's last batch one call returns
+ * *x = *y = NULL with info->epoch_end set; the call after that starts the next
+ * epoch. info may be NULL. A decoding error (without skip_corrupt) is returned
+ * when its batch is reached, naming the file; it is sticky. */
+ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batch_info *info);
+/* Repositions at batch `batch` of `epoch` (resume): rewinds the reader and runs
+ * its order forward without decoding. Batches after a seek are the ones an
+ * uninterrupted run produces there (augmentation draws depend only on the seed,
+ * the epoch and the position in it). */
+ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch);
+/* Batches `epoch` has (an upper bound with skip_corrupt). */
+int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch);
+int64_t ts_pipeline_epoch(const ts_pipeline *p);       /* epoch of the next batch */
+int64_t ts_pipeline_batch_index(const ts_pipeline *p); /* its index in that epoch */
+const ts_reader *ts_pipeline_reader(const ts_pipeline *p); /* borrowed */
+/* Samples decoded and samples skipped as corrupt so far. */
+void ts_pipeline_counts(const ts_pipeline *p, int64_t *decoded, int64_t *skipped);
+
+/* An in-memory ts_dataset (tessera/data.h) of every sample of opts' shard for
+ * epoch 0, decoded and resized (no random crop, no flip, no shuffle) by a
+ * pipeline built from opts: evaluation sets in the same folder layout. */
+ts_status ts_dataset_load_images(const ts_pipeline_opts *opts, ts_dataset **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_PIPELINE_H */

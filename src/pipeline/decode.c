@@ -1,0 +1,441 @@
+/*
+ * pipeline/decode.c — JPEG (libjpeg-turbo's TurboJPEG API) and PNG (libspng)
+ * decoding and encoding of 8-bit gray / RGB images.
+ *
+ * A bad file never crashes and never yields made-up pixels: every codec
+ * failure, including libjpeg's warnings ("Premature end of JPEG file" for a
+ * truncated file: libjpeg would pad it with gray), is TS_ERR_FORMAT with the
+ * file's name and the codec's message. Decoders are not shared between
+ * threads: each pipeline worker owns a ts__decoder.
+ */
+#include "pipeline/pipeline_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <spng.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+#include <jpeglib.h> /* after stdio.h; libjpeg-turbo's libjpeg API: partial (window) decoding */
+
+#define MAX_PIXELS (1ll << 28) /* refuse absurd headers before allocating (16384 x 16384) */
+
+/* libjpeg error handling: errors and warnings both end the decode (as TJFLAG_STOPONWARNING). */
+typedef struct jerr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+} jerr;
+
+static void jerr_exit(j_common_ptr c) {
+    jerr *e = (jerr *)c->err;
+    e->pub.format_message(c, e->msg);
+    longjmp(e->jb, 1);
+}
+
+static void jerr_emit(j_common_ptr c, int level) {
+    if (level < 0) jerr_exit(c); /* a warning: corrupt data */
+}
+
+struct ts__decoder {
+    tjhandle tj;                         /* whole images (TurboJPEG) */
+    struct jpeg_decompress_struct dinfo; /* windows (libjpeg API) */
+    jerr err;
+    bool dinfo_ready;
+    JSAMPROW *rows;
+    int nrows;
+};
+
+ts_status ts__decoder_new(ts__decoder **out) {
+    ts__decoder *d = ts__calloc(1, sizeof *d);
+    if (!d) return TS_ERR_NOMEM;
+    if (!(d->tj = tjInitDecompress())) {
+        free(d);
+        return ts_error(TS_ERR_NOMEM, "cannot start a TurboJPEG decompressor: %s", tjGetErrorStr2(NULL));
+    }
+    d->dinfo.err = jpeg_std_error(&d->err.pub);
+    d->err.pub.error_exit = jerr_exit;
+    d->err.pub.emit_message = jerr_emit;
+    if (setjmp(d->err.jb)) {
+        tjDestroy(d->tj);
+        free(d);
+        return ts_error(TS_ERR_NOMEM, "cannot start a libjpeg decompressor");
+    }
+    jpeg_create_decompress(&d->dinfo);
+    d->dinfo_ready = true;
+    *out = d;
+    return TS_OK;
+}
+
+void ts__decoder_free(ts__decoder *d) {
+    if (!d) return;
+    tjDestroy(d->tj);
+    if (d->dinfo_ready) jpeg_destroy_decompress(&d->dinfo);
+    free(d->rows);
+    free(d);
+}
+
+ts_status ts_image_alloc(ts_image *im, int width, int height, int channels) {
+    TS_ARG(im && width > 0 && height > 0 && (channels == 1 || channels == 3),
+           "ts_image_alloc: bad size %d x %d x %d", width, height, channels);
+    size_t need = (size_t)width * (size_t)height * (size_t)channels;
+    if (need > im->cap) {
+        uint8_t *p = malloc(need);
+        if (!p) return ts_error(TS_ERR_NOMEM, "out of memory for a %d x %d x %d image", width, height, channels);
+        free(im->data);
+        im->data = p;
+        im->cap = need;
+    }
+    im->width = width;
+    im->height = height;
+    im->channels = channels;
+    return TS_OK;
+}
+
+void ts_image_free(ts_image *im) {
+    if (!im) return;
+    free(im->data);
+    *im = TS_IMAGE_INIT;
+}
+
+static ts__fmt sniff(const uint8_t *p, size_t n) {
+    static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (n >= 3 && p[0] == 0xff && p[1] == 0xd8 && p[2] == 0xff) return TS__FMT_JPEG;
+    if (n >= 8 && memcmp(p, png_sig, 8) == 0) return TS__FMT_PNG;
+    return TS__FMT_UNKNOWN;
+}
+
+static ts_status check_size(const char *name, const char *what, int w, int h) {
+    if (w < 1 || h < 1 || (int64_t)w * h > MAX_PIXELS)
+        return ts_error(TS_ERR_FORMAT, "%s: %s of %d x %d pixels is empty or too large", name, what, w, h);
+    return TS_OK;
+}
+
+static ts_status unknown_format(const char *name, const uint8_t *p, size_t n) {
+    if (n == 0) return ts_error(TS_ERR_FORMAT, "%s: empty file (0 bytes), expected a JPEG or PNG image", name);
+    return ts_error(TS_ERR_FORMAT, "%s: not a JPEG or PNG image (starts with %02x %02x %02x %02x)", name, p[0],
+                    n > 1 ? p[1] : 0, n > 2 ? p[2] : 0, n > 3 ? p[3] : 0);
+}
+
+/* ---- PNG ------------------------------------------------------------------------------------------ */
+static spng_ctx *png_open(const void *buf, size_t n) {
+    spng_ctx *ctx = spng_ctx_new(0);
+    if (!ctx) return NULL;
+    spng_set_image_limits(ctx, 1u << 16, 1u << 16);
+    spng_set_chunk_limits(ctx, 1u << 26, 1u << 28);
+    if (spng_set_png_buffer(ctx, buf, n) != 0) {
+        spng_ctx_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static ts_status png_header(const void *buf, size_t n, const char *name, struct spng_ihdr *ihdr) {
+    spng_ctx *ctx = png_open(buf, n);
+    if (!ctx) return ts_error(TS_ERR_NOMEM, "%s: cannot start a PNG decoder", name);
+    int e = spng_get_ihdr(ctx, ihdr);
+    spng_ctx_free(ctx);
+    if (e) return ts_error(TS_ERR_FORMAT, "%s: corrupt PNG: %s", name, spng_strerror(e));
+    return check_size(name, "PNG", (int)ihdr->width, (int)ihdr->height);
+}
+
+/* Y = 0.299 R + 0.587 G + 0.114 B with libjpeg's 16-bit fixed-point constants and rounding. */
+static void rgb_to_gray(const uint8_t *src, uint8_t *dst, size_t npix) {
+    for (size_t i = 0; i < npix; i++)
+        dst[i] = (uint8_t)((19595u * src[3 * i] + 38470u * src[3 * i + 1] + 7471u * src[3 * i + 2] + 32768u) >> 16);
+}
+
+static void gray_to_rgb_inplace(uint8_t *p, size_t npix) { /* back to front: p holds npix gray bytes */
+    for (size_t i = npix; i-- > 0;) p[3 * i] = p[3 * i + 1] = p[3 * i + 2] = p[i];
+}
+
+static ts_status png_decode(const void *buf, size_t n, ts_color color, const char *name, ts_image *out) {
+    struct spng_ihdr ihdr;
+    TS_TRY(png_header(buf, n, name, &ihdr));
+    int w = (int)ihdr.width, h = (int)ihdr.height;
+    size_t npix = (size_t)w * (size_t)h;
+    bool gray_src = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE && ihdr.bit_depth <= 8;
+    int fmt = gray_src ? SPNG_FMT_G8 : SPNG_FMT_RGB8;
+    /* decode into out when the result has the decoded layout, else into a scratch RGB buffer */
+    uint8_t *scratch = NULL;
+    uint8_t *dst;
+    if (gray_src) {
+        TS_TRY(ts_image_alloc(out, w, h, (int)color)); /* gray fits at the front, expanded in place */
+        dst = out->data;
+    } else if (color == TS_COLOR_RGB) {
+        TS_TRY(ts_image_alloc(out, w, h, 3));
+        dst = out->data;
+    } else {
+        if (!(scratch = malloc(npix * 3))) return ts_error(TS_ERR_NOMEM, "%s: out of memory", name);
+        dst = scratch;
+    }
+    spng_ctx *ctx = png_open(buf, n);
+    if (!ctx) {
+        free(scratch);
+        return ts_error(TS_ERR_NOMEM, "%s: cannot start a PNG decoder", name);
+    }
+    size_t need = 0;
+    int e = spng_decoded_image_size(ctx, fmt, &need);
+    if (!e && need != npix * (gray_src ? 1 : 3)) e = SPNG_EINTERNAL;
+    if (!e) e = spng_decode_image(ctx, dst, need, fmt, 0);
+    spng_ctx_free(ctx);
+    if (e) {
+        free(scratch);
+        return ts_error(TS_ERR_FORMAT, "%s: corrupt PNG: %s", name, spng_strerror(e));
+    }
+    if (scratch) {
+        ts_status st = ts_image_alloc(out, w, h, 1);
+        if (st == TS_OK) rgb_to_gray(scratch, out->data, npix);
+        free(scratch);
+        return st;
+    }
+    if (gray_src && color == TS_COLOR_RGB) gray_to_rgb_inplace(out->data, npix);
+    return TS_OK;
+}
+
+/* ---- JPEG ------------------------------------------------------------------------------------------ */
+static ts_status jpeg_error(tjhandle tj, const char *name) {
+    return ts_error(TS_ERR_FORMAT, "%s: corrupt JPEG: %s", name, tjGetErrorStr2(tj));
+}
+
+ts_status ts__decode_header(ts__decoder *d, const void *buf, size_t n, const char *name, ts__fmt *fmt, int *w,
+                            int *h) {
+    *fmt = sniff(buf, n);
+    if (*fmt == TS__FMT_JPEG) {
+        int sub, cs;
+        if (tjDecompressHeader3(d->tj, buf, (unsigned long)n, w, h, &sub, &cs) != 0) return jpeg_error(d->tj, name);
+        return check_size(name, "JPEG", *w, *h);
+    }
+    if (*fmt == TS__FMT_PNG) {
+        struct spng_ihdr ihdr;
+        TS_TRY(png_header(buf, n, name, &ihdr));
+        *w = (int)ihdr.width;
+        *h = (int)ihdr.height;
+        return TS_OK;
+    }
+    return unknown_format(name, buf, n);
+}
+
+ts_status ts__decode(ts__decoder *d, const void *buf, size_t n, ts_color color, const char *name, int denom,
+                     ts_image *out) {
+    TS_ARG(color == TS_COLOR_GRAY || color == TS_COLOR_RGB, "ts_image_decode: color %d is not gray or RGB",
+           (int)color);
+    ts__fmt fmt = sniff(buf, n);
+    if (fmt == TS__FMT_PNG) return png_decode(buf, n, color, name, out);
+    if (fmt != TS__FMT_JPEG) return unknown_format(name, buf, n);
+    int w, h, sub, cs;
+    if (tjDecompressHeader3(d->tj, buf, (unsigned long)n, &w, &h, &sub, &cs) != 0) return jpeg_error(d->tj, name);
+    TS_TRY(check_size(name, "JPEG", w, h));
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8) denom = 1;
+    int sw = (w + denom - 1) / denom, sh = (h + denom - 1) / denom; /* TJSCALED(w, {1, denom}) */
+    TS_TRY(ts_image_alloc(out, sw, sh, (int)color));
+    int pf = color == TS_COLOR_RGB ? TJPF_RGB : TJPF_GRAY;
+    if (tjDecompress2(d->tj, buf, (unsigned long)n, out->data, sw, 0, sh, pf, TJFLAG_STOPONWARNING) != 0)
+        return jpeg_error(d->tj, name);
+    return TS_OK;
+}
+
+typedef struct window_args {
+    const void *buf;
+    size_t n;
+    ts_color color;
+    const char *name;
+    int denom;
+    const ts_roi *win;
+    ts__window_fn choose; /* when set: picks win and denom from the header's size */
+    void *ctx;
+    ts_image *out;
+    ts_roi *roi;
+} window_args;
+
+/* The libjpeg calls of ts__decode_window; a libjpeg error longjmps out of here to window_guarded. */
+static ts_status window_decode(ts__decoder *d, const window_args *a) {
+    struct jpeg_decompress_struct *c = &d->dinfo;
+    int denom = a->denom;
+    ts_roi chosen;
+    const ts_roi *win = a->win;
+    ts_status st;
+    jpeg_mem_src(c, a->buf, (unsigned long)a->n);
+    jpeg_read_header(c, TRUE);
+    if ((st = check_size(a->name, "JPEG", (int)c->image_width, (int)c->image_height)) != TS_OK) return st;
+    if (a->choose) {
+        a->choose(a->ctx, (int)c->image_width, (int)c->image_height, &chosen, &denom);
+        if (denom != 2 && denom != 4 && denom != 8) denom = 1;
+        win = &chosen;
+    }
+    c->out_color_space = a->color == TS_COLOR_RGB ? JCS_RGB : JCS_GRAYSCALE;
+    c->scale_num = 1;
+    c->scale_denom = (unsigned)denom;
+    jpeg_start_decompress(c);
+    const int W = (int)c->output_width, H = (int)c->output_height;
+    /* the window in output pixels, rounded outwards */
+    int x0 = win->x / denom, y0 = win->y / denom;
+    int x1 = TS_MIN((win->x + win->w + denom - 1) / denom, W), y1 = TS_MIN((win->y + win->h + denom - 1) / denom, H);
+    if (x0 >= x1 || y0 >= y1)
+        return ts_error(TS_ERR_INVALID_ARG, "%s: window (%d, %d) %d x %d is outside the %d x %d image", a->name, win->x,
+                        win->y, win->w, win->h, (int)c->image_width, (int)c->image_height);
+    JDIMENSION xoff = (JDIMENSION)x0, cw = (JDIMENSION)(x1 - x0);
+    if (x0 > 0 || x1 < W) jpeg_crop_scanline(c, &xoff, &cw); /* widens to iMCU boundaries */
+    const int ow = (int)c->output_width, oh = y1 - y0;
+    TS_TRY(ts_image_alloc(a->out, ow, oh, (int)a->color));
+    if (y0 > 0 && jpeg_skip_scanlines(c, (JDIMENSION)y0) != (JDIMENSION)y0)
+        return ts_error(TS_ERR_FORMAT, "%s: corrupt JPEG: cannot skip to row %d", a->name, y0);
+    const size_t stride = (size_t)ow * (size_t)a->color;
+    while ((int)c->output_scanline < y1) {
+        JSAMPROW r = a->out->data + stride * (size_t)((int)c->output_scanline - y0);
+        if (jpeg_read_scanlines(c, &r, 1) != 1)
+            return ts_error(TS_ERR_FORMAT, "%s: corrupt JPEG: no data at row %d", a->name, (int)c->output_scanline);
+    }
+    a->roi->x = x0 - (int)xoff;
+    a->roi->y = 0;
+    a->roi->w = x1 - x0;
+    a->roi->h = oh;
+    return TS_OK;
+}
+
+static ts_status window_guarded(ts__decoder *d, const window_args *a) {
+    ts__decoder *volatile vd = d; /* what the error path uses after longjmp */
+    const window_args *volatile va = a;
+    if (setjmp(d->err.jb)) {
+        jpeg_abort_decompress(&vd->dinfo);
+        return ts_error(TS_ERR_FORMAT, "%s: corrupt JPEG: %s", va->name, vd->err.msg);
+    }
+    ts_status st = window_decode(vd, va);
+    jpeg_abort_decompress(&vd->dinfo); /* the rows below the window are never decoded */
+    return st;
+}
+
+ts_status ts__decode_window(ts__decoder *d, const void *buf, size_t n, ts_color color, const char *name,
+                            int scale_denom, const ts_roi *win, ts_image *out, ts_roi *roi) {
+    if (sniff(buf, n) != TS__FMT_JPEG) return unknown_format(name, buf, n);
+    const window_args a = {buf,  n,    color, name, scale_denom == 2 || scale_denom == 4 || scale_denom == 8 ? scale_denom : 1,
+                           win,  NULL, NULL,  out,  roi};
+    return window_guarded(d, &a);
+}
+
+ts_status ts__decode_window_chosen(ts__decoder *d, const void *buf, size_t n, ts_color color, const char *name,
+                                   ts__window_fn choose, void *ctx, ts_image *out, ts_roi *roi) {
+    if (sniff(buf, n) != TS__FMT_JPEG) return unknown_format(name, buf, n);
+    const window_args a = {buf, n, color, name, 1, NULL, choose, ctx, out, roi};
+    return window_guarded(d, &a);
+}
+
+ts_status ts_image_decode(const void *buf, size_t n, ts_color color, const char *name, ts_image *out) {
+    TS_ARG(out && (buf || n == 0), "ts_image_decode: NULL argument");
+    if (!name) name = "<buffer>";
+    if (sniff(buf, n) != TS__FMT_JPEG) { /* no TurboJPEG handle needed */
+        if (sniff(buf, n) == TS__FMT_PNG) {
+            TS_ARG(color == TS_COLOR_GRAY || color == TS_COLOR_RGB, "ts_image_decode: color %d is not gray or RGB",
+                   (int)color);
+            return png_decode(buf, n, color, name, out);
+        }
+        return unknown_format(name, buf, n);
+    }
+    ts__decoder *d = NULL;
+    TS_TRY(ts__decoder_new(&d));
+    ts_status st = ts__decode(d, buf, n, color, name, 1, out);
+    ts__decoder_free(d);
+    return st;
+}
+
+/* ---- files ------------------------------------------------------------------------------------------- */
+ts_status ts__read_file(const char *path, uint8_t **buf, size_t *cap, size_t *n) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return ts_error(TS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        close(fd);
+        return ts_error(TS_ERR_IO, "%s: is a directory, expected an image file", path);
+    }
+    size_t want = (size_t)sb.st_size, got = 0;
+    if (want + 1 > *cap) {
+        size_t c = want + 1 > 2 * *cap ? want + 1 : 2 * *cap;
+        uint8_t *p = realloc(*buf, c);
+        if (!p) {
+            close(fd);
+            return ts_error(TS_ERR_NOMEM, "%s: out of memory for %zu bytes", path, want);
+        }
+        *buf = p;
+        *cap = c;
+    }
+    while (got < want) {
+        ssize_t r = read(fd, *buf + got, want - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            return ts_error(TS_ERR_IO, "%s: read error: %s", path, strerror(e));
+        }
+        if (r == 0) break; /* shrank while reading: decode what is there */
+        got += (size_t)r;
+    }
+    close(fd);
+    *n = got;
+    return TS_OK;
+}
+
+ts_status ts_image_read(const char *path, ts_color color, ts_image *out) {
+    TS_ARG(path && out, "ts_image_read: NULL argument");
+    uint8_t *buf = NULL;
+    size_t cap = 0, n = 0;
+    ts_status st = ts__read_file(path, &buf, &cap, &n);
+    if (st == TS_OK) st = ts_image_decode(buf, n, color, path, out);
+    free(buf);
+    return st;
+}
+
+static ts_status write_all(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return ts_error(TS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    size_t w = fwrite(p, 1, n, f);
+    int e = errno;
+    if (fclose(f) != 0 || w != n) return ts_error(TS_ERR_IO, "%s: write error: %s", path, strerror(e ? e : errno));
+    return TS_OK;
+}
+
+ts_status ts_image_write_png(const ts_image *im, const char *path) {
+    TS_ARG(im && im->data && path && (im->channels == 1 || im->channels == 3), "ts_image_write_png: bad argument");
+    spng_ctx *enc = spng_ctx_new(SPNG_CTX_ENCODER);
+    if (!enc) return ts_error(TS_ERR_NOMEM, "%s: cannot start a PNG encoder", path);
+    struct spng_ihdr ihdr = {(uint32_t)im->width, (uint32_t)im->height, 8,
+                             im->channels == 3 ? SPNG_COLOR_TYPE_TRUECOLOR : SPNG_COLOR_TYPE_GRAYSCALE, 0, 0, 0};
+    size_t len = (size_t)im->width * (size_t)im->height * (size_t)im->channels, pn = 0;
+    int e = spng_set_option(enc, SPNG_ENCODE_TO_BUFFER, 1);
+    if (!e) e = spng_set_ihdr(enc, &ihdr);
+    if (!e) e = spng_encode_image(enc, im->data, len, SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE);
+    void *png = e ? NULL : spng_get_png_buffer(enc, &pn, &e);
+    spng_ctx_free(enc);
+    if (e || !png) {
+        free(png);
+        return ts_error(TS_ERR_INTERNAL, "%s: PNG encoding failed: %s", path, spng_strerror(e));
+    }
+    ts_status st = write_all(path, png, pn);
+    free(png);
+    return st;
+}
+
+ts_status ts_image_write_jpeg(const ts_image *im, const char *path, int quality) {
+    TS_ARG(im && im->data && path && (im->channels == 1 || im->channels == 3), "ts_image_write_jpeg: bad argument");
+    TS_ARG(quality >= 1 && quality <= 100, "ts_image_write_jpeg: quality %d is out of range [1, 100]", quality);
+    tjhandle tj = tjInitCompress();
+    if (!tj) return ts_error(TS_ERR_NOMEM, "%s: cannot start a TurboJPEG compressor", path);
+    unsigned char *jb = NULL;
+    unsigned long jn = 0;
+    int pf = im->channels == 3 ? TJPF_RGB : TJPF_GRAY, sub = im->channels == 3 ? TJSAMP_420 : TJSAMP_GRAY;
+    ts_status st = TS_OK;
+    if (tjCompress2(tj, im->data, im->width, 0, im->height, pf, &jb, &jn, sub, quality, 0) != 0)
+        st = ts_error(TS_ERR_INTERNAL, "%s: JPEG encoding failed: %s", path, tjGetErrorStr2(tj));
+    else
+        st = write_all(path, jb, jn);
+    tjFree(jb);
+    tjDestroy(tj);
+    return st;
+}

@@ -1,0 +1,606 @@
+/*
+ * pipeline/pipeline.c — the executor: worker threads turn the reader's sample
+ * stream into ready NCHW batches, prefetch_queue_depth of them ahead.
+ *
+ *   consumer thread (ts_pipeline_next)           worker threads (num_threads)
+ *   ---------------------------------           -------------------------------
+ *   frees the slot it handed out last time,     take the next (slot, position) of the
+ *   plans batches into free slots (runs the     oldest slot still being filled, read +
+ *   reader: cheap, no I/O), waits until the     decode + crop/resize/flip/normalise the
+ *   oldest planned slot is READY, hands it out  sample straight into that slot's batch
+ *   (borrowed views; copies to the device       memory, and mark the slot READY when its
+ *   when the device is not host memory)         last position is done
+ *
+ * Slots: prefetch_queue_depth + 1 (the extra one is the batch the caller
+ * holds). A slot's memory belongs to the one worker writing a position, so
+ * workers only take the mutex to pick a position and to report it.
+ * Ownership: the pipeline owns the reader, the slots' tensors and the views it
+ * hands out; they stay valid until the next call, a seek or ts_pipeline_free.
+ */
+#include "pipeline/pipeline_internal.h"
+#include "tensor/tensor.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+
+typedef enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD } slot_state;
+
+typedef struct slot {
+    slot_state state;
+    int64_t seq;          /* planning order; the consumer takes seq == take_seq */
+    int64_t epoch, batch; /* position of the batch */
+    int64_t n, next, done; /* planned samples, next position to hand a worker, positions finished */
+    int64_t skipped;       /* samples left out as corrupt */
+    bool last;            /* ends its epoch */
+    ts_reader_sample *smp; /* B planned samples */
+    uint8_t *ok;           /* B: decoded (0: skipped as corrupt) */
+    ts_tensor *x, *y;      /* (B, C, H, W) f32 and (B) i64 on the device */
+    float *hx;             /* where workers write: x's memory, or host staging */
+    int64_t *hy;
+    ts_status err;         /* first failure (lowest position) */
+    int64_t err_pos;
+    char errmsg[1024];
+} slot;
+
+typedef struct worker {
+    struct ts_pipeline *p;
+    pthread_t tid;
+    bool started;
+    ts__decoder *dec;
+    uint8_t *file;     /* file bytes, grown as needed */
+    size_t file_cap;
+    ts_image img;      /* decoded image */
+    ts__resample_ws ws; /* resize scratch */
+} worker;
+
+struct ts_pipeline {
+    ts_pipeline_opts o;
+    ts_reader *reader;
+    int C, H, W;
+    int64_t B, numel;
+    bool staged; /* the device is not host memory: workers write to staging buffers */
+    slot *slots;
+    int nslots, depth;
+    worker *workers;
+    int nworkers;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    bool stop, paused;
+    int in_flight;
+    int64_t plan_seq, take_seq;     /* next batch to plan / to hand out */
+    int64_t plan_epoch, plan_batch; /* position of the next planned batch */
+    int64_t cur_epoch, cur_batch;   /* position of the next batch handed out */
+    bool epoch_end_pending;         /* the next call reports the end of cur_epoch */
+    int held;                       /* slot the caller holds, or -1 */
+    ts_tensor *vx, *vy;             /* views of a short batch handed out */
+    ts_status sticky;
+    char sticky_msg[1024];
+    int64_t decoded, skipped;
+};
+
+/* ---- per-sample work ------------------------------------------------------------------------- */
+static uint64_t splitmix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* The augmentation generator of one sample: a function of (seed, epoch, position in the epoch). */
+static void sample_rng(const ts_pipeline *p, int64_t epoch, int64_t pos, ts_rng *r) {
+    uint64_t s = splitmix((uint64_t)p->o.reader.seed ^ splitmix(((uint64_t)epoch << 32) ^ (uint64_t)pos));
+    ts_rng_seed(r, s);
+}
+
+static ts_status gray_to_rgb(const uint8_t *src, int w, int h, ts_image *dst) {
+    TS_TRY(ts_image_alloc(dst, w, h, 3));
+    size_t n = (size_t)w * (size_t)h;
+    for (size_t i = 0; i < n; i++) dst->data[3 * i] = dst->data[3 * i + 1] = dst->data[3 * i + 2] = src[i];
+    return TS_OK;
+}
+
+/* A JPEG's random resized crop, chosen from the size in its header while it is being decoded. */
+typedef struct choose_ctx {
+    const ts_pipeline *p;
+    ts_rng *rng;
+    ts_roi roi;
+    bool mirror;
+} choose_ctx;
+
+static void choose_window(void *vctx, int w, int h, ts_roi *win, int *denom) {
+    choose_ctx *c = vctx;
+    const ts_pipeline *p = c->p;
+    c->roi = ts_random_resized_crop_roi(c->rng, w, h, p->o.rrc_scale, p->o.rrc_ratio);
+    c->mirror = p->o.flip_prob > 0 && ts_rng_uniform(c->rng) < p->o.flip_prob;
+    int d = 1;
+    if (p->o.jpeg_scaled_decode)
+        while (d < 8 && c->roi.w / (2 * d) >= p->W && c->roi.h / (2 * d) >= p->H) d *= 2;
+    *win = c->roi;
+    *denom = d;
+}
+
+/* Reads, decodes and augments sample `pos` of slot s into its batch memory. */
+static ts_status process(worker *wk, slot *s, int64_t pos) {
+    ts_pipeline *p = wk->p;
+    const ts_reader_sample *smp = &s->smp[pos];
+    float *dst = s->hx + pos * p->numel;
+    s->hy[pos] = smp->label;
+    ts_rng rng;
+    sample_rng(p, s->epoch, s->batch * p->B + pos, &rng);
+    ts_image view = TS_IMAGE_INIT, *im = &wk->img;
+    int w, h;
+    const char *path = NULL;
+    ts__fmt fmt = TS__FMT_UNKNOWN;
+    if (ts__reader_kind(p->reader) == TS__SRC_IDX) {
+        const uint8_t *px = ts__reader_idx_pixels(p->reader, smp->index, &w, &h);
+        if (p->C == 3) {
+            TS_TRY(gray_to_rgb(px, w, h, im));
+        } else {
+            view = (ts_image){(uint8_t *)px, w, h, 1, 0};
+            im = &view;
+        }
+    } else {
+        size_t n = 0;
+        path = ts_reader_path(p->reader, smp->index);
+        TS_TRY(ts__read_file(path, &wk->file, &wk->file_cap, &n));
+        const uint8_t *b = wk->file;
+        if (p->o.random_resized_crop && n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
+            /* the common case, one header parse: DALI's fused decode + random crop */
+            choose_ctx cc = {p, &rng, {0, 0, 0, 0}, false};
+            ts_roi roi;
+            TS_TRY(ts__decode_window_chosen(wk->dec, wk->file, n, (ts_color)p->C, path, choose_window, &cc, im, &roi));
+            return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, cc.mirror, p->o.mean, p->o.std, dst);
+        }
+        TS_TRY(ts__decode_header(wk->dec, wk->file, n, path, &fmt, &w, &h));
+        /* the window is drawn on the full-size image so the draws do not depend on the decoder */
+        ts_roi roi = p->o.random_resized_crop ? ts_random_resized_crop_roi(&rng, w, h, p->o.rrc_scale, p->o.rrc_ratio)
+                                              : (ts_roi){0, 0, w, h};
+        bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
+        int denom = 1;
+        if (fmt == TS__FMT_JPEG && p->o.jpeg_scaled_decode)
+            while (denom < 8 && roi.w / (2 * denom) >= p->W && roi.h / (2 * denom) >= p->H) denom *= 2;
+        if (fmt == TS__FMT_JPEG && (roi.w < w || roi.h < h || denom > 1)) { /* DALI's fused decode + crop */
+            ts_roi win = roi;
+            TS_TRY(ts__decode_window(wk->dec, wk->file, n, (ts_color)p->C, path, denom, &win, im, &roi));
+        } else {
+            TS_TRY(ts__decode(wk->dec, wk->file, n, (ts_color)p->C, path, 1, im));
+        }
+        return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
+    }
+    ts_roi roi = p->o.random_resized_crop ? ts_random_resized_crop_roi(&rng, w, h, p->o.rrc_scale, p->o.rrc_ratio)
+                                          : (ts_roi){0, 0, w, h};
+    bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
+    return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
+}
+
+/* ---- planning (under the mutex) ------------------------------------------------------------------ */
+/* Pulls the next batch's samples from the reader: up to B, stopping after an epoch's last sample.
+ * Returns the count; *last tells whether it ended the epoch. */
+static int64_t take_batch(ts_pipeline *p, ts_reader_sample *out, bool *last) {
+    int64_t n = 0;
+    ts_reader_sample tmp;
+    *last = false;
+    while (n < p->B) {
+        ts_reader_sample *s = out ? &out[n] : &tmp;
+        ts_reader_next(p->reader, n == 0, n == p->B - 1, s);
+        n++;
+        if (s->epoch_end) {
+            *last = true;
+            break;
+        }
+    }
+    return n;
+}
+
+static void plan_locked(ts_pipeline *p) {
+    int ahead = 0;
+    for (int i = 0; i < p->nslots; i++) ahead += p->slots[i].state == SLOT_FILLING || p->slots[i].state == SLOT_READY;
+    for (int i = 0; i < p->nslots && ahead < p->depth; i++) {
+        slot *s = &p->slots[i];
+        if (s->state != SLOT_FREE) continue;
+        s->n = take_batch(p, s->smp, &s->last);
+        s->epoch = p->plan_epoch;
+        s->batch = p->plan_batch;
+        s->seq = p->plan_seq++;
+        s->next = s->done = 0;
+        s->err = TS_OK;
+        s->err_pos = INT64_MAX;
+        s->state = SLOT_FILLING;
+        if (s->last) {
+            p->plan_epoch++;
+            p->plan_batch = 0;
+        } else {
+            p->plan_batch++;
+        }
+        ahead++;
+    }
+    pthread_cond_broadcast(&p->work_cv);
+}
+
+/* A filled slot: leave out the skipped samples (rows move up, order kept). */
+static void finish_slot(ts_pipeline *p, slot *s) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        if (!s->ok[i]) continue;
+        if (k != i) {
+            memmove(s->hx + k * p->numel, s->hx + i * p->numel, sizeof(float) * (size_t)p->numel);
+            s->hy[k] = s->hy[i];
+            s->smp[k] = s->smp[i];
+        }
+        k++;
+    }
+    s->skipped = s->n - k;
+    s->n = k;
+    s->state = SLOT_READY;
+}
+
+static slot *next_task(ts_pipeline *p, int64_t *pos) {
+    slot *best = NULL;
+    for (int i = 0; i < p->nslots; i++) {
+        slot *s = &p->slots[i];
+        if (s->state == SLOT_FILLING && s->next < s->n && (!best || s->seq < best->seq)) best = s;
+    }
+    if (best) *pos = best->next++;
+    return best;
+}
+
+static void *worker_main(void *arg) {
+    worker *wk = arg;
+    ts_pipeline *p = wk->p;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        slot *s = NULL;
+        int64_t pos = 0;
+        while (!p->stop && (p->paused || !(s = next_task(p, &pos)))) pthread_cond_wait(&p->work_cv, &p->mu);
+        if (p->stop) break;
+        p->in_flight++;
+        pthread_mutex_unlock(&p->mu);
+        ts_status st = process(wk, s, pos);
+        pthread_mutex_lock(&p->mu);
+        p->in_flight--;
+        bool skippable = st == TS_ERR_FORMAT || st == TS_ERR_IO;
+        s->ok[pos] = st == TS_OK;
+        if (st == TS_OK) {
+            p->decoded++;
+        } else if (p->o.skip_corrupt && skippable) {
+            p->skipped++;
+            ts_log(TS_LOG_DEBUG, "pipeline: skipping %s", ts_last_error());
+        } else if (pos < s->err_pos) {
+            s->err = st;
+            s->err_pos = pos;
+            snprintf(s->errmsg, sizeof s->errmsg, "%s", ts_last_error());
+        }
+        if (++s->done == s->n) {
+            finish_slot(p, s);
+            pthread_cond_broadcast(&p->done_cv);
+        }
+        if (p->paused && p->in_flight == 0) pthread_cond_broadcast(&p->done_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* ---- construction -------------------------------------------------------------------------------- */
+static void release_views(ts_pipeline *p) {
+    ts_tensor_release(p->vx);
+    ts_tensor_release(p->vy);
+    p->vx = p->vy = NULL;
+}
+
+void ts_pipeline_free(ts_pipeline *p) {
+    if (!p) return;
+    if (p->workers) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = true;
+        pthread_cond_broadcast(&p->work_cv);
+        pthread_mutex_unlock(&p->mu);
+        for (int i = 0; i < p->nworkers; i++) {
+            if (p->workers[i].started) pthread_join(p->workers[i].tid, NULL);
+            ts__decoder_free(p->workers[i].dec);
+            free(p->workers[i].file);
+            ts_image_free(&p->workers[i].img);
+            ts__resample_ws_free(&p->workers[i].ws);
+        }
+        free(p->workers);
+    }
+    release_views(p);
+    for (int i = 0; p->slots && i < p->nslots; i++) {
+        slot *s = &p->slots[i];
+        ts_tensor_release(s->x);
+        ts_tensor_release(s->y);
+        if (p->staged) {
+            free(s->hx);
+            free(s->hy);
+        }
+        free(s->smp);
+        free(s->ok);
+    }
+    free(p->slots);
+    ts_reader_free(p->reader);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p);
+}
+
+ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
+    TS_ARG(opts && out, "ts_pipeline_new: NULL argument");
+    *out = NULL;
+    const ts_pipeline_opts *o = opts;
+    TS_ARG(o->batch_size >= 1 && o->batch_size <= (1 << 24), "ts_pipeline_new: batch_size %lld is out of range",
+           (long long)o->batch_size);
+    TS_ARG(o->num_threads >= 1 && o->num_threads <= 1024, "ts_pipeline_new: num_threads %d must be in [1, 1024]",
+           o->num_threads);
+    TS_ARG(o->prefetch_queue_depth >= 1 && o->prefetch_queue_depth <= 64,
+           "ts_pipeline_new: prefetch_queue_depth %d must be in [1, 64]", o->prefetch_queue_depth);
+    TS_ARG(o->color == TS_COLOR_GRAY || o->color == TS_COLOR_RGB, "ts_pipeline_new: color %d is not gray or RGB",
+           (int)o->color);
+    TS_ARG(o->out_width >= 1 && o->out_height >= 1 && o->out_width <= 65536 && o->out_height <= 65536,
+           "ts_pipeline_new: output size %d x %d (set out_width and out_height)", o->out_width, o->out_height);
+    TS_ARG(!o->random_resized_crop || (o->rrc_scale[0] > 0 && o->rrc_scale[0] <= o->rrc_scale[1] &&
+                                       o->rrc_scale[1] <= 1 && o->rrc_ratio[0] > 0 &&
+                                       o->rrc_ratio[0] <= o->rrc_ratio[1]),
+           "ts_pipeline_new: random resized crop scale (%g, %g) / ratio (%g, %g) out of range", o->rrc_scale[0],
+           o->rrc_scale[1], o->rrc_ratio[0], o->rrc_ratio[1]);
+    TS_ARG(o->flip_prob >= 0 && o->flip_prob <= 1, "ts_pipeline_new: flip_prob %g is not in [0, 1]", o->flip_prob);
+    for (int c = 0; c < (int)o->color; c++)
+        TS_ARG(o->std[c] != 0 && isfinite(o->std[c]) && isfinite(o->mean[c]), "ts_pipeline_new: bad mean %g / std %g",
+               o->mean[c], o->std[c]);
+
+    ts_pipeline *p = ts__calloc(1, sizeof *p);
+    if (!p) return TS_ERR_NOMEM;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    p->o = *o;
+    p->o.reader.batch_size = o->batch_size;
+    if (!p->o.device) p->o.device = ts_device_cpu();
+    p->held = -1;
+    ts_status st = TS_OK;
+    TS_CHECK_GOTO(ts_reader_new(&p->o.reader, &p->reader));
+    p->o.reader = *ts__reader_opts(p->reader); /* the reader's copies of the strings */
+    p->C = (int)o->color;
+    p->H = o->out_height;
+    p->W = o->out_width;
+    p->B = o->batch_size;
+    p->numel = (int64_t)p->C * p->H * p->W;
+    p->staged = !p->o.device->host_accessible;
+    p->depth = o->prefetch_queue_depth;
+    p->nslots = p->depth + 1;
+    p->slots = ts__calloc((size_t)p->nslots, sizeof *p->slots);
+    if (!p->slots) {
+        st = TS_ERR_NOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < p->nslots; i++) {
+        slot *s = &p->slots[i];
+        int64_t xs[4] = {p->B, p->C, p->H, p->W};
+        TS_CHECK_GOTO(ts__new(p->o.device, TS_F32, 4, xs, &s->x));
+        TS_CHECK_GOTO(ts__new(p->o.device, TS_I64, 1, &p->B, &s->y));
+        s->smp = ts__malloc(sizeof *s->smp * (size_t)p->B);
+        s->ok = ts__malloc((size_t)p->B);
+        if (p->staged) {
+            s->hx = ts__malloc(sizeof(float) * (size_t)(p->B * p->numel));
+            s->hy = ts__malloc(sizeof(int64_t) * (size_t)p->B);
+        } else {
+            s->hx = ts__f32(s->x);
+            s->hy = ts__ptr(s->y);
+        }
+        if (!s->smp || !s->ok || !s->hx || !s->hy) {
+            st = TS_ERR_NOMEM;
+            goto fail;
+        }
+    }
+    p->nworkers = o->num_threads;
+    p->workers = ts__calloc((size_t)p->nworkers, sizeof *p->workers);
+    if (!p->workers) {
+        st = TS_ERR_NOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < p->nworkers; i++) {
+        p->workers[i].p = p;
+        TS_CHECK_GOTO(ts__decoder_new(&p->workers[i].dec));
+    }
+    pthread_mutex_lock(&p->mu);
+    plan_locked(p);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nworkers; i++) {
+        int e = pthread_create(&p->workers[i].tid, NULL, worker_main, &p->workers[i]);
+        if (e) {
+            st = ts_error(TS_ERR_INTERNAL, "ts_pipeline_new: cannot start worker thread %d: %s", i, strerror(e));
+            goto fail;
+        }
+        p->workers[i].started = true;
+    }
+    *out = p;
+    return TS_OK;
+fail:
+    ts_pipeline_free(p);
+    return st;
+}
+
+/* ---- the iterator ---------------------------------------------------------------------------------- */
+static slot *find_seq(ts_pipeline *p, int64_t seq) {
+    for (int i = 0; i < p->nslots; i++)
+        if (p->slots[i].state != SLOT_FREE && p->slots[i].state != SLOT_HELD && p->slots[i].seq == seq)
+            return &p->slots[i];
+    return NULL;
+}
+
+ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batch_info *info) {
+    TS_ARG(p && x && y, "ts_pipeline_next: NULL argument");
+    *x = *y = NULL;
+    ts_batch_info tmp;
+    if (!info) info = &tmp;
+    memset(info, 0, sizeof *info);
+    if (p->sticky != TS_OK) return ts_error(p->sticky, "%s", p->sticky_msg);
+    release_views(p);
+    pthread_mutex_lock(&p->mu);
+    if (p->held >= 0) {
+        p->slots[p->held].state = SLOT_FREE;
+        p->held = -1;
+        plan_locked(p);
+    }
+    for (;;) {
+        if (p->epoch_end_pending) {
+            p->epoch_end_pending = false;
+            info->epoch = p->cur_epoch;
+            info->batch = p->cur_batch;
+            info->epoch_end = true;
+            p->cur_epoch++;
+            p->cur_batch = 0;
+            pthread_mutex_unlock(&p->mu);
+            return TS_OK;
+        }
+        slot *s;
+        while (!(s = find_seq(p, p->take_seq)) || s->state != SLOT_READY) {
+            if (!s) plan_locked(p); /* nothing planned yet (cannot happen with a free slot) */
+            pthread_cond_wait(&p->done_cv, &p->mu);
+        }
+        p->take_seq++;
+        p->cur_epoch = s->epoch;
+        p->cur_batch = s->batch + 1;
+        if (s->last) p->epoch_end_pending = true;
+        if (s->err != TS_OK) {
+            p->sticky = s->err;
+            snprintf(p->sticky_msg, sizeof p->sticky_msg, "%s", s->errmsg);
+            s->state = SLOT_FREE;
+            pthread_mutex_unlock(&p->mu);
+            return ts_error(p->sticky, "%s", p->sticky_msg);
+        }
+        if (s->n == 0) { /* every sample skipped */
+            s->state = SLOT_FREE;
+            plan_locked(p);
+            continue;
+        }
+        s->state = SLOT_HELD;
+        p->held = (int)(s - p->slots);
+        info->epoch = s->epoch;
+        info->batch = s->batch;
+        info->size = s->n;
+        info->last = s->last;
+        for (int64_t i = 0; i < s->n; i++) info->real += !s->smp[i].pad;
+        info->skipped = s->skipped;
+        break;
+    }
+    slot *s = &p->slots[p->held];
+    pthread_mutex_unlock(&p->mu);
+    ts_status st = TS_OK;
+    ts_tensor *bx = s->x, *by = s->y;
+    if (s->n < p->B) {
+        int64_t xs[4] = {s->n, p->C, p->H, p->W};
+        if ((st = ts__view(s->x, 4, xs, &p->vx)) != TS_OK || (st = ts__view(s->y, 1, &s->n, &p->vy)) != TS_OK) {
+            release_views(p);
+            return st;
+        }
+        bx = p->vx;
+        by = p->vy;
+    }
+    if (p->staged) {
+        TS_TRY(ts_tensor_from_host(bx, s->hx, ts_tensor_nbytes(bx)));
+        TS_TRY(ts_tensor_from_host(by, s->hy, ts_tensor_nbytes(by)));
+    }
+    *x = bx;
+    *y = by;
+    return TS_OK;
+}
+
+ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
+    TS_ARG(p && epoch >= 0 && batch >= 0, "ts_pipeline_seek: bad position (epoch %lld, batch %lld)", (long long)epoch,
+           (long long)batch);
+    TS_ARG(batch <= ts_pipeline_num_batches(p, epoch), "ts_pipeline_seek: batch %lld is past the %lld batches of epoch %lld",
+           (long long)batch, (long long)ts_pipeline_num_batches(p, epoch), (long long)epoch);
+    release_views(p);
+    pthread_mutex_lock(&p->mu);
+    p->paused = true;
+    while (p->in_flight > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    for (int i = 0; i < p->nslots; i++) p->slots[i].state = SLOT_FREE;
+    p->held = -1;
+    ts_reader_reset(p->reader);
+    bool last = false;
+    int64_t e = 0, b = 0;
+    while (e < epoch) { /* run the reader's order forward, batch by batch, without decoding */
+        take_batch(p, NULL, &last);
+        if (last) e++;
+    }
+    p->epoch_end_pending = false;
+    for (; b < batch; b++) {
+        take_batch(p, NULL, &last);
+        if (last) { /* positioned after the epoch's last batch: the next call reports its end */
+            p->epoch_end_pending = true;
+            b++;
+            break;
+        }
+    }
+    p->plan_epoch = p->epoch_end_pending ? epoch + 1 : epoch;
+    p->plan_batch = p->epoch_end_pending ? 0 : b;
+    p->cur_epoch = epoch;
+    p->cur_batch = b;
+    p->plan_seq = p->take_seq = 0;
+    p->sticky = TS_OK;
+    p->paused = false;
+    plan_locked(p);
+    pthread_mutex_unlock(&p->mu);
+    return TS_OK;
+}
+
+int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch) {
+    return (ts_reader_epoch_length(p->reader, epoch) + p->B - 1) / p->B;
+}
+int64_t ts_pipeline_epoch(const ts_pipeline *p) { return p->cur_epoch; }
+int64_t ts_pipeline_batch_index(const ts_pipeline *p) { return p->cur_batch; }
+const ts_reader *ts_pipeline_reader(const ts_pipeline *p) { return p->reader; }
+
+void ts_pipeline_counts(const ts_pipeline *p, int64_t *decoded, int64_t *skipped) {
+    ts_pipeline *q = (ts_pipeline *)p;
+    pthread_mutex_lock(&q->mu);
+    if (decoded) *decoded = q->decoded;
+    if (skipped) *skipped = q->skipped;
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* ---- a decoded evaluation set ------------------------------------------------------------------- */
+ts_status ts_dataset_load_images(const ts_pipeline_opts *opts, ts_dataset **out) {
+    TS_ARG(opts && out, "ts_dataset_load_images: NULL argument");
+    *out = NULL;
+    ts_pipeline_opts o = *opts;
+    o.reader.random_shuffle = o.reader.shuffle_after_epoch = o.reader.pad_last_batch = false;
+    o.random_resized_crop = false;
+    o.flip_prob = 0;
+    o.device = NULL;
+    if (o.batch_size < 256) o.batch_size = 256;
+    ts_pipeline *p = NULL;
+    TS_TRY(ts_pipeline_new(&o, &p));
+    int64_t cap = ts_reader_shard_size(p->reader, 0), n = 0;
+    float *hx = ts__malloc(sizeof(float) * (size_t)(cap * p->numel));
+    int64_t *hy = ts__malloc(sizeof(int64_t) * (size_t)cap);
+    ts_status st = hx && hy ? TS_OK : TS_ERR_NOMEM;
+    while (st == TS_OK) {
+        ts_tensor *x, *y;
+        ts_batch_info bi;
+        if ((st = ts_pipeline_next(p, &x, &y, &bi)) != TS_OK || !x) break;
+        if (n + bi.size > cap) {
+            st = ts_error(TS_ERR_INTERNAL, "ts_dataset_load_images: more samples than the shard holds");
+            break;
+        }
+        memcpy(hx + n * p->numel, ts__f32(x), sizeof(float) * (size_t)(bi.size * p->numel));
+        memcpy(hy + n, ts__ptr(y), sizeof(int64_t) * (size_t)bi.size);
+        n += bi.size;
+    }
+    ts_tensor *tx = NULL, *ty = NULL;
+    if (st == TS_OK && n == 0) st = ts_error(TS_ERR_FORMAT, "ts_dataset_load_images: every image was skipped as corrupt");
+    if (st == TS_OK) {
+        int64_t xs[4] = {n, p->C, p->H, p->W};
+        st = ts_tensor_from_data(NULL, TS_F32, 4, xs, hx, &tx);
+        if (st == TS_OK) st = ts_tensor_from_data(NULL, TS_I64, 1, &n, hy, &ty);
+        if (st == TS_OK) st = ts_dataset_from_tensors(tx, ty, out);
+    }
+    ts_tensor_release(tx);
+    ts_tensor_release(ty);
+    free(hx);
+    free(hy);
+    ts_pipeline_free(p);
+    return st;
+}

@@ -1,0 +1,909 @@
+/*
+ * tests/test_pipeline.c — the DALI-style pipeline: reader order against golden
+ * streams from scripts/gen_dali_golden.cc (a C++ mirror of DALI's loader code
+ * on the real libstdc++ random engines — not DALI itself), sharding invariants,
+ * decoders against libjpeg's own API, corrupt/truncated/empty files, the ops,
+ * and the executor (epochs, padding, reproducibility, seek, shutdown).
+ * All images are made here, in a temporary folder.
+ */
+#include "test_util.h"
+
+#include "pipeline/pipeline_internal.h"
+
+#include <dirent.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef TS_HAVE_LIBJPEG
+#include <jpeglib.h>
+#include <setjmp.h>
+#endif
+
+static char tmpdir[256];
+
+static void rm_rf(const char *path) {
+    DIR *d = opendir(path);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char sub[1024];
+            snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+            rm_rf(sub);
+        }
+        closedir(d);
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+static const char *tpath(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *tpath(const char *fmt, ...) {
+    static char bufs[8][1024];
+    static int k;
+    char *b = bufs[k++ % 8];
+    int n = snprintf(b, 1024, "%s/", tmpdir);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b + n, (size_t)(1024 - n), fmt, ap);
+    va_end(ap);
+    return b;
+}
+
+static void write_bytes(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) abort();
+    if (n) fwrite(p, 1, n, f);
+    fclose(f);
+}
+
+static uint8_t *read_bytes(const char *path, size_t *n) {
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    if (ts__read_file(path, &buf, &cap, n) != TS_OK) abort();
+    return buf;
+}
+
+/* A w x h x c test picture: smooth gradients, edges and some noise (JPEG-unfriendly enough to matter). */
+static void make_picture(ts_image *im, int w, int h, int c, uint32_t seed) {
+    if (ts_image_alloc(im, w, h, c) != TS_OK) abort();
+    uint32_t s = seed * 2654435761u + 1;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int k = 0; k < c; k++) {
+                s = s * 1664525u + 1013904223u;
+                int v = x * 200 / w + k * 20 + y * 30 / h + ((x / 9 + y / 7) % 2) * 16;
+                v += (int)(s >> 29) - 4;
+                im->data[((size_t)y * w + x) * c + k] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
+}
+
+/* ---- std random streams --------------------------------------------------------------------------- */
+static void test_std_engines(void) {
+    /* [rand.predef]: the 10000th output of a default-constructed engine */
+    ts__mt19937 g;
+    ts__mt19937_seed(&g, 5489u);
+    uint32_t v = 0;
+    for (int i = 0; i < 10000; i++) v = ts__mt19937_next(&g);
+    CHECK(v == 4123659995u);
+    ts__minstd m = {1};
+    int last = 0;
+    for (int i = 0; i < 10000; i++) last = (int)((m.x = m.x * 16807u % 2147483647u));
+    CHECK(last == 1043618065);
+    /* uniform picks stay in range */
+    ts__minstd_seed_seq(&m, 42);
+    for (int i = 0; i < 1000; i++) {
+        int r = ts__minstd_uniform_int(&m, 0, i % 7);
+        CHECK(r >= 0 && r <= i % 7);
+    }
+}
+
+static void test_shard_start(void) {
+    for (int64_t n = 1; n <= 300; n++)
+        for (int64_t s = 1; s <= 17 && s <= n; s++) {
+            CHECK(ts_shard_start(0, s, n) == 0 && ts_shard_start(s, s, n) == n);
+            for (int64_t i = 0; i < s; i++) {
+                int64_t a = ts_shard_start(i, s, n), b = ts_shard_start(i + 1, s, n);
+                CHECK(a == (n * i) / s); /* floor(N i / S) */
+                CHECK(b - a == n / s || b - a == n / s + 1);
+            }
+        }
+    CHECK(ts_shard_start(3, 7, 1281167) == 549071); /* ImageNet's train set, 7 shards */
+}
+
+/* A file list of n entries "f<i>.png <i % 5>" (the reader never opens them). */
+static const char *write_list(int64_t n) {
+    const char *path = tpath("list_%lld.txt", (long long)n);
+    FILE *f = fopen(path, "w");
+    for (int64_t i = 0; i < n; i++) fprintf(f, "f%lld.png %lld\n", (long long)i, (long long)(i % 5));
+    fclose(f);
+    return path;
+}
+
+static void test_reader_golden(void) {
+    const char *gpath = TS_TEST_DIR "/golden/dali_reader.txt";
+    FILE *f = fopen(gpath, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    int lines = 0, bad_lines = 0;
+    int64_t compared = 0;
+    while (getline(&line, &cap, f) > 0) {
+        long long n, seed;
+        int S, shard, B, stick, pad, shuffle, fill, sae, count, off = 0;
+        if (sscanf(line, "%lld %d %d %d %d %d %d %d %d %lld %d :%n", &n, &S, &shard, &B, &stick, &pad, &shuffle, &fill,
+                   &sae, &seed, &count, &off) != 11)
+            continue;
+        lines++;
+        ts_reader_opts o = TS_READER_OPTS_INIT;
+        o.file_list = write_list(n);
+        o.num_shards = S;
+        o.shard_id = shard;
+        o.batch_size = B;
+        o.stick_to_shard = stick && !sae;
+        o.pad_last_batch = pad;
+        o.random_shuffle = shuffle;
+        o.initial_fill = fill;
+        o.shuffle_after_epoch = sae;
+        o.seed = seed;
+        ts_reader *r = NULL;
+        CHECK_OK(ts_reader_new(&o, &r));
+        if (!r) continue;
+        const char *p = line + off;
+        bool ok = true;
+        int64_t epoch = 0;
+        for (int i = 0; i < count && ok; i++) {
+            char *end;
+            long long want = strtoll(p, &end, 10);
+            bool want_end = *end == '|';
+            p = end + want_end;
+            ts_reader_sample s;
+            ts_reader_next(r, i % B == 0, i % B == B - 1, &s);
+            ok = s.index == want && s.epoch_end == want_end && s.epoch == epoch && s.label == want % 5;
+            if (s.epoch_end) epoch++;
+            compared++;
+        }
+        if (!ok) {
+            if (++bad_lines <= 5) fprintf(stderr, "golden mismatch: %.120s\n", line);
+            tu_failures++;
+        }
+        /* reset gives the same stream again */
+        ts_reader_reset(r);
+        ts_reader_sample s0;
+        long long first = strtoll(line + off, NULL, 10);
+        ts_reader_next(r, true, B == 1, &s0);
+        CHECK(s0.index == first);
+        ts_reader_free(r);
+        if (n > 1000) unlink(o.file_list);
+    }
+    free(line);
+    fclose(f);
+    CHECK(lines > 2000);
+    CHECK(bad_lines == 0);
+    fprintf(stderr, "  %d golden streams, %lld samples compared\n", lines, (long long)compared);
+}
+
+/* Every sample exactly once per epoch across the shards, without padding. */
+static void test_every_sample_once(void) {
+    const int64_t Ns[] = {1, 5, 13, 64, 101};
+    for (size_t a = 0; a < TS_ARRAY_LEN(Ns); a++)
+        for (int S = 1; S <= 5 && S <= Ns[a]; S++)
+            for (int mode = 0; mode < 4; mode++) { /* plain, stick, random_shuffle, shuffle_after_epoch */
+                int64_t n = Ns[a];
+                int *seen = calloc((size_t)n, sizeof *seen);
+                ts_reader *rs[5] = {0};
+                for (int sh = 0; sh < S; sh++) {
+                    ts_reader_opts o = TS_READER_OPTS_INIT;
+                    o.file_list = write_list(n);
+                    o.num_shards = S;
+                    o.shard_id = sh;
+                    o.batch_size = 4;
+                    o.stick_to_shard = mode == 1;
+                    o.random_shuffle = mode == 2;
+                    o.initial_fill = 7;
+                    o.shuffle_after_epoch = mode == 3;
+                    o.seed = 100 + sh; /* shards may have different buffer seeds */
+                    CHECK_OK(ts_reader_new(&o, &rs[sh]));
+                }
+                for (int epoch = 0; epoch < S + 2; epoch++) {
+                    memset(seen, 0, sizeof *seen * (size_t)n);
+                    for (int sh = 0; sh < S; sh++) {
+                        if (!rs[sh]) continue;
+                        ts_reader_sample s;
+                        int64_t got = 0;
+                        do {
+                            ts_reader_next(rs[sh], got % 4 == 0, got % 4 == 3, &s);
+                            CHECK(s.epoch == epoch && !s.pad);
+                            seen[s.index]++;
+                            got++;
+                        } while (!s.epoch_end);
+                        CHECK(got == ts_reader_shard_size(rs[sh], epoch));
+                    }
+                    int64_t once = 0;
+                    for (int64_t i = 0; i < n; i++) once += seen[i] == 1;
+                    if (mode != 1) CHECK(once == n); /* stick_to_shard: each shard keeps its own part */
+                }
+                for (int sh = 0; sh < S; sh++) ts_reader_free(rs[sh]);
+                free(seen);
+            }
+}
+
+static void test_reader_errors(void) {
+    ts_reader *r = NULL;
+    ts_reader_opts o = TS_READER_OPTS_INIT;
+    o.file_list = write_list(3);
+    o.num_shards = 4;
+    o.shard_id = 0;
+    CHECK_STATUS(ts_reader_new(&o, &r), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("3 samples cannot make 4 shards");
+    o.num_shards = 2;
+    o.shard_id = 2;
+    CHECK_STATUS(ts_reader_new(&o, &r), TS_ERR_INVALID_ARG);
+    o = TS_READER_OPTS_INIT;
+    o.file_list = write_list(3);
+    o.shuffle_after_epoch = o.stick_to_shard = true;
+    CHECK_STATUS(ts_reader_new(&o, &r), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("shuffle_after_epoch and stick_to_shard");
+    o = TS_READER_OPTS_INIT;
+    o.file_root = tpath("no/such/dir");
+    CHECK_STATUS(ts_reader_new(&o, &r), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("no/such/dir");
+    const char *bad = tpath("bad_list.txt");
+    write_bytes(bad, "a.png 1\n\nb.png 2\nc.png\n", 23);
+    o = TS_READER_OPTS_INIT;
+    o.file_list = bad;
+    CHECK_STATUS(ts_reader_new(&o, &r), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("bad_list.txt:4");
+    mkdir(tpath("emptyroot"), 0755);
+    mkdir(tpath("emptyroot/cls"), 0755);
+    o = TS_READER_OPTS_INIT;
+    o.file_root = tpath("emptyroot");
+    CHECK_STATUS(ts_reader_new(&o, &r), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("no samples");
+    CHECK(r == NULL);
+}
+
+/* ---- test folders ------------------------------------------------------------------------------------- */
+/* n gray 4x4 PNGs in nclass folders; every pixel of sample k (in listing order) is k % 256, plus
+ * (k / 256) in pixel 0. Returns the root. */
+static const char *make_index_folder(const char *name, int n, int nclass) {
+    const char *root = tpath("%s", name);
+    mkdir(root, 0755);
+    ts_image im = TS_IMAGE_INIT;
+    ts_image_alloc(&im, 4, 4, 1);
+    int k = 0;
+    for (int c = 0; c < nclass; c++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/class_%02d", root, c);
+        mkdir(dir, 0755);
+        int per = n / nclass + (c < n % nclass);
+        for (int j = 0; j < per; j++, k++) {
+            memset(im.data, k % 256, 16);
+            im.data[0] = (uint8_t)(k / 256);
+            char f[1100];
+            snprintf(f, sizeof f, "%s/img_%05d.png", dir, j);
+            if (ts_image_write_png(&im, f) != TS_OK) abort();
+        }
+    }
+    ts_image_free(&im);
+    return root;
+}
+
+static int64_t decoded_index(const float *x) { /* x: 1x4x4 floats in [0, 1] */
+    return (int64_t)lroundf(x[0] * 255.0f) * 256 + lroundf(x[5] * 255.0f);
+}
+
+static ts_pipeline_opts index_opts(const char *root) {
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.file_root = root;
+    o.color = TS_COLOR_GRAY;
+    o.out_width = o.out_height = 4;
+    o.batch_size = 8;
+    return o;
+}
+
+/* ---- decoders --------------------------------------------------------------------------------------- */
+#ifdef TS_HAVE_LIBJPEG
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+} ref_err;
+static void ref_error_exit(j_common_ptr c) { longjmp(((ref_err *)c->err)->jb, 1); }
+
+/* libjpeg's own decode with its defaults (islow DCT, fancy upsampling), optionally DCT-scaled. */
+static uint8_t *libjpeg_decode(const uint8_t *buf, size_t n, bool gray, int denom, int *w, int *h) {
+    struct jpeg_decompress_struct d;
+    ref_err err;
+    d.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = ref_error_exit;
+    uint8_t *out = NULL;
+    if (setjmp(err.jb)) {
+        jpeg_destroy_decompress(&d);
+        free(out);
+        return NULL;
+    }
+    jpeg_create_decompress(&d);
+    jpeg_mem_src(&d, buf, (unsigned long)n);
+    jpeg_read_header(&d, TRUE);
+    d.out_color_space = gray ? JCS_GRAYSCALE : JCS_RGB;
+    d.scale_num = 1;
+    d.scale_denom = (unsigned)denom;
+    jpeg_start_decompress(&d);
+    *w = (int)d.output_width;
+    *h = (int)d.output_height;
+    size_t stride = (size_t)d.output_width * (size_t)d.output_components;
+    out = malloc(stride * d.output_height);
+    while (d.output_scanline < d.output_height) {
+        JSAMPROW row = out + stride * d.output_scanline;
+        jpeg_read_scanlines(&d, &row, 1);
+    }
+    jpeg_finish_decompress(&d);
+    jpeg_destroy_decompress(&d);
+    return out;
+}
+#endif
+
+static void test_decode_vs_libjpeg(void) {
+#ifndef TS_HAVE_LIBJPEG
+    fprintf(stderr, "  (libjpeg API not found: compared with TurboJPEG only)\n");
+#endif
+    const int sizes[][2] = {{97, 61}, {320, 240}, {17, 33}};
+    for (size_t si = 0; si < TS_ARRAY_LEN(sizes); si++)
+        for (int c = 1; c <= 3; c += 2)
+            for (int q = 50; q <= 95; q += 45) {
+                ts_image pic = TS_IMAGE_INIT, got = TS_IMAGE_INIT;
+                make_picture(&pic, sizes[si][0], sizes[si][1], c, (uint32_t)(si * 7 + c + q));
+                const char *path = tpath("pic_%zu_%d_%d.jpg", si, c, q);
+                CHECK_OK(ts_image_write_jpeg(&pic, path, q));
+                size_t n;
+                uint8_t *buf = read_bytes(path, &n);
+                for (int gray = 0; gray < 2; gray++) {
+                    CHECK_OK(ts_image_read(path, gray ? TS_COLOR_GRAY : TS_COLOR_RGB, &got));
+                    CHECK(got.width == pic.width && got.height == pic.height && got.channels == (gray ? 1 : 3));
+                    /* close to the original: JPEG is lossy, but not that lossy */
+                    if (gray == (c == 1)) {
+                        double err = 0;
+                        size_t m = (size_t)pic.width * pic.height * pic.channels;
+                        for (size_t i = 0; i < m; i++) err += fabs((double)got.data[i] - pic.data[i]);
+                        if (!(err / (double)m < (q < 90 ? 8.0 : 4.0))) fprintf(stderr, "  mean error %.2f\n", err / (double)m);
+                        CHECK(err / (double)m < (q < 90 ? 8.0 : 4.0));
+                    }
+#ifdef TS_HAVE_LIBJPEG
+                    for (int denom = 1; denom <= 8; denom *= 2) {
+                        ts__decoder *d = NULL;
+                        ts_image sc = TS_IMAGE_INIT;
+                        CHECK_OK(ts__decoder_new(&d));
+                        CHECK_OK(ts__decode(d, buf, n, gray ? TS_COLOR_GRAY : TS_COLOR_RGB, path, denom, &sc));
+                        int rw = 0, rh = 0;
+                        uint8_t *ref = libjpeg_decode(buf, n, gray, denom, &rw, &rh);
+                        CHECK(ref != NULL && rw == sc.width && rh == sc.height);
+                        if (ref && rw == sc.width && rh == sc.height)
+                            CHECK(memcmp(ref, sc.data, (size_t)rw * rh * (gray ? 1 : 3)) == 0);
+                        free(ref);
+                        ts_image_free(&sc);
+                        ts__decoder_free(d);
+                    }
+#endif
+                }
+                free(buf);
+                ts_image_free(&pic);
+                ts_image_free(&got);
+            }
+}
+
+/* Window decoding gives libjpeg's pixels of the window: equal to the same region of a whole decode
+ * (at the same DCT scale). */
+static void test_decode_window(void) {
+    ts_image pic = TS_IMAGE_INIT, full = TS_IMAGE_INIT, part = TS_IMAGE_INIT;
+    ts__decoder *d = NULL;
+    CHECK_OK(ts__decoder_new(&d));
+    ts_rng r;
+    ts_rng_seed(&r, 3);
+    for (int t = 0; t < 24; t++) {
+        int w = 40 + (int)ts_rng_below(&r, 300), h = 30 + (int)ts_rng_below(&r, 200), c = t % 3 ? 3 : 1;
+        make_picture(&pic, w, h, c, (uint32_t)t);
+        const char *path = tpath("win_%d.jpg", t);
+        CHECK_OK(ts_image_write_jpeg(&pic, path, 80));
+        size_t n;
+        uint8_t *buf = read_bytes(path, &n);
+        ts_color col = t % 2 ? TS_COLOR_RGB : TS_COLOR_GRAY;
+        int denom = 1 << (t % 3);
+        CHECK_OK(ts__decode(d, buf, n, col, path, denom, &full));
+        ts_roi win = {(int)ts_rng_below(&r, (uint64_t)w / 2), (int)ts_rng_below(&r, (uint64_t)h / 2), 0, 0}, roi;
+        win.w = 1 + (int)ts_rng_below(&r, (uint64_t)(w - win.x));
+        win.h = 1 + (int)ts_rng_below(&r, (uint64_t)(h - win.y));
+        CHECK_OK(ts__decode_window(d, buf, n, col, path, denom, &win, &part, &roi));
+        CHECK(roi.x >= 0 && roi.x + roi.w <= part.width && roi.h == part.height && roi.w >= 1);
+        /* the region's top-left pixel in the whole image */
+        int fx = win.x / denom - roi.x, fy = win.y / denom;
+        bool same = true;
+        for (int y = 0; y < part.height; y++)
+            same &= memcmp(part.data + (size_t)y * part.width * col,
+                           full.data + ((size_t)(fy + y) * full.width + fx) * col, (size_t)part.width * col) == 0;
+        CHECK(same);
+        free(buf);
+    }
+    ts__decoder_free(d);
+    ts_image_free(&pic);
+    ts_image_free(&full);
+    ts_image_free(&part);
+}
+
+static void test_png_roundtrip(void) {
+    for (int c = 1; c <= 3; c += 2) {
+        ts_image pic = TS_IMAGE_INIT, got = TS_IMAGE_INIT;
+        make_picture(&pic, 37, 23, c, (uint32_t)c);
+        const char *path = tpath("round_%d.png", c);
+        CHECK_OK(ts_image_write_png(&pic, path));
+        CHECK_OK(ts_image_read(path, c == 3 ? TS_COLOR_RGB : TS_COLOR_GRAY, &got));
+        CHECK(got.width == 37 && got.height == 23 && got.channels == c);
+        CHECK(memcmp(got.data, pic.data, (size_t)37 * 23 * c) == 0);
+        /* the other channel count */
+        CHECK_OK(ts_image_read(path, c == 3 ? TS_COLOR_GRAY : TS_COLOR_RGB, &got));
+        bool ok = true;
+        for (int i = 0; i < 37 * 23; i++) {
+            if (c == 1) {
+                ok &= got.data[3 * i] == pic.data[i] && got.data[3 * i + 2] == pic.data[i];
+            } else {
+                const uint8_t *p = pic.data + 3 * i;
+                int y = (int)((19595u * p[0] + 38470u * p[1] + 7471u * p[2] + 32768u) >> 16);
+                ok &= got.data[i] == y;
+            }
+        }
+        CHECK(ok);
+        ts_image_free(&pic);
+        ts_image_free(&got);
+    }
+}
+
+static void test_corrupt_files(void) {
+    ts_image pic = TS_IMAGE_INIT, got = TS_IMAGE_INIT;
+    make_picture(&pic, 64, 48, 3, 9);
+    const char *jpg = tpath("good.jpg"), *png = tpath("good.png");
+    CHECK_OK(ts_image_write_jpeg(&pic, jpg, 90));
+    CHECK_OK(ts_image_write_png(&pic, png));
+    size_t nj, np;
+    uint8_t *bj = read_bytes(jpg, &nj), *bp = read_bytes(png, &np);
+    struct {
+        const char *name;
+        const void *data;
+        size_t n;
+        const char *needle;
+    } cases[] = {
+        {"empty.jpg", "", 0, "empty file"},
+        {"trunc_half.jpg", bj, nj / 2, "Premature end"},
+        {"trunc_header.jpg", bj, 40, "JPEG"},
+        {"trunc.png", bp, np / 2, "corrupt PNG"},
+        {"trunc_sig.png", bp, 12, "corrupt PNG"},
+        {"text.jpg", "hello, world\n", 13, "not a JPEG or PNG"},
+    };
+    for (size_t i = 0; i < TS_ARRAY_LEN(cases); i++) {
+        const char *path = tpath("%s", cases[i].name);
+        write_bytes(path, cases[i].data, cases[i].n);
+        CHECK_STATUS(ts_image_read(path, TS_COLOR_RGB, &got), TS_ERR_FORMAT);
+        CHECK_ERR_MENTIONS(cases[i].name);
+        CHECK_ERR_MENTIONS(cases[i].needle);
+    }
+    /* a flipped byte in the JPEG header (the frame's dimensions) and in a PNG's IDAT (CRC) */
+    uint8_t *cj = malloc(nj), *cp = malloc(np);
+    memcpy(cj, bj, nj);
+    memcpy(cp, bp, np);
+    for (size_t i = 2; i + 9 < nj; i++)
+        if (cj[i] == 0xff && cj[i + 1] == 0xc0) { /* SOF0: precision 8 -> 0 */
+            cj[i + 4] = 0;
+            break;
+        }
+    for (size_t i = 8; i + 4 < np; i++)
+        if (!memcmp(cp + i, "IDAT", 4)) {
+            cp[i + 10] ^= 0x5a;
+            break;
+        }
+    write_bytes(tpath("badsof.jpg"), cj, nj);
+    write_bytes(tpath("badcrc.png"), cp, np);
+    CHECK_STATUS(ts_image_read(tpath("badsof.jpg"), TS_COLOR_RGB, &got), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("badsof.jpg");
+    CHECK_STATUS(ts_image_read(tpath("badcrc.png"), TS_COLOR_RGB, &got), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("badcrc.png");
+    CHECK_STATUS(ts_image_read(tpath("missing.jpg"), TS_COLOR_RGB, &got), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("missing.jpg");
+    mkdir(tpath("adir.jpg"), 0755);
+    CHECK_STATUS(ts_image_read(tpath("adir.jpg"), TS_COLOR_RGB, &got), TS_ERR_IO);
+    /* random garbage after a JPEG signature never crashes */
+    ts_rng r;
+    ts_rng_seed(&r, 5);
+    for (int t = 0; t < 200; t++) {
+        size_t n = 3 + ts_rng_below(&r, 2000);
+        uint8_t *g = malloc(n);
+        memcpy(g, bj, n < nj ? n : nj);
+        for (int k = 0; k < 1 + t % 20; k++) g[3 + ts_rng_below(&r, n - 3)] = (uint8_t)ts_rng_u32(&r);
+        ts_status st = ts_image_decode(g, n, TS_COLOR_RGB, "fuzz.jpg", &got);
+        CHECK(st == TS_OK || st == TS_ERR_FORMAT);
+        free(g);
+    }
+    free(cj);
+    free(cp);
+    free(bj);
+    free(bp);
+    ts_image_free(&pic);
+    ts_image_free(&got);
+}
+
+/* ---- ops --------------------------------------------------------------------------------------------- */
+static void test_ops(void) {
+    ts_image a = TS_IMAGE_INIT, b = TS_IMAGE_INIT;
+    make_picture(&a, 30, 20, 3, 1);
+    /* identity resize is exact */
+    CHECK_OK(ts_image_resize(&a, 30, 20, &b));
+    CHECK(memcmp(a.data, b.data, 30 * 20 * 3) == 0);
+    /* 2x2 -> 4x4: half-pixel bilinear, edges clamped */
+    ts_image s = TS_IMAGE_INIT;
+    ts_image_alloc(&s, 2, 2, 1);
+    s.data[0] = 0;
+    s.data[1] = 100;
+    s.data[2] = 200;
+    s.data[3] = 40;
+    CHECK_OK(ts_image_resize(&s, 4, 4, &b));
+    const uint8_t want[16] = {0, 25, 75, 100, 50, 59, 76, 85, 150, 126, 79, 55, 200, 160, 80, 40};
+    bool ok = true;
+    for (int i = 0; i < 16; i++) ok &= abs((int)b.data[i] - want[i]) <= 1;
+    CHECK(ok);
+    /* shrinking a 1-pixel checkerboard by 2 averages it (antialiasing) */
+    ts_image_alloc(&s, 16, 16, 1);
+    for (int i = 0; i < 256; i++) s.data[i] = (uint8_t)(((i % 16) + (i / 16)) % 2 ? 255 : 0);
+    CHECK_OK(ts_image_resize(&s, 8, 8, &b));
+    ok = true;
+    for (int i = 0; i < 64; i++) ok &= abs((int)b.data[i] - 128) <= 40;
+    CHECK(ok);
+    /* crop_mirror_normalize: exact copy of the window, mirrored, normalised, CHW */
+    float out[3 * 5 * 4];
+    const float mean[3] = {10, 20, 30}, std[3] = {2, 4, 8};
+    CHECK_OK(ts_image_crop_mirror_normalize(&a, 3, 2, 4, 5, true, mean, std, out));
+    ok = true;
+    for (int c = 0; c < 3; c++)
+        for (int y = 0; y < 5; y++)
+            for (int x = 0; x < 4; x++) {
+                float v = a.data[((size_t)(2 + y) * 30 + (3 + 3 - x)) * 3 + c];
+                ok &= fabsf(out[(c * 5 + y) * 4 + x] - (v - mean[c]) / std[c]) < 1e-4f;
+            }
+    CHECK(ok);
+    ts_roi bad = {25, 0, 10, 10};
+    CHECK_STATUS(ts_image_crop_resize_normalize(&a, &bad, 4, 4, false, mean, std, out), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("not inside");
+    /* flip twice = identity; flip moves pixels */
+    ts_image c = TS_IMAGE_INIT;
+    ts_image_alloc(&c, 30, 20, 3);
+    memcpy(c.data, a.data, 30 * 20 * 3);
+    ts_image_flip(&c, true, false);
+    CHECK(c.data[0] == a.data[29 * 3] && c.data[2] == a.data[29 * 3 + 2]);
+    ts_image_flip(&c, true, true);
+    CHECK(c.data[0] == a.data[19 * 30 * 3]);
+    ts_image_flip(&c, false, true);
+    CHECK(memcmp(c.data, a.data, 30 * 20 * 3) == 0);
+    /* random resized crop windows: inside, reproducible, area in range unless the fallback */
+    ts_rng r1, r2;
+    ts_rng_seed(&r1, 7);
+    ts_rng_seed(&r2, 7);
+    const float sc[2] = {0.08f, 1.0f}, ra[2] = {0.75f, 4.0f / 3.0f};
+    ok = true;
+    for (int i = 0; i < 2000; i++) {
+        int w = 1 + (int)ts_rng_below(&r1, 500), h = 1 + (int)ts_rng_below(&r1, 500);
+        (void)ts_rng_below(&r2, 500);
+        (void)ts_rng_below(&r2, 500);
+        ts_roi q = ts_random_resized_crop_roi(&r1, w, h, sc, ra), q2 = ts_random_resized_crop_roi(&r2, w, h, sc, ra);
+        ok &= q.x == q2.x && q.y == q2.y && q.w == q2.w && q.h == q2.h;
+        ok &= q.x >= 0 && q.y >= 0 && q.w >= 1 && q.h >= 1 && q.x + q.w <= w && q.y + q.h <= h;
+    }
+    CHECK(ok);
+    ts_image_free(&a);
+    ts_image_free(&b);
+    ts_image_free(&c);
+    ts_image_free(&s);
+}
+
+/* ---- executor ------------------------------------------------------------------------------------------ */
+/* Across S pipelines (shards) one epoch delivers every sample exactly once; batches never mix epochs. */
+static void test_pipeline_shards(void) {
+    const char *root = make_index_folder("idx41", 41, 3);
+    for (int S = 1; S <= 4; S++) {
+        int seen[41] = {0};
+        for (int sh = 0; sh < S; sh++) {
+            ts_pipeline_opts o = index_opts(root);
+            o.reader.num_shards = S;
+            o.reader.shard_id = sh;
+            o.reader.random_shuffle = true;
+            o.reader.initial_fill = 5;
+            o.num_threads = 1 + sh % 3;
+            ts_pipeline *p = NULL;
+            CHECK_OK(ts_pipeline_new(&o, &p));
+            if (!p) continue;
+            int64_t nb = ts_pipeline_num_batches(p, 1), got = 0, batches = 0;
+            for (int epoch = 0; epoch < 2; epoch++) {
+                for (;;) {
+                    ts_tensor *x, *y;
+                    ts_batch_info bi;
+                    CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+                    if (!x) {
+                        CHECK(bi.epoch_end && bi.epoch == epoch);
+                        break;
+                    }
+                    CHECK(bi.epoch == epoch && bi.size == ts_tensor_dim(x, 0) && bi.real == bi.size);
+                    CHECK(ts_tensor_dim(x, 1) == 1 && ts_tensor_dim(x, 2) == 4 && ts_tensor_dim(x, 3) == 4);
+                    const float *px = ts_tensor_data_f32(x);
+                    const int64_t *py = ts_tensor_data(y);
+                    for (int64_t i = 0; i < bi.size; i++) {
+                        int64_t k = decoded_index(px + i * 16);
+                        CHECK(k >= 0 && k < 41);
+                        if (k < 0 || k >= 41) continue;
+                        CHECK(py[i] == (k < 14 ? 0 : k < 28 ? 1 : 2)); /* 14, 14, 13 per class folder */
+                        if (epoch == 1) {
+                            seen[k]++;
+                            got++;
+                        }
+                    }
+                    if (epoch == 1) batches++;
+                }
+            }
+            CHECK(batches == nb);
+            CHECK(got == ts_reader_shard_size(ts_pipeline_reader(p), 1));
+            ts_pipeline_free(p);
+        }
+        int once = 0;
+        for (int k = 0; k < 41; k++) once += seen[k] == 1;
+        CHECK(once == 41);
+    }
+}
+
+/* pad_last_batch: every shard has the same number of full batches; `real` counts the unpadded rows. */
+static void test_pipeline_padding(void) {
+    const char *root = make_index_folder("idx23", 23, 2);
+    int64_t nb[3] = {0}, real_total = 0;
+    for (int sh = 0; sh < 3; sh++) {
+        ts_pipeline_opts o = index_opts(root);
+        o.batch_size = 4;
+        o.reader.num_shards = 3;
+        o.reader.shard_id = sh;
+        o.reader.pad_last_batch = true;
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        if (!p) return;
+        int64_t last_real = -1;
+        for (;;) {
+            ts_tensor *x, *y;
+            ts_batch_info bi;
+            CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+            if (!x) break;
+            nb[sh]++;
+            CHECK(bi.size == 4);
+            real_total += bi.real;
+            if (bi.real < bi.size) { /* the padding repeats the last real sample */
+                const float *px = ts_tensor_data_f32(x);
+                for (int64_t i = bi.real > 0 ? bi.real : 1; i < bi.size; i++)
+                    CHECK(decoded_index(px + i * 16) == decoded_index(px + (i - 1) * 16));
+            }
+            last_real = bi.last ? bi.real : last_real;
+        }
+        CHECK(nb[sh] == ts_pipeline_num_batches(p, 0));
+        CHECK(last_real >= 0);
+        ts_pipeline_free(p);
+    }
+    CHECK(nb[0] == 2 && nb[1] == 2 && nb[2] == 2); /* ceil(ceil(23 / 3) / 4) */
+    CHECK(real_total == 23);
+}
+
+static bool same_batches(ts_pipeline *a, ts_pipeline *b, int nbatches) {
+    bool same = true;
+    for (int i = 0; i < nbatches; i++) {
+        ts_tensor *xa, *ya, *xb, *yb;
+        ts_batch_info ia, ib;
+        if (ts_pipeline_next(a, &xa, &ya, &ia) != TS_OK || ts_pipeline_next(b, &xb, &yb, &ib) != TS_OK) return false;
+        if (!xa || !xb) {
+            same &= !xa && !xb;
+            continue;
+        }
+        same &= ia.epoch == ib.epoch && ia.batch == ib.batch && ia.size == ib.size;
+        same &= ts_tensor_numel(xa) == ts_tensor_numel(xb) &&
+                memcmp(ts_tensor_data(xa), ts_tensor_data(xb), ts_tensor_nbytes(xa)) == 0 &&
+                memcmp(ts_tensor_data(ya), ts_tensor_data(yb), ts_tensor_nbytes(ya)) == 0;
+    }
+    return same;
+}
+
+/* Seeds make runs reproducible regardless of threads and prefetch depth; seek lands on the same batch. */
+static void test_pipeline_reproducible(void) {
+    const char *root = tpath("photos");
+    mkdir(root, 0755);
+    for (int c = 0; c < 2; c++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/cls%d", root, c);
+        mkdir(dir, 0755);
+        for (int i = 0; i < 9; i++) {
+            ts_image pic = TS_IMAGE_INIT;
+            make_picture(&pic, 40 + 7 * i, 30 + 5 * c, 3, (uint32_t)(c * 10 + i));
+            char f[1100];
+            snprintf(f, sizeof f, "%s/p%d.%s", dir, i, i % 2 ? "png" : "jpg");
+            CHECK_OK(i % 2 ? ts_image_write_png(&pic, f) : ts_image_write_jpeg(&pic, f, 85));
+            ts_image_free(&pic);
+        }
+    }
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.file_root = root;
+    o.reader.random_shuffle = true;
+    o.reader.initial_fill = 6;
+    o.reader.seed = 1234;
+    o.batch_size = 4;
+    o.out_width = 16;
+    o.out_height = 12;
+    o.random_resized_crop = true;
+    o.flip_prob = 0.5f;
+    o.mean[0] = 120;
+    o.std[0] = 60;
+    ts_pipeline_opts o2 = o;
+    o2.num_threads = 3;
+    o2.prefetch_queue_depth = 1;
+    ts_pipeline *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(ts_pipeline_new(&o, &a));
+    CHECK_OK(ts_pipeline_new(&o2, &b));
+    o2.reader.seed = 99;
+    CHECK_OK(ts_pipeline_new(&o2, &c));
+    if (!a || !b || !c) return;
+    CHECK(same_batches(a, b, 17)); /* 3 epochs of 5 batches + their 2 ends, and one more */
+    CHECK(!same_batches(a, c, 3));
+    /* seek: batch 2 of epoch 1 equals what an uninterrupted run gives there */
+    ts_pipeline_free(b);
+    o2.reader.seed = 1234;
+    CHECK_OK(ts_pipeline_new(&o2, &b));
+    CHECK_OK(ts_pipeline_seek(a, 1, 2));
+    for (int i = 0; i < 6 + 2; i++) {
+        ts_tensor *x, *y;
+        CHECK_OK(ts_pipeline_next(b, &x, &y, NULL));
+    }
+    CHECK(ts_pipeline_epoch(a) == 1 && ts_pipeline_batch_index(a) == 2);
+    CHECK(same_batches(a, b, 8));
+    /* seek to the end of an epoch: the next call reports it */
+    CHECK_OK(ts_pipeline_seek(a, 0, ts_pipeline_num_batches(a, 0)));
+    ts_tensor *x, *y;
+    ts_batch_info bi;
+    CHECK_OK(ts_pipeline_next(a, &x, &y, &bi));
+    CHECK(!x && bi.epoch_end && bi.epoch == 0);
+    CHECK_OK(ts_pipeline_next(a, &x, &y, &bi));
+    CHECK(x && bi.epoch == 1 && bi.batch == 0);
+    CHECK_STATUS(ts_pipeline_seek(a, 0, 99), TS_ERR_INVALID_ARG);
+    ts_pipeline_free(a);
+    ts_pipeline_free(b);
+    ts_pipeline_free(c);
+}
+
+/* A corrupt file: an error naming it when its batch is reached, or skipped and counted. */
+static void test_pipeline_corrupt(void) {
+    const char *root = make_index_folder("corrupt", 20, 2);
+    write_bytes(tpath("corrupt/class_01/img_00004.png"), "\x89PNG\r\n\x1a\n garbage", 17);
+    for (int skip = 0; skip < 2; skip++) {
+        ts_pipeline_opts o = index_opts(root);
+        o.skip_corrupt = skip;
+        o.num_threads = 2;
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        if (!p) return;
+        ts_status st = TS_OK;
+        int64_t total = 0, skipped = 0;
+        for (;;) {
+            ts_tensor *x, *y;
+            ts_batch_info bi;
+            if ((st = ts_pipeline_next(p, &x, &y, &bi)) != TS_OK || !x) break;
+            total += bi.size;
+            skipped += bi.skipped;
+        }
+        if (skip) {
+            CHECK(st == TS_OK && total == 19 && skipped == 1);
+            int64_t dec = 0, sk = 0;
+            ts_pipeline_counts(p, &dec, &sk);
+            CHECK(sk == 1);
+        } else {
+            CHECK(st == TS_ERR_FORMAT);
+            CHECK_ERR_MENTIONS("class_01/img_00004.png");
+            ts_tensor *x, *y;
+            CHECK_STATUS(ts_pipeline_next(p, &x, &y, NULL), TS_ERR_FORMAT); /* sticky */
+        }
+        ts_pipeline_free(p);
+    }
+}
+
+/* Freeing in the middle of an epoch stops the workers cleanly. */
+static void test_pipeline_shutdown(void) {
+    const char *root = make_index_folder("idx300", 300, 4);
+    for (int t = 0; t < 20; t++) {
+        ts_pipeline_opts o = index_opts(root);
+        o.num_threads = 1 + t % 4;
+        o.prefetch_queue_depth = 1 + t % 3;
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        for (int i = 0; i < t % 4; i++) {
+            ts_tensor *x, *y;
+            CHECK_OK(ts_pipeline_next(p, &x, &y, NULL));
+        }
+        ts_pipeline_free(p);
+    }
+}
+
+/* The IDX reader behind the same interface, RGB output, an explicit device, the in-memory dataset. */
+static void test_pipeline_idx(void) {
+    const char *dir = tpath("idx");
+    mkdir(dir, 0755);
+    const int n = 11, h = 6, w = 5;
+    uint8_t img[16 + 11 * 30], lab[8 + 11];
+    const uint8_t ih[16] = {0, 0, 8, 3, 0, 0, 0, (uint8_t)n, 0, 0, 0, (uint8_t)h, 0, 0, 0, (uint8_t)w};
+    const uint8_t lh[8] = {0, 0, 8, 1, 0, 0, 0, (uint8_t)n};
+    memcpy(img, ih, 16);
+    memcpy(lab, lh, 8);
+    for (int i = 0; i < n * h * w; i++) img[16 + i] = (uint8_t)(i * 7);
+    for (int i = 0; i < n; i++) lab[8 + i] = (uint8_t)(i % 4);
+    write_bytes(tpath("idx/train-images-idx3-ubyte"), img, sizeof img);
+    write_bytes(tpath("idx/train-labels-idx1-ubyte"), lab, sizeof lab);
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.idx_dir = dir;
+    o.out_width = w;
+    o.out_height = h;
+    o.batch_size = 4;
+    o.device = ts_device_cpu();
+    ts_pipeline *p = NULL;
+    CHECK_OK(ts_pipeline_new(&o, &p));
+    if (!p) return;
+    CHECK(ts_reader_size(ts_pipeline_reader(p)) == n && ts_reader_num_classes(ts_pipeline_reader(p)) == 4);
+    int64_t k = 0;
+    bool ok = true;
+    for (;;) {
+        ts_tensor *x, *y;
+        CHECK_OK(ts_pipeline_next(p, &x, &y, NULL));
+        if (!x) break;
+        CHECK(ts_tensor_device(x) == ts_device_cpu() && ts_tensor_dim(x, 1) == 3);
+        const float *px = ts_tensor_data_f32(x);
+        const int64_t *py = ts_tensor_data(y);
+        for (int64_t i = 0; i < ts_tensor_dim(x, 0); i++, k++) {
+            ok &= py[i] == k % 4;
+            for (int c = 0; c < 3; c++)
+                for (int j = 0; j < h * w; j++)
+                    ok &= fabsf(px[(i * 3 + c) * h * w + j] - (float)(uint8_t)((k * h * w + j) * 7) / 255.0f) < 1e-6f;
+        }
+    }
+    CHECK(ok && k == n);
+    ts_pipeline_free(p);
+    ts_dataset *ds = NULL;
+    o.color = TS_COLOR_GRAY;
+    CHECK_OK(ts_dataset_load_images(&o, &ds));
+    if (ds) {
+        int64_t shape[4];
+        CHECK(ts_dataset_size(ds) == n && ts_dataset_sample_shape(ds, shape) == 3 && shape[0] == 1 && shape[1] == h);
+        float xs[30];
+        int64_t ys;
+        CHECK_OK(ts_dataset_get(ds, 3, xs, &ys));
+        CHECK(ys == 3 && fabsf(xs[2] - (float)(uint8_t)((3 * 30 + 2) * 7) / 255.0f) < 1e-6f);
+    }
+    ts_dataset_free(ds);
+    ts_device *d = NULL;
+    if (ts_device_get("cpu:1", &d) == TS_OK && d) { /* virtual CPU devices, where the build has them */
+        o.device = d;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        ts_tensor *x, *y;
+        CHECK_OK(ts_pipeline_next(p, &x, &y, NULL));
+        CHECK(x && ts_tensor_device(x) == d && ts_tensor_device(y) == d);
+        ts_pipeline_free(p);
+    }
+}
+
+int main(int argc, char **argv) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ts_pipeline_XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    static const tu_test tests[] = {
+        T(test_std_engines),      T(test_shard_start),      T(test_reader_golden),       T(test_every_sample_once),
+        T(test_reader_errors),    T(test_decode_vs_libjpeg), T(test_decode_window), T(test_png_roundtrip),       T(test_corrupt_files),
+        T(test_ops),              T(test_pipeline_shards),  T(test_pipeline_padding),    T(test_pipeline_reproducible),
+        T(test_pipeline_corrupt), T(test_pipeline_shutdown), T(test_pipeline_idx),
+    };
+    int rc = tu_run(tests, (int)TS_ARRAY_LEN(tests), argc, argv);
+    rm_rf(tmpdir);
+    return rc;
+}

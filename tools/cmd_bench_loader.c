@@ -1,0 +1,272 @@
+/*
+ * tools/cmd_bench_loader.c — `tessera bench loader DIR`: images/s of the input
+ * pipeline (read + decode + random resized crop + flip + normalise into NCHW
+ * batches, T worker threads) beside the raw decode speed of libjpeg-turbo
+ * alone (tjDecompress2 of the same files, already in memory, full size, T
+ * threads). The Tessera half of bench/loader_vs_torchvision.sh.
+ */
+#include "cli.h"
+#include "cmd_data.h"
+#include "commands.h"
+
+#include "tessera.h"
+
+#include <pthread.h>
+#include <sys/resource.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+static double cpu_seconds(void);
+
+typedef struct raw_job {
+    const ts_reader *reader; /* with_read: read each file (page cache) before decoding it */
+    bool with_read;
+    uint8_t **bufs;
+    size_t *lens;
+    int64_t nfiles;
+    int tid, nthreads, color;
+    double seconds;
+    int64_t decoded;
+    int failed;
+    char err[256];
+} raw_job;
+
+/* Decodes files tid, tid + T, ... over and over until `seconds` have passed. */
+static void *raw_decode(void *arg) {
+    raw_job *j = arg;
+    tjhandle tj = tjInitDecompress();
+    ts_image im = TS_IMAGE_INIT;
+    uint8_t *fbuf = NULL;
+    size_t fcap = 0;
+    if (!tj) {
+        j->failed = 1;
+        return NULL;
+    }
+    double t0 = ts_time_now();
+    for (int64_t i = j->tid; !j->failed; i += j->nthreads) {
+        int64_t k = i % j->nfiles;
+        const uint8_t *b = j->bufs[k];
+        size_t len = j->lens[k];
+        if (j->with_read) { /* open, read, close: what any loader pays per file */
+            FILE *f = fopen(ts_reader_path(j->reader, k), "rb");
+            if (!f) {
+                snprintf(j->err, sizeof j->err, "cannot open %s", ts_reader_path(j->reader, k));
+                j->failed = 1;
+                break;
+            }
+            if (fcap < j->lens[k] + 1) {
+                free(fbuf);
+                fcap = 2 * j->lens[k] + 1;
+                fbuf = malloc(fcap);
+            }
+            len = fbuf ? fread(fbuf, 1, fcap, f) : 0;
+            fclose(f);
+            b = fbuf;
+        }
+        if (len >= 3 && b[0] == 0xff && b[1] == 0xd8) {
+            int w, h, sub, cs;
+            if (tjDecompressHeader3(tj, b, (unsigned long)len, &w, &h, &sub, &cs) != 0 ||
+                ts_image_alloc(&im, w, h, j->color) != TS_OK ||
+                tjDecompress2(tj, b, (unsigned long)len, im.data, w, 0, h,
+                              j->color == 3 ? TJPF_RGB : TJPF_GRAY, 0) != 0) {
+                snprintf(j->err, sizeof j->err, "%s", tjGetErrorStr2(tj));
+                j->failed = 1;
+            }
+        } else if (ts_image_decode(b, len, (ts_color)j->color, "file", &im) != TS_OK) { /* PNG: libspng */
+            snprintf(j->err, sizeof j->err, "%s", ts_last_error());
+            j->failed = 1;
+        }
+        j->decoded++;
+        if ((j->decoded & 7) == 0 && ts_time_now() - t0 >= j->seconds) break;
+    }
+    ts_image_free(&im);
+    free(fbuf);
+    tjDestroy(tj);
+    return NULL;
+}
+
+/* Raw decoding with T threads for about `seconds`: images/s (wall) and per CPU-second. */
+static int raw_run(raw_job *jobs, pthread_t *tids, int64_t threads, bool with_read, double *ips, double *cpu_ips) {
+    for (int t = 0; t < threads; t++) {
+        jobs[t].with_read = with_read;
+        jobs[t].decoded = 0;
+    }
+    double t0 = ts_time_now(), c0 = cpu_seconds();
+    for (int t = 0; t < threads; t++) pthread_create(&tids[t], NULL, raw_decode, &jobs[t]);
+    int64_t total = 0;
+    int ok = 1;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(tids[t], NULL);
+        total += jobs[t].decoded;
+        if (jobs[t].failed) {
+            fprintf(stderr, "tessera bench loader: raw decode failed: %s\n", jobs[t].err);
+            ok = 0;
+        }
+    }
+    *ips = (double)total / (ts_time_now() - t0);
+    *cpu_ips = (double)total / (cpu_seconds() - c0);
+    return ok;
+}
+
+/* CPU seconds this process has used (all threads, user + system). */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+static int read_all(const char *path, uint8_t **buf, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc(len > 0 ? (size_t)len : 1);
+    *n = *buf && len > 0 ? fread(*buf, 1, (size_t)len, f) : 0;
+    fclose(f);
+    return *buf ? 0 : -1;
+}
+
+int ts_bench_loader(int argc, char **argv) {
+    int64_t threads = 1, batch = 64, size = 224, max_files = 2000;
+    double seconds = 4.0;
+    bool gray = false, json = false, no_scaled = false, no_raw = false;
+    const cli_flag flags[] = {
+        {"threads", CLI_INT, &threads, "pipeline worker threads (and raw decode threads)", 1, 1024},
+        {"batch-size", CLI_INT, &batch, "images per batch", 1, 1 << 16},
+        {"size", CLI_INT, &size, "output size (random resized crop to size x size)", 1, 4096},
+        {"seconds", CLI_FLOAT, &seconds, "time each measurement for about this long", 0.1, 3600},
+        {"max-files", CLI_INT, &max_files, "files held in memory for the raw decode", 1, 1e7},
+        {"gray", CLI_BOOL, &gray, "decode to gray (1 channel)", 1, 0},
+        {"no-scaled-decode", CLI_BOOL, &no_scaled, "always decode JPEGs at full size", 1, 0},
+        {"no-raw", CLI_BOOL, &no_raw, "skip the raw decode measurement", 1, 0},
+        {"json", CLI_BOOL, &json, "print one JSON object", 1, 0},
+    };
+    const cli_command cmd = {
+        "bench loader", "tessera bench loader DIR|LIST [flags]",
+        "Times the input pipeline (read, decode, random resized crop, flip, normalise into NCHW\n"
+        "float batches) with T worker threads, and raw libjpeg-turbo decoding (tjDecompress2, full size,\n"
+        "files already in memory) with T threads on the same files. DIR has one sub-folder per class.",
+        flags, (int)(sizeof flags / sizeof flags[0])};
+    const char *pos[2];
+    int npos = 0;
+    int rc = cli_parse(&cmd, argc, argv, pos, 2, &npos);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (npos != 1) return cli_usage_error(&cmd, "expected one folder or file list");
+
+    char rootbuf[4096];
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    data_image_source(pos[0], "train", &o.reader, rootbuf, sizeof rootbuf);
+    o.batch_size = batch;
+    o.num_threads = (int)threads;
+    o.color = gray ? TS_COLOR_GRAY : TS_COLOR_RGB;
+    o.out_width = o.out_height = (int)size;
+    o.random_resized_crop = true;
+    o.flip_prob = 0.5f;
+    o.jpeg_scaled_decode = !no_scaled;
+    const float mean[3] = {0.485f * 255, 0.456f * 255, 0.406f * 255}, std[3] = {0.229f * 255, 0.224f * 255, 0.225f * 255};
+    memcpy(o.mean, mean, sizeof mean);
+    memcpy(o.std, std, sizeof std);
+    o.reader.random_shuffle = true; /* as the DataLoader's shuffle=True beside it */
+    ts_reader *r = NULL;
+    if (ts_reader_new(&o.reader, &r) != TS_OK) {
+        fprintf(stderr, "tessera bench loader: %s\n", ts_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    int64_t nfiles = ts_reader_size(r);
+    const int color = gray ? 1 : 3;
+
+    /* raw decode */
+    double raw_ips = 0, raw_cpu_ips = 0, rr_ips = 0, rr_cpu_ips = 0;
+    if (!no_raw) {
+        int64_t nraw = nfiles < max_files ? nfiles : max_files;
+        uint8_t **bufs = calloc((size_t)nraw, sizeof *bufs);
+        size_t *lens = calloc((size_t)nraw, sizeof *lens);
+        raw_job *jobs = calloc((size_t)threads, sizeof *jobs);
+        pthread_t *tids = calloc((size_t)threads, sizeof *tids);
+        int ok = bufs && lens && jobs && tids;
+        for (int64_t i = 0; ok && i < nraw; i++)
+            if (read_all(ts_reader_path(r, i), &bufs[i], &lens[i]) != 0) {
+                fprintf(stderr, "tessera bench loader: cannot read %s\n", ts_reader_path(r, i));
+                ok = 0;
+            }
+        if (ok) {
+            for (int t = 0; t < threads; t++)
+                jobs[t] = (raw_job){r, false, bufs, lens, nraw, t, (int)threads, color, seconds, 0, 0, ""};
+            /* warm up: one pass over a few files per thread */
+            raw_job warm = jobs[0];
+            warm.seconds = 0.3;
+            warm.nthreads = 1;
+            raw_decode(&warm);
+            ok = raw_run(jobs, tids, threads, false, &raw_ips, &raw_cpu_ips) &&
+                 raw_run(jobs, tids, threads, true, &rr_ips, &rr_cpu_ips);
+        }
+        for (int64_t i = 0; bufs && i < nraw; i++) free(bufs[i]);
+        free(bufs);
+        free(lens);
+        free(jobs);
+        free(tids);
+        if (!ok) {
+            ts_reader_free(r);
+            return 1;
+        }
+    }
+
+    /* the pipeline */
+    ts_pipeline *p = NULL;
+    if (ts_pipeline_new(&o, &p) != TS_OK) {
+        fprintf(stderr, "tessera bench loader: %s\n", ts_last_error());
+        ts_reader_free(r);
+        return 1;
+    }
+    ts_tensor *x, *y;
+    ts_batch_info bi;
+    int status = 0;
+    if (ts_pipeline_next(p, &x, &y, &bi) != TS_OK) status = 1; /* warm-up batch, not timed */
+    int64_t images = 0, batches = 0;
+    double t0 = ts_time_now(), dt = 0, c0 = cpu_seconds();
+    while (status == 0 && (dt = ts_time_now() - t0) < seconds) {
+        if (ts_pipeline_next(p, &x, &y, &bi) != TS_OK) {
+            status = 1;
+            break;
+        }
+        if (!x) continue;
+        images += bi.size;
+        batches++;
+    }
+    dt = ts_time_now() - t0;
+    double cpu = cpu_seconds() - c0;
+    int64_t decoded = 0, skipped = 0;
+    ts_pipeline_counts(p, &decoded, &skipped);
+    ts_pipeline_free(p);
+    ts_reader_free(r);
+    if (status) {
+        fprintf(stderr, "tessera bench loader: %s\n", ts_last_error());
+        return 1;
+    }
+    double ips = (double)images / dt, cpu_ips = (double)images / cpu;
+    if (json) {
+        printf("{\"framework\": \"tessera\", \"threads\": %lld, \"files\": %lld, \"batch_size\": %lld, \"size\": %lld, "
+               "\"channels\": %d, \"scaled_decode\": %s, \"images_per_second\": %.1f, "
+               "\"raw_decode_images_per_second\": %.1f, \"images_per_cpu_second\": %.1f, "
+               "\"raw_decode_images_per_cpu_second\": %.1f, \"raw_read_decode_images_per_second\": %.1f, "
+               "\"raw_read_decode_images_per_cpu_second\": %.1f, \"batches\": %lld, \"seconds\": %.3f}\n",
+               (long long)threads, (long long)nfiles, (long long)batch, (long long)size, color,
+               no_scaled ? "false" : "true", ips, raw_ips, cpu_ips, raw_cpu_ips, rr_ips, rr_cpu_ips, (long long)batches,
+               dt);
+    } else {
+        printf("%s: %lld files, output %dx%lldx%lld, batch %lld, random resized crop + flip + normalize%s\n", pos[0],
+               (long long)nfiles, color, (long long)size, (long long)size, (long long)batch,
+               no_scaled ? ", full-size decode" : "");
+        printf("                 raw decode (in memory)   raw read + decode   pipeline (read + decode + augment)\n");
+        printf("img/s (wall)     %22.0f   %17.0f   %17.0f (%.2f, %.2f of raw)\n", raw_ips, rr_ips, ips,
+               raw_ips > 0 ? ips / raw_ips : 0.0, rr_ips > 0 ? ips / rr_ips : 0.0);
+        printf("img/CPU-second   %22.0f   %17.0f   %17.0f (%.2f, %.2f of raw)\n", raw_cpu_ips, rr_cpu_ips, cpu_ips,
+               raw_cpu_ips > 0 ? cpu_ips / raw_cpu_ips : 0.0, rr_cpu_ips > 0 ? cpu_ips / rr_cpu_ips : 0.0);
+        printf("(%lld threads; img/CPU-second is the per-thread rate, unaffected by other load on the machine)\n",
+               (long long)threads);
+    }
+    return 0;
+}
