@@ -12,10 +12,14 @@
  *             Flatten, Linear(32,10): four convolutions per stage, the case the
  *             formula describes (stage 0 is a little lighter: its first
  *             convolution computes no input gradient).
- * Both are split by ts_pipeline_split_by_time (timed on one thread).
+ * Both are split by ts_pipe_split_by_time (timed on one thread).
  *
  * Columns: images/s; speedup over one device on 1 thread; the ideal speedup
- * p*m/(m+p-1) of balanced stages; the measured bubble 1 - sum(busy)/(p*wall)
+ * p*m/(m+p-1) of balanced stages and the measured speedup as a share of it;
+ * the ideal for the stages as measured, T1 / (max(busy) (m-1)/m + sum(busy)/m)
+ * (fill-drain with unequal stages: the slowest stage sets the pace, the others
+ * add one micro-batch each; equals p*m/(m+p-1) for equal stages with
+ * T1 = sum(busy)); the measured bubble 1 - sum(busy)/(p*wall)
  * and the formula's; each stage's busy ms per step (balance); micro-batching
  * efficiency = one device's step time / sum of the stages' busy time (what
  * cutting the batch into micro-batches and the copies cost). Also one device on
@@ -125,11 +129,11 @@ static void run_plain(model_kind k, int threads, int steps, result *best) {
     ts_module_free(m);
 }
 
-static void run_pipe(model_kind k, ts_device **devs, ts_pipeline_schedule sched, int micro, const int *bounds,
+static void run_pipe(model_kind k, ts_device **devs, ts_pipe_schedule sched, int micro, const int *bounds,
                      int steps, result *best) {
     ts_set_num_threads(1); /* the caller's thread runs the optimizer step */
     ts_module *pipe = NULL;
-    check(ts_nn_pipeline_new(build(k), devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe), "pipeline");
+    check(ts_nn_pipe_new(build(k), devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe), "pipeline");
     ts_optimizer *o = make_sgd(pipe);
     ts_tensor *x, *y;
     make_batch(k, BATCH, &x, &y);
@@ -137,12 +141,12 @@ static void run_pipe(model_kind k, ts_device **devs, ts_pipeline_schedule sched,
     for (int it = -3; it < steps; it++) {
         if (it == 0) t_start = ts_time_now();
         float loss;
-        check(ts_pipeline_train_step(pipe, x, y, 0.0f, &loss), "train step");
+        check(ts_pipe_train_step(pipe, x, y, 0.0f, &loss), "train step");
         check(ts_optimizer_step(o), "step");
         ts_optimizer_zero_grad(o);
         if (it >= 0) {
-            ts_pipeline_stats s;
-            check(ts_pipeline_get_stats(pipe, &s), "stats");
+            ts_pipe_stats s;
+            check(ts_pipe_get_stats(pipe, &s), "stats");
             busy[0] += s.busy_s[0];
             busy[1] += s.busy_s[1];
             bubble += s.bubble;
@@ -154,8 +158,8 @@ static void run_pipe(model_kind k, ts_device **devs, ts_pipeline_schedule sched,
         best->busy[0] = busy[0] / steps;
         best->busy[1] = busy[1] / steps;
         best->bubble = bubble / steps;
-        ts_pipeline_stats s;
-        check(ts_pipeline_get_stats(pipe, &s), "stats");
+        ts_pipe_stats s;
+        check(ts_pipe_get_stats(pipe, &s), "stats");
         best->layers[0] = s.layers[0];
         best->layers[1] = s.layers[1];
     }
@@ -186,10 +190,10 @@ int main(int argc, char **argv) {
     printf("pipeline parallelism: %d virtual CPU devices x 1 thread, batch %d in %d micro-batches of %lld, "
            "SGD, best of %d rounds of %d steps\n\n",
            p, BATCH, m, (long long)micro_size, rounds, steps);
-    printf("| model    | run               | images/s | speedup | ideal p·m/(m+p-1) | of ideal | bubble "
-           "| (p-1)/(m+p-1) | stage busy ms/step (layers) | micro-batch eff. |\n");
-    printf("|----------|-------------------|---------:|--------:|------------------:|---------:|-------:"
-           "|--------------:|-----------------------------|-----------------:|\n");
+    printf("| model    | run                 | images/s | speedup | ideal p·m/(m+p-1) | of ideal "
+           "| ideal, these stages | bubble | (p-1)/(m+p-1) | stage busy ms/step (layers) | micro-batch eff. |\n");
+    printf("|----------|---------------------|---------:|--------:|------------------:|---------:|--------------------:"
+           "|-------:|--------------:|-----------------------------|-----------------:|\n");
     for (int k = 0; k < 2; k++) {
         const char *name = k == M_CNN ? "cnn" : "balanced";
         /* the split: timed on one thread at the micro-batch size */
@@ -199,7 +203,7 @@ int main(int argc, char **argv) {
             ts_module *seq = build((model_kind)k);
             ts_tensor *x, *y;
             make_batch((model_kind)k, micro_size, &x, &y);
-            check(ts_pipeline_split_by_time(seq, x, p, bounds), "split");
+            check(ts_pipe_split_by_time(seq, x, p, bounds), "split");
             ts_tensor_release(x);
             ts_tensor_release(y);
             ts_module_free(seq);
@@ -210,19 +214,21 @@ int main(int argc, char **argv) {
             run_plain((model_kind)k, 1, steps, &one);
             run_plain((model_kind)k, 2, steps, &two);
             for (int sc = 0; sc < 2; sc++)
-                run_pipe((model_kind)k, devs, (ts_pipeline_schedule)sc, micro, bounds, steps, &pipe[sc]);
+                run_pipe((model_kind)k, devs, (ts_pipe_schedule)sc, micro, bounds, steps, &pipe[sc]);
         }
-        printf("| %-8s | 1 device, 1 thread | %8.0f | %7.2f | | | | | | |\n", name, BATCH / one.step_s, 1.0);
-        printf("| %-8s | 1 device, 2 threads | %8.0f | %7.2f | | | | | | |\n", name, BATCH / two.step_s,
+        printf("| %-8s | 1 device, 1 thread  | %8.0f | %7.2f | | | | | | | |\n", name, BATCH / one.step_s, 1.0);
+        printf("| %-8s | 1 device, 2 threads | %8.0f | %7.2f | | | | | | | |\n", name, BATCH / two.step_s,
                one.step_s / two.step_s);
         for (int sc = 0; sc < 2; sc++) {
             result *r = &pipe[sc];
             double speedup = one.step_s / r->step_s;
-            printf("| %-8s | %s, 2 stages  | %8.0f | %7.2f | %17.2f | %7.0f%% | %6.3f | %13.3f | %.1f (%d) / %.1f (%d) "
-                   "| %15.0f%% |\n",
+            double mx = r->busy[0] > r->busy[1] ? r->busy[0] : r->busy[1], sum = r->busy[0] + r->busy[1];
+            double stage_ideal = one.step_s / (mx * (m - 1) / m + sum / m);
+            printf("| %-8s | %s, 2 stages    | %8.0f | %7.2f | %17.2f | %7.0f%% | %6.2f (%3.0f%%)       | %6.3f "
+                   "| %13.3f | %.1f (%d) / %.1f (%d) | %15.0f%% |\n",
                    name, sc == 0 ? "GPipe" : "1F1B ", BATCH / r->step_s, speedup, ideal, 100 * speedup / ideal,
-                   r->bubble, bubble_formula, 1e3 * r->busy[0], r->layers[0], 1e3 * r->busy[1], r->layers[1],
-                   100 * one.step_s / (r->busy[0] + r->busy[1]));
+                   stage_ideal, 100 * speedup / stage_ideal, r->bubble, bubble_formula, 1e3 * r->busy[0],
+                   r->layers[0], 1e3 * r->busy[1], r->layers[1], 100 * one.step_s / sum);
         }
     }
     printf("\nspeedup = micro-batch eff. x p x (1 - bubble) (up to the optimizer step on the caller's thread);\n"

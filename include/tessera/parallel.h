@@ -158,7 +158,9 @@ ts_status ts_nn_model_parallel_new(ts_module *seq, ts_device *const *devs, int n
 int ts_model_parallel_bounds(const ts_module *mp, int *bounds, int max);
 
 /* ---- pipeline parallelism ---------------------------------------------------------------------- */
-/* A Sequential cut into consecutive stages, stage s on devs[s], and every
+/* ts_pipe_* (after torch's Pipe) — not the data pipelines of tessera/pipeline.h (ts_pipeline_*, DALI's).
+ *
+ * A Sequential cut into consecutive stages, stage s on devs[s], and every
  * batch cut into micro-batches with torch.chunk's rule: micro-batches of
  * ceil(B / micro_batches) samples, the last one smaller, so a batch of B gives
  * ceil(B / ceil(B / micro_batches)) of them — fewer than asked when the count
@@ -172,10 +174,10 @@ int ts_model_parallel_bounds(const ts_module *mp, int *bounds, int max);
  * pipeline from inside a task running on one of its stage devices.
  *
  * Schedules (the order each stage runs the forward F i and backward B i of its
- * micro-batches; ts_pipeline_trace records the order that really ran):
- *   TS_PIPELINE_GPIPE  fill-drain (GPipe): F 0 .. F m-1, then B m-1 .. B 0.
+ * micro-batches; ts_pipe_trace records the order that really ran):
+ *   TS_PIPE_GPIPE  fill-drain (GPipe): F 0 .. F m-1, then B m-1 .. B 0.
  *                      Every stage holds the activations of all m micro-batches.
- *   TS_PIPELINE_1F1B   PipeDream-flush: stage s (0-based) runs w = min(p-1-s, m)
+ *   TS_PIPE_1F1B   PipeDream-flush: stage s (0-based) runs w = min(p-1-s, m)
  *                      warm-up forwards, then alternates F w+k, B k, then the
  *                      remaining backwards; it holds at most p - s micro-batches'
  *                      activations at a time instead of m.
@@ -186,20 +188,20 @@ int ts_model_parallel_bounds(const ts_module *mp, int *bounds, int max);
  * torch's Pipe and GPipe do), so a model with BatchNorm trains like one device
  * at the micro-batch size, not at the full batch. Everything else — the loss,
  * every parameter's gradient — equals one device at the full batch. */
-#define TS_PIPELINE_MAX_STAGES TS_MAX_CPU_DEVICES
+#define TS_PIPE_MAX_STAGES TS_MAX_CPU_DEVICES
 
-typedef enum ts_pipeline_schedule { TS_PIPELINE_GPIPE = 0, TS_PIPELINE_1F1B = 1 } ts_pipeline_schedule;
+typedef enum ts_pipe_schedule { TS_PIPE_GPIPE = 0, TS_PIPE_1F1B = 1 } ts_pipe_schedule;
 
 /* "gpipe" or "1f1b" (case-insensitive); anything else is TS_ERR_INVALID_ARG naming it. */
-ts_status ts_pipeline_schedule_parse(const char *name, ts_pipeline_schedule *out);
+ts_status ts_pipe_schedule_parse(const char *name, ts_pipe_schedule *out);
 /* "gpipe" or "1f1b" (static string). */
-const char *ts_pipeline_schedule_name(ts_pipeline_schedule s);
+const char *ts_pipe_schedule_name(ts_pipe_schedule s);
 
 /* Wraps seq (a Sequential; ownership taken, also on failure) into a pipeline
  * module of nstages stages: stage s gets seq's children [bounds[s-1], bounds[s])
  * (bounds[-1] = 0; nstages strictly increasing entries ending at the number of
  * children, as ts_nn_model_parallel_new; NULL: as equal layer counts as
- * possible — ts_pipeline_split_by_time gives a split by measured cost) and its
+ * possible — ts_pipe_split_by_time gives a split by measured cost) and its
  * parameters and buffers are moved to devs[s] (borrowed). micro_batches >= 1 is
  * the count each batch is cut into. Do not ts_module_to the pipeline afterwards.
  * output_device (NULL: the last stage's device) is where ts_module_forward
@@ -211,51 +213,51 @@ const char *ts_pipeline_schedule_name(ts_pipeline_schedule s);
  * usual when grad mode is on, so forward + loss + ts_backward trains with the
  * GPipe schedule's forward and a plain (single-threaded) backward; evaluation
  * runs it under no-grad. */
-ts_status ts_nn_pipeline_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
-                             int micro_batches, ts_pipeline_schedule schedule, ts_device *output_device,
+ts_status ts_nn_pipe_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
+                             int micro_batches, ts_pipe_schedule schedule, ts_device *output_device,
                              ts_module **out);
 
 /* One training step with the pipeline's schedule: forward of every
  * micro-batch, the mean cross-entropy over the whole batch (micro-batch i's
- * mean loss weighted by its size / B, so the gradients equal the full batch's)
- * and the backward, each stage backpropagating on its own worker: its input is
- * a detached leaf, ts_backward(stage output, gradient from the next stage)
- * leaves the input's gradient, which is copied to the previous stage.
- * x: (B, ...) any device; y: (B) TS_I64, any device (ignore_index -100 targets
- * count in B: keep them out of pipelined batches or expect the weights to be
- * off). Gradients are added to the parameters' .grad (zero them between
- * steps); *loss gets the batch loss. On failure the error names the stage,
- * device, pass and micro-batch, and the gradients are partial. */
-ts_status ts_pipeline_train_step(ts_module *pipe, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+ * mean loss weighted by its size / B — by its share of the counted targets
+ * when some are ignore_index -100 — so the loss and gradients equal the full
+ * batch's) and the backward, each stage backpropagating on its own worker: its
+ * input is a detached leaf, ts_backward(stage output, gradient from the next
+ * stage) leaves the input's gradient, which is copied to the previous stage.
+ * x: (B, ...) any device; y: (B) TS_I64, any device. Gradients are added to
+ * the parameters' .grad (zero them between steps); *loss gets the batch loss.
+ * On failure the error names the stage, device, pass and micro-batch, and the
+ * gradients are partial. */
+ts_status ts_pipe_train_step(ts_module *pipe, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
                                  float *loss);
 
 /* Measurements of the pipeline's most recent run (a forward or a train step). */
-typedef struct ts_pipeline_stats {
+typedef struct ts_pipe_stats {
     int stages;                      /* p */
     int micro_batches;               /* m: micro-batches the last batch was cut into */
-    ts_pipeline_schedule schedule;
-    bool train;                      /* the run was a ts_pipeline_train_step */
-    int layers[TS_PIPELINE_MAX_STAGES]; /* number of the Sequential's children in each stage */
+    ts_pipe_schedule schedule;
+    bool train;                      /* the run was a ts_pipe_train_step */
+    int layers[TS_PIPE_MAX_STAGES]; /* number of the Sequential's children in each stage */
     double wall_s;                   /* from submitting the stages' tasks to the last one finishing */
-    double busy_s[TS_PIPELINE_MAX_STAGES]; /* per stage: time computing (forward, loss, backward, copies), not waiting */
+    double busy_s[TS_PIPE_MAX_STAGES]; /* per stage: time computing (forward, loss, backward, copies) */
     double bubble;                   /* measured idle fraction: 1 - sum(busy_s) / (p * wall_s) */
     double bubble_ideal;             /* (p - 1) / (m + p - 1): balanced stages, no overheads */
     /* per stage, train steps: most micro-batches forwarded and not yet backwarded
      * at one time (GPipe: m; 1F1B: min(m, p - s)); 0 after a forward */
-    int peak_in_flight[TS_PIPELINE_MAX_STAGES];
+    int peak_in_flight[TS_PIPE_MAX_STAGES];
     /* per stage: the stage device's memory peak during the run above what was
      * allocated when it started (activations, their copies, gradients) */
-    size_t peak_bytes[TS_PIPELINE_MAX_STAGES];
-} ts_pipeline_stats;
+    size_t peak_bytes[TS_PIPE_MAX_STAGES];
+} ts_pipe_stats;
 
-/* Copies the stats of pipe's most recent run (all zero before the first). */
-ts_status ts_pipeline_get_stats(const ts_module *pipe, ts_pipeline_stats *out);
+/* Copies the stats of pipe's most recent run (the measurements are zero before the first). */
+ts_status ts_pipe_get_stats(const ts_module *pipe, ts_pipe_stats *out);
 
 /* Writes the events stage `stage` ran in its most recent run, in the order they
  * ran, as "F0 F1 B1 B0" into buf (n bytes); TS_ERR_INVALID_ARG if it does not fit. */
-ts_status ts_pipeline_trace(const ts_module *pipe, int stage, char *buf, size_t n);
+ts_status ts_pipe_trace(const ts_module *pipe, int stage, char *buf, size_t n);
 
-/* Bounds for ts_nn_pipeline_new by measured cost (torchgpipe's
+/* Bounds for ts_nn_pipe_new by measured cost (torchgpipe's
  * balance_by_time): runs each child of seq forward and backward on sample
  * (borrowed; copied to each child's parameters' device) on the calling thread,
  * keeps each child's fastest of 3 timings and writes into bounds[0..nstages)
@@ -264,7 +266,7 @@ ts_status ts_pipeline_trace(const ts_module *pipe, int stage, char *buf, size_t 
  * sized sample. Buffers (BatchNorm running statistics) and gradients are
  * restored afterwards. Timings vary from run to run, and so may the split;
  * the results of training do not depend on it. */
-ts_status ts_pipeline_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds);
+ts_status ts_pipe_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds);
 
 /* ---- tile (spatial) parallelism ---------------------------------------------------------------- */
 /* TileParallel: the convolutional part of a network runs on horizontal bands of
