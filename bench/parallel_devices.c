@@ -8,6 +8,9 @@
  *                  --per-device images on each: replicas' forward and backward
  *                  run concurrently, one worker (one kernel thread) per device;
  *                  loss and SGD on the calling thread (also one thread)
+ *   N independent  N separate models, each trained by a one-device step on its
+ *                  own device, all at once: no communication at all, so this is
+ *                  the ceiling the machine allows for N devices
  *
  * Every step is the same work per device (--per-device images, default 64), so
  * the ideal speedup is N. Modes alternate within each of --rounds rounds and
@@ -30,6 +33,11 @@
 #include <sys/resource.h>
 
 #define MAX_DEV 16
+#define TRY(expr)                         \
+    do {                                  \
+        ts_status st_ = (expr);           \
+        if (st_ != TS_OK) return st_;     \
+    } while (0)
 #define NBATCH 4
 
 typedef struct bench {
@@ -39,7 +47,9 @@ typedef struct bench {
     ts_tensor_list params;
     ts_device *dev0;   /* where the parameters (and the labels) live */
     int ndev;          /* devices used */
-    int64_t batch;     /* images per step */
+    int64_t batch;     /* images per step of this model */
+    int64_t images;    /* images per step of the mode (N independent: N * batch) */
+    struct bench *twins; /* N independent: the models on devices 1..N-1 */
     ts_tensor *xs[NBATCH], *ys[NBATCH];
     int next;
     float loss;
@@ -68,6 +78,7 @@ static ts_status plain_step(void *p) {
 typedef struct mode {
     const char *name;
     int ndev; /* devices it uses (0: --devices) */
+    bool independent; /* one model per device (batch --per-device each) */
     /* wraps b->inner (already on b->dev0) into b->model */
     ts_status (*setup)(bench *b, ts_device *const *devs, int ndev);
     /* one training step (NULL: plain_step on the calling thread) */
@@ -86,10 +97,33 @@ static ts_status dp_setup(bench *b, ts_device *const *devs, int ndev) {
     return ts_nn_data_parallel_new(b->inner, devs, ndev, devs[0], &b->model);
 }
 
+static ts_status bench_init(bench *b, const struct mode *m, ts_device *const *devs, int ndev, int64_t per_device);
+
+static ts_status independent_setup(bench *b, ts_device *const *devs, int ndev) {
+    TRY(one_setup(b, devs, 1));
+    if (ndev < 2) return TS_OK;
+    b->twins = calloc((size_t)ndev - 1, sizeof *b->twins);
+    if (!b->twins) return TS_ERR_NOMEM;
+    static const mode one = {"one", 1, false, one_setup, NULL};
+    for (int i = 1; i < ndev; i++) TRY(bench_init(&b->twins[i - 1], &one, devs + i, 1, b->batch));
+    return TS_OK;
+}
+static ts_status independent_step(bench *b) {
+    ts_device *devs[MAX_DEV];
+    void *args[MAX_DEV];
+    for (int i = 0; i < b->ndev; i++) {
+        bench *t = i ? &b->twins[i - 1] : b;
+        devs[i] = t->dev0;
+        args[i] = t;
+    }
+    return ts_device_run_parallel(devs, b->ndev, plain_step, args);
+}
+
 static const mode modes[] = {
-    {"1 device (cpu:0)", 1, one_setup, one_step},
-    {"data parallel", 0, dp_setup, NULL},
-    /* pipeline, tile, ...: {"pipeline 1f1b", 0, pipeline_setup, pipeline_step}, */
+    {"1 device (cpu:0)", 1, false, one_setup, one_step},
+    {"data parallel", 0, false, dp_setup, NULL},
+    {"N independent models", 0, true, independent_setup, independent_step},
+    /* pipeline, tile, ...: {"pipeline 1f1b", 0, false, pipeline_setup, pipeline_step}, */
 };
 #define NMODES ((int)(sizeof modes / sizeof modes[0]))
 
@@ -98,7 +132,8 @@ static ts_status bench_init(bench *b, const mode *m, ts_device *const *devs, int
     ts_rng rng;
     ts_rng_seed(&rng, 0);
     b->ndev = m->ndev ? m->ndev : ndev;
-    b->batch = per_device * b->ndev;
+    b->batch = m->independent ? per_device : per_device * b->ndev;
+    b->images = per_device * b->ndev;
     b->dev0 = devs[0];
     ts_status st = ts_model_reference_cnn(&rng, &b->inner);
     if (st == TS_OK) st = ts_module_to(b->inner, devs[0]);
@@ -134,6 +169,8 @@ static void bench_free(bench *b) {
     ts_optimizer_free(b->opt);
     ts_tensor_list_clear(&b->params);
     ts_module_free(b->model ? b->model : b->inner);
+    for (int i = 0; b->twins && i < b->ndev - 1; i++) bench_free(&b->twins[i]);
+    free(b->twins);
 }
 
 static ts_status run_steps(bench *b, const mode *m, int64_t n) {
@@ -203,10 +240,10 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s: %s\n", modes[k].name, ts_last_error());
                 return 1;
             }
-            double ips = (double)(steps * b[k].batch) / (ts_time_now() - t0);
+            double ips = (double)(steps * b[k].images) / (ts_time_now() - t0);
             if (ips > best[k]) {
                 best[k] = ips;
-                cpu_ms[k] = 1e3 * (cpu_seconds() - c0) / (double)(steps * b[k].batch);
+                cpu_ms[k] = 1e3 * (cpu_seconds() - c0) / (double)(steps * b[k].images);
             }
         }
 
@@ -214,7 +251,7 @@ int main(int argc, char **argv) {
     printf("|%s|--------:|------------:|--------:|---------:|--------:|-------------:|\n", "----------------------");
     for (int k = 0; k < NMODES; k++)
         printf("| %-20s | %7d | %11lld | %7.1f | %8.0f | %6.2fx | %12.3f |\n", modes[k].name, b[k].ndev,
-               (long long)b[k].batch, 1e3 * (double)b[k].batch / best[k], best[k], best[k] / best[0], cpu_ms[k]);
+               (long long)b[k].images, 1e3 * (double)b[k].images / best[k], best[k], best[k] / best[0], cpu_ms[k]);
     for (int k = 0; k < NMODES; k++) bench_free(&b[k]);
     return 0;
 }

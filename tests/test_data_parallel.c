@@ -10,7 +10,8 @@
  * training mode (each replica normalises its own chunk, as in PyTorch) against
  * the same chunks run one after another on "cpu", running statistics included
  * (only devs[0]'s chunk updates them). Also: one-device DataParallel, modules
- * without parameters or with buffers only, eval under no-grad, retain_graph,
+ * without parameters or with buffers only, replicas returning 0-dimensional
+ * outputs, eval under no-grad, retain_graph,
  * a batch of 0, errors, and that forward AND backward of the replicas really
  * run at the same time (two replicas that wait for each other). */
 #include "autograd/autograd.h"
@@ -527,6 +528,34 @@ static void test_parameter_free_and_buffer_only(void) {
     ts_module_free(bref);
 }
 
+/* Replicas returning 0-dimensional outputs: gathered as a vector (PyTorch warns and does the same). */
+static ts_status sum_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) { return ts_sum(x, out); }
+static const ts_module_vt sum_vt = {"Sum", sum_forward, NULL};
+
+static void test_scalar_outputs(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 19);
+    ts_module *sum = NULL;
+    CHECK_OK(ts__module_new(&sum_vt, 0, &sum));
+    ts_tensor *x = tu_rand(&r, 2, (int64_t[]){5, 2}, -1, 1, true), *y = NULL, *w = NULL, *p = NULL, *s = NULL;
+    CHECK_OK(ts_data_parallel(sum, x, D, 3, ts_device_cpu(), &y)); /* rows 2, 2, 1 */
+    CHECK(y && ts_tensor_ndim(y) == 1 && ts_tensor_dim(y, 0) == 3);
+    double want = 0;
+    for (int i = 0; i < 4; i++) want += ts_tensor_item(x, i);
+    CHECK_NEAR(ts_tensor_item(y, 0), want, 1e-6); /* replica 0: rows 0-1 */
+    CHECK_NEAR(ts_tensor_item(y, 2), ts_tensor_item(x, 8) + ts_tensor_item(x, 9), 1e-6); /* replica 2: row 4 */
+    w = tu_tensor(1, (int64_t[]){3}, (float[]){1, 2, 3});
+    CHECK_OK(ts_mul(y, w, &p));
+    CHECK_OK(ts_sum(p, &s));
+    CHECK_OK(ts_backward(s, NULL, false));
+    ts_tensor *g = ts_tensor_grad(x);
+    CHECK(g && ts_tensor_device(g) == ts_device_cpu());
+    for (int i = 0; g && i < 10; i++) CHECK(ts_tensor_item(g, i) == (double)(i / 4 + 1)); /* each row's replica weight */
+    ts_tensor *objs[] = {x, y, w, p, s};
+    for (size_t i = 0; i < TS_ARRAY_LEN(objs); i++) ts_tensor_release(objs[i]);
+    ts_module_free(sum);
+}
+
 /* Evaluation: eval mode under no-grad gives the plain model's output and records nothing. */
 static void test_eval_no_grad(void) {
     ts_rng r;
@@ -743,6 +772,7 @@ int main(int argc, char **argv) {
                                     T(test_equivalence_cnn),
                                     T(test_one_device),
                                     T(test_parameter_free_and_buffer_only),
+                                    T(test_scalar_outputs),
                                     T(test_eval_no_grad),
                                     T(test_retain_graph),
                                     T(test_batch_zero),

@@ -96,8 +96,9 @@ void ts_device_memory_reset_peak(ts_device *d);
 /* Virtual CPU devices "cpu:0" ... "cpu:N-1": each has its own memory pool and
  * accounting (a tensor moved between two of them is a real copy, and ops refuse
  * to mix them, exactly as with GPUs) and its own worker thread, the device's
- * stream, so work submitted to different devices runs at the same time. Kernels
- * on a virtual device use that device's thread budget (below) wherever they run.
+ * stream, so work submitted to different devices runs at the same time. Work
+ * submitted to a device's stream runs its kernels with that device's thread
+ * budget (below); ops called on the caller's own thread use the caller's.
  * N comes from TS_CPU_DEVICES (default 2, at most TS_MAX_CPU_DEVICES) or from
  * ts_set_cpu_device_count before the first virtual device is used. */
 #define TS_MAX_CPU_DEVICES 16
