@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # DDP at the command line: runs at world sizes 1, 2 and 4 with the same global batch give
-# the same parameters after 20 steps (`tessera ckpt diff --tol 1e-5`; the CNN with
-# --sync-bn), and a rank that dies
+# the same parameters after 20 steps (`tessera ckpt diff --tol 1e-5`), and a rank that dies
 # mid-training makes the other rank fail fast with an error naming it, never hang.
 set -u
 TS=${1:?usage: cli_ddp.sh path/to/tessera}
@@ -35,24 +34,11 @@ else
   ok "a different global batch differs"
 fi
 
-# ---- the reference CNN has BatchNorm: equal only with --sync-bn (statistics over the global
-# batch), and without it the same runs differ. lr 0.01: at the default 0.05 a ReLU or max-pool
-# input near its switching point sends rounding noise one way or the other within 20 steps
-# (one process on 1 vs 2 threads then differs by ~3e-4 too).
-cnn=(--model cnn --seed 3 --quiet --max-steps 20 --epochs 1 --timeout 120 --threads 1 --lr 0.01)
-"$TS" run -n 1 "$TS" train "${cnn[@]}" --batch-size 32 --checkpoint "$T/c1.ckpt" > "$T/c1.log" 2>&1 \
-  || bad "cnn world 1: $(cat "$T/c1.log")"
-"$TS" train "${cnn[@]}" --nproc 2 --batch-size 16 --sync-bn --checkpoint "$T/c2.ckpt" > "$T/c2.log" 2>&1 \
-  || bad "cnn world 2 --sync-bn: $(cat "$T/c2.log")"
-out=$("$TS" ckpt diff "$T/c1.ckpt" "$T/c2.ckpt" --tol 1e-5 2>&1); rc=$?
-if [ $rc -eq 0 ]; then ok "cnn world 2 --sync-bn == world 1 ($(tail -1 <<<"$out"))"; else bad "cnn --sync-bn differs: $out"; fi
-"$TS" train "${cnn[@]}" --nproc 2 --batch-size 16 --checkpoint "$T/c3.ckpt" > "$T/c3.log" 2>&1 \
-  || bad "cnn world 2: $(cat "$T/c3.log")"
-if "$TS" ckpt diff "$T/c1.ckpt" "$T/c3.ckpt" --tol 1e-5 > /dev/null 2>&1; then
-  bad "cnn world 2 without --sync-bn matched world 1 (per-rank BatchNorm statistics should differ)"
-else
-  ok "cnn world 2 without --sync-bn differs (per-rank BatchNorm statistics)"
-fi
+# The reference CNN (BatchNorm, ReLU, max-pool) is checked at the library level instead
+# (tests/test_syncbn.c: DDP + SyncBatchNorm vs one process, 1.2e-7): over 20 steps at the command
+# line its parameters are chaotic at the 1e-5 level — world 2 vs world 4, both with --sync-bn,
+# differed by 4e-5 in one build and 1.8e-2 in another, as one process on 1 vs 2 threads does
+# (3e-4): a max-pool or ReLU input within rounding of its switching point flips a gradient path.
 
 # ---- a killed rank: start 2 ranks by hand (no launcher to clean up), SIGKILL rank 1 once
 # training runs; rank 0 must exit non-zero soon, naming rank 1.
