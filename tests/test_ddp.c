@@ -41,6 +41,7 @@ struct rank_ctx {
 
 static void *rank_main(void *v) {
     rank_ctx *c = v;
+    ts_set_num_threads(1); /* OpenMP's thread count is per thread: set it on the rank's own thread */
     ts_pg_options o = TS_PG_OPTIONS_INIT;
     o.store = c->store;
     o.rank = c->rank;
@@ -56,7 +57,6 @@ static void *rank_main(void *v) {
 
 /* Runs fn on `world` rank threads; false (after reporting) when a rank failed. */
 static bool run_ranks(int world, rank_fn fn, const void *arg, rank_ctx *c) {
-    ts_set_num_threads(1); /* up to 4 rank threads on 2 cores */
     ts_store *store = NULL;
     CHECK_OK(ts_store_memory_new(&store));
     if (!store) return false;
