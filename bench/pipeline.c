@@ -12,7 +12,7 @@
  *             Flatten, Linear(32,10): four convolutions per stage, the case the
  *             formula describes (stage 0 is a little lighter: its first
  *             convolution computes no input gradient).
- * Both are split by ts_pipe_split_by_time (timed on one thread).
+ * Both are split by ts_pp_split_by_time (timed on one thread).
  *
  * Columns: images/s; speedup over one device on 1 thread; the ideal speedup
  * p*m/(m+p-1) of balanced stages and the measured speedup as a share of it;
@@ -129,11 +129,11 @@ static void run_plain(model_kind k, int threads, int steps, result *best) {
     ts_module_free(m);
 }
 
-static void run_pipe(model_kind k, ts_device **devs, ts_pipe_schedule sched, int micro, const int *bounds,
+static void run_pipe(model_kind k, ts_device **devs, ts_pp_schedule sched, int micro, const int *bounds,
                      int steps, result *best) {
     ts_set_num_threads(1); /* the caller's thread runs the optimizer step */
     ts_module *pipe = NULL;
-    check(ts_nn_pipe_new(build(k), devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe), "pipeline");
+    check(ts_nn_pipeline_parallel_new(build(k), devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe), "pipeline");
     ts_optimizer *o = make_sgd(pipe);
     ts_tensor *x, *y;
     make_batch(k, BATCH, &x, &y);
@@ -141,12 +141,12 @@ static void run_pipe(model_kind k, ts_device **devs, ts_pipe_schedule sched, int
     for (int it = -3; it < steps; it++) {
         if (it == 0) t_start = ts_time_now();
         float loss;
-        check(ts_pipe_train_step(pipe, x, y, 0.0f, &loss), "train step");
+        check(ts_pp_train_step(pipe, x, y, 0.0f, &loss), "train step");
         check(ts_optimizer_step(o), "step");
         ts_optimizer_zero_grad(o);
         if (it >= 0) {
-            ts_pipe_stats s;
-            check(ts_pipe_get_stats(pipe, &s), "stats");
+            ts_pp_stats s;
+            check(ts_pp_get_stats(pipe, &s), "stats");
             busy[0] += s.busy_s[0];
             busy[1] += s.busy_s[1];
             bubble += s.bubble;
@@ -158,8 +158,8 @@ static void run_pipe(model_kind k, ts_device **devs, ts_pipe_schedule sched, int
         best->busy[0] = busy[0] / steps;
         best->busy[1] = busy[1] / steps;
         best->bubble = bubble / steps;
-        ts_pipe_stats s;
-        check(ts_pipe_get_stats(pipe, &s), "stats");
+        ts_pp_stats s;
+        check(ts_pp_get_stats(pipe, &s), "stats");
         best->layers[0] = s.layers[0];
         best->layers[1] = s.layers[1];
     }
@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
             ts_module *seq = build((model_kind)k);
             ts_tensor *x, *y;
             make_batch((model_kind)k, micro_size, &x, &y);
-            check(ts_pipe_split_by_time(seq, x, p, bounds), "split");
+            check(ts_pp_split_by_time(seq, x, p, bounds), "split");
             ts_tensor_release(x);
             ts_tensor_release(y);
             ts_module_free(seq);
@@ -214,7 +214,7 @@ int main(int argc, char **argv) {
             run_plain((model_kind)k, 1, steps, &one);
             run_plain((model_kind)k, 2, steps, &two);
             for (int sc = 0; sc < 2; sc++)
-                run_pipe((model_kind)k, devs, (ts_pipe_schedule)sc, micro, bounds, steps, &pipe[sc]);
+                run_pipe((model_kind)k, devs, (ts_pp_schedule)sc, micro, bounds, steps, &pipe[sc]);
         }
         printf("| %-8s | 1 device, 1 thread  | %8.0f | %7.2f | | | | | | | |\n", name, BATCH / one.step_s, 1.0);
         printf("| %-8s | 1 device, 2 threads | %8.0f | %7.2f | | | | | | | |\n", name, BATCH / two.step_s,

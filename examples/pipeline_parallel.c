@@ -76,11 +76,11 @@ int main(int argc, char **argv) {
     ts_device *devs[2];
     CHECK(ts_device_get("cpu:0", &devs[0]));
     CHECK(ts_device_get("cpu:1", &devs[1]));
-    ts_pipe_schedule sched;
-    CHECK(ts_pipe_schedule_parse(schedule, &sched));
+    ts_pp_schedule sched;
+    CHECK(ts_pp_schedule_parse(schedule, &sched));
     const int bounds[2] = {8, 18}; /* stage 0: children [0, 8), stage 1: [8, 18) */
     ts_module *pipe;
-    CHECK(ts_nn_pipe_new(model, devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe));
+    CHECK(ts_nn_pipeline_parallel_new(model, devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe));
 
     /* build the optimizer after the move: the parameters now live on their stages' devices */
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
@@ -99,7 +99,7 @@ int main(int argc, char **argv) {
     CHECK(ts_loader_set_epoch(loader, 0, 0));
 
     printf("%s schedule, %d micro-batches per batch of %lld; seq1 on %s, seq2 on %s\n",
-           ts_pipe_schedule_name(sched), micro, (long long)lo.batch_size, ts_device_name(devs[0]),
+           ts_pp_schedule_name(sched), micro, (long long)lo.batch_size, ts_device_name(devs[0]),
            ts_device_name(devs[1]));
     ts_module_train(pipe, true);
     ts_tensor *x, *y; /* borrowed from the loader */
@@ -110,18 +110,18 @@ int main(int argc, char **argv) {
         if (!x) break; /* end of the epoch */
         float loss;
         /* forward of every micro-batch, loss, backward — stage by stage on the devices' workers */
-        CHECK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
+        CHECK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
         CHECK(ts_optimizer_step(opt));
         ts_optimizer_zero_grad(opt);
-        ts_pipe_stats st;
-        CHECK(ts_pipe_get_stats(pipe, &st));
+        ts_pp_stats st;
+        CHECK(ts_pp_get_stats(pipe, &st));
         bubble += st.bubble;
         steps++;
         if (step % 100 == 0) printf("step %4ld  loss %.4f\n", step, loss);
     }
     double secs = ts_time_now() - t0;
-    ts_pipe_stats st;
-    CHECK(ts_pipe_get_stats(pipe, &st));
+    ts_pp_stats st;
+    CHECK(ts_pp_get_stats(pipe, &st));
     printf("%ld steps, %.0f images/s; bubble %.3f measured, %.3f by (p-1)/(m+p-1)\n", steps,
            (double)steps * (double)lo.batch_size / secs, steps ? bubble / (double)steps : 0.0, st.bubble_ideal);
     for (int s = 0; s < st.stages; s++)

@@ -1,6 +1,6 @@
 /*
  * tests/test_mpi_collectives.c — the "mpi" process-group backend
- * (src/dist/mpi/mpi.c): every collective for lengths 0, 1, 1009 and 2^20 + 3
+ * (src/distributed/mpi/mpi.c): every collective for lengths 0, 1, 1009 and 2^20 + 3
  * and every reduce op against values computed here (small integers in f32,
  * exact), send/recv, the pieces MPI's int counts force (TS_MPI_MAX_COUNT
  * lowered so that 2^20 + 3 elements take 1049 calls), size mismatches
@@ -30,7 +30,7 @@
 #include "test_util.h"
 
 #include "core/internal.h"
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 #include <errno.h>
 #include <signal.h>

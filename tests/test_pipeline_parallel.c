@@ -184,9 +184,9 @@ static float reference_micro_steps(ts_module *m, ts_tensor *x, ts_tensor *y, int
     return (float)total;
 }
 
-static ts_module *make_pipe(ts_module *seq, int p, const int *bounds, int micro, ts_pipe_schedule sched) {
+static ts_module *make_pipe(ts_module *seq, int p, const int *bounds, int micro, ts_pp_schedule sched) {
     ts_module *pipe = NULL;
-    CHECK_OK(ts_nn_pipe_new(seq, stage_devs, p, bounds, micro, sched, ts_device_cpu(), &pipe));
+    CHECK_OK(ts_nn_pipeline_parallel_new(seq, stage_devs, p, bounds, micro, sched, ts_device_cpu(), &pipe));
     return pipe;
 }
 
@@ -205,23 +205,23 @@ static void check_equivalence(model_kind k, bool eval_bn) {
                 if (eval_bn) ts_module_train(ref, false);
                 grad_set want = {0}, got = {0};
                 float loss_ref = reference_step(ref, x, y, smoothing, &want);
-                ts_module *pipe = make_pipe(make_model(k, 5), p, NULL, micros[mi], (ts_pipe_schedule)sched);
+                ts_module *pipe = make_pipe(make_model(k, 5), p, NULL, micros[mi], (ts_pp_schedule)sched);
                 if (!pipe) continue;
                 if (eval_bn) ts_module_train(pipe, false);
                 float loss = 0;
-                CHECK_OK(ts_pipe_train_step(pipe, x, y, smoothing, &loss));
+                CHECK_OK(ts_pp_train_step(pipe, x, y, smoothing, &loss));
                 grads_take(pipe, &got);
                 char what[128];
                 snprintf(what, sizeof what, "%s %s p=%d micro=%d", model_name(k),
-                         ts_pipe_schedule_name((ts_pipe_schedule)sched), p, micros[mi]);
+                         ts_pp_schedule_name((ts_pp_schedule)sched), p, micros[mi]);
                 double gd = grads_diff(&want, &got, what);
                 double ld = fabs((double)loss - loss_ref);
                 CHECK(gd <= 1e-5);
                 CHECK_NEAR(loss, loss_ref, 1e-5);
                 worst_grad_diff = fmax(worst_grad_diff, gd);
                 worst_loss_diff = fmax(worst_loss_diff, ld);
-                ts_pipe_stats s;
-                CHECK_OK(ts_pipe_get_stats(pipe, &s));
+                ts_pp_stats s;
+                CHECK_OK(ts_pp_get_stats(pipe, &s));
                 CHECK(s.micro_batches == expect_m[mi] && s.stages == p && s.train);
                 grads_free(&want);
                 grads_free(&got);
@@ -249,10 +249,10 @@ static void test_ignore_index(void) {
             ts_module *ref = make_model(MODEL_MLP, 5);
             grad_set want = {0}, got = {0};
             float loss_ref = reference_step(ref, x, y, 0.05f, &want);
-            ts_module *pipe = make_pipe(make_model(MODEL_MLP, 5), 2, NULL, micro, (ts_pipe_schedule)sched);
+            ts_module *pipe = make_pipe(make_model(MODEL_MLP, 5), 2, NULL, micro, (ts_pp_schedule)sched);
             if (!pipe) continue;
             float loss = 0;
-            CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.05f, &loss));
+            CHECK_OK(ts_pp_train_step(pipe, x, y, 0.05f, &loss));
             grads_take(pipe, &got);
             CHECK(isfinite(loss));
             CHECK_NEAR(loss, loss_ref, 1e-5);
@@ -282,10 +282,10 @@ static void test_cnn_train_bn_per_micro_batch(void) {
             ts_module *ref = make_model(MODEL_CNN, 6);
             grad_set want = {0}, got = {0};
             float loss_ref = reference_micro_steps(ref, x, y, micros[mi], 0.0f, &want);
-            ts_module *pipe = make_pipe(make_model(MODEL_CNN, 6), 3, NULL, micros[mi], (ts_pipe_schedule)sched);
+            ts_module *pipe = make_pipe(make_model(MODEL_CNN, 6), 3, NULL, micros[mi], (ts_pp_schedule)sched);
             if (!pipe) continue;
             float loss = 0;
-            CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
+            CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
             grads_take(pipe, &got);
             double gd = grads_diff(&want, &got, "cnn train-mode BN");
             CHECK(gd <= 1e-5);
@@ -317,7 +317,7 @@ static void test_cnn_train_bn_per_micro_batch(void) {
 /* Several steps with SGD: parameters stay equal to one device's (loss, grads each step). */
 static void test_training_steps_with_optimizer(void) {
     ts_module *ref = make_model(MODEL_CONV, 8);
-    ts_module *pipe = make_pipe(make_model(MODEL_CONV, 8), 3, NULL, 4, TS_PIPE_1F1B);
+    ts_module *pipe = make_pipe(make_model(MODEL_CONV, 8), 3, NULL, 4, TS_PP_1F1B);
     if (!pipe) return;
     ts_tensor_list pr = TS_TENSOR_LIST_INIT, pp = TS_TENSOR_LIST_INIT;
     CHECK_OK(ts_module_parameters(ref, &pr));
@@ -338,7 +338,7 @@ static void test_training_steps_with_optimizer(void) {
         CHECK_OK(ts_cross_entropy(logits, y, 0.0f, &l));
         CHECK_OK(ts_backward(l, NULL, false));
         float loss = 0;
-        CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
+        CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
         CHECK_NEAR(loss, ts_tensor_item(l, 0), 1e-5);
         CHECK_OK(ts_optimizer_step(o1));
         CHECK_OK(ts_optimizer_step(o2));
@@ -372,7 +372,7 @@ static void test_forward_eval_and_autograd(void) {
     make_batch(MODEL_CONV, 7, 21, &x, &y);
     for (int mi = 1; mi <= 8; mi += 3) {
         ts_module *ref = make_model(MODEL_CONV, 9);
-        ts_module *pipe = make_pipe(make_model(MODEL_CONV, 9), 3, (const int[]){2, 5, 7}, mi, TS_PIPE_GPIPE);
+        ts_module *pipe = make_pipe(make_model(MODEL_CONV, 9), 3, (const int[]){2, 5, 7}, mi, TS_PP_GPIPE);
         if (!pipe) continue;
         ts_tensor *a = NULL, *b = NULL;
         bool prev = ts_grad_set_enabled(false);
@@ -382,8 +382,8 @@ static void test_forward_eval_and_autograd(void) {
         CHECK(b && ts_tensor_device(b) == ts_device_cpu() && !ts_tensor_requires_grad(b));
         CHECK(b && ts_tensor_dim(b, 0) == 7 && ts_tensor_dim(b, 1) == 5);
         for (int64_t i = 0; b && i < 35; i++) CHECK_NEAR(ts_tensor_item(b, i), ts_tensor_item(a, i), 1e-5);
-        ts_pipe_stats s;
-        CHECK_OK(ts_pipe_get_stats(pipe, &s));
+        ts_pp_stats s;
+        CHECK_OK(ts_pp_get_stats(pipe, &s));
         CHECK(!s.train && s.peak_in_flight[0] == 0);
         ts_tensor_release(a);
         ts_tensor_release(b);
@@ -394,7 +394,7 @@ static void test_forward_eval_and_autograd(void) {
         CHECK_NEAR(lp, lr, 1e-5);
         CHECK(grads_diff(&want, &got, "forward + ts_backward") <= 1e-5);
         char tr[256];
-        CHECK_OK(ts_pipe_trace(pipe, 2, tr, sizeof tr));
+        CHECK_OK(ts_pp_trace(pipe, 2, tr, sizeof tr));
         CHECK(strncmp(tr, "F0", 2) == 0 && !strchr(tr, 'B'));
         grads_free(&want);
         grads_free(&got);
@@ -407,11 +407,11 @@ static void test_forward_eval_and_autograd(void) {
 
 /* ---- schedule order and in-flight micro-batches -------------------------------------------------------------- */
 /* The expected order, written out independently of the library's generator. */
-static void expected_order(ts_pipe_schedule sched, int p, int s, int m, char *buf, size_t n) {
+static void expected_order(ts_pp_schedule sched, int p, int s, int m, char *buf, size_t n) {
     size_t len = 0;
     buf[0] = 0;
 #define EMIT(c, i) len += (size_t)snprintf(buf + len, n - len, "%s%c%d", len ? " " : "", (c), (i))
-    if (sched == TS_PIPE_GPIPE) {
+    if (sched == TS_PP_GPIPE) {
         for (int i = 0; i < m; i++) EMIT('F', i);
         for (int i = m - 1; i >= 0; i--) EMIT('B', i);
         return;
@@ -437,29 +437,29 @@ static void test_schedule_order(void) {
         for (int p = 2; p <= 4; p++)
             for (int mi = 0; mi < 5; mi++) {
                 int m = ms[mi];
-                ts_module *pipe = make_pipe(make_model(MODEL_MLP, 3), p, NULL, m, (ts_pipe_schedule)sched);
+                ts_module *pipe = make_pipe(make_model(MODEL_MLP, 3), p, NULL, m, (ts_pp_schedule)sched);
                 if (!pipe) continue;
                 ts_tensor *x = NULL, *y = NULL;
                 make_batch(MODEL_MLP, m, 4, &x, &y); /* one sample per micro-batch */
                 float loss;
-                CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
-                ts_pipe_stats st;
-                CHECK_OK(ts_pipe_get_stats(pipe, &st));
+                CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
+                ts_pp_stats st;
+                CHECK_OK(ts_pp_get_stats(pipe, &st));
                 CHECK(st.micro_batches == m);
                 CHECK_NEAR(st.bubble_ideal, (double)(p - 1) / (m + p - 1), 1e-12);
                 CHECK(st.wall_s > 0 && st.bubble >= 0 && st.bubble < 1);
                 for (int s = 0; s < p; s++) {
                     char got[512], want[512];
-                    CHECK_OK(ts_pipe_trace(pipe, s, got, sizeof got));
-                    expected_order((ts_pipe_schedule)sched, p, s, m, want, sizeof want);
+                    CHECK_OK(ts_pp_trace(pipe, s, got, sizeof got));
+                    expected_order((ts_pp_schedule)sched, p, s, m, want, sizeof want);
                     if (strcmp(got, want) != 0)
                         fprintf(stderr, "%s p=%d m=%d stage %d: ran '%s', expected '%s'\n",
-                                ts_pipe_schedule_name((ts_pipe_schedule)sched), p, m, s, got, want);
+                                ts_pp_schedule_name((ts_pp_schedule)sched), p, m, s, got, want);
                     CHECK(strcmp(got, want) == 0);
                     CHECK(st.busy_s[s] > 0);
-                    int bound = sched == TS_PIPE_GPIPE ? m : (m < p - s ? m : p - s);
+                    int bound = sched == TS_PP_GPIPE ? m : (m < p - s ? m : p - s);
                     CHECK(st.peak_in_flight[s] == bound);
-                    if (sched == TS_PIPE_1F1B) CHECK(st.peak_in_flight[s] <= p - s);
+                    if (sched == TS_PP_1F1B) CHECK(st.peak_in_flight[s] <= p - s);
                 }
                 ts_tensor_release(x);
                 ts_tensor_release(y);
@@ -469,12 +469,12 @@ static void test_schedule_order(void) {
 
 /* The literal sequences of the 1F1B picture for 4 stages and 8 micro-batches. */
 static void test_1f1b_literal(void) {
-    ts_module *pipe = make_pipe(make_model(MODEL_MLP, 3), 4, NULL, 8, TS_PIPE_1F1B);
+    ts_module *pipe = make_pipe(make_model(MODEL_MLP, 3), 4, NULL, 8, TS_PP_1F1B);
     if (!pipe) return;
     ts_tensor *x = NULL, *y = NULL;
     make_batch(MODEL_MLP, 8, 4, &x, &y);
     float loss;
-    CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
+    CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
     const char *want[4] = {
         "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7",
         "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7",
@@ -483,14 +483,14 @@ static void test_1f1b_literal(void) {
     };
     for (int s = 0; s < 4; s++) {
         char got[256];
-        CHECK_OK(ts_pipe_trace(pipe, s, got, sizeof got));
+        CHECK_OK(ts_pp_trace(pipe, s, got, sizeof got));
         if (strcmp(got, want[s]) != 0) fprintf(stderr, "stage %d ran '%s'\n", s, got);
         CHECK(strcmp(got, want[s]) == 0);
     }
     char tiny[8];
-    CHECK_STATUS(ts_pipe_trace(pipe, 0, tiny, sizeof tiny), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_pp_trace(pipe, 0, tiny, sizeof tiny), TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("too few");
-    CHECK_STATUS(ts_pipe_trace(pipe, 4, tiny, sizeof tiny), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_pp_trace(pipe, 4, tiny, sizeof tiny), TS_ERR_INVALID_ARG);
     ts_tensor_release(x);
     ts_tensor_release(y);
     ts_module_free(pipe);
@@ -502,18 +502,18 @@ static void test_1f1b_memory_advantage(void) {
     ts_tensor *x = NULL, *y = NULL;
     make_batch(MODEL_CONV, 32, 5, &x, &y);
     for (int sched = 0; sched < 2; sched++) {
-        ts_module *pipe = make_pipe(make_model(MODEL_CONV, 3), 2, (const int[]){4, 7}, 8, (ts_pipe_schedule)sched);
+        ts_module *pipe = make_pipe(make_model(MODEL_CONV, 3), 2, (const int[]){4, 7}, 8, (ts_pp_schedule)sched);
         if (!pipe) continue;
         float loss;
-        CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
+        CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
         ts_module_zero_grad(pipe);
-        CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
-        ts_pipe_stats st;
-        CHECK_OK(ts_pipe_get_stats(pipe, &st));
+        CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
+        ts_pp_stats st;
+        CHECK_OK(ts_pp_get_stats(pipe, &st));
         peak[sched] = st.peak_bytes[0];
-        CHECK(st.peak_in_flight[0] == (sched == TS_PIPE_GPIPE ? 8 : 2));
+        CHECK(st.peak_in_flight[0] == (sched == TS_PP_GPIPE ? 8 : 2));
         fprintf(stderr, "  %s: stage 0 peak %zu bytes, %d micro-batches in flight\n",
-                ts_pipe_schedule_name((ts_pipe_schedule)sched), st.peak_bytes[0], st.peak_in_flight[0]);
+                ts_pp_schedule_name((ts_pp_schedule)sched), st.peak_bytes[0], st.peak_in_flight[0]);
         ts_module_free(pipe);
     }
     CHECK(peak[1] > 0 && peak[1] * 2 < peak[0]);
@@ -530,7 +530,7 @@ static void test_split_by_time(void) {
     CHECK_OK(ts_module_state_dict(m, &before));
     float rm0 = (float)ts_tensor_item(before.tensors[4], 0); /* 1.running_mean */
     int bounds[3] = {0, 0, 0};
-    CHECK_OK(ts_pipe_split_by_time(m, x, 3, bounds));
+    CHECK_OK(ts_pp_split_by_time(m, x, 3, bounds));
     CHECK(0 < bounds[0] && bounds[0] < bounds[1] && bounds[1] < bounds[2] && bounds[2] == 12);
     fprintf(stderr, "  reference CNN split by time over 3 stages: bounds %d, %d, %d\n", bounds[0], bounds[1],
             bounds[2]);
@@ -541,10 +541,10 @@ static void test_split_by_time(void) {
     for (int k = 0; k < params.n; k++) CHECK(ts_tensor_grad(params.tensors[k]) == NULL); /* grads restored */
     ts_tensor_list_clear(&params);
     ts_tensor_list_clear(&before);
-    CHECK_STATUS(ts_pipe_split_by_time(m, x, 13, bounds), TS_ERR_INVALID_ARG);
-    ts_module *pipe = make_pipe(m, 3, bounds, 2, TS_PIPE_1F1B);
-    ts_pipe_stats st;
-    CHECK_OK(ts_pipe_get_stats(pipe, &st));
+    CHECK_STATUS(ts_pp_split_by_time(m, x, 13, bounds), TS_ERR_INVALID_ARG);
+    ts_module *pipe = make_pipe(m, 3, bounds, 2, TS_PP_1F1B);
+    ts_pp_stats st;
+    CHECK_OK(ts_pp_get_stats(pipe, &st));
     CHECK(st.layers[0] == bounds[0] && st.layers[2] == 12 - bounds[1]);
     ts_module_free(pipe);
     ts_tensor_release(x);
@@ -560,46 +560,46 @@ static void test_errors(void) {
     CHECK_OK(ts_nn_sequential_new(&two));
     add_layer(two, ts_nn_flatten_new(&c), &c);
     add_layer(two, ts_nn_linear_new(12, 5, true, &r, &c), &c);
-    CHECK_STATUS(ts_nn_pipe_new(two, stage_devs, 3, NULL, 2, TS_PIPE_GPIPE, NULL, &pipe),
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(two, stage_devs, 3, NULL, 2, TS_PP_GPIPE, NULL, &pipe),
                  TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("3 stages but the Sequential has only 2 layers");
     CHECK(pipe == NULL);
 
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), stage_devs, 2, (const int[]){1, 7}, 2, TS_PIPE_GPIPE, NULL,
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), stage_devs, 2, (const int[]){1, 7}, 2, TS_PP_GPIPE, NULL,
                                     &pipe),
                  TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("the bounds end at 7 but the Sequential has 6 layers");
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), stage_devs, 2, (const int[]){0, 6}, 2, TS_PIPE_GPIPE, NULL,
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), stage_devs, 2, (const int[]){0, 6}, 2, TS_PP_GPIPE, NULL,
                                     &pipe),
                  TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("bounds[0] = 0");
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), stage_devs, 3, (const int[]){3, 3, 6}, 2, TS_PIPE_GPIPE, NULL,
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), stage_devs, 3, (const int[]){3, 3, 6}, 2, TS_PP_GPIPE, NULL,
                                     &pipe),
                  TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("bounds[1] = 3 does not come after bounds[0] = 3");
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), stage_devs, 2, NULL, 0, TS_PIPE_GPIPE, NULL, &pipe),
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), stage_devs, 2, NULL, 0, TS_PP_GPIPE, NULL, &pipe),
                  TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("micro_batches is 0; it must be at least 1");
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), stage_devs, 0, NULL, 2, TS_PIPE_GPIPE, NULL, &pipe),
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), stage_devs, 0, NULL, 2, TS_PP_GPIPE, NULL, &pipe),
                  TS_ERR_INVALID_ARG);
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), stage_devs, 2, NULL, 2, (ts_pipe_schedule)7, NULL, &pipe),
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), stage_devs, 2, NULL, 2, (ts_pp_schedule)7, NULL, &pipe),
                  TS_ERR_INVALID_ARG);
     ts_device *bad[2] = {stage_devs[0], ts_device_cpu()};
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), bad, 2, NULL, 2, TS_PIPE_GPIPE, NULL, &pipe), TS_ERR_DEVICE);
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), bad, 2, NULL, 2, TS_PP_GPIPE, NULL, &pipe), TS_ERR_DEVICE);
     CHECK_ERR_MENTIONS("no worker thread");
     ts_device *twice[2] = {stage_devs[1], stage_devs[1]};
-    CHECK_STATUS(ts_nn_pipe_new(make_mlp(1), twice, 2, NULL, 2, TS_PIPE_GPIPE, NULL, &pipe),
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(make_mlp(1), twice, 2, NULL, 2, TS_PP_GPIPE, NULL, &pipe),
                  TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("given to stages 0 and 1");
     ts_module *lin = NULL;
     CHECK_OK(ts_nn_linear_new(3, 3, true, &r, &lin));
-    CHECK_STATUS(ts_nn_pipe_new(lin, stage_devs, 1, NULL, 2, TS_PIPE_GPIPE, NULL, &pipe), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_nn_pipeline_parallel_new(lin, stage_devs, 1, NULL, 2, TS_PP_GPIPE, NULL, &pipe), TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("must be a Sequential (got Linear)");
 
-    ts_pipe_schedule sched;
-    CHECK_OK(ts_pipe_schedule_parse("1F1B", &sched));
-    CHECK(sched == TS_PIPE_1F1B);
-    CHECK_STATUS(ts_pipe_schedule_parse("zigzag", &sched), TS_ERR_INVALID_ARG);
+    ts_pp_schedule sched;
+    CHECK_OK(ts_pp_schedule_parse("1F1B", &sched));
+    CHECK(sched == TS_PP_1F1B);
+    CHECK_STATUS(ts_pp_schedule_parse("zigzag", &sched), TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("'zigzag' (known: gpipe, 1f1b)");
 
     /* not a pipeline; targets that do not fit */
@@ -609,11 +609,11 @@ static void test_errors(void) {
     ts_tensor_release(x3);
     float loss;
     ts_module *plain = make_mlp(2);
-    CHECK_STATUS(ts_pipe_train_step(plain, x, y, 0.0f, &loss), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_pp_train_step(plain, x, y, 0.0f, &loss), TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("not a pipeline module (got Sequential)");
     ts_module_free(plain);
-    pipe = make_pipe(make_mlp(2), 2, NULL, 2, TS_PIPE_1F1B);
-    CHECK_STATUS(ts_pipe_train_step(pipe, x, y3, 0.0f, &loss), TS_ERR_SHAPE);
+    pipe = make_pipe(make_mlp(2), 2, NULL, 2, TS_PP_1F1B);
+    CHECK_STATUS(ts_pp_train_step(pipe, x, y3, 0.0f, &loss), TS_ERR_SHAPE);
     CHECK_ERR_MENTIONS("targets of shape [3]");
     ts_module_free(pipe);
 
@@ -625,22 +625,22 @@ static void test_errors(void) {
         add_layer(seq, ts_nn_flatten_new(&c), &c);
         add_layer(seq, ts_nn_linear_new(12, 16, true, &r, &c), &c);
         add_layer(seq, ts_nn_linear_new(15, 5, true, &r, &c), &c);
-        pipe = make_pipe(seq, 2, (const int[]){2, 3}, 3, (ts_pipe_schedule)s);
-        CHECK_STATUS(ts_pipe_train_step(pipe, x, y, 0.0f, &loss), TS_ERR_SHAPE);
+        pipe = make_pipe(seq, 2, (const int[]){2, 3}, 3, (ts_pp_schedule)s);
+        CHECK_STATUS(ts_pp_train_step(pipe, x, y, 0.0f, &loss), TS_ERR_SHAPE);
         CHECK_ERR_MENTIONS("pipeline stage 1 (cpu:1), forward of micro-batch 0: layer 2 (Linear)");
         ts_tensor *out = NULL;
         CHECK_STATUS(ts_module_forward(pipe, x, &out), TS_ERR_SHAPE);
-        CHECK_ERR_MENTIONS("Pipeline: pipeline stage 1 (cpu:1)");
+        CHECK_ERR_MENTIONS("PipelineParallel: pipeline stage 1 (cpu:1)");
         CHECK(out == NULL);
         ts_module_free(pipe);
     }
     /* after the failures a new pipeline runs fine: nothing was left waiting on the workers */
-    pipe = make_pipe(make_mlp(2), 2, NULL, 2, TS_PIPE_1F1B);
-    CHECK_OK(ts_pipe_train_step(pipe, x, y, 0.0f, &loss));
+    pipe = make_pipe(make_mlp(2), 2, NULL, 2, TS_PP_1F1B);
+    CHECK_OK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
     ts_tensor *empty = NULL;
     int64_t es[4] = {0, 3, 2, 2};
     CHECK_OK(ts_tensor_zeros(ts_device_cpu(), TS_F32, 4, es, &empty));
-    CHECK_STATUS(ts_pipe_train_step(pipe, empty, y, 0.0f, &loss), TS_ERR_SHAPE);
+    CHECK_STATUS(ts_pp_train_step(pipe, empty, y, 0.0f, &loss), TS_ERR_SHAPE);
     CHECK_ERR_MENTIONS("no batch to split");
     ts_tensor_release(empty);
     ts_module_free(pipe);

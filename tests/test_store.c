@@ -3,7 +3,7 @@
 #include "test_util.h"
 
 #include "tessera/dist.h"
-#include "dist/rendezvous.h"
+#include "distributed/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -12,7 +12,7 @@
  * a loss computed on one device sends gradients back to every device that
  * took part.
  *
- * Wrapper modules (DataParallel, ModelParallel, Pipeline, TileParallel) take
+ * Wrapper modules (DataParallel, ModelParallel, PipelineParallel, TileParallel) take
  * ownership of the module they wrap and hold it as their child "module", so
  * their state-dict keys are the wrapped model's prefixed with "module." (as
  * PyTorch's DataParallel); ts_module_child(wrapper, "module") is the plain model.
@@ -158,7 +158,7 @@ ts_status ts_nn_model_parallel_new(ts_module *seq, ts_device *const *devs, int n
 int ts_model_parallel_bounds(const ts_module *mp, int *bounds, int max);
 
 /* ---- pipeline parallelism ---------------------------------------------------------------------- */
-/* ts_pipe_* (after torch's Pipe) — not the data pipelines of tessera/pipeline.h (ts_pipeline_*, DALI's).
+/* ts_pp_* (after torch's Pipe) — not the data pipelines of tessera/pipeline.h (ts_pipeline_*, DALI's).
  *
  * A Sequential cut into consecutive stages, stage s on devs[s], and every
  * batch cut into micro-batches with torch.chunk's rule: micro-batches of
@@ -174,10 +174,10 @@ int ts_model_parallel_bounds(const ts_module *mp, int *bounds, int max);
  * pipeline from inside a task running on one of its stage devices.
  *
  * Schedules (the order each stage runs the forward F i and backward B i of its
- * micro-batches; ts_pipe_trace records the order that really ran):
- *   TS_PIPE_GPIPE  fill-drain (GPipe): F 0 .. F m-1, then B m-1 .. B 0.
+ * micro-batches; ts_pp_trace records the order that really ran):
+ *   TS_PP_GPIPE  fill-drain (GPipe): F 0 .. F m-1, then B m-1 .. B 0.
  *                      Every stage holds the activations of all m micro-batches.
- *   TS_PIPE_1F1B   PipeDream-flush: stage s (0-based) runs w = min(p-1-s, m)
+ *   TS_PP_1F1B   PipeDream-flush: stage s (0-based) runs w = min(p-1-s, m)
  *                      warm-up forwards, then alternates F w+k, B k, then the
  *                      remaining backwards; it holds at most p - s micro-batches'
  *                      activations at a time instead of m.
@@ -188,20 +188,20 @@ int ts_model_parallel_bounds(const ts_module *mp, int *bounds, int max);
  * torch's Pipe and GPipe do), so a model with BatchNorm trains like one device
  * at the micro-batch size, not at the full batch. Everything else — the loss,
  * every parameter's gradient — equals one device at the full batch. */
-#define TS_PIPE_MAX_STAGES TS_MAX_CPU_DEVICES
+#define TS_PP_MAX_STAGES TS_MAX_CPU_DEVICES
 
-typedef enum ts_pipe_schedule { TS_PIPE_GPIPE = 0, TS_PIPE_1F1B = 1 } ts_pipe_schedule;
+typedef enum ts_pp_schedule { TS_PP_GPIPE = 0, TS_PP_1F1B = 1 } ts_pp_schedule;
 
 /* "gpipe" or "1f1b" (case-insensitive); anything else is TS_ERR_INVALID_ARG naming it. */
-ts_status ts_pipe_schedule_parse(const char *name, ts_pipe_schedule *out);
+ts_status ts_pp_schedule_parse(const char *name, ts_pp_schedule *out);
 /* "gpipe" or "1f1b" (static string). */
-const char *ts_pipe_schedule_name(ts_pipe_schedule s);
+const char *ts_pp_schedule_name(ts_pp_schedule s);
 
 /* Wraps seq (a Sequential; ownership taken, also on failure) into a pipeline
- * module of nstages stages: stage s gets seq's children [bounds[s-1], bounds[s])
+ * module ("PipelineParallel") of nstages stages: stage s gets seq's children [bounds[s-1], bounds[s])
  * (bounds[-1] = 0; nstages strictly increasing entries ending at the number of
  * children, as ts_nn_model_parallel_new; NULL: as equal layer counts as
- * possible — ts_pipe_split_by_time gives a split by measured cost) and its
+ * possible — ts_pp_split_by_time gives a split by measured cost) and its
  * parameters and buffers are moved to devs[s] (borrowed). micro_batches >= 1 is
  * the count each batch is cut into. Do not ts_module_to the pipeline afterwards.
  * output_device (NULL: the last stage's device) is where ts_module_forward
@@ -213,9 +213,9 @@ const char *ts_pipe_schedule_name(ts_pipe_schedule s);
  * usual when grad mode is on, so forward + loss + ts_backward trains with the
  * GPipe schedule's forward and a plain (single-threaded) backward; evaluation
  * runs it under no-grad. */
-ts_status ts_nn_pipe_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
-                             int micro_batches, ts_pipe_schedule schedule, ts_device *output_device,
-                             ts_module **out);
+ts_status ts_nn_pipeline_parallel_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
+                                      int micro_batches, ts_pp_schedule schedule, ts_device *output_device,
+                                      ts_module **out);
 
 /* One training step with the pipeline's schedule: forward of every
  * micro-batch, the mean cross-entropy over the whole batch (micro-batch i's
@@ -228,36 +228,36 @@ ts_status ts_nn_pipe_new(ts_module *seq, ts_device *const *devs, int nstages, co
  * the parameters' .grad (zero them between steps); *loss gets the batch loss.
  * On failure the error names the stage, device, pass and micro-batch, and the
  * gradients are partial. */
-ts_status ts_pipe_train_step(ts_module *pipe, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
-                                 float *loss);
+ts_status ts_pp_train_step(ts_module *pipe, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+                           float *loss);
 
 /* Measurements of the pipeline's most recent run (a forward or a train step). */
-typedef struct ts_pipe_stats {
+typedef struct ts_pp_stats {
     int stages;                      /* p */
     int micro_batches;               /* m: micro-batches the last batch was cut into */
-    ts_pipe_schedule schedule;
-    bool train;                      /* the run was a ts_pipe_train_step */
-    int layers[TS_PIPE_MAX_STAGES]; /* number of the Sequential's children in each stage */
+    ts_pp_schedule schedule;
+    bool train;                      /* the run was a ts_pp_train_step */
+    int layers[TS_PP_MAX_STAGES]; /* number of the Sequential's children in each stage */
     double wall_s;                   /* from submitting the stages' tasks to the last one finishing */
-    double busy_s[TS_PIPE_MAX_STAGES]; /* per stage: time computing (forward, loss, backward, copies) */
+    double busy_s[TS_PP_MAX_STAGES]; /* per stage: time computing (forward, loss, backward, copies) */
     double bubble;                   /* measured idle fraction: 1 - sum(busy_s) / (p * wall_s) */
     double bubble_ideal;             /* (p - 1) / (m + p - 1): balanced stages, no overheads */
     /* per stage, train steps: most micro-batches forwarded and not yet backwarded
      * at one time (GPipe: m; 1F1B: min(m, p - s)); 0 after a forward */
-    int peak_in_flight[TS_PIPE_MAX_STAGES];
+    int peak_in_flight[TS_PP_MAX_STAGES];
     /* per stage: the stage device's memory peak during the run above what was
      * allocated when it started (activations, their copies, gradients) */
-    size_t peak_bytes[TS_PIPE_MAX_STAGES];
-} ts_pipe_stats;
+    size_t peak_bytes[TS_PP_MAX_STAGES];
+} ts_pp_stats;
 
 /* Copies the stats of pipe's most recent run (the measurements are zero before the first). */
-ts_status ts_pipe_get_stats(const ts_module *pipe, ts_pipe_stats *out);
+ts_status ts_pp_get_stats(const ts_module *pipe, ts_pp_stats *out);
 
 /* Writes the events stage `stage` ran in its most recent run, in the order they
  * ran, as "F0 F1 B1 B0" into buf (n bytes); TS_ERR_INVALID_ARG if it does not fit. */
-ts_status ts_pipe_trace(const ts_module *pipe, int stage, char *buf, size_t n);
+ts_status ts_pp_trace(const ts_module *pipe, int stage, char *buf, size_t n);
 
-/* Bounds for ts_nn_pipe_new by measured cost (torchgpipe's
+/* Bounds for ts_nn_pipeline_parallel_new by measured cost (torchgpipe's
  * balance_by_time): runs each child of seq forward and backward on sample
  * (borrowed; copied to each child's parameters' device) on the calling thread,
  * keeps each child's fastest of 3 timings and writes into bounds[0..nstages)
@@ -266,7 +266,7 @@ ts_status ts_pipe_trace(const ts_module *pipe, int stage, char *buf, size_t n);
  * sized sample. Buffers (BatchNorm running statistics) and gradients are
  * restored afterwards. Timings vary from run to run, and so may the split;
  * the results of training do not depend on it. */
-ts_status ts_pipe_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds);
+ts_status ts_pp_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds);
 
 /* ---- tile (spatial) parallelism ---------------------------------------------------------------- */
 /* TileParallel: the convolutional part of a network runs on horizontal bands of

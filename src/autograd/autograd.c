@@ -31,7 +31,8 @@
  * itself and any number beyond that in one heap block (inputs_heap).
  */
 #include "autograd/autograd.h"
-#include "ops/k_ew.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
 
 #include <stdio.h>
 

@@ -5,7 +5,7 @@
  * calls dev->k_<family>->fn(...); it never asks what kind of device it is.
  *
  * Kernel families are declared as incomplete structs here and defined by their
- * op family's header (src/ops/k_<family>.h); each backend provides one
+ * op family's header (src/device/k_<family>.h); each backend provides one
  * instance per family (src/ops/cpu/<family>.c for the CPU).
  */
 #ifndef TS_DEVICE_H
@@ -16,11 +16,11 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-struct ts_kernels_ew;      /* src/ops/k_ew.h: elementwise, reductions, copies */
-struct ts_kernels_blas;    /* src/ops/k_blas.h: gemm */
-struct ts_kernels_spatial; /* src/ops/k_spatial.h: conv2d, pooling, batchnorm */
-struct ts_kernels_misc;    /* src/ops/k_misc.h: embedding, concat/slice, dropout, softmax, losses */
-struct ts_kernels_optim;   /* src/ops/k_optim.h: fused optimizer updates */
+struct ts_kernels_ew;      /* src/device/k_ew.h: elementwise, reductions, copies */
+struct ts_kernels_blas;    /* src/device/k_blas.h: gemm */
+struct ts_kernels_spatial; /* src/device/k_spatial.h: conv2d, pooling, batchnorm */
+struct ts_kernels_misc;    /* src/device/k_misc.h: embedding, concat/slice, dropout, softmax, losses */
+struct ts_kernels_optim;   /* src/device/k_optim.h: fused optimizer updates */
 
 typedef struct ts__stream ts__stream; /* device/stream.c */
 

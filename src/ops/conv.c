@@ -4,7 +4,8 @@
  * PyTorch: H_out = (H + 2p - d(k-1) - 1) / s + 1.
  */
 #include "autograd/autograd.h"
-#include "ops/k_spatial.h"
+#include "tensor/tensor.h"
+#include "device/k_spatial.h"
 #include "tessera/ops.h"
 
 /* Geometry from x's and w's shapes and the parameters (already checked). */

@@ -7,7 +7,8 @@
  * input itself; p == 1 zeroes everything without drawing.
  */
 #include "autograd/autograd.h"
-#include "ops/k_misc.h"
+#include "tensor/tensor.h"
+#include "device/k_misc.h"
 #include "tessera/ops.h"
 
 #include <math.h>

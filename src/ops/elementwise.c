@@ -3,7 +3,8 @@
  * mean, and moving tensors between devices, with their backward functions.
  */
 #include "autograd/autograd.h"
-#include "ops/k_ew.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
 #include "tessera/ops.h"
 
 #include <stdio.h>

@@ -4,7 +4,8 @@
  * the output gradient's rows (repeated indices accumulate).
  */
 #include "autograd/autograd.h"
-#include "ops/k_misc.h"
+#include "tensor/tensor.h"
+#include "device/k_misc.h"
 #include "tessera/ops.h"
 
 static ts_status embedding_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {

@@ -2,8 +2,9 @@
  * ops/linalg.c — matmul and linear (x w^T + b) over the device's sgemm.
  */
 #include "autograd/autograd.h"
-#include "ops/k_blas.h"
-#include "ops/k_ew.h"
+#include "tensor/tensor.h"
+#include "device/k_blas.h"
+#include "device/k_ew.h"
 #include "tessera/ops.h"
 
 /* out (rows, cols) += bias (cols) broadcast over rows */

@@ -10,7 +10,8 @@
  * and targets equal to ignore_index (-100) skipped and not counted.
  */
 #include "autograd/autograd.h"
-#include "ops/k_misc.h"
+#include "tensor/tensor.h"
+#include "device/k_misc.h"
 #include "tessera/ops.h"
 
 /* ---- log_softmax ---------------------------------------------------------------------------------- */

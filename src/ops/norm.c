@@ -5,8 +5,9 @@
  * statistics. The node saves x, the mean and invstd used and the weight.
  */
 #include "autograd/autograd.h"
-#include "ops/k_ew.h"
-#include "ops/k_spatial.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
+#include "device/k_spatial.h"
 #include "tessera/ops.h"
 
 #include <math.h>

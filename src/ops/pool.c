@@ -6,7 +6,8 @@
  * window must start inside the input or its left padding.
  */
 #include "autograd/autograd.h"
-#include "ops/k_spatial.h"
+#include "tensor/tensor.h"
+#include "device/k_spatial.h"
 #include "tessera/ops.h"
 
 /* PyTorch's pooling_output_shape: floor (or ceil) division, and with ceil_mode

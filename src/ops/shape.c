@@ -12,7 +12,8 @@
  *            contiguous copy.
  */
 #include "autograd/autograd.h"
-#include "ops/k_misc.h"
+#include "tensor/tensor.h"
+#include "device/k_misc.h"
 #include "tessera/ops.h"
 
 /* Wraps a possibly negative dim into [0, ndim); an error naming op and shape otherwise. */

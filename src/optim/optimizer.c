@@ -3,9 +3,10 @@
  * torch.optim.SGD and torch.optim.AdamW (single-tensor path): per-parameter
  * state created lazily at the first step with a gradient; parameters whose
  * gradient is NULL are skipped. The element updates run in the device's
- * optim kernels (src/ops/k_optim.h); scalars are computed here in double.
+ * optim kernels (src/device/k_optim.h); scalars are computed here in double.
  */
-#include "ops/k_optim.h"
+#include "tensor/tensor.h"
+#include "device/k_optim.h"
 #include "tessera/optim.h"
 
 #include <math.h>

@@ -33,7 +33,8 @@
  */
 #include "autograd/autograd.h"
 #include "nn/module.h"
-#include "ops/k_ew.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
 #include "tessera/parallel.h"
 
 #include <stdio.h>

@@ -40,8 +40,9 @@
 #include "autograd/autograd.h"
 #include "core/internal.h"
 #include "nn/module.h"
-#include "ops/k_ew.h"
-#include "ops/k_spatial.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
+#include "device/k_spatial.h"
 #include "tessera/ddp.h"
 
 #include <math.h>

@@ -78,7 +78,8 @@
 #include "autograd/autograd.h"
 #include "core/internal.h"
 #include "nn/module.h"
-#include "ops/k_spatial.h"
+#include "tensor/tensor.h"
+#include "device/k_spatial.h"
 #include "tessera/parallel.h"
 
 #include <math.h>

@@ -2,7 +2,8 @@
  * tensor/tensor.c — creation, refcounting, views and host copies of tensors.
  */
 #include "autograd/autograd.h"
-#include "ops/k_ew.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
 
 #include <math.h>
 #include <stdio.h>

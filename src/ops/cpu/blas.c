@@ -2,7 +2,8 @@
  * ops/cpu/blas.c — sgemm through OpenBLAS (its OpenMP build: it shares our
  * thread pool and runs single-threaded when called inside a parallel region).
  */
-#include "ops/k_blas.h"
+#include "tensor/tensor.h"
+#include "device/k_blas.h"
 
 #include <cblas.h>
 #include <omp.h>

@@ -3,7 +3,8 @@
  * Fast paths for contiguous, same-shape operands; a general strided walk
  * (an odometer over the output's index) for broadcasting and views.
  */
-#include "ops/k_ew.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
 
 #include <omp.h>
 

@@ -1,5 +1,5 @@
 /*
- * ops/cpu/misc.c — CPU kernels of the misc family (see ops/k_misc.h):
+ * ops/cpu/misc.c — CPU kernels of the misc family (see device/k_misc.h):
  * embedding gather/scatter-add, the block copy behind concat/slice, dropout
  * masks, log-softmax, and the fused cross-entropy and MSE losses.
  *
@@ -9,7 +9,8 @@
  * run serially before any parallel region so the error names the first bad
  * index deterministically.
  */
-#include "ops/k_misc.h"
+#include "tensor/tensor.h"
+#include "device/k_misc.h"
 
 #include <math.h>
 #include <omp.h>

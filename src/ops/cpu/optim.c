@@ -3,7 +3,8 @@
  * updates, one pass over the elements (OpenMP above PAR_MIN elements).
  * The element formulas are torch.optim's single-tensor ones, in the same order.
  */
-#include "ops/k_optim.h"
+#include "tensor/tensor.h"
+#include "device/k_optim.h"
 
 #include <math.h>
 #include <omp.h>

@@ -16,8 +16,9 @@
  * branch-free (AVX-512 when the build targets it). Scratch buffers come from
  * ts__new so the device's caching allocator recycles them.
  */
-#include "ops/k_blas.h"
-#include "ops/k_spatial.h"
+#include "tensor/tensor.h"
+#include "device/k_blas.h"
+#include "device/k_spatial.h"
 
 #include <math.h>
 #include <omp.h>

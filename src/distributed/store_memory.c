@@ -1,10 +1,10 @@
 /*
- * dist/store_memory.c — the in-memory store: a ts__kv behind a mutex, with a
+ * distributed/store_memory.c — the in-memory store: a ts__kv behind a mutex, with a
  * condition variable (CLOCK_MONOTONIC) that get/wait sleep on until a set or
  * add arrives or the timeout passes. Shared by the threads of one process
  * (ranks-as-threads tests, gloo's HashStore).
  */
-#include "dist/store.h"
+#include "distributed/store.h"
 
 #include <errno.h>
 #include <pthread.h>

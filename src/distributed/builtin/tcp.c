@@ -1,5 +1,5 @@
 /*
- * dist/builtin/tcp.c — the TCP transport: one socket per pair of ranks
+ * distributed/builtin/tcp.c — the TCP transport: one socket per pair of ranks
  * (the higher rank connects to the lower one's listening socket and sends a
  * 12-byte introduction), TCP_NODELAY, non-blocking; the algorithms poll()
  * the sockets while they wait. A reducing receive reads into a 256 KiB
@@ -7,7 +7,7 @@
  * carrying a partial element to the next call. EOF, ECONNRESET or EPIPE is
  * TS_ERR_REMOTE naming the peer rank.
  */
-#include "dist/builtin/transport.h"
+#include "distributed/builtin/transport.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

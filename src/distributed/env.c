@@ -1,5 +1,5 @@
 /*
- * dist/env.c — ts_dist_env_read: where this process sits, from the variables
+ * distributed/env.c — ts_dist_env_read: where this process sits, from the variables
  * its launcher set. The first launcher whose rank variable is set supplies
  * every field (a mix of launchers is never combined):
  *     torchrun   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
@@ -11,7 +11,7 @@
  * empty variable counts as unset; anything else that is not a decimal integer
  * in range is an error naming the variable and its value.
  */
-#include "dist/rendezvous.h"
+#include "distributed/rendezvous.h"
 
 #include <limits.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /*
- * dist/backend.h — the table of functions behind a process group's backend
+ * distributed/backend.h — the table of functions behind a process group's backend
  * (internal). The process group (pg.c) validates arguments, queues work and
  * runs every entry below on its communication thread (or inline on the caller
  * when the queue is idle), one at a time: backends need no locking of their

@@ -1,9 +1,9 @@
 /*
- * dist/store.c — the public ts_store_* calls: argument checks, the refcount,
+ * distributed/store.c — the public ts_store_* calls: argument checks, the refcount,
  * and dispatch through the store's vtable (store.h); plus ts__kv, the hash map
  * the memory store, the file store's cache and the TCP server keep keys in.
  */
-#include "dist/store.h"
+#include "distributed/store.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -1,5 +1,5 @@
 /*
- * dist/mpi/mpi.c — the "mpi" process-group backend: every collective of
+ * distributed/mpi/mpi.c — the "mpi" process-group backend: every collective of
  * backend.h over an MPI library (Debian's OpenMPI 4.1), built when CMake finds
  * MPI (TS_HAVE_MPI). Ranks are MPI_COMM_WORLD's; under plain `mpirun -n N`
  * pg.c needs no MASTER_ADDR (see the top of pg.c) and this backend never
@@ -66,7 +66,7 @@
  * collective that does (TS_ERR_SHAPE / TS_ERR_INVALID_ARG naming both values)
  * at the price of one extra latency per call.
  */
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 #include "core/internal.h"
 

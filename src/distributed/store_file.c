@@ -1,5 +1,5 @@
 /*
- * dist/store_file.c — the file store: one append-only file on a filesystem all
+ * distributed/store_file.c — the file store: one append-only file on a filesystem all
  * ranks share (torch's FileStore, gloo's FileStore).
  *
  * File format: the 8-byte header "TSSTORE1", then records
@@ -19,7 +19,7 @@
  * The file is never deleted by the store: reusing a path from an earlier run
  * sees that run's keys (the rendezvous detects this as "joined twice").
  */
-#include "dist/store.h"
+#include "distributed/store.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * ops/k_misc.h — the misc kernel family: embedding gather/scatter, the block
+ * device/k_misc.h — the misc kernel family: embedding gather/scatter, the block
  * copy behind concat and slice, dropout masks, log-softmax, and the fused
  * cross-entropy and mean-squared-error losses, forward and backward. Every
  * backend provides one instance (src/ops/cpu/misc.c for the CPU).
@@ -17,7 +17,7 @@
 #ifndef TS_K_MISC_H
 #define TS_K_MISC_H
 
-#include "tensor/tensor.h"
+#include "device/device.h"
 
 /* PyTorch's default ignore_index for cross-entropy: samples with this target
  * contribute nothing and are not counted in the mean. */

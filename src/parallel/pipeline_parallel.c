@@ -1,5 +1,5 @@
 /*
- * parallel/pipe.c — pipeline parallelism: a Sequential cut into stages on
+ * parallel/pipeline_parallel.c — pipeline parallelism: a Sequential cut into stages on
  * devices, each batch cut into micro-batches, GPipe and 1F1B schedules.
  *
  * One call (a forward or a training step) is a *run*. Every stage gets one task
@@ -16,7 +16,7 @@
  * deadlock-free under these rules (every wait is on an event earlier in
  * another stage's list that itself only waits on earlier events).
  *
- * Training (ts_pipe_train_step): stage s's input for micro-batch i is a
+ * Training (ts_pp_train_step): stage s's input for micro-batch i is a
  * detached leaf requiring grad, made by copying the previous stage's output to
  * devs[s]; the stage's output (or, on the last stage, its weighted loss) is
  * kept until B(s, i), which calls ts_backward(output, gradient) on the stage's
@@ -44,15 +44,15 @@
 
 typedef struct pp_impl {
     int nstages, nlayers;
-    ts_device *devs[TS_PIPE_MAX_STAGES];
+    ts_device *devs[TS_PP_MAX_STAGES];
     ts_device *out_dev;
-    int first[TS_PIPE_MAX_STAGES + 1]; /* stage s runs children [first[s], first[s+1]) */
+    int first[TS_PP_MAX_STAGES + 1]; /* stage s runs children [first[s], first[s+1]) */
     int micro_batches;
-    ts_pipe_schedule schedule;
-    ts_pipe_stats stats; /* of the most recent run */
+    ts_pp_schedule schedule;
+    ts_pp_stats stats; /* of the most recent run */
     int *trace;              /* events of the most recent run: stage s's at trace[s * trace_stride] */
     int trace_stride;
-    int trace_len[TS_PIPE_MAX_STAGES];
+    int trace_len[TS_PP_MAX_STAGES];
 } pp_impl;
 
 static void pipeline_free_impl(ts_module *m) {
@@ -61,7 +61,7 @@ static void pipeline_free_impl(ts_module *m) {
 }
 
 static ts_status pipeline_forward(ts_module *m, const ts_tensor *x, ts_tensor **out);
-static const ts_module_vt pipeline_vt = {"Pipeline", pipeline_forward, pipeline_free_impl};
+static const ts_module_vt pipeline_vt = {"PipelineParallel", pipeline_forward, pipeline_free_impl};
 
 /* ---- schedules ------------------------------------------------------------------------------------ */
 /* Events are ints: i >= 0 is F i, -(i + 1) is B i. */
@@ -69,13 +69,13 @@ static const ts_module_vt pipeline_vt = {"Pipeline", pipeline_forward, pipeline_
 #define EV_B(i) (-(i)-1)
 
 /* Writes stage s's events (at most 2m) for p stages and m micro-batches into ev; returns their count. */
-static int pp_schedule(ts_pipe_schedule kind, bool train, int p, int s, int m, int *ev) {
+static int pp_schedule(ts_pp_schedule kind, bool train, int p, int s, int m, int *ev) {
     int n = 0;
     if (!train) { /* forward only: micro-batches in order */
         for (int i = 0; i < m; i++) ev[n++] = EV_F(i);
         return n;
     }
-    if (kind == TS_PIPE_GPIPE) { /* fill, then drain from the last micro-batch */
+    if (kind == TS_PP_GPIPE) { /* fill, then drain from the last micro-batch */
         for (int i = 0; i < m; i++) ev[n++] = EV_F(i);
         for (int i = m - 1; i >= 0; i--) ev[n++] = EV_B(i);
         return n;
@@ -91,102 +91,102 @@ static int pp_schedule(ts_pipe_schedule kind, bool train, int p, int s, int m, i
     return n;
 }
 
-ts_status ts_pipe_schedule_parse(const char *name, ts_pipe_schedule *out) {
-    TS_ARG(name && out, "ts_pipe_schedule_parse: NULL argument");
+ts_status ts_pp_schedule_parse(const char *name, ts_pp_schedule *out) {
+    TS_ARG(name && out, "ts_pp_schedule_parse: NULL argument");
     if (strcasecmp(name, "gpipe") == 0) {
-        *out = TS_PIPE_GPIPE;
+        *out = TS_PP_GPIPE;
         return TS_OK;
     }
     if (strcasecmp(name, "1f1b") == 0) {
-        *out = TS_PIPE_1F1B;
+        *out = TS_PP_1F1B;
         return TS_OK;
     }
     return ts_error(TS_ERR_INVALID_ARG, "unknown pipeline schedule '%s' (known: gpipe, 1f1b)", name);
 }
 
-const char *ts_pipe_schedule_name(ts_pipe_schedule s) {
-    return s == TS_PIPE_GPIPE ? "gpipe" : s == TS_PIPE_1F1B ? "1f1b" : "unknown";
+const char *ts_pp_schedule_name(ts_pp_schedule s) {
+    return s == TS_PP_GPIPE ? "gpipe" : s == TS_PP_1F1B ? "1f1b" : "unknown";
 }
 
 /* ---- construction ----------------------------------------------------------------------------------- */
 static ts_module *pp_seq(ts_module *m) { return m->children[0]; }
 
-ts_status ts_nn_pipe_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
-                             int micro_batches, ts_pipe_schedule schedule, ts_device *output_device,
+ts_status ts_nn_pipeline_parallel_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
+                             int micro_batches, ts_pp_schedule schedule, ts_device *output_device,
                              ts_module **out) {
     ts_status st = TS_OK;
     ts_module *m = NULL;
     if (!seq || !devs || !out) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: NULL argument");
+        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: NULL argument");
         goto fail;
     }
     *out = NULL;
     if (strcmp(ts_module_type_name(seq), "Sequential") != 0) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: the module to split must be a Sequential (got %s)",
+        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: the module to split must be a Sequential (got %s)",
                       ts_module_type_name(seq));
         goto fail;
     }
     int nlayers = seq->nchildren;
-    if (nstages < 1 || nstages > TS_PIPE_MAX_STAGES) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: %d stages (want 1 to %d)", nstages,
-                      TS_PIPE_MAX_STAGES);
+    if (nstages < 1 || nstages > TS_PP_MAX_STAGES) {
+        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: %d stages (want 1 to %d)", nstages,
+                      TS_PP_MAX_STAGES);
         goto fail;
     }
     if (nstages > nlayers) {
         st = ts_error(TS_ERR_INVALID_ARG,
-                      "ts_nn_pipe_new: %d stages but the Sequential has only %d layers (each stage needs at "
+                      "ts_nn_pipeline_parallel_new: %d stages but the Sequential has only %d layers (each stage needs at "
                       "least one)",
                       nstages, nlayers);
         goto fail;
     }
     if (micro_batches < 1) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: micro_batches is %d; it must be at least 1",
+        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: micro_batches is %d; it must be at least 1",
                       micro_batches);
         goto fail;
     }
-    if (schedule != TS_PIPE_GPIPE && schedule != TS_PIPE_1F1B) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: unknown schedule %d", (int)schedule);
+    if (schedule != TS_PP_GPIPE && schedule != TS_PP_1F1B) {
+        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: unknown schedule %d", (int)schedule);
         goto fail;
     }
     for (int s = 0; s < nstages; s++) {
         if (!devs[s]) {
-            st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: device of stage %d is NULL", s);
+            st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device of stage %d is NULL", s);
             goto fail;
         }
         if (!devs[s]->stream) {
             st = ts_error(TS_ERR_DEVICE,
-                          "ts_nn_pipe_new: stage %d's device '%s' has no worker thread, so it cannot run "
+                          "ts_nn_pipeline_parallel_new: stage %d's device '%s' has no worker thread, so it cannot run "
                           "concurrently with the other stages (use virtual devices cpu:0, cpu:1, ...)",
                           s, devs[s]->name);
             goto fail;
         }
         for (int t = 0; t < s; t++)
             if (devs[t] == devs[s]) {
-                st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipe_new: device %s is given to stages %d and %d",
+                st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device %s is given to stages %d and %d",
                               devs[s]->name, t, s);
                 goto fail;
             }
     }
-    int counts[TS_PIPE_MAX_STAGES];
+    int counts[TS_PP_MAX_STAGES];
     if (bounds) { /* stage s: children [bounds[s-1], bounds[s]), bounds[-1] = 0 */
         for (int s = 0; s < nstages; s++) {
             int lo = s ? bounds[s - 1] : 0;
             if (bounds[s] <= lo) {
                 if (s)
                     st = ts_error(TS_ERR_INVALID_ARG,
-                                  "ts_nn_pipe_new: bounds[%d] = %d does not come after bounds[%d] = %d (bounds "
+                                  "ts_nn_pipeline_parallel_new: bounds[%d] = %d does not come after bounds[%d] = %d (bounds "
                                   "must increase: every stage needs at least one layer)",
                                   s, bounds[s], s - 1, lo);
                 else
                     st = ts_error(TS_ERR_INVALID_ARG,
-                                  "ts_nn_pipe_new: bounds[0] = %d (stage 0 needs at least one layer)", bounds[0]);
+                                  "ts_nn_pipeline_parallel_new: bounds[0] = %d (stage 0 needs at least one layer)", bounds[0]);
                 goto fail;
             }
             counts[s] = bounds[s] - lo;
         }
         if (bounds[nstages - 1] != nlayers) {
             st = ts_error(TS_ERR_INVALID_ARG,
-                          "ts_nn_pipe_new: the bounds end at %d but the Sequential has %d layers",
+                          "ts_nn_pipeline_parallel_new: the bounds end at %d but the Sequential has %d layers",
                           bounds[nstages - 1], nlayers);
             goto fail;
         }
@@ -215,7 +215,7 @@ ts_status ts_nn_pipe_new(ts_module *seq, ts_device *const *devs, int nstages, co
         for (int k = pp->first[s]; k < pp->first[s + 1]; k++) {
             st = ts_module_to(seq->children[k], devs[s]);
             if (st != TS_OK) {
-                ts__error_prefix(st, "ts_nn_pipe_new: moving layer %s to %s", seq->child_names[k], devs[s]->name);
+                ts__error_prefix(st, "ts_nn_pipeline_parallel_new: moving layer %s to %s", seq->child_names[k], devs[s]->name);
                 goto fail;
             }
         }
@@ -258,9 +258,9 @@ typedef struct pp_run {
     ts_status fail_st;
     char fail_msg[TS_ERRMSG_MAX];
     int *ev;                /* executed events, stage s's at ev[s * 2m] */
-    int nev[TS_PIPE_MAX_STAGES];
-    double busy[TS_PIPE_MAX_STAGES];
-    int inflight[TS_PIPE_MAX_STAGES], peak_inflight[TS_PIPE_MAX_STAGES];
+    int nev[TS_PP_MAX_STAGES];
+    double busy[TS_PP_MAX_STAGES];
+    int inflight[TS_PP_MAX_STAGES], peak_inflight[TS_PP_MAX_STAGES];
 } pp_run;
 
 typedef struct pp_stage_arg {
@@ -507,13 +507,13 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
         TS_TRY(pp_weights(r, y));
     }
 
-    size_t base[TS_PIPE_MAX_STAGES];
+    size_t base[TS_PP_MAX_STAGES];
     for (int s = 0; s < p; s++) {
         base[s] = ts_device_memory_allocated(pp->devs[s]);
         ts_device_memory_reset_peak(pp->devs[s]);
     }
-    pp_stage_arg args[TS_PIPE_MAX_STAGES];
-    ts_task *tasks[TS_PIPE_MAX_STAGES] = {0};
+    pp_stage_arg args[TS_PP_MAX_STAGES];
+    ts_task *tasks[TS_PP_MAX_STAGES] = {0};
     double t0 = ts_time_now();
     for (int s = 0; s < p; s++) {
         args[s] = (pp_stage_arg){r, s};
@@ -533,7 +533,7 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
     double wall = ts_time_now() - t0;
 
     /* stats and trace */
-    ts_pipe_stats *S = &pp->stats;
+    ts_pp_stats *S = &pp->stats;
     S->micro_batches = m;
     S->train = train;
     S->wall_s = wall;
@@ -562,7 +562,7 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
 static ts_status pipeline_forward(ts_module *pm, const ts_tensor *x, ts_tensor **out) {
     pp_impl *pp = pm->impl;
     pp_run r;
-    ts_status st = pp_run_all(pm, "Pipeline", x, NULL, 0.0f, false, &r);
+    ts_status st = pp_run_all(pm, "PipelineParallel", x, NULL, 0.0f, false, &r);
     ts_tensor **parts = NULL;
     int m = r.m, last = (r.p - 1) * m;
     if (st == TS_OK) {
@@ -584,13 +584,13 @@ static ts_status pipeline_forward(ts_module *pm, const ts_tensor *x, ts_tensor *
 }
 
 /* ---- a training step -------------------------------------------------------------------------------------- */
-ts_status ts_pipe_train_step(ts_module *pipe, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+ts_status ts_pp_train_step(ts_module *pipe, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
                                  float *loss) {
     pp_impl *pp = NULL;
-    TS_TRY(pp_get(pipe, "ts_pipe_train_step", &pp));
-    TS_ARG(x && y && loss, "ts_pipe_train_step: NULL argument");
+    TS_TRY(pp_get(pipe, "ts_pp_train_step", &pp));
+    TS_ARG(x && y && loss, "ts_pp_train_step: NULL argument");
     pp_run r;
-    ts_status st = pp_run_all(pipe, "ts_pipe_train_step", x, y, label_smoothing, true, &r);
+    ts_status st = pp_run_all(pipe, "ts_pp_train_step", x, y, label_smoothing, true, &r);
     if (st == TS_OK) {
         double total = 0;
         for (int i = 0; i < r.m; i++) total += r.loss_val[i];
@@ -601,19 +601,19 @@ ts_status ts_pipe_train_step(ts_module *pipe, const ts_tensor *x, const ts_tenso
 }
 
 /* ---- stats, trace ------------------------------------------------------------------------------------------- */
-ts_status ts_pipe_get_stats(const ts_module *pipe, ts_pipe_stats *out) {
+ts_status ts_pp_get_stats(const ts_module *pipe, ts_pp_stats *out) {
     pp_impl *pp = NULL;
-    TS_TRY(pp_get(pipe, "ts_pipe_get_stats", &pp));
-    TS_ARG(out, "ts_pipe_get_stats: NULL out");
+    TS_TRY(pp_get(pipe, "ts_pp_get_stats", &pp));
+    TS_ARG(out, "ts_pp_get_stats: NULL out");
     *out = pp->stats;
     return TS_OK;
 }
 
-ts_status ts_pipe_trace(const ts_module *pipe, int stage, char *buf, size_t n) {
+ts_status ts_pp_trace(const ts_module *pipe, int stage, char *buf, size_t n) {
     pp_impl *pp = NULL;
-    TS_TRY(pp_get(pipe, "ts_pipe_trace", &pp));
-    TS_ARG(buf && n > 0, "ts_pipe_trace: no buffer");
-    TS_ARG(stage >= 0 && stage < pp->nstages, "ts_pipe_trace: stage %d of a %d-stage pipeline", stage,
+    TS_TRY(pp_get(pipe, "ts_pp_trace", &pp));
+    TS_ARG(buf && n > 0, "ts_pp_trace: no buffer");
+    TS_ARG(stage >= 0 && stage < pp->nstages, "ts_pp_trace: stage %d of a %d-stage pipeline", stage,
            pp->nstages);
     size_t len = 0;
     buf[0] = 0;
@@ -621,7 +621,7 @@ ts_status ts_pipe_trace(const ts_module *pipe, int stage, char *buf, size_t n) {
         int e = pp->trace[stage * pp->trace_stride + k];
         int w = snprintf(buf + len, n - len, "%s%c%d", k ? " " : "", e >= 0 ? 'F' : 'B', e >= 0 ? e : -e - 1);
         if (w < 0 || (size_t)w >= n - len)
-            return ts_error(TS_ERR_INVALID_ARG, "ts_pipe_trace: %zu bytes are too few for stage %d's %d events",
+            return ts_error(TS_ERR_INVALID_ARG, "ts_pp_trace: %zu bytes are too few for stage %d's %d events",
                             n, stage, pp->trace_len[stage]);
         len += (size_t)w;
     }
@@ -665,13 +665,13 @@ static ts_status time_layer(ts_module *layer, ts_tensor *a, bool req, double *co
     return st;
 }
 
-ts_status ts_pipe_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds) {
-    TS_ARG(seq && sample && bounds, "ts_pipe_split_by_time: NULL argument");
+ts_status ts_pp_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds) {
+    TS_ARG(seq && sample && bounds, "ts_pp_split_by_time: NULL argument");
     TS_ARG(strcmp(ts_module_type_name(seq), "Sequential") == 0,
-           "ts_pipe_split_by_time: the module must be a Sequential (got %s)", ts_module_type_name(seq));
+           "ts_pp_split_by_time: the module must be a Sequential (got %s)", ts_module_type_name(seq));
     int n = seq->nchildren;
     TS_ARG(nstages >= 1 && nstages <= n,
-           "ts_pipe_split_by_time: %d stages for a Sequential of %d layers (want 1 to %d)", nstages, n, n);
+           "ts_pp_split_by_time: %d stages for a Sequential of %d layers (want 1 to %d)", nstages, n, n);
     ts_status st = TS_OK;
     ts_tensor_list bufs = TS_TENSOR_LIST_INIT, saved = TS_TENSOR_LIST_INIT, params = TS_TENSOR_LIST_INIT;
     ts_tensor **grads = NULL;
@@ -722,7 +722,7 @@ ts_status ts_pipe_split_by_time(ts_module *seq, const ts_tensor *sample, int nst
         ts_tensor *next = NULL;
         st = time_layer(layer, a, k > 0, &cost[k], &next);
         if (st != TS_OK) {
-            ts__error_prefix(st, "ts_pipe_split_by_time: layer %s (%s)", seq->child_names[k], layer->vt->name);
+            ts__error_prefix(st, "ts_pp_split_by_time: layer %s (%s)", seq->child_names[k], layer->vt->name);
             goto fail;
         }
         ts_log(TS_LOG_DEBUG, "pipeline split: layer %s (%s) forward + backward %.3f ms", seq->child_names[k],

@@ -1,5 +1,5 @@
 /*
- * dist/pg.c — process groups: rendezvous, backend selection, the per-group
+ * distributed/pg.c — process groups: rendezvous, backend selection, the per-group
  * communication thread and its FIFO of work, timeouts and abort, and the
  * argument checks of every collective.
  *
@@ -31,10 +31,10 @@
  * MASTER_ADDR set, or a store or tcp:// / file:// init method, the usual join
  * runs first for "mpi" as for every backend.
  */
-#include "dist/pg.h"
+#include "distributed/pg.h"
 
 #include "core/internal.h"
-#include "dist/rendezvous.h"
+#include "distributed/rendezvous.h"
 
 #include <math.h>
 #include <pthread.h>

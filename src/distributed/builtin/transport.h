@@ -1,5 +1,5 @@
 /*
- * dist/builtin/transport.h — one connection to one peer (internal).
+ * distributed/builtin/transport.h — one connection to one peer (internal).
  *
  * The built-in backend picks a transport per pair of peers (NCCL's habit):
  * shared memory (shm.c) between ranks on the same host, TCP (tcp.c)

@@ -1,5 +1,5 @@
 /*
- * dist/store_tcp.c — the TCP store (torch's TCPStore): rank 0 runs a server
+ * distributed/store_tcp.c — the TCP store (torch's TCPStore): rank 0 runs a server
  * thread that holds the keys; every rank, rank 0 included, is a client.
  *
  * ---- wire protocol ------------------------------------------------------------------------------
@@ -38,7 +38,7 @@
  * time left before the call's deadline; a connection that timed out or failed
  * is closed, never reused.
  */
-#include "dist/store.h"
+#include "distributed/store.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 /*
- * dist/builtin/shm.c — the shared-memory transport: one single-producer,
+ * distributed/builtin/shm.c — the shared-memory transport: one single-producer,
  * single-consumer byte ring per direction per pair of ranks on one host.
  *
  * Each rank creates one POSIX shm segment (shm_open + mmap) holding its
@@ -21,7 +21,7 @@
  * flag and a reason into the ring header; a waiting rank checks both and
  * kill(pid, 0) + /proc/<pid>/stat (a zombie is gone too).
  */
-#include "dist/builtin/transport.h"
+#include "distributed/builtin/transport.h"
 
 #include <errno.h>
 #include <fcntl.h>

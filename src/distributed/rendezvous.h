@@ -1,5 +1,5 @@
 /*
- * dist/rendezvous.h — how a process group finds its peers: reading the launch
+ * distributed/rendezvous.h — how a process group finds its peers: reading the launch
  * environment (env.c) and the store-based join (rendezvous.c).
  * Not installed; not part of the public API.
  *
@@ -13,7 +13,7 @@
 #ifndef TS_DIST_RENDEZVOUS_H
 #define TS_DIST_RENDEZVOUS_H
 
-#include "dist/store.h"
+#include "distributed/store.h"
 
 /* Flags for ts__dist_env_read. */
 #define TS__ENV_NEED_RANK 1u   /* no rank variable at all is an error (else rank/world_size = -1) */

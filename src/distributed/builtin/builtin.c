@@ -1,5 +1,5 @@
 /*
- * dist/builtin/builtin.c — the built-in backend: connection setup through the
+ * distributed/builtin/builtin.c — the built-in backend: connection setup through the
  * store, a progress engine that drives one send stream and one receive stream
  * at a time over any transport, and the collective algorithms written once
  * over it.
@@ -67,8 +67,8 @@
  * barrier: a recursive-doubling all-reduce of one float.
  * send/recv: one stream; the header carries the tag, which must match.
  */
-#include "dist/backend.h"
-#include "dist/builtin/transport.h"
+#include "distributed/backend.h"
+#include "distributed/builtin/transport.h"
 
 #include <errno.h>
 #include <poll.h>

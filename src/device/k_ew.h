@@ -1,5 +1,5 @@
 /*
- * ops/k_ew.h — the elementwise kernel family: fills, copies, binary ops with
+ * device/k_ew.h — the elementwise kernel family: fills, copies, binary ops with
  * broadcasting, relu, reductions. Every backend provides one instance.
  *
  * Broadcast convention: `out` is contiguous with out->ndim dims; a and b are
@@ -9,7 +9,7 @@
 #ifndef TS_K_EW_H
 #define TS_K_EW_H
 
-#include "tensor/tensor.h"
+#include "device/device.h"
 
 typedef enum ts_binop { TS_BIN_ADD = 0, TS_BIN_SUB, TS_BIN_MUL } ts_binop;
 

@@ -1,5 +1,5 @@
 /*
- * ops/k_optim.h — the optim kernel family: fused per-tensor optimizer updates
+ * device/k_optim.h — the optim kernel family: fused per-tensor optimizer updates
  * (SGD, AdamW), following torch.optim's single-tensor formulas step by step
  * in float32. The optimizer layer (src/optim) computes every scalar (bias
  * corrections, step sizes) in double on the host and passes them here.
@@ -10,7 +10,7 @@
 #ifndef TS_K_OPTIM_H
 #define TS_K_OPTIM_H
 
-#include "tensor/tensor.h"
+#include "device/device.h"
 
 typedef struct ts_sgd_args {
     float lr, momentum, dampening, weight_decay;

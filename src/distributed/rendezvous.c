@@ -1,5 +1,5 @@
 /*
- * dist/rendezvous.c — ts__rendezvous: options check, timeout, store creation
+ * distributed/rendezvous.c — ts__rendezvous: options check, timeout, store creation
  * from an init method, and the join every rank performs (see rendezvous.h for
  * the keys it leaves behind).
  *
@@ -14,7 +14,7 @@
  *   6. if local_rank or local_world_size is still unknown, read every rank's
  *      host: local_world_size = ranks on my host, local_rank = those below me.
  */
-#include "dist/rendezvous.h"
+#include "distributed/rendezvous.h"
 
 #include <errno.h>
 #include <inttypes.h>

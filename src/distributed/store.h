@@ -1,5 +1,5 @@
 /*
- * dist/store.h — the rendezvous store's internal interface (gloo's design): a
+ * distributed/store.h — the rendezvous store's internal interface (gloo's design): a
  * tiny key-value table behind a vtable, with TCP (store_tcp.c), file
  * (store_file.c), in-memory (store_memory.c) and prefix (store_prefix.c)
  * implementations. store.c holds the public ts_store_* dispatch, the refcount,

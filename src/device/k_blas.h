@@ -1,11 +1,11 @@
 /*
- * ops/k_blas.h — dense matrix multiply on device pointers, row-major, as
+ * device/k_blas.h — dense matrix multiply on device pointers, row-major, as
  * C = alpha * op(A) op(B) + beta * C with op(X) = X or X^T.
  */
 #ifndef TS_K_BLAS_H
 #define TS_K_BLAS_H
 
-#include "tensor/tensor.h"
+#include "device/device.h"
 
 struct ts_kernels_blas {
     ts_status (*sgemm)(ts_device *d, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -1,11 +1,11 @@
 /*
- * dist/pg.h — process-group internals shared with other parts of src/dist
+ * distributed/pg.h — process-group internals shared with other parts of src/distributed
  * and src/parallel (not installed).
  */
 #ifndef TS_DIST_PG_H
 #define TS_DIST_PG_H
 
-#include "dist/backend.h"
+#include "distributed/backend.h"
 
 /* Aborts the group with a status other than TS_ERR_STATE: later calls fail
  * with `status` and "process group '<name>' was aborted: <reason>". The first

@@ -1,10 +1,10 @@
 /*
- * dist/store_prefix.c — the prefix store: every key becomes "prefix/key"
+ * distributed/store_prefix.c — the prefix store: every key becomes "prefix/key"
  * before it reaches the base store (retained), so process groups sharing one
  * store never see each other's keys. Its own timeout is passed to the base on
  * every call; setting it does not change the base's.
  */
-#include "dist/store.h"
+#include "distributed/store.h"
 
 
 typedef struct prefix_store {

@@ -1,5 +1,5 @@
 /*
- * ops/k_spatial.h — the spatial kernel family: conv2d, max/avg pooling,
+ * device/k_spatial.h — the spatial kernel family: conv2d, max/avg pooling,
  * global average pooling and batchnorm2d, forward and backward. Every backend
  * provides one instance (src/ops/cpu/spatial.c for the CPU).
  *
@@ -12,7 +12,7 @@
 #ifndef TS_K_SPATIAL_H
 #define TS_K_SPATIAL_H
 
-#include "tensor/tensor.h"
+#include "device/device.h"
 
 /* Geometry of one conv2d call: x (N, C, H, W), w (K, C/groups, kh, kw),
  * out (N, K, OH, OW). */
