@@ -15,5 +15,6 @@
 #include "tessera/dist.h"
 #include "tessera/ddp.h"
 #include "tessera/parallel.h"
+#include "tessera/train.h"
 
 #endif

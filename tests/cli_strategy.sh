@@ -34,7 +34,7 @@ run() {
 
 # errors
 expect_exit 0 "--strategy" "$TS" train --help
-expect_exit 2 "unknown --strategy 'warp' (expected data, model" "$TS" train --strategy warp
+expect_exit 2 "unknown strategy 'warp' (expected none, ddp, data, model" "$TS" train --strategy warp
 expect_exit 2 "unknown device 'cpu:99'" "$TS" train --strategy data --devices cpu:0,cpu:99
 expect_exit 2 "unknown device 'gpu:0'" "$TS" train --strategy data --devices gpu:0
 expect_exit 2 "no CUDA devices" "$TS" train --strategy model --devices cpu:0,cuda:0

@@ -63,8 +63,8 @@ expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/a.ckpt" "$T/c.ckpt" --tol
 # and the uninterrupted run differs from the 8-step one
 expect_exit 1 "" "$TS" ckpt diff "$T/a.ckpt" "$T/b.ckpt" --tol 0
 # resuming with another model or batch size is refused, naming the mismatch
-expect_exit 2 "--model cnn" "$TS" train --model mlp --resume "$T/b.ckpt"
-expect_exit 2 "--batch-size 32" "$TS" train --model cnn --batch-size 64 --resume "$T/b.ckpt"
+expect_exit 2 "with model cnn" "$TS" train --model mlp --resume "$T/b.ckpt"
+expect_exit 2 "with batch size 32" "$TS" train --model cnn --batch-size 64 --resume "$T/b.ckpt"
 # a corrupted checkpoint is refused
 cp "$T/b.ckpt" "$T/bad.ckpt"
 printf '\xff\xff\xff\xff' | dd of="$T/bad.ckpt" bs=1 seek=5000 conv=notrunc 2>/dev/null

@@ -5,7 +5,6 @@
  */
 #include "cli.h"
 #include "commands.h"
-#include "train_common.h"
 
 #include "tessera.h"
 
@@ -36,6 +35,7 @@ static int bench_train(int argc, char **argv) {
     ts_rng rng;
     ts_rng_seed(&rng, 0);
     ts_module *model = NULL;
+    ts_strategy *strat = NULL;
     ts_optimizer *opt = NULL;
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
     ts_tensor *xs[NBATCHES] = {0}, *ys[NBATCHES] = {0};
@@ -44,11 +44,10 @@ static int bench_train(int argc, char **argv) {
         fprintf(stderr, "tessera bench train: --model: %s\n", ts_last_error());
         return CLI_EXIT_USAGE;
     }
-    ts_sgd_config c = TS_SGD_CONFIG_INIT;
-    c.lr = 0.05f;
-    c.momentum = 0.9f;
-    c.weight_decay = 5e-4f;
-    if (ts_module_parameters(model, &params) != TS_OK || ts_optim_sgd_new(&params, &c, &opt) != TS_OK) goto fail;
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT; /* the model on the CPU */
+    if (ts_strategy_new(model, &so, &strat) != TS_OK || ts_module_parameters(model, &params) != TS_OK ||
+        ts_optimizer_by_name("sgd", &params, 0.05, 0.9, 5e-4, &opt) != TS_OK)
+        goto fail;
     for (int i = 0; i < NBATCHES; i++) {
         int64_t xs_shape[4] = {batch, 1, 28, 28};
         if (ts_tensor_empty(NULL, TS_F32, 4, xs_shape, &xs[i]) != TS_OK || ts_tensor_normal_(xs[i], 0, 1, &rng) != TS_OK ||
@@ -60,10 +59,10 @@ static int bench_train(int argc, char **argv) {
     ts_module_train(model, true);
     float loss = 0;
     for (int64_t i = 0; i < warmup; i++)
-        if (train_step(model, NULL, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
+        if (ts_train_step(strat, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
     double t0 = ts_time_now();
     for (int64_t i = 0; i < steps; i++)
-        if (train_step(model, NULL, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
+        if (ts_train_step(strat, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
     double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
     if (json)
         printf("{\"framework\": \"tessera\", \"model\": \"%s\", \"threads\": %d, \"batch_size\": %lld, \"steps\": %lld, "
@@ -83,7 +82,7 @@ done:
     }
     ts_tensor_list_clear(&params);
     ts_optimizer_free(opt);
-    ts_module_free(model);
+    ts_strategy_free(strat);
     return status;
 }
 

@@ -6,7 +6,6 @@
  * threads). The Tessera half of bench/loader_vs_torchvision.sh.
  */
 #include "cli.h"
-#include "cmd_data.h"
 #include "commands.h"
 
 #include "tessera.h"
@@ -158,7 +157,7 @@ int ts_bench_loader(int argc, char **argv) {
 
     char rootbuf[4096];
     ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
-    data_image_source(pos[0], "train", &o.reader, rootbuf, sizeof rootbuf);
+    ts_data_reader_opts(pos[0], "train", &o.reader, rootbuf, sizeof rootbuf);
     o.batch_size = batch;
     o.num_threads = (int)threads;
     o.color = gray ? TS_COLOR_GRAY : TS_COLOR_RGB;

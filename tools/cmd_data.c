@@ -5,7 +5,6 @@
  * show_images).
  */
 #include "cli.h"
-#include "cmd_data.h"
 #include "commands.h"
 
 #include "tessera.h"
@@ -197,18 +196,6 @@ static void draw_text(ts_image *im, int x, int y, const char *text, int scale, c
     }
 }
 
-bool data_image_source(const char *path, const char *sub, ts_reader_opts *o, char *buf, size_t n) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
-        o->file_list = path;
-        return true;
-    }
-    snprintf(buf, n, "%s/%s", path, sub);
-    bool has = stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode);
-    o->file_root = has ? buf : path;
-    return has;
-}
-
 static int data_show(int argc, char **argv) {
     const char *out = "grid.png";
     int64_t batch = 16, size = 160, seed = 0, columns = 4, threads = 2;
@@ -242,7 +229,7 @@ static int data_show(int argc, char **argv) {
 
     char rootbuf[4096];
     ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
-    data_image_source(pos[0], "train", &o.reader, rootbuf, sizeof rootbuf);
+    ts_data_reader_opts(pos[0], "train", &o.reader, rootbuf, sizeof rootbuf);
     o.reader.random_shuffle = true;
     o.reader.seed = seed;
     o.batch_size = batch;

@@ -222,6 +222,12 @@ int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch);
 int64_t ts_pipeline_epoch(const ts_pipeline *p);       /* epoch of the next batch */
 int64_t ts_pipeline_batch_index(const ts_pipeline *p); /* its index in that epoch */
 const ts_reader *ts_pipeline_reader(const ts_pipeline *p); /* borrowed */
+/* The listing-order index (ts_reader_path / ts_reader_label's i) of each row of
+ * the batch the last ts_pipeline_next returned, in row order; *n (may be NULL)
+ * gets the row count. Borrowed like the batch; NULL when no batch is held. */
+const int64_t *ts_pipeline_batch_samples(const ts_pipeline *p, int64_t *n);
+/* One output sample's shape (C, H, W) into shape; returns 3. */
+int ts_pipeline_sample_shape(const ts_pipeline *p, int64_t *shape);
 /* Samples decoded and samples skipped as corrupt so far. */
 void ts_pipeline_counts(const ts_pipeline *p, int64_t *decoded, int64_t *skipped);
 

@@ -75,6 +75,7 @@ struct ts_pipeline {
     bool epoch_end_pending;         /* the next call reports the end of cur_epoch */
     int held;                       /* slot the caller holds, or -1 */
     ts_tensor *vx, *vy;             /* views of a short batch handed out */
+    int64_t *held_idx, held_n;      /* listing-order indices of the rows of the batch handed out */
     ts_status sticky;
     char sticky_msg[1024];
     int64_t decoded, skipped;
@@ -318,6 +319,7 @@ void ts_pipeline_free(ts_pipeline *p) {
         free(s->ok);
     }
     free(p->slots);
+    free(p->held_idx);
     ts_reader_free(p->reader);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->work_cv);
@@ -370,7 +372,8 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     p->depth = o->prefetch_queue_depth;
     p->nslots = p->depth + 1;
     p->slots = ts__calloc((size_t)p->nslots, sizeof *p->slots);
-    if (!p->slots) {
+    p->held_idx = ts__malloc(sizeof *p->held_idx * (size_t)p->B);
+    if (!p->slots || !p->held_idx) {
         st = TS_ERR_NOMEM;
         goto fail;
     }
@@ -486,6 +489,8 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         break;
     }
     slot *s = &p->slots[p->held];
+    for (int64_t i = 0; i < s->n; i++) p->held_idx[i] = s->smp[i].index;
+    p->held_n = s->n;
     pthread_mutex_unlock(&p->mu);
     ts_status st = TS_OK;
     ts_tensor *bx = s->x, *by = s->y;
@@ -550,6 +555,19 @@ int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch) {
     return (ts_reader_epoch_length(p->reader, epoch) + p->B - 1) / p->B;
 }
 int64_t ts_pipeline_epoch(const ts_pipeline *p) { return p->cur_epoch; }
+
+const int64_t *ts_pipeline_batch_samples(const ts_pipeline *p, int64_t *n) {
+    if (n) *n = p && p->held >= 0 ? p->held_n : 0;
+    return p && p->held >= 0 ? p->held_idx : NULL;
+}
+
+int ts_pipeline_sample_shape(const ts_pipeline *p, int64_t *shape) {
+    if (!p || !shape) return 0;
+    shape[0] = p->C;
+    shape[1] = p->H;
+    shape[2] = p->W;
+    return 3;
+}
 int64_t ts_pipeline_batch_index(const ts_pipeline *p) { return p->cur_batch; }
 const ts_reader *ts_pipeline_reader(const ts_pipeline *p) { return p->reader; }
 

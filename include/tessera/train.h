@@ -1,0 +1,384 @@
+/*
+ * tessera/train.h — training as a library: batch sources, strategies, the
+ * training step, evaluation and the trainer that owns the loop. `tessera train`
+ * is a thin shell over this header (flags in, progress bar out); a C program
+ * trains exactly the way the command does with these calls:
+ *
+ *     ts_batch_source *train, *test;              // IDX files or an image folder
+ *     ts_data_opts d = TS_DATA_OPTS_INIT;
+ *     d.path = "/usr/share/datasets/fashion-mnist";
+ *     d.rank = ts_pg_rank(pg); d.world_size = ts_pg_size(pg);  // this rank's share
+ *     ts_data_open(&d, &train, &test);
+ *
+ *     ts_module *model;  ts_model_by_name("cnn", &rng, &model);
+ *     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+ *     so.kind = TS_STRATEGY_DDP; so.pg = pg;      // or NONE / DATA / MODEL / PIPELINE / TILE
+ *     ts_strategy *s;  ts_strategy_new(model, &so, &s);        // owns the model now
+ *
+ *     ts_optimizer *opt;  ts_optimizer_by_name("sgd", params of ts_strategy_model(s), ...);
+ *     ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+ *     to.epochs = 4; to.eval = test; to.checkpoint = "run.ckpt";
+ *     ts_trainer *t;  ts_trainer_new(s, opt, train, &to, &t);
+ *     ts_train_result r;  ts_trainer_run(t, &r);   // r.eval.accuracy, r.images_per_second
+ *
+ * Layers: a batch source yields batches (tessera/data.h's loader + samplers,
+ * or tessera/pipeline.h's DALI-style pipeline); a strategy runs forward and
+ * backward of a model on its devices or ranks (tessera/ddp.h, tessera/parallel.h);
+ * ts_train_step adds the optimizer; the trainer adds epochs, the learning-rate
+ * schedule, evaluation, checkpoints and resume.
+ *
+ * Ownership: every *_new hands the caller a handle freed with its _free
+ * (NULL is fine). Borrowed arguments say so and must outlive the object.
+ */
+#ifndef TESSERA_TRAIN_H
+#define TESSERA_TRAIN_H
+
+#include "ckpt.h"
+#include "ddp.h"
+#include "optim.h"
+#include "parallel.h"
+#include "pipeline.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- batch sources ------------------------------------------------------------------------------ */
+/* One interface over every input: a source yields the batches of an epoch in
+ * order and can be positioned at any batch of any epoch (resume). */
+typedef struct ts_batch_source ts_batch_source;
+
+typedef struct ts_batch {
+    ts_tensor *x;           /* (size, ...) float32, borrowed: valid until the next call on the source */
+    ts_tensor *y;           /* (size) int64 class labels, borrowed likewise */
+    int64_t size;           /* rows in x and y */
+    int64_t real;           /* the first `real` rows are samples of this epoch; the rest repeat one to fill
+                               the batch (the pipeline's pad_last_batch). Training uses every row (as DALI
+                               does), evaluation only the real ones. */
+    int64_t epoch, index;   /* the batch's epoch and its index in that epoch */
+    const int64_t *samples; /* the data set index of each of the `size` rows, borrowed like x */
+} ts_batch;
+
+/* Implementation table of a source, for sources of your own (ts_batch_source_new). */
+typedef struct ts_batch_source_ops {
+    /* Batches of `epoch` (an upper bound when the source may skip corrupt samples). Required. */
+    int64_t (*num_batches)(void *impl, int64_t epoch);
+    /* Samples in the whole data set (all ranks). Required. */
+    int64_t (*num_samples)(void *impl);
+    /* Position at batch `batch` (0 <= batch <= num_batches) of `epoch`. Required. */
+    ts_status (*seek)(void *impl, int64_t epoch, int64_t batch);
+    /* The next batch of the current epoch into *out (every field), or out->x = NULL
+     * at the end of the epoch. Required. */
+    ts_status (*next)(void *impl, ts_batch *out);
+    /* Optional: one sample's shape (e.g. 1, 28, 28) into shape; returns its ndim (0: unknown). */
+    int (*sample_shape)(void *impl, int64_t *shape);
+    /* Optional: releases impl. */
+    void (*destroy)(void *impl);
+} ts_batch_source_ops;
+
+/* Wraps an implementation. ops is borrowed (usually a static table); impl is
+ * owned by the source from now on (ops->destroy runs in ts_batch_source_free,
+ * also when this call fails). The source starts at epoch 0, batch 0: the
+ * implementation must be positioned there too. */
+ts_status ts_batch_source_new(const ts_batch_source_ops *ops, void *impl, ts_batch_source **out);
+void ts_batch_source_free(ts_batch_source *s);
+
+/* A source over a dataset (borrowed; it must outlive the source), in the order
+ * of torch's DistributedSampler for (rank, world_size): every epoch the indices
+ * 0..N-1 shuffled with seed + epoch (torch.randperm), padded to a multiple of
+ * world_size by repeating from the start, rank r taking positions r, r + R, ...
+ * A single process is the world of one (rank 0 of 1), so one process at batch
+ * B and R processes at batch B / R see the same samples in every step. */
+typedef struct ts_dataset_source_opts {
+    int64_t batch_size;  /* rows per batch on this rank (64) */
+    bool shuffle;        /* false: 0..N-1 in order (evaluation) */
+    uint64_t seed;       /* the shuffle's seed */
+    int rank, world_size; /* this rank's share (0, 1: everything) */
+    bool drop_last;      /* DistributedSampler's drop_last and the loader's: no padding, no short batch */
+    ts_device *device;   /* where batches land (NULL: the CPU) */
+} ts_dataset_source_opts;
+
+#define TS_DATASET_SOURCE_OPTS_INIT ((ts_dataset_source_opts){64, true, 0, 0, 1, false, NULL})
+
+ts_status ts_batch_source_dataset(ts_dataset *ds, const ts_dataset_source_opts *o, ts_batch_source **out);
+
+/* A source over a DALI-style pipeline (takes ownership of p, also on failure).
+ * The pipeline's reader shards the data (shard_id / num_shards): give each rank
+ * its own pipeline. Seeks only when asked for a batch the pipeline is not at, so
+ * an epoch that follows the previous one streams on without a restart. */
+ts_status ts_batch_source_pipeline(ts_pipeline *p, ts_batch_source **out);
+
+/* Batches of `epoch`, and samples in the whole data set. */
+int64_t ts_batch_source_num_batches(const ts_batch_source *s, int64_t epoch);
+int64_t ts_batch_source_num_samples(const ts_batch_source *s);
+/* One sample's shape into shape (TS_MAX_DIMS entries); returns its ndim, 0 when unknown. */
+int ts_batch_source_sample_shape(const ts_batch_source *s, int64_t *shape);
+/* Positions the source at batch `batch` of `epoch` (set_epoch: batch 0). */
+ts_status ts_batch_source_seek(ts_batch_source *s, int64_t epoch, int64_t batch);
+ts_status ts_batch_source_set_epoch(ts_batch_source *s, int64_t epoch);
+/* The next batch of the current epoch; out->x == NULL when the epoch is over
+ * (seek or set_epoch to go on). out's tensors and samples are borrowed. */
+ts_status ts_batch_source_next(ts_batch_source *s, ts_batch *out);
+/* The epoch and the index of the batch the next ts_batch_source_next returns. */
+int64_t ts_batch_source_epoch(const ts_batch_source *s);
+int64_t ts_batch_source_batch_index(const ts_batch_source *s);
+
+/* What `tessera train --data PATH` opens: MNIST-style IDX files in a folder
+ * ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]), or images: a folder
+ * with one sub-folder per class (or its train/ and test/ sub-folders: the
+ * layout `tessera data export` writes) or a file of "path label" lines, read
+ * by the DALI-style pipeline as gray 28x28 images normalised as Fashion-MNIST
+ * (the reference models' input). */
+typedef struct ts_data_opts {
+    const char *path;       /* required; copied */
+    int64_t batch_size;     /* rows per training batch on this rank (64) */
+    int64_t eval_batch_size; /* rows per evaluation batch (1000) */
+    uint64_t seed;          /* shuffling (0) */
+    int rank, world_size;   /* this rank's share of the training data (0, 1) */
+    int threads;            /* images: decoding workers (2) */
+} ts_data_opts;
+
+#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2})
+
+/* Opens the training source (shuffled; this rank's share: the distributed
+ * sampler's for IDX files, the reader's shard with pad_last_batch for images)
+ * and, when eval is not NULL, the evaluation source (the whole test split in
+ * order: t10k-* files, the test/ folder, or the training images when there is
+ * no test/). Each source owns what it read. Errors name the path. */
+ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval);
+/* True when path names images rather than IDX files (how ts_data_open decides):
+ * a file (a "path label" list), or a folder with sub-folders and without
+ * train-images-idx3-ubyte[.gz]. */
+bool ts_data_is_images(const char *path);
+/* Points o's file_root / file_list at the images path names for `split`
+ * ("train", "test"): a file is a file list; a folder with a `split` sub-folder
+ * means that sub-folder; any other folder is a file_root. buf (n bytes) holds
+ * the joined path o may point to. Returns false when split's sub-folder is
+ * absent (the folder itself is used). */
+bool ts_data_reader_opts(const char *path, const char *split, ts_reader_opts *o, char *buf, size_t n);
+
+/* ---- strategies ------------------------------------------------------------------------------------ */
+/* How a model is spread over devices or ranks. Every strategy takes the model
+ * built on the CPU, owns it from then on, and offers the same three things: a
+ * module whose forward takes a CPU batch and returns CPU logits (evaluation),
+ * a forward + cross-entropy + backward that leaves the batch's gradients in the
+ * model's parameters, and the plain model (state dict with the model's own
+ * keys, parameters for the optimizer), so checkpoints do not depend on the
+ * strategy: one written under any strategy resumes under any other. */
+typedef enum ts_strategy_kind {
+    TS_STRATEGY_NONE = 0, /* the model on the CPU */
+    TS_STRATEGY_DDP,      /* one rank of a process group; gradients averaged over ranks (tessera/ddp.h) */
+    TS_STRATEGY_DATA,     /* replicas on every device, each batch split between them (DataParallel) */
+    TS_STRATEGY_MODEL,    /* consecutive layers on each device, balanced by parameter count */
+    TS_STRATEGY_PIPELINE, /* stages on the devices, micro-batches flowing through them (GPipe / 1F1B) */
+    TS_STRATEGY_TILE,     /* every image cut into bands of rows, one per device, with halo exchange */
+    TS_STRATEGY_COUNT
+} ts_strategy_kind;
+
+typedef struct ts_strategy_opts {
+    size_t size;          /* sizeof(ts_strategy_opts) */
+    unsigned int magic;   /* TS_STRATEGY_OPTS_MAGIC */
+    unsigned int version; /* TS_STRATEGY_OPTS_VERSION */
+    ts_strategy_kind kind;
+    /* DATA, MODEL, PIPELINE, TILE: the devices (borrowed list, copied); NULL: every virtual CPU device */
+    ts_device *const *devices;
+    int num_devices;
+    /* DDP: the process group (borrowed; must outlive the strategy) and DDP's options (NULL: defaults) */
+    ts_process_group *pg;
+    const ts_ddp_options *ddp;
+    bool sync_bn;         /* DDP: BatchNorm2d layers become SyncBatchNorm over pg (a group of 1: no-op) */
+    /* MODEL, PIPELINE: stage boundaries as ts_nn_model_parallel_new's (NULL: MODEL by parameter count,
+     * PIPELINE by the layers' measured time on sample_shape, else equal layer counts) */
+    const int *bounds;
+    int micro_batches;    /* PIPELINE: micro-batches per batch (8) */
+    ts_pp_schedule schedule; /* PIPELINE: TS_PP_1F1B */
+    int sample_ndim;      /* PIPELINE: one sample's shape, to time the layers (0: split by layer count) */
+    int64_t sample_shape[TS_MAX_DIMS];
+} ts_strategy_opts;
+
+#define TS_STRATEGY_OPTS_MAGIC 0x7e5a7001u
+#define TS_STRATEGY_OPTS_VERSION 1u
+#define TS_STRATEGY_OPTS_INIT                                                                                  \
+    ((ts_strategy_opts){sizeof(ts_strategy_opts), TS_STRATEGY_OPTS_MAGIC, TS_STRATEGY_OPTS_VERSION,           \
+                        TS_STRATEGY_NONE, NULL, 0, NULL, NULL, false, NULL, 8, TS_PP_1F1B, 0, {0}})
+
+/* "none", "ddp", "data", "model", "pipeline", "tile" (static), or NULL for an unknown kind. */
+const char *ts_strategy_kind_name(ts_strategy_kind k);
+/* The kind called name; an unknown name is TS_ERR_INVALID_ARG listing the known ones. */
+ts_status ts_strategy_kind_parse(const char *name, ts_strategy_kind *out);
+/* One line on what the kind does (static). */
+const char *ts_strategy_kind_help(ts_strategy_kind k);
+
+typedef struct ts_strategy ts_strategy;
+
+/* Wraps model (a Sequential for MODEL, PIPELINE and TILE; ownership taken, also
+ * on failure) as o says. DDP is a collective: every rank of o->pg calls it, and
+ * rank 0's parameters and buffers go to all. Errors name the strategy. */
+ts_status ts_strategy_new(ts_module *model, const ts_strategy_opts *o, ts_strategy **out);
+/* Frees the strategy and the model. NULL is fine. */
+void ts_strategy_free(ts_strategy *s);
+
+ts_strategy_kind ts_strategy_kind_of(const ts_strategy *s);
+/* The plain model (borrowed): its parameters are what an optimizer updates,
+ * its state dict (plain keys) what checkpoints hold. */
+ts_module *ts_strategy_model(ts_strategy *s);
+/* What runs (borrowed): forward takes a batch on any device and returns the
+ * logits on the CPU. For DDP and NONE it is the model itself (its forward does
+ * no communication: use it for evaluation). */
+ts_module *ts_strategy_module(ts_strategy *s);
+/* This process's rank and the number of ranks (DDP: the group's; else 0 and 1). */
+int ts_strategy_rank(const ts_strategy *s);
+int ts_strategy_world_size(const ts_strategy *s);
+/* The devices the model is spread over (DATA, MODEL, PIPELINE, TILE; borrowed)
+ * into devs (up to max); returns their number (0 for NONE and DDP). */
+int ts_strategy_devices(const ts_strategy *s, ts_device **devs, int max);
+/* The DDP wrapper (borrowed), or NULL for other kinds. */
+ts_ddp *ts_strategy_ddp(ts_strategy *s);
+/* A one-line description ("pipeline over cpu:0, cpu:1: 1f1b, 8 micro-batches, stages of 4, 8 layers")
+ * into buf (n bytes, always terminated). */
+void ts_strategy_describe(const ts_strategy *s, char *buf, size_t n);
+
+/* Training mode on (true) or off for the model and its wrappers. */
+void ts_strategy_train(ts_strategy *s, bool training);
+/* Forward of x (B, ...) and the mean cross-entropy over its B rows against y
+ * (B) int64 with label smoothing, then backward: the model's parameters get
+ * the batch's gradients (DDP: averaged over the ranks, as if the global batch
+ * had run in one process). *loss (may be NULL) gets this rank's batch loss. */
+ts_status ts_strategy_forward_backward(ts_strategy *s, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+                                       float *loss);
+
+/* ---- one step, and evaluation -------------------------------------------------------------------------- */
+/* ts_strategy_forward_backward, then opt's step and zero_grad (the gradients
+ * are cleared also when a call fails). opt must be built on the parameters of
+ * ts_strategy_model(s). */
+ts_status ts_train_step(ts_strategy *s, ts_optimizer *opt, const ts_tensor *x, const ts_tensor *y,
+                        float label_smoothing, float *loss);
+
+typedef struct ts_eval_result {
+    int64_t samples;     /* real rows evaluated */
+    int64_t correct;     /* rows whose largest logit is the label (top-1) */
+    double accuracy;     /* correct / samples (NaN when no sample) */
+    double loss;         /* mean cross-entropy over the samples */
+} ts_eval_result;
+
+/* Evaluates m (e.g. ts_strategy_module) over one whole epoch of src (from
+ * epoch 0, batch 0; padded rows are left out) in eval mode without a graph;
+ * m stays in eval mode. Labels outside the logits' classes are TS_ERR_FORMAT
+ * naming the row. */
+ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out);
+
+/* ---- optimizer and schedule by name ----------------------------------------------------------------- */
+/* "sgd" (momentum, L2 weight decay) or "adamw" (decoupled weight decay; momentum unused) over params. */
+ts_status ts_optimizer_by_name(const char *name, const ts_tensor_list *params, double lr, double momentum,
+                               double weight_decay, ts_optimizer **out);
+/* "none" (constant), "step" (x0.1 every steps_per_epoch steps) or "cosine" (to 0 over total_steps). */
+ts_status ts_lr_schedule_by_name(const char *name, double lr, int64_t total_steps, int64_t steps_per_epoch,
+                                 ts_lr_schedule *out);
+
+/* ---- the trainer -------------------------------------------------------------------------------------- */
+typedef enum ts_train_event_kind {
+    TS_TRAIN_STEP = 0,   /* after every optimizer step */
+    TS_TRAIN_EPOCH_END,  /* after an epoch (or the part of it that ran), after its evaluation */
+    TS_TRAIN_CHECKPOINT, /* after a checkpoint was written */
+} ts_train_event_kind;
+
+typedef struct ts_train_event {
+    ts_train_event_kind kind;
+    int rank;                 /* this process's rank */
+    int64_t epoch, epochs;    /* 0-based epoch, and the run's epochs */
+    int64_t batch;            /* batches of this epoch done (the index of the next one) */
+    int64_t num_batches;      /* batches in this epoch */
+    int64_t step;             /* optimizer steps done in the whole run (across resumes) */
+    double loss;              /* STEP: this step's loss */
+    double mean_loss;         /* mean step loss over this epoch so far */
+    double lr;                /* the learning rate of the latest step */
+    int64_t epoch_images;     /* images trained this epoch, over all ranks */
+    double epoch_seconds;     /* training time of this epoch so far */
+    const ts_eval_result *eval; /* EPOCH_END on the evaluating rank (0) with an eval source; else NULL */
+    const char *checkpoint;   /* CHECKPOINT: the path written */
+} ts_train_event;
+
+/* Called on every rank; a status other than TS_OK stops the run, which returns it. */
+typedef ts_status (*ts_train_callback)(const ts_train_event *ev, void *user);
+
+typedef struct ts_trainer_opts {
+    size_t size;               /* sizeof(ts_trainer_opts) */
+    unsigned int magic;        /* TS_TRAINER_OPTS_MAGIC */
+    unsigned int version;      /* TS_TRAINER_OPTS_VERSION */
+    int64_t epochs;            /* epochs in all (1) */
+    int64_t max_steps;         /* stop after this many optimizer steps in all, resumes included (0: no limit) */
+    const ts_lr_schedule *schedule; /* learning rate per step (copied; NULL: the optimizer's, constant) */
+    float label_smoothing;
+    ts_batch_source *eval;     /* borrowed; evaluated by rank 0 after every epoch (NULL: never) */
+    const char *checkpoint;    /* rank 0 saves here after every epoch and at the end (NULL: never); copied */
+    int64_t checkpoint_every;  /* ...and every this many steps (0: only at epoch ends) */
+    ts_train_callback callback;
+    void *user;
+    /* What the checkpoint records about the run; ts_trainer_resume refuses a checkpoint whose values
+     * differ (names: NULL is not recorded nor checked; batch_size 0 likewise) */
+    const char *model_name, *optimizer_name; /* copied */
+    uint64_t seed;             /* the data order's seed */
+    int64_t batch_size;        /* rows per step on each rank */
+    ts_rng *rng;               /* borrowed; its state is saved and restored (NULL: none) */
+} ts_trainer_opts;
+
+#define TS_TRAINER_OPTS_MAGIC 0x7e5a7101u
+#define TS_TRAINER_OPTS_VERSION 1u
+#define TS_TRAINER_OPTS_INIT                                                                                   \
+    ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
+                       0.0f, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, 0, NULL})
+
+typedef struct ts_trainer ts_trainer;
+
+/* A trainer of s with opt over train (all borrowed; they must outlive it). It
+ * starts at epoch 0, batch 0, step 0 (or where ts_trainer_resume puts it). */
+ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
+                         ts_trainer **out);
+void ts_trainer_free(ts_trainer *t);
+
+/* What a training checkpoint says about its run (read without loading tensors' values into a model). */
+typedef struct ts_train_checkpoint_info {
+    int64_t epoch, batch, step; /* where the run goes on: batch `batch` of epoch `epoch`, after `step` steps */
+    int64_t seed, batch_size, world_size;
+    double loss;                /* the latest step's loss */
+    char model[64], optimizer[64]; /* "" when not recorded */
+} ts_train_checkpoint_info;
+/* Reads path's run description. TS_ERR_FORMAT naming the key when it is not a training checkpoint. */
+ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out);
+
+/* Continues the run saved at path: loads the model's state dict, the
+ * optimizer's state and the rng, and positions the trainer (and the train
+ * source) where the run stopped, so the rest of the run is bit-identical to an
+ * uninterrupted one. Checks first, changing nothing on error: the checkpoint's
+ * model and optimizer names, seed, per-rank batch size and world size must be
+ * this run's (TS_ERR_INVALID_ARG naming both values). Every rank calls it. */
+ts_status ts_trainer_resume(ts_trainer *t, const char *path);
+/* Writes a training checkpoint of the current state to path (atomically: a
+ * crash leaves the old file or the new one). Any rank may call it. */
+ts_status ts_trainer_save(ts_trainer *t, const char *path);
+
+typedef struct ts_train_result {
+    int64_t steps;             /* optimizer steps in all (across resumes) */
+    int64_t epochs;            /* epochs completed */
+    int64_t images;            /* images trained in this call, over all ranks */
+    double train_seconds;      /* time spent training in this call (not evaluating or saving) */
+    double images_per_second;  /* images / train_seconds */
+    double final_loss;         /* the latest step's loss (NaN when none ran) */
+    ts_eval_result eval;       /* the latest evaluation on rank 0 (samples 0 when none) */
+} ts_train_result;
+
+/* Trains until the last epoch or max_steps: every step sets the scheduled
+ * learning rate and runs ts_train_step; at each epoch end rank 0 evaluates and
+ * saves the checkpoint. A loss that stops being finite fails the run
+ * (TS_ERR_STATE naming the step). out (may be NULL) gets the figures; on rank
+ * 0 it holds an evaluation also when no epoch ended in this call. */
+ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out);
+
+/* Where the trainer stands. */
+int64_t ts_trainer_step(const ts_trainer *t);
+int64_t ts_trainer_epoch(const ts_trainer *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TESSERA_TRAIN_H */

@@ -1,0 +1,134 @@
+/*
+ * train/data.c — ts_data_open: the training and evaluation sources behind
+ * `tessera train --data PATH` (MNIST-style IDX files, or an image folder / file
+ * list read by the DALI-style pipeline as the reference models' 1x28x28 input).
+ */
+#include "core/internal.h"
+#include "tessera/train.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* train/source.c */
+ts_status ts__batch_source_dataset(ts_dataset *ds, bool own, const ts_dataset_source_opts *o,
+                                   ts_batch_source **out);
+
+bool ts_data_is_images(const char *path) {
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0) return false;
+    if (S_ISREG(sb.st_mode)) return true;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s/train-images-idx3-ubyte.gz", path);
+    if (stat(buf, &sb) == 0) return false;
+    snprintf(buf, sizeof buf, "%s/train-images-idx3-ubyte", path);
+    if (stat(buf, &sb) == 0) return false;
+    /* images need class sub-folders: a folder without any is taken for IDX (its error names the files) */
+    DIR *d = opendir(path);
+    bool sub = false;
+    for (struct dirent *e; d && !sub && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(buf, sizeof buf, "%s/%s", path, e->d_name);
+        sub = stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode);
+    }
+    if (d) closedir(d);
+    return sub;
+}
+
+bool ts_data_reader_opts(const char *path, const char *split, ts_reader_opts *o, char *buf, size_t n) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        o->file_list = path;
+        return true;
+    }
+    snprintf(buf, n, "%s/%s", path, split);
+    bool has = stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode);
+    o->file_root = has ? buf : path;
+    return has;
+}
+
+/* The evaluation source over an in-memory dataset it owns: everything, in order. */
+static ts_status eval_source(ts_dataset *ds, const ts_data_opts *o, ts_batch_source **out) {
+    ts_dataset_source_opts so = TS_DATASET_SOURCE_OPTS_INIT;
+    so.batch_size = o->eval_batch_size;
+    so.shuffle = false;
+    return ts__batch_source_dataset(ds, true, &so, out);
+}
+
+static ts_status open_idx(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
+    ts_dataset *ds = NULL;
+    TS_TRY(ts_dataset_load_mnist(o->path, "train", &ds));
+    ts_dataset_source_opts so = TS_DATASET_SOURCE_OPTS_INIT;
+    so.batch_size = o->batch_size;
+    so.seed = o->seed;
+    so.rank = o->rank;
+    so.world_size = o->world_size;
+    TS_TRY(ts__batch_source_dataset(ds, true, &so, train));
+    if (!eval) return TS_OK;
+    ts_status st = ts_dataset_load_mnist(o->path, "test", &ds);
+    if (st == TS_OK) st = eval_source(ds, o, eval);
+    if (st != TS_OK) {
+        ts_batch_source_free(*train);
+        *train = NULL;
+    }
+    return st;
+}
+
+/* Images: the training pipeline reads shard `rank` of `world_size` (pad_last_batch
+ * when distributed, so every rank runs the same number of steps); the evaluation
+ * set is decoded into memory once. */
+static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
+    char trainbuf[4096], testbuf[4096];
+    ts_pipeline_opts po = TS_PIPELINE_OPTS_INIT;
+    bool split = ts_data_reader_opts(o->path, "train", &po.reader, trainbuf, sizeof trainbuf);
+    po.reader.random_shuffle = true;
+    po.reader.seed = (int64_t)o->seed;
+    po.reader.shard_id = o->rank;
+    po.reader.num_shards = o->world_size;
+    po.reader.pad_last_batch = o->world_size > 1;
+    po.batch_size = o->batch_size;
+    po.num_threads = o->threads;
+    po.color = TS_COLOR_GRAY;
+    po.out_width = po.out_height = 28;
+    po.mean[0] = TS_FASHION_MNIST_MEAN * 255.0f;
+    po.std[0] = TS_FASHION_MNIST_STD * 255.0f;
+    ts_pipeline *p = NULL;
+    TS_TRY(ts_pipeline_new(&po, &p));
+    TS_TRY(ts_batch_source_pipeline(p, train));
+    if (!eval) return TS_OK;
+    ts_pipeline_opts eo = po;
+    eo.reader.shard_id = 0;
+    eo.reader.num_shards = 1;
+    eo.reader.pad_last_batch = false;
+    if (split) {
+        snprintf(testbuf, sizeof testbuf, "%s/test", o->path);
+        struct stat sb;
+        if (stat(testbuf, &sb) == 0 && S_ISDIR(sb.st_mode)) eo.reader.file_root = testbuf;
+    }
+    ts_dataset *ds = NULL;
+    ts_status st = ts_dataset_load_images(&eo, &ds);
+    if (st == TS_OK) st = eval_source(ds, o, eval);
+    if (st != TS_OK) {
+        ts_batch_source_free(*train);
+        *train = NULL;
+    }
+    return st;
+}
+
+ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
+    TS_ARG(o && o->path && train, "ts_data_open: NULL argument");
+    *train = NULL;
+    if (eval) *eval = NULL;
+    TS_ARG(o->batch_size >= 1 && o->eval_batch_size >= 1, "ts_data_open: batch sizes %lld and %lld must be >= 1",
+           (long long)o->batch_size, (long long)o->eval_batch_size);
+    TS_ARG(o->world_size >= 1 && o->rank >= 0 && o->rank < o->world_size, "ts_data_open: rank %d of %d",
+           o->rank, o->world_size);
+    struct stat sb;
+    if (stat(o->path, &sb) != 0)
+        return ts_error(TS_ERR_IO, "%s: %s", o->path, strerror(errno));
+    if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
+        return ts_error(TS_ERR_IO, "%s: not a directory or a file list", o->path);
+    return ts_data_is_images(o->path) ? open_images(o, train, eval) : open_idx(o, train, eval);
+}

@@ -1,0 +1,105 @@
+/*
+ * train/step.c — one training step, evaluation over a batch source, and the
+ * optimizer / learning-rate schedule by name (tessera/train.h).
+ */
+#include "train/strategy.h"
+
+#include <math.h>
+#include <strings.h>
+
+ts_status ts_train_step(ts_strategy *s, ts_optimizer *opt, const ts_tensor *x, const ts_tensor *y,
+                        float label_smoothing, float *loss) {
+    TS_ARG(s && opt && x && y, "ts_train_step: NULL argument");
+    ts_status st = ts_strategy_forward_backward(s, x, y, label_smoothing, loss);
+    if (st == TS_OK) st = ts_optimizer_step(opt);
+    ts_optimizer_zero_grad(opt);
+    return st;
+}
+
+/* Top-1 hits and the summed cross-entropy of the first `real` rows of logits (n, c) on the host. */
+static ts_status score_rows(ts_tensor *logits, const ts_batch *b, int64_t *correct, double *loss_sum) {
+    const float *p = ts_tensor_data_f32(logits);
+    const int64_t *lab = ts_tensor_data(b->y);
+    int64_t c = ts_tensor_dim(logits, 1);
+    for (int64_t i = 0; i < b->real; i++) {
+        const float *row = p + i * c;
+        if (lab[i] < 0 || lab[i] >= c)
+            return ts_error(TS_ERR_FORMAT, "evaluation: sample %lld (row %lld of batch %lld) has label %lld, but the "
+                                           "model has %lld classes",
+                            (long long)(b->samples ? b->samples[i] : i), (long long)i, (long long)b->index,
+                            (long long)lab[i], (long long)c);
+        int64_t best = 0;
+        float mx = row[0];
+        for (int64_t k = 1; k < c; k++)
+            if (row[k] > row[best]) best = k;
+        mx = row[best];
+        double se = 0.0;
+        for (int64_t k = 0; k < c; k++) se += exp((double)row[k] - (double)mx);
+        *loss_sum += log(se) + (double)mx - (double)row[lab[i]];
+        *correct += best == lab[i];
+    }
+    return TS_OK;
+}
+
+ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out) {
+    TS_ARG(m && src && out, "ts_evaluate: NULL argument");
+    memset(out, 0, sizeof *out);
+    TS_TRY(ts_batch_source_seek(src, 0, 0));
+    ts_module_train(m, false);
+    bool prev = ts_grad_set_enabled(false);
+    double loss_sum = 0.0;
+    ts_status st = TS_OK;
+    for (;;) {
+        ts_batch b;
+        ts_tensor *logits = NULL, *host = NULL;
+        if ((st = ts_batch_source_next(src, &b)) != TS_OK || !b.x) break;
+        st = ts_module_forward(m, b.x, &logits);
+        if (st == TS_OK && ts_tensor_ndim(logits) != 2)
+            st = ts_error(TS_ERR_SHAPE, "evaluation: the model's output has %d dimensions; want (batch, classes)",
+                          ts_tensor_ndim(logits));
+        if (st == TS_OK) st = ts_to_device(logits, ts_device_cpu(), &host);
+        if (st == TS_OK) st = score_rows(host, &b, &out->correct, &loss_sum);
+        ts_tensor_release(host);
+        ts_tensor_release(logits);
+        if (st != TS_OK) break;
+        out->samples += b.real;
+    }
+    ts_grad_set_enabled(prev);
+    out->accuracy = out->samples ? (double)out->correct / (double)out->samples : NAN;
+    out->loss = out->samples ? loss_sum / (double)out->samples : NAN;
+    return st;
+}
+
+ts_status ts_optimizer_by_name(const char *name, const ts_tensor_list *params, double lr, double momentum,
+                               double weight_decay, ts_optimizer **out) {
+    TS_ARG(name && params && out, "ts_optimizer_by_name: NULL argument");
+    if (strcasecmp(name, "sgd") == 0) {
+        ts_sgd_config c = TS_SGD_CONFIG_INIT;
+        c.lr = (float)lr;
+        c.momentum = (float)momentum;
+        c.weight_decay = (float)weight_decay;
+        return ts_optim_sgd_new(params, &c, out);
+    }
+    if (strcasecmp(name, "adamw") == 0) {
+        ts_adamw_config c = TS_ADAMW_CONFIG_INIT;
+        c.lr = (float)lr;
+        c.weight_decay = (float)weight_decay;
+        return ts_optim_adamw_new(params, &c, out);
+    }
+    return ts_error(TS_ERR_INVALID_ARG, "unknown optimizer '%s' (expected sgd or adamw)", name);
+}
+
+ts_status ts_lr_schedule_by_name(const char *name, double lr, int64_t total_steps, int64_t steps_per_epoch,
+                                 ts_lr_schedule *out) {
+    TS_ARG(name && out, "ts_lr_schedule_by_name: NULL argument");
+    if (strcasecmp(name, "none") == 0)
+        *out = ts_lr_constant(lr);
+    else if (strcasecmp(name, "step") == 0)
+        *out = ts_lr_step(lr, steps_per_epoch > 0 ? steps_per_epoch : 1, 0.1);
+    else if (strcasecmp(name, "cosine") == 0)
+        *out = ts_lr_cosine(lr, total_steps > 0 ? total_steps : 1, 0.0);
+    else
+        return ts_error(TS_ERR_INVALID_ARG, "unknown learning-rate schedule '%s' (expected none, step or cosine)",
+                        name);
+    return ts_lr_schedule_check(out);
+}

@@ -1,0 +1,49 @@
+/*
+ * train/strategy.h — the strategy table (internal). A strategy is one file,
+ * src/train/strategy_<name>.c, defining one `const ts__strategy_impl`; the
+ * table in strategy.c lists them by ts_strategy_kind. Adding a strategy: a
+ * kind in tessera/train.h, its file, one line in the table.
+ */
+#ifndef TS_TRAIN_STRATEGY_H
+#define TS_TRAIN_STRATEGY_H
+
+#include "core/internal.h"
+#include "tessera/train.h"
+
+#define TS_STRATEGY_MAX_DEVICES 64
+
+typedef struct ts__strategy_impl {
+    ts_strategy_kind kind;
+    const char *name; /* "none", "ddp", ... */
+    const char *help; /* one line */
+    bool needs_devices; /* takes opts->devices (NULL: every virtual CPU device) */
+    /* Takes ownership of model (freed on failure too) and sets s->runner (which
+     * owns the model: the model itself, or a wrapper holding it as child
+     * "module") and s->model. s->devs / s->ndev are already filled in. */
+    ts_status (*wrap)(ts_strategy *s, ts_module *model, const ts_strategy_opts *o);
+    /* Optional: forward + mean cross-entropy + backward of the batch. NULL:
+     * ts_module_forward(s->runner) + ts_cross_entropy + ts_backward. */
+    ts_status (*forward_backward)(ts_strategy *s, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+                                  float *loss);
+    /* Optional: frees what wrap added besides s->runner. */
+    void (*destroy)(ts_strategy *s);
+} ts__strategy_impl;
+
+struct ts_strategy {
+    const ts__strategy_impl *impl;
+    ts_module *runner; /* owned: what runs; owns the model */
+    ts_module *model;  /* the plain model (borrowed from runner, or runner itself) */
+    ts_device *devs[TS_STRATEGY_MAX_DEVICES];
+    int ndev;
+    ts_process_group *pg; /* DDP: borrowed */
+    ts_ddp *ddp;          /* DDP: owned */
+    char desc[512];       /* what ts_strategy_describe prints, set by wrap */
+};
+
+/* Appends ", cpu:0, cpu:1" style device names to s->desc. */
+void ts__strategy_describe_devices(ts_strategy *s);
+
+extern const ts__strategy_impl ts__strategy_none, ts__strategy_ddp, ts__strategy_data, ts__strategy_model,
+    ts__strategy_pipeline, ts__strategy_tile;
+
+#endif

@@ -1,0 +1,50 @@
+/*
+ * train/strategy_ddp.c — distributed data parallel: this process is one rank
+ * of o->pg with a full replica of the model; ts_ddp (src/parallel/ddp.c)
+ * averages the gradients over the ranks during backward, bucket by bucket. With
+ * sync_bn, BatchNorm2d layers become SyncBatchNorm first (torch's
+ * convert_sync_batchnorm before DDP). The module that evaluates is the model
+ * itself: its forward does no communication.
+ */
+#include "train/strategy.h"
+
+#include <stdio.h>
+
+static ts_status ddp_wrap(ts_strategy *s, ts_module *model, const ts_strategy_opts *o) {
+    s->runner = s->model = model; /* freed with the strategy from here on */
+    if (!o->pg) return ts_error(TS_ERR_INVALID_ARG, "ddp: no process group (ts_strategy_opts.pg)");
+    s->pg = o->pg;
+    if (o->sync_bn) TS_TRY(ts_nn_convert_sync_batchnorm(model, o->pg));
+    TS_TRY(ts_ddp_new(model, o->pg, o->ddp, &s->ddp));
+    snprintf(s->desc, sizeof s->desc, "ddp: rank %d of %d (%s backend)%s", ts_pg_rank(o->pg), ts_pg_size(o->pg),
+             ts_pg_backend_name(o->pg), o->sync_bn ? ", SyncBatchNorm" : "");
+    return TS_OK;
+}
+
+static ts_status ddp_forward_backward(ts_strategy *s, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+                                      float *loss) {
+    ts_tensor *logits = NULL, *l = NULL;
+    ts_status st = ts_ddp_forward(s->ddp, x, &logits);
+    if (st == TS_OK) st = ts_cross_entropy(logits, y, label_smoothing, &l);
+    if (st == TS_OK) *loss = (float)ts_tensor_item(l, 0);
+    if (st == TS_OK) st = ts_backward(l, NULL, false);
+    if (st == TS_OK) st = ts_ddp_sync_status(s->ddp); /* the all-reduces finished inside backward */
+    ts_tensor_release(l);
+    ts_tensor_release(logits);
+    return st;
+}
+
+static void ddp_destroy(ts_strategy *s) {
+    ts_ddp_free(s->ddp);
+    s->ddp = NULL;
+}
+
+const ts__strategy_impl ts__strategy_ddp = {
+    TS_STRATEGY_DDP,
+    "ddp",
+    "one rank of a process group; gradients averaged over the ranks during backward (DistributedDataParallel)",
+    false,
+    ddp_wrap,
+    ddp_forward_backward,
+    ddp_destroy,
+};

@@ -1,0 +1,325 @@
+/*
+ * train/trainer.c — the training loop (tessera/train.h): epochs or max steps,
+ * the learning rate per step, evaluation and checkpoints on rank 0, resume.
+ *
+ * Position. The trainer's (epoch, batch, step) is where the run goes on: batch
+ * `batch` of epoch `epoch`, after `step` optimizer steps. Everything else a
+ * resumed run needs is a pure function of that position — the source's order
+ * (seed, epoch), the learning rate (step) — or lives in the checkpoint (model,
+ * optimizer state, rng), so a resumed run is bit-identical to an uninterrupted
+ * one.
+ *
+ * Checkpoint layout (tessera/ckpt.h; the keys `tessera train` always wrote):
+ *   model.<name>        the plain model's state dict (no strategy prefix)
+ *   optim.<name>        the optimizer's state
+ *   train.epoch/.batch/.step   the position       train.seed, train.batch_size, train.world_size
+ *   train.loss          the latest step's loss   train.model, train.optimizer (bytes), train.rng (bytes)
+ */
+#include "train/strategy.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define CK_EPOCH "train.epoch"
+#define CK_BATCH "train.batch"
+#define CK_STEP "train.step"
+#define CK_SEED "train.seed"
+#define CK_BATCH_SIZE "train.batch_size"
+#define CK_WORLD "train.world_size"
+#define CK_LOSS "train.loss"
+#define CK_MODEL "train.model"
+#define CK_OPTIM "train.optimizer"
+#define CK_RNG "train.rng"
+
+struct ts_trainer {
+    ts_strategy *s;
+    ts_optimizer *opt;
+    ts_batch_source *train;
+    ts_trainer_opts o;
+    char *checkpoint, *model_name, *optimizer_name; /* owned copies of o's strings */
+    ts_lr_schedule sched;
+    bool has_sched;
+    int64_t epoch, batch, step; /* where the run goes on */
+    double last_loss;
+};
+
+ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
+                         ts_trainer **out) {
+    TS_ARG(s && opt && train && o && out, "ts_trainer_new: NULL argument");
+    *out = NULL;
+    TS_ARG(o->size == sizeof *o && o->magic == TS_TRAINER_OPTS_MAGIC && o->version == TS_TRAINER_OPTS_VERSION,
+           "ts_trainer_new: options not initialised with TS_TRAINER_OPTS_INIT");
+    TS_ARG(o->epochs >= 1, "ts_trainer_new: epochs is %lld; it must be at least 1", (long long)o->epochs);
+    TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0,
+           "ts_trainer_new: max_steps, checkpoint_every and batch_size must be >= 0");
+    if (o->schedule) TS_TRY(ts_lr_schedule_check(o->schedule));
+    ts_trainer *t = ts__calloc(1, sizeof *t);
+    if (!t) return TS_ERR_NOMEM;
+    t->s = s;
+    t->opt = opt;
+    t->train = train;
+    t->o = *o;
+    t->last_loss = NAN;
+    if (o->schedule) {
+        t->sched = *o->schedule;
+        t->has_sched = true;
+    }
+    if ((o->checkpoint && !(t->checkpoint = ts__strdup(o->checkpoint))) ||
+        (o->model_name && !(t->model_name = ts__strdup(o->model_name))) ||
+        (o->optimizer_name && !(t->optimizer_name = ts__strdup(o->optimizer_name)))) {
+        ts_trainer_free(t);
+        return TS_ERR_NOMEM;
+    }
+    t->o.checkpoint = t->checkpoint;
+    t->o.model_name = t->model_name;
+    t->o.optimizer_name = t->optimizer_name;
+    t->o.schedule = NULL;
+    *out = t;
+    return TS_OK;
+}
+
+void ts_trainer_free(ts_trainer *t) {
+    if (!t) return;
+    free(t->checkpoint);
+    free(t->model_name);
+    free(t->optimizer_name);
+    free(t);
+}
+
+int64_t ts_trainer_step(const ts_trainer *t) { return t ? t->step : 0; }
+int64_t ts_trainer_epoch(const ts_trainer *t) { return t ? t->epoch : 0; }
+
+/* ---- checkpoints ---------------------------------------------------------------------------------- */
+ts_status ts_trainer_save(ts_trainer *t, const char *path) {
+    TS_ARG(t && path, "ts_trainer_save: NULL argument");
+    ts_status st = TS_OK;
+    ts_ckpt *ck = ts_ckpt_new();
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
+    if (!ck) return ts_error(TS_ERR_NOMEM, "ts_trainer_save: out of memory");
+    TS_CHECK_GOTO(ts_module_state_dict(ts_strategy_model(t->s), &sd));
+    TS_CHECK_GOTO(ts_optimizer_state(t->opt, &os));
+    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, "model.", &sd));
+    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, "optim.", &os));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_EPOCH, t->epoch));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_BATCH, t->batch));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_STEP, t->step));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_SEED, (int64_t)t->o.seed));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_WORLD, ts_strategy_world_size(t->s)));
+    TS_CHECK_GOTO(ts_ckpt_set_f64(ck, CK_LOSS, t->last_loss));
+    if (t->o.batch_size > 0) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_BATCH_SIZE, t->o.batch_size));
+    if (t->model_name) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, t->model_name, strlen(t->model_name)));
+    if (t->optimizer_name)
+        TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, t->optimizer_name, strlen(t->optimizer_name)));
+    if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, t->o.rng, sizeof *t->o.rng));
+    TS_CHECK_GOTO(ts_ckpt_save(ck, path));
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_tensor_list_clear(&os);
+    ts_ckpt_free(ck);
+    return st;
+}
+
+static void get_name(const ts_ckpt *ck, const char *key, char *buf, size_t n) {
+    const void *p;
+    size_t len;
+    buf[0] = '\0';
+    if (ts_ckpt_get_bytes(ck, key, &p, &len) == TS_OK) snprintf(buf, n, "%.*s", (int)len, (const char *)p);
+}
+
+static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpoint_info *out) {
+    static const char *const required[] = {CK_EPOCH, CK_BATCH, CK_STEP, CK_SEED};
+    int64_t *dst[] = {&out->epoch, &out->batch, &out->step, &out->seed};
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < TS_ARRAY_LEN(required); i++)
+        if (ts_ckpt_get_i64(ck, required[i], dst[i]) != TS_OK)
+            return ts_error(TS_ERR_FORMAT, "%s is not a training checkpoint (no %s)", path, required[i]);
+    if (out->epoch < 0 || out->batch < 0 || out->step < 0)
+        return ts_error(TS_ERR_FORMAT, "%s: negative position (epoch %lld, batch %lld, step %lld)", path,
+                        (long long)out->epoch, (long long)out->batch, (long long)out->step);
+    out->world_size = 1; /* absent in single-process checkpoints of old */
+    ts_ckpt_get_i64(ck, CK_WORLD, &out->world_size);
+    ts_ckpt_get_i64(ck, CK_BATCH_SIZE, &out->batch_size);
+    out->loss = NAN;
+    ts_ckpt_get_f64(ck, CK_LOSS, &out->loss);
+    get_name(ck, CK_MODEL, out->model, sizeof out->model);
+    get_name(ck, CK_OPTIM, out->optimizer, sizeof out->optimizer);
+    return TS_OK;
+}
+
+ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out) {
+    TS_ARG(path && out, "ts_train_checkpoint_read: NULL argument");
+    ts_ckpt *ck = NULL;
+    TS_TRY(ts_ckpt_load(path, &ck));
+    ts_status st = read_info(ck, path, out);
+    ts_ckpt_free(ck);
+    return st;
+}
+
+/* The checkpoint must describe this run: same model, optimizer, seed, batch size and world size. */
+static ts_status check_same_run(const ts_trainer *t, const ts_train_checkpoint_info *in, const char *path) {
+    if (t->model_name && in->model[0] && strcmp(in->model, t->model_name) != 0)
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written with model %s, this run has model %s", path, in->model,
+                        t->model_name);
+    if (t->optimizer_name && in->optimizer[0] && strcmp(in->optimizer, t->optimizer_name) != 0)
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written with optimizer %s, this run has optimizer %s", path,
+                        in->optimizer, t->optimizer_name);
+    if (t->o.batch_size > 0 && in->batch_size > 0 && in->batch_size != t->o.batch_size)
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written with batch size %lld, this run has batch size %lld", path,
+                        (long long)in->batch_size, (long long)t->o.batch_size);
+    if ((uint64_t)in->seed != t->o.seed)
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written with seed %lld, this run has seed %llu", path,
+                        (long long)in->seed, (unsigned long long)t->o.seed);
+    int world = ts_strategy_world_size(t->s);
+    if (in->world_size != world)
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written by %lld processes, this run has %d", path,
+                        (long long)in->world_size, world);
+    int64_t nb = ts_batch_source_num_batches(t->train, in->epoch);
+    if (in->batch > nb)
+        return ts_error(TS_ERR_INVALID_ARG, "%s: batch %lld of epoch %lld is past the data's %lld batches", path,
+                        (long long)in->batch, (long long)in->epoch + 1, (long long)nb);
+    return TS_OK;
+}
+
+ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
+    TS_ARG(t && path, "ts_trainer_resume: NULL argument");
+    ts_ckpt *ck = NULL;
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
+    ts_train_checkpoint_info in;
+    const void *rb = NULL;
+    size_t rn = 0;
+    ts_status st;
+    TS_CHECK_GOTO(ts_ckpt_load(path, &ck));
+    TS_CHECK_GOTO(read_info(ck, path, &in));
+    TS_CHECK_GOTO(check_same_run(t, &in, path));
+    if (t->o.rng && ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn) == TS_OK && rn != sizeof *t->o.rng) {
+        st = ts_error(TS_ERR_FORMAT, "%s: %s holds %zu bytes, not a generator state", path, CK_RNG, rn);
+        goto fail;
+    }
+    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "model.", &sd));
+    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "optim.", &os));
+    /* each load checks everything before it changes anything */
+    if ((st = ts_module_load_state_dict(ts_strategy_model(t->s), &sd, true)) != TS_OK ||
+        (st = ts_optimizer_load_state(t->opt, &os)) != TS_OK) {
+        ts__error_prefix(st, "%s", path);
+        goto fail;
+    }
+    if (t->o.rng && rb) memcpy(t->o.rng, rb, sizeof *t->o.rng);
+    TS_CHECK_GOTO(ts_batch_source_seek(t->train, in.epoch, in.batch));
+    t->epoch = in.epoch;
+    t->batch = in.batch;
+    t->step = in.step;
+    t->last_loss = in.loss;
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_tensor_list_clear(&os);
+    ts_ckpt_free(ck);
+    return st;
+}
+
+/* ---- the loop --------------------------------------------------------------------------------------- */
+typedef struct epoch_state {
+    ts_train_event ev; /* what callbacks see */
+    double t0, loss_sum;
+    int64_t steps;
+} epoch_state;
+
+static ts_status notify(ts_trainer *t, epoch_state *e, ts_train_event_kind kind) {
+    if (!t->o.callback) return TS_OK;
+    e->ev.kind = kind;
+    e->ev.mean_loss = e->steps ? e->loss_sum / (double)e->steps : NAN;
+    ts_status st = t->o.callback(&e->ev, t->o.user);
+    if (st != TS_OK && !ts_last_error()[0]) ts_error(st, "the training callback stopped the run");
+    return st;
+}
+
+static ts_status save_and_notify(ts_trainer *t, epoch_state *e) {
+    ts_status st = ts_trainer_save(t, t->checkpoint);
+    if (st != TS_OK) return ts__error_prefix(st, "saving the checkpoint");
+    e->ev.checkpoint = t->checkpoint;
+    st = notify(t, e, TS_TRAIN_CHECKPOINT);
+    e->ev.checkpoint = NULL;
+    return st;
+}
+
+/* One step of the current epoch; *done when the epoch or the run (max_steps) is over. */
+static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done, bool *stopped) {
+    if (t->o.max_steps > 0 && t->step >= t->o.max_steps) {
+        *done = *stopped = true;
+        return TS_OK;
+    }
+    ts_batch b;
+    TS_TRY(ts_batch_source_next(t->train, &b));
+    if (!b.x) {
+        *done = true;
+        return TS_OK;
+    }
+    double lr = t->has_sched ? ts_lr_schedule_at(&t->sched, t->step) : ts_optimizer_get_lr(t->opt);
+    ts_optimizer_set_lr(t->opt, (float)lr);
+    float loss = 0.0f;
+    TS_TRY(ts_train_step(t->s, t->opt, b.x, b.y, t->o.label_smoothing, &loss));
+    t->step++;
+    t->batch = b.index + 1;
+    t->last_loss = loss;
+    if (!isfinite(loss))
+        return ts_error(TS_ERR_STATE, "the loss became %f at step %lld (epoch %lld, batch %lld); lower the learning "
+                                      "rate", loss, (long long)t->step, (long long)t->epoch + 1, (long long)b.index);
+    e->steps++;
+    e->loss_sum += loss;
+    e->ev.loss = loss;
+    e->ev.lr = lr;
+    e->ev.batch = t->batch;
+    e->ev.step = t->step;
+    e->ev.epoch_images += b.size * ts_strategy_world_size(t->s); /* every rank ran a batch like this one */
+    e->ev.epoch_seconds = ts_time_now() - e->t0;
+    TS_TRY(notify(t, e, TS_TRAIN_STEP));
+    if (leader && t->checkpoint && t->o.checkpoint_every > 0 && t->step % t->o.checkpoint_every == 0)
+        TS_TRY(save_and_notify(t, e));
+    return TS_OK;
+}
+
+ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
+    TS_ARG(t, "ts_trainer_run: NULL trainer");
+    ts_train_result r = {0};
+    r.final_loss = t->last_loss;
+    r.eval.accuracy = r.eval.loss = NAN;
+    const int rank = ts_strategy_rank(t->s);
+    const bool leader = rank == 0;
+    bool stopped = false, evaluated = false;
+    ts_status st = TS_OK;
+    while (st == TS_OK && !stopped && t->epoch < t->o.epochs) {
+        epoch_state e = {.t0 = ts_time_now()};
+        e.ev.rank = rank;
+        e.ev.epoch = t->epoch;
+        e.ev.epochs = t->o.epochs;
+        e.ev.batch = t->batch;
+        e.ev.step = t->step;
+        e.ev.num_batches = ts_batch_source_num_batches(t->train, t->epoch);
+        e.ev.lr = ts_optimizer_get_lr(t->opt);
+        if ((st = ts_batch_source_seek(t->train, t->epoch, t->batch)) != TS_OK) break;
+        ts_strategy_train(t->s, true);
+        for (bool done = false; st == TS_OK && !done;) st = run_step(t, &e, leader, &done, &stopped);
+        double dt = e.ev.epoch_seconds = ts_time_now() - e.t0; /* training only: before evaluating */
+        r.train_seconds += dt;
+        r.images += e.ev.epoch_images;
+        if (st != TS_OK) break;
+        if (!stopped) { /* the epoch is complete: go on at the next one */
+            t->epoch++;
+            t->batch = 0;
+        }
+        if (leader && t->o.eval) { /* rank 0 evaluates and checkpoints; the others go on */
+            if ((st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval)) != TS_OK) break;
+            evaluated = true;
+            e.ev.eval = &r.eval;
+        }
+        if ((st = notify(t, &e, TS_TRAIN_EPOCH_END)) != TS_OK) break;
+        e.ev.eval = NULL;
+        if (leader && t->checkpoint && (st = save_and_notify(t, &e)) != TS_OK) break;
+    }
+    if (st == TS_OK && leader && t->o.eval && !evaluated) st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval);
+    r.steps = t->step;
+    r.epochs = t->epoch;
+    r.final_loss = t->last_loss;
+    r.images_per_second = r.train_seconds > 0 ? (double)r.images / r.train_seconds : 0.0;
+    if (out) *out = r;
+    return st;
+}
