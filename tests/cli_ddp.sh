@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # DDP at the command line: runs at world sizes 1, 2 and 4 with the same global batch give
-# the same parameters after 20 steps (`tessera ckpt diff --tol 1e-5`), and a rank that dies
+# the same parameters after 20 steps (`tessera ckpt diff --tol 1e-5`), as do a plain run and
+# every single-process --strategy (each is the world of one), and a rank that dies
 # mid-training makes the other rank fail fast with an error naming it, never hang.
 set -u
 TS=${1:?usage: cli_ddp.sh path/to/tessera}
@@ -24,6 +25,18 @@ for w in 2 4; do
     || bad "world $w: $(cat "$T/w$w.log")"
   out=$("$TS" ckpt diff "$T/w1.ckpt" "$T/w$w.ckpt" --tol 1e-5 2>&1); rc=$?
   if [ $rc -eq 0 ]; then ok "world $w == world 1 ($(tail -1 <<<"$out"))"; else bad "world $w differs: $out"; fi
+done
+# a plain run (no launcher) is the world of one too: `tessera train --batch-size 64` is the same run
+"$TS" train "${common[@]}" --batch-size 64 --checkpoint "$T/plain.ckpt" > "$T/plain.log" 2>&1 \
+  || bad "plain run: $(cat "$T/plain.log")"
+out=$("$TS" ckpt diff "$T/plain.ckpt" "$T/w2.ckpt" --tol 1e-5 2>&1); rc=$?
+if [ $rc -eq 0 ]; then ok "plain run == world 2 ($(tail -1 <<<"$out"))"; else bad "plain run differs from world 2: $out"; fi
+# and so is every single-process strategy over two devices
+for s in data model pipeline tile; do
+  "$TS" train "${common[@]}" --batch-size 64 --strategy $s --devices cpu:0,cpu:1 --checkpoint "$T/s_$s.ckpt" \
+    > "$T/s_$s.log" 2>&1 || bad "--strategy $s: $(cat "$T/s_$s.log")"
+  out=$("$TS" ckpt diff "$T/plain.ckpt" "$T/s_$s.ckpt" --tol 1e-5 2>&1); rc=$?
+  if [ $rc -eq 0 ]; then ok "--strategy $s == plain run ($(tail -1 <<<"$out"))"; else bad "--strategy $s differs: $out"; fi
 done
 # the check can fail: a different global batch gives different parameters
 "$TS" train "${common[@]}" --nproc 2 --batch-size 16 --checkpoint "$T/w2b.ckpt" > "$T/w2b.log" 2>&1 \

@@ -1,0 +1,576 @@
+/*
+ * tests/test_train.c — the training layer (tessera/train.h): batch sources
+ * (the world of one equals R ranks at batch B / R; seek; custom sources; the
+ * pipeline source's sample indices), strategies (each equals the plain model
+ * within 1e-5), evaluation (real rows only, labels checked), and the trainer
+ * (resume is bit-identical, checkpoints every N steps, callbacks, errors).
+ */
+#include "test_util.h"
+
+#include <sys/stat.h>
+
+#define D 16 /* sample (1, 4, 4) */
+#define C 5  /* classes */
+
+/* N samples (N, 1, 4, 4) uniform in [-1, 1), labels from a fixed rule so the problem is learnable. */
+static ts_dataset *make_dataset(int64_t n, uint64_t seed) {
+    ts_rng r;
+    ts_rng_seed(&r, seed);
+    int64_t xs[4] = {n, 1, 4, 4};
+    ts_tensor *x = tu_rand(&r, 4, xs, -1.0f, 1.0f, false), *y = NULL;
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &y));
+    const float *px = ts_tensor_data_f32(x);
+    int64_t *py = ts_tensor_data(y);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t best = 0;
+        for (int64_t k = 1; k < C; k++)
+            if (px[i * D + k] > px[i * D + best]) best = k;
+        py[i] = best;
+    }
+    ts_dataset *ds = NULL;
+    CHECK_OK(ts_dataset_from_tensors(x, y, &ds));
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+    return ds;
+}
+
+/* Flatten -> Linear(16, 12) -> ReLU -> Linear(12, C): works under every strategy. */
+static ts_module *make_model(uint64_t seed) {
+    ts_rng r;
+    ts_rng_seed(&r, seed);
+    ts_module *m = NULL, *l = NULL;
+    CHECK_OK(ts_nn_sequential_new(&m));
+    CHECK_OK(ts_nn_flatten_new(&l));
+    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
+    CHECK_OK(ts_nn_linear_new(D, 12, true, &r, &l));
+    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
+    CHECK_OK(ts_nn_relu_new(&l));
+    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
+    CHECK_OK(ts_nn_linear_new(12, C, true, &r, &l));
+    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
+    return m;
+}
+
+static ts_batch_source *dataset_source(ts_dataset *ds, int64_t batch, int rank, int world, bool shuffle) {
+    ts_dataset_source_opts o = TS_DATASET_SOURCE_OPTS_INIT;
+    o.batch_size = batch;
+    o.seed = 11;
+    o.rank = rank;
+    o.world_size = world;
+    o.shuffle = shuffle;
+    ts_batch_source *s = NULL;
+    CHECK_OK(ts_batch_source_dataset(ds, &o, &s));
+    return s;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* World 1 at batch 8 and world 2 at batch 4 per rank see the same samples in every step (the
+ * padded repeat of rank 1's last batch aside), and every row holds its sample's data. */
+static void test_dataset_source_world_of_one(void) {
+    ts_dataset *ds = make_dataset(103, 1);
+    ts_batch_source *w1 = dataset_source(ds, 8, 0, 1, true);
+    ts_batch_source *r0 = dataset_source(ds, 4, 0, 2, true), *r1 = dataset_source(ds, 4, 1, 2, true);
+    CHECK(ts_batch_source_num_batches(w1, 0) == 13 && ts_batch_source_num_batches(r0, 0) == 13);
+    CHECK(ts_batch_source_num_samples(r1) == 103);
+    int64_t shape[TS_MAX_DIMS];
+    CHECK(ts_batch_source_sample_shape(w1, shape) == 3 && shape[0] == 1 && shape[1] == 4 && shape[2] == 4);
+    ts_tensor *dx = NULL;
+    CHECK_OK(ts_dataset_tensors(ds, &dx, NULL));
+    for (int epoch = 0; epoch < 2; epoch++) {
+        CHECK_OK(ts_batch_source_set_epoch(w1, epoch));
+        CHECK_OK(ts_batch_source_set_epoch(r0, epoch));
+        CHECK_OK(ts_batch_source_set_epoch(r1, epoch));
+        int64_t seen = 0, padded = 0;
+        for (int64_t k = 0;; k++) {
+            ts_batch a, b, c;
+            CHECK_OK(ts_batch_source_next(w1, &a));
+            CHECK_OK(ts_batch_source_next(r0, &b));
+            CHECK_OK(ts_batch_source_next(r1, &c));
+            if (!a.x) {
+                CHECK(!b.x && !c.x);
+                break;
+            }
+            CHECK(a.index == k && a.epoch == epoch && b.index == k);
+            int64_t want[8], got[8], n = 0;
+            for (int64_t i = 0; i < a.real; i++) want[i] = a.samples[i];
+            for (int64_t i = 0; i < b.real; i++) got[n++] = b.samples[i];
+            for (int64_t i = 0; i < c.real; i++) got[n++] = c.samples[i];
+            padded += (b.size - b.real) + (c.size - c.real);
+            CHECK(n == a.real && a.real == a.size);
+            qsort(want, (size_t)a.real, sizeof *want, cmp_i64);
+            qsort(got, (size_t)n, sizeof *got, cmp_i64);
+            CHECK(memcmp(want, got, sizeof *got * (size_t)n) == 0);
+            const float *px = ts_tensor_data_f32(a.x), *all = ts_tensor_data_f32(dx);
+            for (int64_t i = 0; i < a.size; i++) CHECK(memcmp(px + i * D, all + a.samples[i] * D, sizeof(float) * D) == 0);
+            seen += a.real;
+        }
+        CHECK(seen == 103);
+        CHECK(padded == 1); /* 103 over 2 ranks: rank 1 repeats one sample */
+    }
+    ts_batch_source_free(w1);
+    ts_batch_source_free(r0);
+    ts_batch_source_free(r1);
+    ts_dataset_free(ds);
+}
+
+static void test_source_seek(void) {
+    ts_dataset *ds = make_dataset(50, 2);
+    ts_batch_source *s = dataset_source(ds, 8, 0, 1, true);
+    int64_t order[2][56];
+    for (int e = 0; e < 2; e++) {
+        CHECK_OK(ts_batch_source_set_epoch(s, e));
+        ts_batch b;
+        for (int k = 0; k < 7; k++) {
+            CHECK_OK(ts_batch_source_next(s, &b));
+            memcpy(order[e] + 8 * k, b.samples, sizeof(int64_t) * (size_t)b.size);
+        }
+        CHECK_OK(ts_batch_source_next(s, &b));
+        CHECK(!b.x && b.index == 7); /* the end of the epoch, and it stays there */
+        CHECK_OK(ts_batch_source_next(s, &b));
+        CHECK(!b.x && ts_batch_source_batch_index(s) == 7);
+    }
+    CHECK(memcmp(order[0], order[1], sizeof(int64_t) * 50) != 0); /* a new shuffle each epoch */
+    CHECK_OK(ts_batch_source_seek(s, 1, 5));
+    CHECK(ts_batch_source_epoch(s) == 1 && ts_batch_source_batch_index(s) == 5);
+    ts_batch b;
+    CHECK_OK(ts_batch_source_next(s, &b));
+    CHECK(b.epoch == 1 && b.index == 5 && b.size == 8 && memcmp(b.samples, order[1] + 40, sizeof(int64_t) * 8) == 0);
+    CHECK_OK(ts_batch_source_next(s, &b));
+    CHECK(b.size == 2 && memcmp(b.samples, order[1] + 48, sizeof(int64_t) * 2) == 0);
+    CHECK_STATUS(ts_batch_source_seek(s, 0, 8), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("past its 7 batches");
+    /* without shuffle: 0..N-1 in order */
+    ts_batch_source *u = dataset_source(ds, 16, 0, 1, false);
+    CHECK_OK(ts_batch_source_next(u, &b));
+    for (int64_t i = 0; i < b.size; i++) CHECK(b.samples[i] == i);
+    ts_batch_source_free(u);
+    ts_batch_source_free(s);
+    ts_dataset_free(ds);
+}
+
+/* A source of our own: batches of a constant, counted. */
+typedef struct counter_src {
+    int64_t epoch, next, nb;
+    ts_tensor *x, *y;
+    int64_t idx[2];
+    int *destroyed;
+} counter_src;
+static int64_t cs_nb(void *impl, int64_t e) { return ((counter_src *)impl)->nb + e; }
+static int64_t cs_ns(void *impl) { return 2 * ((counter_src *)impl)->nb; }
+static ts_status cs_seek(void *impl, int64_t e, int64_t b) {
+    counter_src *c = impl;
+    c->epoch = e;
+    c->next = b;
+    return TS_OK;
+}
+static ts_status cs_next(void *impl, ts_batch *out) {
+    counter_src *c = impl;
+    if (c->next >= c->nb + c->epoch) return TS_OK;
+    c->idx[0] = 2 * c->next;
+    c->idx[1] = 2 * c->next + 1;
+    c->next++;
+    out->x = c->x;
+    out->y = c->y;
+    out->size = out->real = 2;
+    out->samples = c->idx;
+    return TS_OK;
+}
+static void cs_destroy(void *impl) {
+    counter_src *c = impl;
+    (*c->destroyed)++;
+    ts_tensor_release(c->x);
+    ts_tensor_release(c->y);
+    free(c);
+}
+static const ts_batch_source_ops cs_ops = {cs_nb, cs_ns, cs_seek, cs_next, NULL, cs_destroy};
+static const ts_batch_source_ops cs_bad_ops = {cs_nb, cs_ns, NULL, cs_next, NULL, cs_destroy};
+
+static void test_custom_source(void) {
+    int destroyed = 0;
+    counter_src *c = calloc(1, sizeof *c);
+    c->nb = 3;
+    c->destroyed = &destroyed;
+    ts_batch_source *s = NULL;
+    CHECK_STATUS(ts_batch_source_new(&cs_bad_ops, c, &s), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("seek");
+    CHECK(destroyed == 1 && !s); /* the implementation is freed on failure too */
+    c = calloc(1, sizeof *c);
+    c->nb = 3;
+    c->destroyed = &destroyed;
+    int64_t xs[2] = {2, 3}, n = 2;
+    CHECK_OK(ts_tensor_zeros(ts_device_cpu(), TS_F32, 2, xs, &c->x));
+    CHECK_OK(ts_tensor_zeros(ts_device_cpu(), TS_I64, 1, &n, &c->y));
+    CHECK_OK(ts_batch_source_new(&cs_ops, c, &s));
+    int64_t shape[TS_MAX_DIMS];
+    CHECK(ts_batch_source_sample_shape(s, shape) == 0);
+    CHECK_OK(ts_batch_source_seek(s, 1, 2));
+    ts_batch b;
+    int got = 0;
+    for (;;) {
+        CHECK_OK(ts_batch_source_next(s, &b));
+        if (!b.x) break;
+        CHECK(b.epoch == 1 && b.index == 2 + got && b.samples[0] == 2 * (2 + got));
+        got++;
+    }
+    CHECK(got == 2); /* epoch 1 has 4 batches; started at 2 */
+    ts_batch_source_free(s);
+    CHECK(destroyed == 2);
+}
+
+/* The pipeline source over Fashion-MNIST's IDX files: every row's label is its sample's, and a seek
+ * lands on the batch an uninterrupted pass yields there. */
+static void test_pipeline_source(void) {
+    const char *dir = "/usr/share/datasets/fashion-mnist";
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        fprintf(stderr, "  (no %s: pipeline source not checked)\n", dir);
+        return;
+    }
+    ts_batch_source *s[2] = {NULL, NULL};
+    ts_pipeline *pp[2] = {NULL, NULL}; /* owned by the sources */
+    for (int i = 0; i < 2; i++) {
+        ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+        o.reader.idx_dir = dir;
+        o.reader.idx_split = "test";
+        o.reader.random_shuffle = true;
+        o.reader.seed = 5;
+        o.batch_size = 16;
+        o.color = TS_COLOR_GRAY;
+        o.out_width = o.out_height = 28;
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        pp[i] = p;
+        CHECK_OK(ts_batch_source_pipeline(p, &s[i]));
+    }
+    if (!s[0] || !s[1]) return;
+    CHECK(ts_batch_source_num_samples(s[0]) == 10000 && ts_batch_source_num_batches(s[0], 0) == 625);
+    int64_t shape[TS_MAX_DIMS];
+    CHECK(ts_batch_source_sample_shape(s[0], shape) == 3 && shape[0] == 1 && shape[1] == 28);
+    int64_t idx3[16];
+    ts_batch b;
+    for (int k = 0; k < 4; k++) {
+        CHECK_OK(ts_batch_source_next(s[0], &b));
+        CHECK(b.size == 16 && b.real == 16 && b.index == k);
+        const int64_t *y = ts_tensor_data(b.y);
+        int wrong = 0;
+        for (int64_t i = 0; i < b.size; i++) wrong += y[i] != ts_reader_label(ts_pipeline_reader(pp[0]), b.samples[i]);
+        CHECK(wrong == 0);
+        if (k == 3) memcpy(idx3, b.samples, sizeof idx3);
+    }
+    CHECK_OK(ts_batch_source_seek(s[1], 0, 3));
+    CHECK_OK(ts_batch_source_next(s[1], &b));
+    CHECK(b.index == 3 && memcmp(b.samples, idx3, sizeof idx3) == 0);
+    ts_batch_source_free(s[0]);
+    ts_batch_source_free(s[1]);
+}
+
+/* Three SGD steps of every strategy over two devices equal the plain model's within 1e-5. */
+static void test_strategies_equal_plain(void) {
+    ts_dataset *ds = make_dataset(64, 3);
+    ts_tensor_list ref = TS_TENSOR_LIST_INIT;
+    for (int k = TS_STRATEGY_NONE; k < TS_STRATEGY_COUNT; k++) {
+        if (k == TS_STRATEGY_DDP) continue; /* tests/test_ddp.c and tests/cli_ddp.sh */
+        ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+        so.kind = (ts_strategy_kind)k;
+        so.micro_batches = 3;
+        so.sample_ndim = 3;
+        so.sample_shape[0] = 1;
+        so.sample_shape[1] = so.sample_shape[2] = 4;
+        ts_strategy *s = NULL;
+        CHECK_OK(ts_strategy_new(make_model(9), &so, &s));
+        if (!s) continue;
+        ts_tensor_list params = TS_TENSOR_LIST_INIT;
+        ts_optimizer *opt = NULL;
+        CHECK_OK(ts_module_parameters(ts_strategy_model(s), &params));
+        CHECK_OK(ts_optimizer_by_name("sgd", &params, 0.1, 0.9, 1e-4, &opt));
+        ts_batch_source *src = dataset_source(ds, 16, 0, 1, true);
+        ts_strategy_train(s, true);
+        for (int step = 0; step < 3; step++) {
+            ts_batch b;
+            float loss = 0;
+            CHECK_OK(ts_batch_source_next(src, &b));
+            CHECK_OK(ts_train_step(s, opt, b.x, b.y, 0.0f, &loss));
+            CHECK(isfinite(loss) && loss > 0);
+        }
+        ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+        CHECK_OK(ts_module_state_dict(ts_strategy_model(s), &sd));
+        CHECK(sd.n == 4 && strcmp(sd.names[0], "1.weight") == 0); /* the plain model's keys */
+        if (k == TS_STRATEGY_NONE) {
+            for (int i = 0; i < sd.n; i++) {
+                ts_tensor *c = NULL;
+                CHECK_OK(ts_tensor_clone(sd.tensors[i], &c));
+                CHECK_OK(ts_tensor_list_append(&ref, sd.names[i], c));
+                ts_tensor_release(c);
+            }
+        } else {
+            double worst = 0;
+            for (int i = 0; i < sd.n && i < ref.n; i++) {
+                ts_tensor *h = NULL;
+                CHECK_OK(ts_to_device(sd.tensors[i], ts_device_cpu(), &h));
+                worst = fmax(worst, tu_max_abs_diff(h, ts_tensor_data_f32(ref.tensors[i])));
+                ts_tensor_release(h);
+            }
+            char desc[512];
+            ts_strategy_describe(s, desc, sizeof desc);
+            fprintf(stderr, "  %-8s vs none: max abs diff %.3g (%s)\n", ts_strategy_kind_name(so.kind), worst, desc);
+            CHECK(worst <= 1e-5);
+            ts_device *devs[4];
+            CHECK(ts_strategy_devices(s, devs, 4) == ts_cpu_device_count());
+        }
+        ts_tensor_list_clear(&sd);
+        ts_batch_source_free(src);
+        ts_optimizer_free(opt);
+        ts_tensor_list_clear(&params);
+        ts_strategy_free(s);
+    }
+    ts_tensor_list_clear(&ref);
+    ts_dataset_free(ds);
+}
+
+static void test_strategy_errors(void) {
+    ts_strategy_kind k;
+    CHECK_STATUS(ts_strategy_kind_parse("warp", &k), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("none, ddp, data, model, pipeline, tile");
+    for (int i = 0; i < TS_STRATEGY_COUNT; i++) {
+        CHECK_OK(ts_strategy_kind_parse(ts_strategy_kind_name((ts_strategy_kind)i), &k));
+        CHECK((int)k == i && ts_strategy_kind_help(k));
+    }
+    CHECK(ts_strategy_kind_name(TS_STRATEGY_COUNT) == NULL);
+    ts_strategy *s = NULL;
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    so.size = 3; /* not from the macro: refused, and the model is freed (ASan checks) */
+    CHECK_STATUS(ts_strategy_new(make_model(1), &so, &s), TS_ERR_INVALID_ARG);
+    so = TS_STRATEGY_OPTS_INIT;
+    so.kind = TS_STRATEGY_DDP; /* no process group */
+    CHECK_STATUS(ts_strategy_new(make_model(1), &so, &s), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("ddp");
+    so.kind = TS_STRATEGY_PIPELINE; /* a device without a worker */
+    ts_device *cpu = ts_device_cpu();
+    so.devices = &cpu;
+    so.num_devices = 1;
+    CHECK_STATUS(ts_strategy_new(make_model(1), &so, &s), TS_ERR_DEVICE);
+    CHECK_ERR_MENTIONS("--strategy pipeline");
+    CHECK(!s);
+}
+
+/* One-hot samples and an identity model: every prediction is right and the loss is known. */
+static void test_evaluate(void) {
+    int64_t n = 7, xs[2] = {7, C}, ys = 7;
+    ts_tensor *x = NULL, *y = NULL;
+    CHECK_OK(ts_tensor_zeros(ts_device_cpu(), TS_F32, 2, xs, &x));
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &ys, &y));
+    for (int64_t i = 0; i < n; i++) {
+        ts_tensor_data_f32(x)[i * C + i % C] = 1.0f;
+        ((int64_t *)ts_tensor_data(y))[i] = i % C;
+    }
+    ts_dataset *ds = NULL;
+    CHECK_OK(ts_dataset_from_tensors(x, y, &ds));
+    ts_module *lin = NULL;
+    CHECK_OK(ts_nn_linear_new(C, C, true, NULL, &lin));
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+    CHECK_OK(ts_module_state_dict(lin, &sd));
+    float *w = ts_tensor_data_f32(sd.tensors[0]), *b = ts_tensor_data_f32(sd.tensors[1]);
+    for (int i = 0; i < C * C; i++) w[i] = i % (C + 1) == 0 ? 1.0f : 0.0f;
+    for (int i = 0; i < C; i++) b[i] = 0.0f;
+    ts_tensor_list_clear(&sd);
+    /* rank 1 of 2 gets samples at odd positions: 3 real and 1 repeat */
+    ts_batch_source *src = dataset_source(ds, 3, 1, 2, false);
+    ts_eval_result r;
+    CHECK_OK(ts_evaluate(lin, src, &r));
+    CHECK(r.samples == 3 && r.correct == 3 && r.accuracy == 1.0);
+    CHECK_NEAR(r.loss, log(exp(1.0) + C - 1) - 1.0, 1e-6);
+    CHECK(!ts_module_is_training(lin));
+    ((int64_t *)ts_tensor_data(y))[3] = C; /* a label the model has no class for */
+    CHECK_STATUS(ts_evaluate(lin, src, &r), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("sample 3");
+    ts_batch_source_free(src);
+    ts_module_free(lin);
+    ts_dataset_free(ds);
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+}
+
+/* ---- the trainer ---------------------------------------------------------------------------------- */
+typedef struct counts {
+    int steps, epochs, checkpoints, stop_at;
+    int64_t last_step, eval_samples;
+} counts;
+
+static ts_status count_events(const ts_train_event *ev, void *user) {
+    counts *c = user;
+    if (ev->kind == TS_TRAIN_STEP) {
+        c->steps++;
+        c->last_step = ev->step;
+        if (c->stop_at && ev->step == c->stop_at) return ts_error(TS_ERR_STATE, "stopped by the test at %lld", (long long)ev->step);
+    } else if (ev->kind == TS_TRAIN_EPOCH_END) {
+        c->epochs++;
+        if (ev->eval) c->eval_samples = ev->eval->samples;
+    } else {
+        c->checkpoints++;
+    }
+    return TS_OK;
+}
+
+typedef struct run {
+    ts_strategy *s;
+    ts_optimizer *opt;
+    ts_batch_source *train, *eval;
+    ts_trainer *t;
+    ts_tensor_list params;
+    counts c;
+} run;
+
+static void run_open(run *r, ts_dataset *ds, ts_dataset *test, const char *ckpt, int64_t max_steps,
+                     int64_t every, const char *model_name) {
+    memset(r, 0, sizeof *r);
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    CHECK_OK(ts_strategy_new(make_model(4), &so, &r->s));
+    CHECK_OK(ts_module_parameters(ts_strategy_model(r->s), &r->params));
+    CHECK_OK(ts_optimizer_by_name("sgd", &r->params, 0.2, 0.9, 5e-4, &r->opt));
+    r->train = dataset_source(ds, 8, 0, 1, true);
+    r->eval = dataset_source(test, 16, 0, 1, false);
+    ts_lr_schedule sched;
+    CHECK_OK(ts_lr_schedule_by_name("cosine", 0.2, 3 * 13, 13, &sched));
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.epochs = 3;
+    to.max_steps = max_steps;
+    to.schedule = &sched;
+    to.eval = r->eval;
+    to.checkpoint = ckpt;
+    to.checkpoint_every = every;
+    to.callback = count_events;
+    to.user = &r->c;
+    to.model_name = model_name;
+    to.optimizer_name = "sgd";
+    to.seed = 11;
+    to.batch_size = 8;
+    CHECK_OK(ts_trainer_new(r->s, r->opt, r->train, &to, &r->t));
+}
+
+static void run_close(run *r) {
+    ts_trainer_free(r->t);
+    ts_optimizer_free(r->opt);
+    ts_tensor_list_clear(&r->params);
+    ts_strategy_free(r->s);
+    ts_batch_source_free(r->train);
+    ts_batch_source_free(r->eval);
+}
+
+static bool same_params(run *a, run *b) {
+    bool same = a->params.n == b->params.n;
+    for (int i = 0; same && i < a->params.n; i++)
+        same = memcmp(ts_tensor_data_f32(a->params.tensors[i]), ts_tensor_data_f32(b->params.tensors[i]),
+                      sizeof(float) * (size_t)ts_tensor_numel(a->params.tensors[i])) == 0;
+    return same;
+}
+
+static void test_trainer_resume_bit_identical(void) {
+    ts_dataset *ds = make_dataset(100, 5), *test = make_dataset(40, 6);
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s/t.ckpt", tu_tmpdir());
+    run a, b, c;
+    ts_train_result ra, rb, rc;
+    run_open(&a, ds, test, NULL, 0, 0, "tiny"); /* straight: 3 epochs of 13 steps */
+    CHECK_OK(ts_trainer_run(a.t, &ra));
+    CHECK(ra.steps == 39 && ra.epochs == 3 && a.c.steps == 39 && a.c.epochs == 3 && a.c.checkpoints == 0);
+    CHECK(ra.images == 300 && ra.eval.samples == 40 && a.c.eval_samples == 40);
+    fprintf(stderr, "  test accuracy after 3 epochs %.3f, loss %.4f\n", ra.eval.accuracy, ra.eval.loss);
+    CHECK(ra.eval.accuracy > 0.35 && ra.eval.loss < log(C)); /* better than chance (0.2, ln 5) */
+    run_open(&b, ds, test, ckpt, 17, 5, "tiny"); /* stops in epoch 2; checkpoints at 5, 10, 13 (epoch end), 15, 17 */
+    CHECK_OK(ts_trainer_run(b.t, &rb));
+    CHECK(rb.steps == 17 && rb.epochs == 1 && b.c.checkpoints == 5 && b.c.epochs == 2);
+    ts_train_checkpoint_info info;
+    CHECK_OK(ts_train_checkpoint_read(ckpt, &info));
+    CHECK(info.epoch == 1 && info.batch == 4 && info.step == 17 && info.seed == 11 && info.batch_size == 8);
+    CHECK(strcmp(info.model, "tiny") == 0 && strcmp(info.optimizer, "sgd") == 0 && info.world_size == 1);
+    run_open(&c, ds, test, NULL, 0, 0, "tiny");
+    CHECK_OK(ts_trainer_resume(c.t, ckpt));
+    CHECK(ts_trainer_step(c.t) == 17 && ts_trainer_epoch(c.t) == 1);
+    CHECK_OK(ts_trainer_run(c.t, &rc));
+    CHECK(rc.steps == 39 && c.c.steps == 22 && rc.images == 22 * 8 - 4 * 2); /* two short final batches of 4 */
+    CHECK(same_params(&a, &c));
+    CHECK(rc.final_loss == ra.final_loss);
+    CHECK(!same_params(&a, &b));
+    /* a resumed run that is already over only evaluates */
+    run d;
+    run_open(&d, ds, test, NULL, 0, 0, "tiny");
+    CHECK_OK(ts_trainer_save(a.t, ckpt));
+    CHECK_OK(ts_trainer_resume(d.t, ckpt));
+    ts_train_result rd;
+    CHECK_OK(ts_trainer_run(d.t, &rd));
+    CHECK(rd.steps == 39 && d.c.steps == 0 && rd.eval.samples == 40 && rd.eval.accuracy == ra.eval.accuracy);
+    run_close(&a);
+    run_close(&b);
+    run_close(&c);
+    run_close(&d);
+    ts_dataset_free(ds);
+    ts_dataset_free(test);
+}
+
+static void test_trainer_errors(void) {
+    ts_dataset *ds = make_dataset(100, 5), *test = make_dataset(40, 6);
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s/e.ckpt", tu_tmpdir());
+    run a, b;
+    run_open(&a, ds, test, ckpt, 3, 0, "tiny");
+    CHECK_OK(ts_trainer_run(a.t, NULL));
+    run_open(&b, ds, test, NULL, 0, 0, "other");
+    CHECK_STATUS(ts_trainer_resume(b.t, ckpt), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("written with model tiny, this run has model other");
+    CHECK(ts_trainer_step(b.t) == 0);
+    run_close(&b);
+    /* a callback's error stops the run and is returned */
+    run_open(&b, ds, test, NULL, 0, 0, "tiny");
+    b.c.stop_at = 4;
+    CHECK_STATUS(ts_trainer_run(b.t, NULL), TS_ERR_STATE);
+    CHECK_ERR_MENTIONS("stopped by the test at 4");
+    CHECK(b.c.steps == 4);
+    run_close(&b);
+    /* a loss that is not finite fails the run naming the step */
+    ts_tensor *x = NULL;
+    CHECK_OK(ts_dataset_tensors(ds, &x, NULL));
+    for (int64_t i = 0; i < ts_tensor_numel(x); i++) ts_tensor_data_f32(x)[i] = 1e30f; /* logits overflow */
+    run_open(&b, ds, test, NULL, 0, 0, "tiny");
+    CHECK_STATUS(ts_trainer_run(b.t, NULL), TS_ERR_STATE);
+    CHECK_ERR_MENTIONS("the loss became");
+    run_close(&b);
+    /* options must come from the macro */
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.epochs = 0;
+    ts_trainer *t = NULL;
+    CHECK_STATUS(ts_trainer_new(a.s, a.opt, a.train, &to, &t), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts_train_checkpoint_read("/nonexistent/x.ckpt", NULL), TS_ERR_INVALID_ARG);
+    run_close(&a);
+    ts_dataset_free(ds);
+    ts_dataset_free(test);
+}
+
+static void test_by_name(void) {
+    ts_lr_schedule s;
+    CHECK_OK(ts_lr_schedule_by_name("step", 0.5, 100, 10, &s));
+    CHECK_NEAR(ts_lr_schedule_at(&s, 10), 0.05, 1e-12);
+    CHECK_OK(ts_lr_schedule_by_name("cosine", 0.5, 100, 10, &s));
+    CHECK_NEAR(ts_lr_schedule_at(&s, 50), 0.25, 1e-12);
+    CHECK_STATUS(ts_lr_schedule_by_name("linear", 0.5, 100, 10, &s), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("'linear'");
+    ts_tensor_list params = TS_TENSOR_LIST_INIT;
+    ts_optimizer *o = NULL;
+    CHECK_STATUS(ts_optimizer_by_name("lion", &params, 0.1, 0, 0, &o), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("'lion'");
+}
+
+int main(int argc, char **argv) {
+    ts_set_num_threads(1);
+    static const tu_test tests[] = {
+        T(test_dataset_source_world_of_one), T(test_source_seek), T(test_custom_source), T(test_pipeline_source),
+        T(test_strategies_equal_plain), T(test_strategy_errors), T(test_evaluate), T(test_trainer_resume_bit_identical),
+        T(test_trainer_errors), T(test_by_name),
+    };
+    int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+    tu_rm_tmpdir();
+    return rc;
+}
