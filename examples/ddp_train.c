@@ -1,26 +1,29 @@
 /*
- * examples/ddp_train.c — data-parallel training on Fashion-MNIST, the C
- * version of PyTorch's DistributedDataParallel recipe:
+ * examples/ddp_train.c — data-parallel training on Fashion-MNIST with the
+ * library's training loop, the C version of PyTorch's DDP recipe:
  *
  *     dist.init_process_group(init_method="env://")
+ *     sampler = DistributedSampler(train_set)          # this rank's share
  *     model = DDP(make_cnn())
- *     sampler = DistributedSampler(train_set)         # this rank's share
  *     for epoch in range(epochs):
- *         sampler.set_epoch(epoch)                     # a new shuffle each epoch
- *         for x, y in DataLoader(train_set, batch_size, sampler=sampler): ...
- *     dist.destroy_process_group()
+ *         sampler.set_epoch(epoch)                      # a new shuffle each epoch
+ *         for x, y in DataLoader(train_set, batch_size, sampler=sampler): step(x, y)
+ *         if rank == 0: evaluate(); save()
  *
  * Every rank runs this program; the process group comes from the environment
  * (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so launch it with
  *     tessera run -n 2 build/example_ddp_train
- * or by hand, one shell per rank:
+ * (or torchrun-style by hand, one shell per rank:
  *     RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/example_ddp_train &
- *     RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/example_ddp_train
- * Rank 0 prints the loss of its batches and, at the end, the test accuracy.
+ *     RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build/example_ddp_train)
+ * Rank 0 prints the loss, the test accuracy after every epoch and the checkpoint.
  *
  * usage: example_ddp_train [--data DIR] [--epochs N] [--max-steps N] [--batch B] [--lr LR] [--seed S]
  *   --batch is per rank (the global batch is B * world size); --max-steps caps
- *   the steps of each epoch (0: the whole epoch).
+ *   the optimizer steps of the whole run (0: no cap).
+ *
+ * Build it against an installed Tessera:
+ *     cc ddp_train.c $(pkg-config --cflags --libs tessera) -o ddp_train
  */
 #include <tessera.h>
 
@@ -28,46 +31,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call)                                                                                    \
-    do {                                                                                               \
-        ts_status s_ = (call);                                                                         \
-        if (s_ != TS_OK) {                                                                             \
-            fprintf(stderr, "[rank %d] %s failed: %s (%s)\n", rank, #call, ts_last_error(), ts_status_name(s_)); \
-            return 1;                                                                                  \
-        }                                                                                              \
+#define CHECK(call)                                                                                     \
+    do {                                                                                                \
+        ts_status s_ = (call);                                                                          \
+        if (s_ != TS_OK) {                                                                              \
+            fprintf(stderr, "[rank %d] %s failed: %s\n", rank, #call, ts_last_error());                 \
+            if (pg) ts_pg_abort(pg, "example_ddp_train failed"); /* the others fail fast, naming us */ \
+            return 1;                                                                                   \
+        }                                                                                               \
     } while (0)
 
-/* Test accuracy in percent (eval mode, no graph). */
-static ts_status evaluate(ts_module *model, ts_dataset *test, double *acc) {
-    ts_module_train(model, false);
-    bool prev = ts_grad_set_enabled(false);
-    ts_loader_opts eo = TS_LOADER_OPTS_INIT;
-    eo.batch_size = 1000;
-    eo.shuffle = false;
-    ts_loader *eval = NULL;
-    ts_status st = ts_loader_new(test, &eo, &eval);
-    long correct = 0, total = 0;
-    while (st == TS_OK) {
-        ts_tensor *x, *y, *logits = NULL;
-        st = ts_loader_next(eval, &x, &y);
-        if (st != TS_OK || !x) break;
-        st = ts_module_forward(model, x, &logits);
-        if (st != TS_OK) break;
-        const float *p = ts_tensor_data_f32(logits);
-        const int64_t *label = ts_tensor_data(y);
-        for (int64_t i = 0; i < ts_tensor_dim(logits, 0); i++, total++) {
-            int best = 0;
-            for (int k = 1; k < 10; k++)
-                if (p[i * 10 + k] > p[i * 10 + best]) best = k;
-            correct += best == label[i];
-        }
-        ts_tensor_release(logits);
-    }
-    ts_loader_free(eval);
-    ts_grad_set_enabled(prev);
-    ts_module_train(model, true);
-    *acc = total ? 100.0 * (double)correct / (double)total : 0.0;
-    return st;
+/* Called on every rank after every step and epoch; rank 0 prints. */
+static ts_status report(const ts_train_event *ev, void *user) {
+    (void)user;
+    if (ev->rank != 0) return TS_OK;
+    if (ev->kind == TS_TRAIN_STEP && ev->step % 50 == 1)
+        printf("epoch %lld step %4lld  loss %.4f  lr %.4f\n", (long long)ev->epoch, (long long)ev->step, ev->loss,
+               ev->lr);
+    if (ev->kind == TS_TRAIN_EPOCH_END && ev->eval)
+        printf("epoch %lld: mean loss (rank 0) %.4f, test accuracy %.2f%%, %.0f images/s\n", (long long)ev->epoch,
+               ev->mean_loss, 100.0 * ev->eval->accuracy, (double)ev->epoch_images / ev->epoch_seconds);
+    if (ev->kind == TS_TRAIN_CHECKPOINT) printf("saved %s\n", ev->checkpoint);
+    fflush(stdout);
+    return TS_OK;
 }
 
 int main(int argc, char **argv) {
@@ -75,123 +61,83 @@ int main(int argc, char **argv) {
     long epochs = 2, max_steps = 0, batch = 64;
     double lr = 0.05;
     unsigned long long seed = 42;
-    int rank = -1; /* for CHECK messages until the group exists */
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
+        if (!v || (strcmp(a, "--data") && strcmp(a, "--epochs") && strcmp(a, "--max-steps") && strcmp(a, "--batch") &&
+                   strcmp(a, "--lr") && strcmp(a, "--seed"))) {
             fprintf(stderr, "usage: %s [--data DIR] [--epochs N] [--max-steps N] [--batch B] [--lr LR] [--seed S]\n",
                     argv[0]);
             return 2;
         }
         if (!strcmp(a, "--data")) dir = v;
-        else if (!strcmp(a, "--epochs")) epochs = atol(v);
-        else if (!strcmp(a, "--max-steps")) max_steps = atol(v);
-        else if (!strcmp(a, "--batch")) batch = atol(v);
-        else if (!strcmp(a, "--lr")) lr = atof(v);
-        else if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
-        else {
-            fprintf(stderr, "unknown option %s\n", a);
-            return 2;
-        }
-        i++;
+        if (!strcmp(a, "--epochs")) epochs = atol(v);
+        if (!strcmp(a, "--max-steps")) max_steps = atol(v);
+        if (!strcmp(a, "--batch")) batch = atol(v);
+        if (!strcmp(a, "--lr")) lr = atof(v);
+        if (!strcmp(a, "--seed")) seed = strtoull(v, NULL, 10);
     }
-    if (epochs < 1 || batch < 1 || max_steps < 0) {
-        fprintf(stderr, "--epochs and --batch must be >= 1, --max-steps >= 0\n");
-        return 2;
-    }
+    int rank = -1;
+    ts_process_group *pg = NULL;
 
     /* dist.init_process_group(init_method="env://") */
     ts_pg_options po = TS_PG_OPTIONS_INIT;
-    po.init_method = "env://";
-    ts_process_group *pg;
     CHECK(ts_pg_new(&po, &pg));
     rank = ts_pg_rank(pg);
-    int world = ts_pg_size(pg);
-    if (rank == 0) printf("world size %d, backend %s\n", world, ts_pg_backend_name(pg));
 
-    ts_dataset *train, *test;
-    CHECK(ts_dataset_load_mnist(dir, "train", &train));
-    CHECK(ts_dataset_load_mnist(dir, "test", &test));
+    /* this rank's share of the training set (DistributedSampler), and the test set */
+    ts_data_opts d = TS_DATA_OPTS_INIT;
+    d.path = dir;
+    d.batch_size = batch;
+    d.seed = seed;
+    d.rank = rank;
+    d.world_size = ts_pg_size(pg);
+    ts_batch_source *train, *test;
+    CHECK(ts_data_open(&d, &train, &test));
 
-    /* the same model on every rank: DDP broadcasts rank 0's weights anyway */
+    /* DDP(model): rank 0's weights go to every rank; gradients are averaged during backward */
     ts_rng rng;
     ts_rng_seed(&rng, seed);
     ts_module *model;
     CHECK(ts_model_reference_cnn(&rng, &model));
-    ts_ddp *ddp;
-    CHECK(ts_ddp_new(model, pg, NULL, &ddp));
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    so.kind = TS_STRATEGY_DDP;
+    so.pg = pg;
+    ts_strategy *ddp;
+    CHECK(ts_strategy_new(model, &so, &ddp)); /* owns the model now */
 
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
-    CHECK(ts_module_parameters(model, &params));
-    ts_sgd_config cfg = TS_SGD_CONFIG_INIT;
-    cfg.lr = (float)lr;
-    cfg.momentum = 0.9f;
-    cfg.weight_decay = 5e-4f;
     ts_optimizer *opt;
-    CHECK(ts_optim_sgd_new(&params, &cfg, &opt));
+    CHECK(ts_module_parameters(ts_strategy_model(ddp), &params));
+    CHECK(ts_optimizer_by_name("sgd", &params, lr, 0.9, 5e-4, &opt));
+    int64_t steps_per_epoch = ts_batch_source_num_batches(train, 0);
+    ts_lr_schedule cosine;
+    CHECK(ts_lr_schedule_by_name("cosine", lr, epochs * steps_per_epoch, steps_per_epoch, &cosine));
 
-    /* DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=seed) */
-    ts_dist_sampler sampler;
-    CHECK(ts_dist_sampler_init(&sampler, ts_dataset_size(train), world, rank, true, seed, false));
-    int64_t per_rank = ts_dist_sampler_len(&sampler);
-    int64_t *idx = malloc(sizeof *idx * (size_t)(per_rank ? per_rank : 1));
-    if (!idx) return 1;
+    /* the loop: epochs, learning rate per step, rank 0 evaluates and checkpoints */
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.epochs = epochs;
+    to.max_steps = max_steps;
+    to.schedule = &cosine;
+    to.eval = test;
+    to.checkpoint = "ddp_train.ckpt";
+    to.callback = report;
+    to.seed = seed;
+    to.batch_size = batch;
+    ts_trainer *trainer;
+    CHECK(ts_trainer_new(ddp, opt, train, &to, &trainer));
+    ts_train_result r;
+    CHECK(ts_trainer_run(trainer, &r));
+    if (rank == 0)
+        printf("done: %lld steps on %d ranks, test accuracy %.2f%%\n", (long long)r.steps, ts_pg_size(pg),
+               100.0 * r.eval.accuracy);
 
-    /* DataLoader(train_set, batch_size=batch, sampler=sampler): the loader walks our indices in order */
-    ts_loader_opts lo = TS_LOADER_OPTS_INIT;
-    lo.batch_size = batch;
-    lo.shuffle = false;
-    ts_loader *loader;
-    CHECK(ts_loader_new(train, &lo, &loader));
-
-    ts_module_train(model, true);
-    double t0 = ts_time_now();
-    for (long epoch = 0; epoch < epochs; epoch++) {
-        ts_dist_sampler_set_epoch(&sampler, epoch); /* a new shuffle each epoch, the same on every rank */
-        CHECK(ts_dist_sampler_indices(&sampler, idx));
-        CHECK(ts_loader_set_indices(loader, idx, per_rank, 0));
-        /* every rank has the same number of batches (the sampler pads) */
-        int64_t nbatches = ts_loader_num_batches(loader);
-        if (max_steps > 0 && nbatches > max_steps) nbatches = max_steps;
-        double loss_sum = 0;
-        for (int64_t b = 0; b < nbatches; b++) {
-            ts_tensor *x, *y, *logits, *loss; /* x, y borrowed from the loader */
-            CHECK(ts_loader_next(loader, &x, &y));
-            if (!x) break; /* (not reached: nbatches is the loader's count) */
-            CHECK(ts_ddp_forward(ddp, x, &logits));
-            CHECK(ts_cross_entropy(logits, y, 0.0f, &loss));
-            CHECK(ts_backward(loss, NULL, false)); /* gradients averaged over the ranks here */
-            CHECK(ts_ddp_sync_status(ddp));
-            CHECK(ts_optimizer_step(opt));
-            ts_optimizer_zero_grad(opt);
-            double l = ts_tensor_item(loss, 0);
-            loss_sum += l;
-            if (rank == 0 && b % 50 == 0) printf("epoch %ld step %4lld  loss %.4f\n", epoch, (long long)b, l);
-            ts_tensor_release(logits);
-            ts_tensor_release(loss);
-        }
-        if (rank == 0)
-            printf("epoch %ld: %lld steps of %ld x %d samples, mean loss (rank 0) %.4f, %.1fs\n", epoch,
-                   (long long)nbatches, batch, world, loss_sum / (double)(nbatches ? nbatches : 1),
-                   ts_time_now() - t0);
-    }
-
-    /* the replicas are identical: rank 0 evaluates */
-    if (rank == 0) {
-        double acc;
-        CHECK(evaluate(model, test, &acc));
-        printf("test accuracy %.2f%% (rank 0 of %d)\n", acc, world);
-    }
-
-    CHECK(ts_barrier(pg, NULL)); /* the others wait for rank 0's evaluation */
-    free(idx);
-    ts_loader_free(loader);
+    CHECK(ts_barrier(pg, NULL)); /* the others wait for rank 0's last evaluation */
+    ts_trainer_free(trainer);
     ts_optimizer_free(opt);
     ts_tensor_list_clear(&params);
-    ts_ddp_free(ddp);
-    ts_module_free(model);
-    ts_dataset_free(train);
-    ts_dataset_free(test);
+    ts_strategy_free(ddp);
+    ts_batch_source_free(train);
+    ts_batch_source_free(test);
     ts_pg_free(pg); /* dist.destroy_process_group() */
     return 0;
 }
