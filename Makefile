@@ -2,8 +2,9 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all deps build demo test bench sanitize clean
+.PHONY: all deps build install demo test bench sanitize clean
 
 all: build
 
@@ -15,6 +16,11 @@ $(BUILD)/CMakeCache.txt:
 
 build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Headers, libtessera.a/.so, bin/tessera, lib/pkgconfig/tessera.pc, lib/cmake/Tessera/ under
+# $(PREFIX) (DESTDIR=/staging is honoured, for packagers).
+install: build
+	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 # Train the reference CNN on Fashion-MNIST with two DDP processes (32 images per rank:
 # the global batch of 64 and the learning rate of a one-process run).

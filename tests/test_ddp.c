@@ -11,25 +11,16 @@
  * Rank threads never use CHECK (the counters are not atomic): each records
  * its first error and its results, and the main thread checks them. */
 #include "core/internal.h" /* TS_TRY, TS_CHECK_GOTO, TS_ARRAY_LEN */
-#include "test_util.h"
-
-#include <pthread.h>
+#include "rank_threads.h"
 
 #define MAX_WORLD 4
 #define STEPS 20
 #define BATCH 16 /* global batch; divisible by 1, 2 and 4 */
 
-/* ---- ranks as threads ----------------------------------------------------------------------- */
+/* ---- ranks as threads (tests/rank_threads.h) ------------------------------------------------ */
 typedef struct rank_ctx rank_ctx;
-typedef ts_status (*rank_fn)(rank_ctx *c, ts_process_group *pg);
-
 struct rank_ctx {
-    int rank, world;
-    ts_store *store;
-    rank_fn fn;
-    const void *arg; /* the test's shared, read-only configuration */
-    ts_status st;
-    char err[600];
+    TU_RANK_FIELDS(rank_ctx);
     /* results */
     float *values; /* malloc'd by the rank function */
     int64_t nvalues;
@@ -38,51 +29,7 @@ struct rank_ctx {
     ts_ddp_stats stats;
     int64_t counters[8];
 };
-
-static void *rank_main(void *v) {
-    rank_ctx *c = v;
-    ts_set_num_threads(1); /* OpenMP's thread count is per thread: set it on the rank's own thread */
-    ts_pg_options o = TS_PG_OPTIONS_INIT;
-    o.store = c->store;
-    o.rank = c->rank;
-    o.world_size = c->world;
-    o.timeout_s = 60;
-    ts_process_group *pg = NULL;
-    c->st = ts_pg_new(&o, &pg);
-    if (c->st == TS_OK) c->st = c->fn(c, pg);
-    if (c->st != TS_OK) snprintf(c->err, sizeof c->err, "%s", ts_last_error());
-    ts_pg_free(pg);
-    return NULL;
-}
-
-/* Runs fn on `world` rank threads; false (after reporting) when a rank failed. */
-static bool run_ranks(int world, rank_fn fn, const void *arg, rank_ctx *c) {
-    ts_store *store = NULL;
-    CHECK_OK(ts_store_memory_new(&store));
-    if (!store) return false;
-    pthread_t th[MAX_WORLD];
-    for (int r = 0; r < world; r++) {
-        memset(&c[r], 0, sizeof c[r]);
-        c[r].rank = r;
-        c[r].world = world;
-        c[r].store = store;
-        c[r].fn = fn;
-        c[r].arg = arg;
-        if (pthread_create(&th[r], NULL, rank_main, &c[r]) != 0) abort();
-    }
-    bool ok = true;
-    for (int r = 0; r < world; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < world; r++) {
-        tu_checks++;
-        if (c[r].st != TS_OK) {
-            tu_failures++;
-            ok = false;
-            fprintf(stderr, "rank %d of %d failed: %s: %s\n", r, world, ts_status_name(c[r].st), c[r].err);
-        }
-    }
-    ts_store_release(store);
-    return ok;
-}
+TU_RANK_THREADS(rank_ctx, run_ranks)
 
 static void free_ranks(rank_ctx *c, int world) {
     for (int r = 0; r < world; r++) {
