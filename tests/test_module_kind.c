@@ -110,7 +110,7 @@ static void test_kind_of_every_type(void) {
         TS_MODULE_FLATTEN,   TS_MODULE_LINEAR,      TS_MODULE_RELU,   TS_MODULE_LINEAR};
     CHECK(ts_module_kind(m) == TS_MODULE_SEQUENTIAL && ts_nn_sequential_len(m) == 12);
     for (int i = 0; i < 12; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "%d", i);
         CHECK(ts_module_kind(ts_module_child(m, name)) == cnn[i]);
     }
