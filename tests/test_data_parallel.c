@@ -530,7 +530,7 @@ static void test_parameter_free_and_buffer_only(void) {
 
 /* Replicas returning 0-dimensional outputs: gathered as a vector (PyTorch warns and does the same). */
 static ts_status sum_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) { return ts_sum(x, out); }
-static const ts_module_vt sum_vt = {"Sum", sum_forward, NULL};
+static const ts_module_vt sum_vt = {.name = "Sum", .forward = sum_forward}; /* kind: TS_MODULE_CUSTOM */
 
 static void test_scalar_outputs(void) {
     ts_rng r;
@@ -691,7 +691,7 @@ static ts_status meet_forward(ts_module *m, const ts_tensor *x, ts_tensor **out)
     }
     return TS_OK;
 }
-static const ts_module_vt meet_vt = {"Meet", meet_forward, NULL};
+static const ts_module_vt meet_vt = {.name = "Meet", .forward = meet_forward}; /* kind: TS_MODULE_CUSTOM */
 
 /* devs: two devices, the second one cpu:1 */
 static void meet_case(ts_device **devs) {

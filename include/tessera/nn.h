@@ -46,8 +46,45 @@ bool ts_module_is_training(const ts_module *m);
 /* Frees m, its children and its tensors (the tensors live on while other
  * references to them exist, e.g. in an optimizer). NULL is fine. */
 void ts_module_free(ts_module *m);
-/* The type name ("Linear", "Sequential", ...). Static string. */
+/* The type name ("Linear", "Sequential", ...), for printing. Static string;
+ * "" for NULL. Ask what a module is with ts_module_kind, not by its name. */
 const char *ts_module_type_name(const ts_module *m);
+
+/* What a module is: one value per module type Tessera defines (the wrappers of
+ * tessera/parallel.h and SyncBatchNorm of tessera/ddp.h included). Code that
+ * treats types differently switches on this value; the typed accessors below
+ * give each type's configuration. */
+typedef enum ts_module_kind_id {
+    TS_MODULE_CUSTOM = 0,           /* a type defined outside Tessera's list (tests, extensions) */
+    TS_MODULE_SEQUENTIAL,           /* ts_nn_sequential_new */
+    TS_MODULE_LINEAR,               /* ts_nn_linear_new */
+    TS_MODULE_CONV2D,               /* ts_nn_conv2d_new */
+    TS_MODULE_BATCHNORM2D,          /* ts_nn_batchnorm2d_new */
+    TS_MODULE_SYNC_BATCHNORM,       /* ts_nn_sync_batchnorm2d_new, ts_nn_convert_sync_batchnorm */
+    TS_MODULE_RELU,                 /* ts_nn_relu_new */
+    TS_MODULE_MAXPOOL2D,            /* ts_nn_maxpool2d_new */
+    TS_MODULE_AVGPOOL2D,            /* ts_nn_avgpool2d_new */
+    TS_MODULE_ADAPTIVE_AVGPOOL2D,   /* ts_nn_global_avgpool2d_new */
+    TS_MODULE_FLATTEN,              /* ts_nn_flatten_new */
+    TS_MODULE_DROPOUT,              /* ts_nn_dropout_new */
+    TS_MODULE_EMBEDDING,            /* ts_nn_embedding_new */
+    TS_MODULE_RESIDUAL_BLOCK,       /* ts_nn_residual_block_new (type name "BasicBlock") */
+    TS_MODULE_DATA_PARALLEL,        /* ts_nn_data_parallel_new */
+    TS_MODULE_MODEL_PARALLEL,       /* ts_nn_model_parallel_new */
+    TS_MODULE_PIPELINE_PARALLEL,    /* ts_nn_pipeline_parallel_new */
+    TS_MODULE_TILE_PARALLEL,        /* ts_nn_tile_parallel_new */
+    TS_MODULE_TO_DEVICE,            /* ts_nn_to_device_new */
+    TS_MODULE_KIND_COUNT            /* number of kinds, not a kind */
+} ts_module_kind_id;
+
+/* m's kind; TS_MODULE_CUSTOM for NULL. A replica made by ts_replicate has
+ * its source's kind; a BatchNorm2d turned into a SyncBatchNorm in place has
+ * kind TS_MODULE_SYNC_BATCHNORM from then on. */
+ts_module_kind_id ts_module_kind(const ts_module *m);
+/* The kind's name, for messages: the type name of the modules of that kind
+ * ("Conv2d", "BasicBlock", ...), "Custom" for TS_MODULE_CUSTOM, "?" for a
+ * value out of range. Static string. */
+const char *ts_module_kind_name(ts_module_kind_id kind);
 /* The descendant at a dotted path ("features.1"), or NULL. Borrowed; owned by m. */
 ts_module *ts_module_child(ts_module *m, const char *path);
 
@@ -121,6 +158,31 @@ ts_status ts_nn_embedding_new(int64_t num_embeddings, int64_t dim, ts_rng *rng, 
  * conv1, bn1, conv2, bn2[, downsample.0, downsample.1]. */
 ts_status ts_nn_residual_block_new(int64_t in_channels, int64_t out_channels, int stride, ts_rng *rng,
                                    ts_module **out);
+
+/* ---- typed configuration accessors ------------------------------------------------------------------ */
+/* Each reads the configuration a layer was built with (not its tensors) into
+ * the outputs that are not NULL; any output may be NULL. m is borrowed.
+ * Errors: TS_ERR_INVALID_ARG when m is NULL or of another kind, with a message
+ * naming the accessor, the kind it expects and m's actual type name; the
+ * outputs are then left untouched. */
+
+/* Linear: in_features, out_features, and whether it has a bias. */
+ts_status ts_linear_get_config(const ts_module *m, int64_t *in_features, int64_t *out_features, bool *bias);
+/* Conv2d: channels, kernel size (kh, kw), stride/padding/dilation/groups exactly
+ * as given to ts_nn_conv2d_new, and whether it has a bias. */
+ts_status ts_conv2d_get_config(const ts_module *m, int64_t *in_channels, int64_t *out_channels, int *kh, int *kw,
+                               ts_conv2d_params *params, bool *bias);
+/* MaxPool2d or AvgPool2d (ts_module_kind tells which): the parameters exactly
+ * as given to the constructor (stride 0 still means = kernel, dilation 0 = 1). */
+ts_status ts_pool2d_get_params(const ts_module *m, ts_pool2d_params *params);
+/* BatchNorm2d or SyncBatchNorm: the constructor's arguments (momentum < 0:
+ * PyTorch's momentum=None). A converted SyncBatchNorm keeps its BatchNorm2d's. */
+ts_status ts_batchnorm2d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
+                                    bool *affine, bool *track_running_stats);
+/* Dropout: the drop probability p. */
+ts_status ts_dropout_get_p(const ts_module *m, float *p);
+/* Embedding: the number of embeddings and their dimension. */
+ts_status ts_embedding_get_config(const ts_module *m, int64_t *num_embeddings, int64_t *dim);
 
 /* ---- model builders ------------------------------------------------------------------------------------ */
 /* The reference CNN for 1x28x28 inputs, with the names of

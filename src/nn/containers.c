@@ -17,7 +17,8 @@ static ts_status sequential_forward(ts_module *m, const ts_tensor *x, ts_tensor 
     *out = cur;
     return TS_OK;
 }
-static const ts_module_vt sequential_vt = {"Sequential", sequential_forward, NULL};
+static const ts_module_vt sequential_vt = {
+    .name = "Sequential", .kind = TS_MODULE_SEQUENTIAL, .forward = sequential_forward};
 
 ts_status ts_nn_sequential_new(ts_module **out) {
     TS_ARG(out, "ts_nn_sequential_new: NULL out");
@@ -25,9 +26,10 @@ ts_status ts_nn_sequential_new(ts_module **out) {
 }
 
 ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *child) {
-    if (!seq || seq->vt != &sequential_vt) {
+    if (ts_module_kind(seq) != TS_MODULE_SEQUENTIAL) {
         ts_module_free(child);
-        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_sequential_add: not a Sequential");
+        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_sequential_add: expected a Sequential, got %s",
+                        seq ? ts_module_type_name(seq) : "NULL");
     }
     return ts__module_add_child(seq, name, child);
 }
@@ -70,7 +72,8 @@ fail:
     ts_tensor_release(id);
     return ts__error_prefix(st, "ResidualBlock");
 }
-static const ts_module_vt residual_vt = {"BasicBlock", residual_forward, NULL};
+static const ts_module_vt residual_vt = {
+    .name = "BasicBlock", .kind = TS_MODULE_RESIDUAL_BLOCK, .forward = residual_forward};
 
 static ts_status conv_bn(ts_module *m, const char *conv_name, const char *bn_name, int64_t cin, int64_t cout, int k,
                          int stride, ts_rng *rng) {

@@ -1,18 +1,49 @@
 /*
  * nn/layers.c — the leaf layers: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d,
  * AvgPool2d, GlobalAvgPool2d, Flatten, Dropout, Embedding. Each is a thin
- * module over one op of tessera/ops.h, with PyTorch's default initialisation.
+ * module over one op of tessera/ops.h, with PyTorch's default initialisation,
+ * and keeps the arguments it was built with in its impl, read by its typed
+ * accessor (ts_conv2d_get_config, ...). Also the BatchNorm family's owner
+ * hooks: the argument checks and the in-place conversion to SyncBatchNorm.
  */
 #include "nn/module.h"
 
 #include <math.h>
 
+/* Moves *t (owned, may be NULL) into m's next parameter or buffer slot; *t is NULL afterwards. */
+static ts_status give_param(ts_module *m, const char *name, ts_tensor **t) {
+    ts_tensor *v = *t;
+    *t = NULL;
+    return ts__module_add_param(m, name, v);
+}
+static ts_status give_buffer(ts_module *m, const char *name, ts_tensor **t) {
+    ts_tensor *v = *t;
+    *t = NULL;
+    return ts__module_add_buffer(m, name, v);
+}
+
+/* TS_OK when m is of kind a or b; else TS_ERR_INVALID_ARG naming fn, what it
+ * expects (want) and m's actual type. */
+static ts_status expect_kind(const ts_module *m, const char *fn, ts_module_kind_id a, ts_module_kind_id b,
+                             const char *want) {
+    if (!m) return ts_error(TS_ERR_INVALID_ARG, "%s: NULL module", fn);
+    ts_module_kind_id k = ts_module_kind(m);
+    if (k != a && k != b)
+        return ts_error(TS_ERR_INVALID_ARG, "%s: expected %s, got a %s", fn, want, ts_module_type_name(m));
+    return TS_OK;
+}
+
 /* ---- Linear ------------------------------------------------------------------------------- */
 /* x: (N, in), weight: (out, in), bias: (out) -> (N, out) */
+typedef struct linear_impl {
+    int64_t in, out;
+    bool bias;
+} linear_impl;
+
 static ts_status linear_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     return ts_linear(x, m->params[0], m->params[1], out);
 }
-static const ts_module_vt linear_vt = {"Linear", linear_forward, NULL};
+static const ts_module_vt linear_vt = {.name = "Linear", .kind = TS_MODULE_LINEAR, .forward = linear_forward};
 
 ts_status ts_nn_linear_new(int64_t in_features, int64_t out_features, bool bias, ts_rng *rng, ts_module **out) {
     TS_ARG(out, "ts_nn_linear_new: NULL out");
@@ -22,11 +53,12 @@ ts_status ts_nn_linear_new(int64_t in_features, int64_t out_features, bool bias,
     ts_tensor *w = NULL, *b = NULL;
     double bound = 1.0 / sqrt((double)in_features);
     ts_status st;
-    TS_CHECK_GOTO(ts__module_new(&linear_vt, 0, &m));
+    TS_CHECK_GOTO(ts__module_new(&linear_vt, sizeof(linear_impl), &m));
+    *(linear_impl *)m->impl = (linear_impl){in_features, out_features, bias};
     TS_CHECK_GOTO(ts__param_uniform(2, (int64_t[]){out_features, in_features}, bound, rng, &w));
     if (bias) TS_CHECK_GOTO(ts__param_uniform(1, &out_features, bound, rng, &b));
-    ts__module_add_param(m, "weight", w);
-    ts__module_add_param(m, "bias", b);
+    TS_CHECK_GOTO(give_param(m, "weight", &w));
+    TS_CHECK_GOTO(give_param(m, "bias", &b));
     *out = m;
     return TS_OK;
 fail:
@@ -36,13 +68,29 @@ fail:
     return st;
 }
 
+ts_status ts_linear_get_config(const ts_module *m, int64_t *in_features, int64_t *out_features, bool *bias) {
+    TS_TRY(expect_kind(m, "ts_linear_get_config", TS_MODULE_LINEAR, TS_MODULE_LINEAR, "a Linear"));
+    const linear_impl *c = m->impl;
+    if (in_features) *in_features = c->in;
+    if (out_features) *out_features = c->out;
+    if (bias) *bias = c->bias;
+    return TS_OK;
+}
+
 /* ---- Conv2d -------------------------------------------------------------------------------- */
 /* x: (N, C_in, H, W), weight: (C_out, C_in/groups, kH, kW), bias: (C_out) -> (N, C_out, H_out, W_out) */
+typedef struct conv2d_impl {
+    ts_conv2d_params p;
+    int64_t in, out;
+    int kh, kw;
+    bool bias;
+} conv2d_impl;
+
 static ts_status conv2d_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
-    const ts_conv2d_params *p = m->impl;
-    return ts_conv2d(x, m->params[0], m->params[1], *p, out);
+    const conv2d_impl *c = m->impl;
+    return ts_conv2d(x, m->params[0], m->params[1], c->p, out);
 }
-static const ts_module_vt conv2d_vt = {"Conv2d", conv2d_forward, NULL};
+static const ts_module_vt conv2d_vt = {.name = "Conv2d", .kind = TS_MODULE_CONV2D, .forward = conv2d_forward};
 
 ts_status ts_nn_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, int kw, ts_conv2d_params p, bool bias,
                            ts_rng *rng, ts_module **out) {
@@ -59,12 +107,12 @@ ts_status ts_nn_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, in
     int64_t cin_g = in_channels / p.groups;
     double bound = 1.0 / sqrt((double)(cin_g * kh * kw)); /* fan_in = C_in/groups * kH * kW */
     ts_status st;
-    TS_CHECK_GOTO(ts__module_new(&conv2d_vt, sizeof(ts_conv2d_params), &m));
-    *(ts_conv2d_params *)m->impl = p;
+    TS_CHECK_GOTO(ts__module_new(&conv2d_vt, sizeof(conv2d_impl), &m));
+    *(conv2d_impl *)m->impl = (conv2d_impl){p, in_channels, out_channels, kh, kw, bias};
     TS_CHECK_GOTO(ts__param_uniform(4, (int64_t[]){out_channels, cin_g, kh, kw}, bound, rng, &w));
     if (bias) TS_CHECK_GOTO(ts__param_uniform(1, &out_channels, bound, rng, &b));
-    ts__module_add_param(m, "weight", w);
-    ts__module_add_param(m, "bias", b);
+    TS_CHECK_GOTO(give_param(m, "weight", &w));
+    TS_CHECK_GOTO(give_param(m, "bias", &b));
     *out = m;
     return TS_OK;
 fail:
@@ -74,17 +122,27 @@ fail:
     return st;
 }
 
+ts_status ts_conv2d_get_config(const ts_module *m, int64_t *in_channels, int64_t *out_channels, int *kh, int *kw,
+                               ts_conv2d_params *params, bool *bias) {
+    TS_TRY(expect_kind(m, "ts_conv2d_get_config", TS_MODULE_CONV2D, TS_MODULE_CONV2D, "a Conv2d"));
+    const conv2d_impl *c = m->impl;
+    if (in_channels) *in_channels = c->in;
+    if (out_channels) *out_channels = c->out;
+    if (kh) *kh = c->kh;
+    if (kw) *kw = c->kw;
+    if (params) *params = c->p;
+    if (bias) *bias = c->bias;
+    return TS_OK;
+}
+
 /* ---- BatchNorm2d ------------------------------------------------------------------------------ */
-typedef struct bn_impl {
-    float eps, momentum; /* momentum < 0: cumulative average (PyTorch's None) */
-    bool track;
-} bn_impl;
+/* impl: a ts__bn_config (nn/module.h), also the head of SyncBatchNorm's impl */
 
 /* x: (N, C, H, W) -> (N, C, H, W). Training with tracked stats updates running_mean/var
  * and num_batches_tracked; eval normalises with the running stats; without tracked
  * stats, batch statistics are always used (PyTorch's bn_training). */
 static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
-    const bn_impl *c = m->impl;
+    const ts__bn_config *c = m->impl;
     ts_tensor *rm = c->track ? m->buffers[0] : NULL, *rv = c->track ? m->buffers[1] : NULL;
     ts_tensor *nbt = c->track ? m->buffers[2] : NULL;
     bool update = m->training && c->track;
@@ -106,32 +164,25 @@ static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     }
     return TS_OK;
 }
-static const ts_module_vt bn_vt = {"BatchNorm2d", bn_forward, NULL};
+static const ts_module_vt bn_vt = {.name = "BatchNorm2d", .kind = TS_MODULE_BATCHNORM2D, .forward = bn_forward};
 
-bool ts__batchnorm2d_config(const ts_module *m, float *eps, float *momentum, bool *track_running_stats) {
-    if (!m || m->vt != &bn_vt) return false;
-    const bn_impl *c = m->impl;
-    *eps = c->eps;
-    *momentum = c->momentum;
-    *track_running_stats = c->track;
-    return true;
+ts_status ts__batchnorm2d_check_args(const char *fn, int64_t num_features, float eps, float momentum) {
+    TS_ARG(num_features > 0, "%s: num_features %lld must be > 0", fn, (long long)num_features);
+    TS_ARG(eps > 0, "%s: eps %g must be > 0", fn, (double)eps);
+    TS_ARG(momentum <= 1, "%s: momentum %g must be <= 1 (< 0: cumulative average)", fn, (double)momentum);
+    return TS_OK;
 }
 
 ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
                                 ts_module **out) {
     TS_ARG(out, "ts_nn_batchnorm2d_new: NULL out");
-    TS_ARG(num_features > 0, "ts_nn_batchnorm2d_new: num_features %lld must be > 0", (long long)num_features);
-    TS_ARG(eps > 0, "ts_nn_batchnorm2d_new: eps must be > 0");
-    TS_ARG(momentum <= 1, "ts_nn_batchnorm2d_new: momentum %g must be <= 1", (double)momentum);
+    TS_TRY(ts__batchnorm2d_check_args("ts_nn_batchnorm2d_new", num_features, eps, momentum));
     ts_module *m = NULL;
     ts_tensor *t[5] = {NULL, NULL, NULL, NULL, NULL}; /* weight, bias, running_mean, running_var, nbt */
     ts_device *cpu = ts_device_cpu();
     ts_status st;
-    TS_CHECK_GOTO(ts__module_new(&bn_vt, sizeof(bn_impl), &m));
-    bn_impl *c = m->impl;
-    c->eps = eps;
-    c->momentum = momentum;
-    c->track = track_running_stats;
+    TS_CHECK_GOTO(ts__module_new(&bn_vt, sizeof(ts__bn_config), &m));
+    *(ts__bn_config *)m->impl = (ts__bn_config){num_features, eps, momentum, affine, track_running_stats};
     if (affine) {
         TS_CHECK_GOTO(ts_tensor_full(cpu, 1, &num_features, 1.0f, &t[0]));
         TS_CHECK_GOTO(ts_tensor_zeros(cpu, TS_F32, 1, &num_features, &t[1]));
@@ -141,11 +192,11 @@ ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum,
         TS_CHECK_GOTO(ts_tensor_full(cpu, 1, &num_features, 1.0f, &t[3]));
         TS_CHECK_GOTO(ts_tensor_zeros(cpu, TS_I64, 0, NULL, &t[4]));
     }
-    ts__module_add_param(m, "weight", t[0]);
-    ts__module_add_param(m, "bias", t[1]);
-    ts__module_add_buffer(m, "running_mean", t[2]);
-    ts__module_add_buffer(m, "running_var", t[3]);
-    ts__module_add_buffer(m, "num_batches_tracked", t[4]);
+    TS_CHECK_GOTO(give_param(m, "weight", &t[0]));
+    TS_CHECK_GOTO(give_param(m, "bias", &t[1]));
+    TS_CHECK_GOTO(give_buffer(m, "running_mean", &t[2]));
+    TS_CHECK_GOTO(give_buffer(m, "running_var", &t[3]));
+    TS_CHECK_GOTO(give_buffer(m, "num_batches_tracked", &t[4]));
     *out = m;
     return TS_OK;
 fail:
@@ -154,9 +205,34 @@ fail:
     return st;
 }
 
+ts_status ts_batchnorm2d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
+                                    bool *affine, bool *track_running_stats) {
+    TS_TRY(expect_kind(m, "ts_batchnorm2d_get_config", TS_MODULE_BATCHNORM2D, TS_MODULE_SYNC_BATCHNORM,
+                       "a BatchNorm2d or SyncBatchNorm"));
+    const ts__bn_config *c = m->impl; /* SyncBatchNorm's impl starts with one too */
+    if (num_features) *num_features = c->num_features;
+    if (eps) *eps = c->eps;
+    if (momentum) *momentum = c->momentum;
+    if (affine) *affine = c->affine;
+    if (track_running_stats) *track_running_stats = c->track;
+    return TS_OK;
+}
+
+ts_status ts__batchnorm2d_convert(ts_module *m, const ts_module_vt *vt, void *impl) {
+    TS_TRY(expect_kind(m, "convert to SyncBatchNorm", TS_MODULE_BATCHNORM2D, TS_MODULE_BATCHNORM2D, "a BatchNorm2d"));
+    TS_ARG(vt && vt->kind == TS_MODULE_SYNC_BATCHNORM && impl,
+           "convert BatchNorm2d: the new type must be of kind SyncBatchNorm, with a configuration");
+    *(ts__bn_config *)impl = *(const ts__bn_config *)m->impl;
+    if (!m->impl_borrowed) free(m->impl); /* BatchNorm2d has no free_impl */
+    m->impl = impl;
+    m->impl_borrowed = false;
+    m->vt = vt;
+    return TS_OK;
+}
+
 /* ---- parameter-free layers --------------------------------------------------------------------- */
 static ts_status relu_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) { return ts_relu(x, out); }
-static const ts_module_vt relu_vt = {"ReLU", relu_forward, NULL};
+static const ts_module_vt relu_vt = {.name = "ReLU", .kind = TS_MODULE_RELU, .forward = relu_forward};
 
 ts_status ts_nn_relu_new(ts_module **out) {
     TS_ARG(out, "ts_nn_relu_new: NULL out");
@@ -169,8 +245,8 @@ static ts_status maxpool_forward(ts_module *m, const ts_tensor *x, ts_tensor **o
 static ts_status avgpool_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     return ts_avgpool2d(x, *(const ts_pool2d_params *)m->impl, out);
 }
-static const ts_module_vt maxpool_vt = {"MaxPool2d", maxpool_forward, NULL};
-static const ts_module_vt avgpool_vt = {"AvgPool2d", avgpool_forward, NULL};
+static const ts_module_vt maxpool_vt = {.name = "MaxPool2d", .kind = TS_MODULE_MAXPOOL2D, .forward = maxpool_forward};
+static const ts_module_vt avgpool_vt = {.name = "AvgPool2d", .kind = TS_MODULE_AVGPOOL2D, .forward = avgpool_forward};
 
 static ts_status pool_new(const ts_module_vt *vt, ts_pool2d_params p, ts_module **out) {
     TS_ARG(out, "ts_nn_%s_new: NULL out", vt->name);
@@ -182,17 +258,25 @@ static ts_status pool_new(const ts_module_vt *vt, ts_pool2d_params p, ts_module 
 ts_status ts_nn_maxpool2d_new(ts_pool2d_params p, ts_module **out) { return pool_new(&maxpool_vt, p, out); }
 ts_status ts_nn_avgpool2d_new(ts_pool2d_params p, ts_module **out) { return pool_new(&avgpool_vt, p, out); }
 
+ts_status ts_pool2d_get_params(const ts_module *m, ts_pool2d_params *params) {
+    TS_TRY(expect_kind(m, "ts_pool2d_get_params", TS_MODULE_MAXPOOL2D, TS_MODULE_AVGPOOL2D,
+                       "a MaxPool2d or AvgPool2d"));
+    if (params) *params = *(const ts_pool2d_params *)m->impl;
+    return TS_OK;
+}
+
 static ts_status gap_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     return ts_global_avgpool2d(x, out);
 }
-static const ts_module_vt gap_vt = {"AdaptiveAvgPool2d", gap_forward, NULL};
+static const ts_module_vt gap_vt = {
+    .name = "AdaptiveAvgPool2d", .kind = TS_MODULE_ADAPTIVE_AVGPOOL2D, .forward = gap_forward};
 ts_status ts_nn_global_avgpool2d_new(ts_module **out) {
     TS_ARG(out, "ts_nn_global_avgpool2d_new: NULL out");
     return ts__module_new(&gap_vt, 0, out);
 }
 
 static ts_status flatten_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) { return ts_flatten(x, 1, out); }
-static const ts_module_vt flatten_vt = {"Flatten", flatten_forward, NULL};
+static const ts_module_vt flatten_vt = {.name = "Flatten", .kind = TS_MODULE_FLATTEN, .forward = flatten_forward};
 ts_status ts_nn_flatten_new(ts_module **out) {
     TS_ARG(out, "ts_nn_flatten_new: NULL out");
     return ts__module_new(&flatten_vt, 0, out);
@@ -212,7 +296,7 @@ static ts_status dropout_forward(ts_module *m, const ts_tensor *x, ts_tensor **o
     }
     return ts_dropout(x, c->p, true, c->rng, out);
 }
-static const ts_module_vt dropout_vt = {"Dropout", dropout_forward, NULL};
+static const ts_module_vt dropout_vt = {.name = "Dropout", .kind = TS_MODULE_DROPOUT, .forward = dropout_forward};
 
 ts_status ts_nn_dropout_new(float p, ts_rng *rng, ts_module **out) {
     TS_ARG(out, "ts_nn_dropout_new: NULL out");
@@ -224,12 +308,23 @@ ts_status ts_nn_dropout_new(float p, ts_rng *rng, ts_module **out) {
     return TS_OK;
 }
 
+ts_status ts_dropout_get_p(const ts_module *m, float *p) {
+    TS_TRY(expect_kind(m, "ts_dropout_get_p", TS_MODULE_DROPOUT, TS_MODULE_DROPOUT, "a Dropout"));
+    if (p) *p = ((const dropout_impl *)m->impl)->p;
+    return TS_OK;
+}
+
 /* ---- Embedding --------------------------------------------------------------------------------------- */
+typedef struct embedding_impl {
+    int64_t num, dim;
+} embedding_impl;
+
 /* idx: any shape, TS_I64 -> idx.shape + (dim) */
 static ts_status embedding_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     return ts_embedding(x, m->params[0], out);
 }
-static const ts_module_vt embedding_vt = {"Embedding", embedding_forward, NULL};
+static const ts_module_vt embedding_vt = {
+    .name = "Embedding", .kind = TS_MODULE_EMBEDDING, .forward = embedding_forward};
 
 ts_status ts_nn_embedding_new(int64_t num_embeddings, int64_t dim, ts_rng *rng, ts_module **out) {
     TS_ARG(out, "ts_nn_embedding_new: NULL out");
@@ -238,14 +333,23 @@ ts_status ts_nn_embedding_new(int64_t num_embeddings, int64_t dim, ts_rng *rng, 
     ts_module *m = NULL;
     ts_tensor *w = NULL;
     ts_status st;
-    TS_CHECK_GOTO(ts__module_new(&embedding_vt, 0, &m));
+    TS_CHECK_GOTO(ts__module_new(&embedding_vt, sizeof(embedding_impl), &m));
+    *(embedding_impl *)m->impl = (embedding_impl){num_embeddings, dim};
     TS_CHECK_GOTO(ts_tensor_empty(ts_device_cpu(), TS_F32, 2, (int64_t[]){num_embeddings, dim}, &w));
     TS_CHECK_GOTO(ts_tensor_normal_(w, 0.0f, 1.0f, rng));
-    ts__module_add_param(m, "weight", w);
+    TS_CHECK_GOTO(give_param(m, "weight", &w));
     *out = m;
     return TS_OK;
 fail:
     ts_tensor_release(w);
     ts_module_free(m);
     return st;
+}
+
+ts_status ts_embedding_get_config(const ts_module *m, int64_t *num_embeddings, int64_t *dim) {
+    TS_TRY(expect_kind(m, "ts_embedding_get_config", TS_MODULE_EMBEDDING, TS_MODULE_EMBEDDING, "an Embedding"));
+    const embedding_impl *c = m->impl;
+    if (num_embeddings) *num_embeddings = c->num;
+    if (dim) *dim = c->dim;
+    return TS_OK;
 }

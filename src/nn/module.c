@@ -24,15 +24,37 @@ ts_status ts__module_new(const ts_module_vt *vt, size_t impl_size, ts_module **o
     return TS_OK;
 }
 
-void ts__module_add_param(ts_module *m, const char *name, ts_tensor *t) {
+ts_status ts__module_add_param(ts_module *m, const char *name, ts_tensor *t) {
+    if (m->nparams == TS_MODULE_MAX_SLOTS) {
+        ts_tensor_release(t);
+        return ts_error(TS_ERR_INVALID_ARG, "%s: parameter '%s': a module holds at most %d parameters", m->vt->name,
+                        name, TS_MODULE_MAX_SLOTS);
+    }
     if (t) ts_tensor_set_requires_grad(t, true);
     m->param_names[m->nparams] = name;
     m->params[m->nparams++] = t;
+    return TS_OK;
 }
 
-void ts__module_add_buffer(ts_module *m, const char *name, ts_tensor *t) {
+ts_status ts__module_add_buffer(ts_module *m, const char *name, ts_tensor *t) {
+    if (m->nbuffers == TS_MODULE_MAX_SLOTS) {
+        ts_tensor_release(t);
+        return ts_error(TS_ERR_INVALID_ARG, "%s: buffer '%s': a module holds at most %d buffers", m->vt->name, name,
+                        TS_MODULE_MAX_SLOTS);
+    }
     m->buffer_names[m->nbuffers] = name;
     m->buffers[m->nbuffers++] = t;
+    return TS_OK;
+}
+
+ts_status ts__module_new_replica(const ts_module *src, ts_module **out) {
+    ts_module *r = NULL;
+    TS_TRY(ts__module_new(src->vt, 0, &r));
+    r->impl = src->impl;
+    r->impl_borrowed = true;
+    r->training = src->training;
+    *out = r;
+    return TS_OK;
 }
 
 ts_status ts__module_add_child(ts_module *m, const char *name, ts_module *child) {
@@ -123,6 +145,35 @@ void ts_module_train(ts_module *m, bool training) {
 bool ts_module_is_training(const ts_module *m) { return m && m->training; }
 
 const char *ts_module_type_name(const ts_module *m) { return m ? m->vt->name : ""; }
+
+ts_module_kind_id ts_module_kind(const ts_module *m) { return m ? m->vt->kind : TS_MODULE_CUSTOM; }
+
+const char *ts_module_kind_name(ts_module_kind_id kind) {
+    /* the type names of the vtables of each kind (src/nn, src/parallel) */
+    static const char *const names[TS_MODULE_KIND_COUNT] = {
+        [TS_MODULE_CUSTOM] = "Custom",
+        [TS_MODULE_SEQUENTIAL] = "Sequential",
+        [TS_MODULE_LINEAR] = "Linear",
+        [TS_MODULE_CONV2D] = "Conv2d",
+        [TS_MODULE_BATCHNORM2D] = "BatchNorm2d",
+        [TS_MODULE_SYNC_BATCHNORM] = "SyncBatchNorm",
+        [TS_MODULE_RELU] = "ReLU",
+        [TS_MODULE_MAXPOOL2D] = "MaxPool2d",
+        [TS_MODULE_AVGPOOL2D] = "AvgPool2d",
+        [TS_MODULE_ADAPTIVE_AVGPOOL2D] = "AdaptiveAvgPool2d",
+        [TS_MODULE_FLATTEN] = "Flatten",
+        [TS_MODULE_DROPOUT] = "Dropout",
+        [TS_MODULE_EMBEDDING] = "Embedding",
+        [TS_MODULE_RESIDUAL_BLOCK] = "BasicBlock",
+        [TS_MODULE_DATA_PARALLEL] = "DataParallel",
+        [TS_MODULE_MODEL_PARALLEL] = "ModelParallel",
+        [TS_MODULE_PIPELINE_PARALLEL] = "PipelineParallel",
+        [TS_MODULE_TILE_PARALLEL] = "TileParallel",
+        [TS_MODULE_TO_DEVICE] = "ToDevice",
+    };
+    if ((int)kind < 0 || (int)kind >= TS_MODULE_KIND_COUNT || !names[kind]) return "?";
+    return names[kind];
+}
 
 ts_module *ts_module_child(ts_module *m, const char *path) {
     if (!m || !path) return NULL;

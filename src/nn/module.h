@@ -7,7 +7,8 @@
  * NULL (a Linear without bias, a BatchNorm2d without affine): such slots are
  * skipped by every enumeration, as PyTorch skips parameters registered as None.
  * Layers read their tensors through the slots on every forward, so
- * ts_module_to can replace them.
+ * ts_module_to can replace them. What a module is comes from its vtable's kind
+ * (ts_module_kind); its configuration from the typed accessors of tessera/nn.h.
  */
 #ifndef TS_NN_MODULE_H
 #define TS_NN_MODULE_H
@@ -17,13 +18,21 @@
 
 #define TS_MODULE_MAX_SLOTS 4
 
+/* A module type. Initialise with designated initialisers; kind left out is
+ * TS_MODULE_CUSTOM. Every type Tessera defines has its own kind, and code that
+ * treats types differently dispatches on ts_module_kind, never on name. */
 typedef struct ts_module_vt {
-    const char *name; /* type name, static */
+    const char *name; /* type name, static, for messages */
+    ts_module_kind_id kind;
     ts_status (*forward)(ts_module *m, const ts_tensor *x, ts_tensor **out);
     /* frees what the type keeps in m->impl besides the plain allocation (optional) */
     void (*free_impl)(ts_module *m);
 } ts_module_vt;
 
+/* impl and vt belong to the file that defines the type: other files use the
+ * type's accessors (tessera/nn.h) and the owner hooks below, never a cast of
+ * another type's impl. The slots and children are generic (every file may walk
+ * them). */
 struct ts_module {
     const ts_module_vt *vt;
     bool training;
@@ -39,24 +48,55 @@ struct ts_module {
     ts_module **children;  /* owned */
 
     void *impl; /* type-specific configuration (ts__calloc'd, freed by the core) */
-    /* impl is borrowed from the module this one replicates (src/parallel/
-     * data_parallel.c, ts_replicate): read-only configuration shared as PyTorch's
-     * replicas share their module's attributes; not freed with this module. */
+    /* impl is borrowed from the module this one replicates (ts__module_new_replica):
+     * read-only configuration shared as PyTorch's replicas share their module's
+     * attributes; not freed with this module. */
     bool impl_borrowed;
 };
 
 /* A new module of type vt with impl_size zeroed bytes of configuration; training mode. */
 ts_status ts__module_new(const ts_module_vt *vt, size_t impl_size, ts_module **out);
-/* Registers a parameter slot; takes ownership of the reference t (may be NULL) and sets requires_grad. */
-void ts__module_add_param(ts_module *m, const char *name, ts_tensor *t);
-/* Registers a buffer slot; takes ownership of the reference t (may be NULL). */
-void ts__module_add_buffer(ts_module *m, const char *name, ts_tensor *t);
+/* Registers a parameter slot; takes ownership of the reference t (may be NULL;
+ * released on failure) and sets requires_grad. TS_ERR_INVALID_ARG, naming the
+ * type and the slot, when m already has TS_MODULE_MAX_SLOTS parameters. */
+ts_status ts__module_add_param(ts_module *m, const char *name, ts_tensor *t);
+/* Registers a buffer slot; takes ownership of the reference t (may be NULL;
+ * released on failure). TS_ERR_INVALID_ARG when m already has
+ * TS_MODULE_MAX_SLOTS buffers. */
+ts_status ts__module_add_buffer(ts_module *m, const char *name, ts_tensor *t);
 /* Appends a named child; takes ownership of child (freed on failure). name NULL: the index. */
 ts_status ts__module_add_child(ts_module *m, const char *name, ts_module *child);
 
-/* BatchNorm2d's configuration (src/parallel/syncbn.c converts BatchNorm2d
- * modules in place): false, outputs untouched, when m is not a BatchNorm2d. */
-bool ts__batchnorm2d_config(const ts_module *m, float *eps, float *momentum, bool *track_running_stats);
+/* ---- owner hooks: what src/parallel does to modules of types it does not define ---------- */
+/* A replica shell of src (ts_replicate, src/parallel/data_parallel.c): a new
+ * module of src's type (same vtable, kind and type name) sharing src's
+ * configuration read-only (impl borrowed: src must outlive the replica, which
+ * never frees it), with src's training flag and no slots or children yet; the
+ * caller fills the slots (src's names, at most src's counts) and children. */
+ts_status ts__module_new_replica(const ts_module *src, ts_module **out);
+
+/* BatchNorm2d's configuration. It is a BatchNorm2d's whole impl, and the
+ * first member of the impl of every kind TS_MODULE_SYNC_BATCHNORM module
+ * (src/parallel/syncbn.c): ts_batchnorm2d_get_config reads it for both. */
+typedef struct ts__bn_config {
+    int64_t num_features;
+    float eps, momentum; /* momentum < 0: cumulative average (PyTorch's momentum=None) */
+    bool affine, track;  /* track: track_running_stats */
+} ts__bn_config;
+
+/* BatchNorm2d's argument checks, for every constructor of the BatchNorm family
+ * (ts_nn_batchnorm2d_new, ts_nn_sync_batchnorm2d_new): TS_ERR_INVALID_ARG
+ * naming fn and the bad argument. */
+ts_status ts__batchnorm2d_check_args(const char *fn, int64_t num_features, float eps, float momentum);
+
+/* Turns the BatchNorm2d m into a module of type vt (kind TS_MODULE_SYNC_BATCHNORM)
+ * in place (ts_nn_convert_sync_batchnorm): m keeps its slots, tensors, children
+ * and training flag; impl (ts__calloc'd, starting with a ts__bn_config) gets
+ * m's configuration copied into its first member and becomes m's impl (owned
+ * by m from then on; m's old configuration is freed unless borrowed).
+ * TS_ERR_INVALID_ARG, nothing changed and impl still the caller's, when m is
+ * not a BatchNorm2d (naming its type) or vt is not of kind SYNC_BATCHNORM. */
+ts_status ts__batchnorm2d_convert(ts_module *m, const ts_module_vt *vt, void *impl);
 
 /* A new CPU F32 tensor filled with U(-bound, bound). */
 ts_status ts__param_uniform(int ndim, const int64_t *shape, double bound, ts_rng *rng, ts_tensor **out);

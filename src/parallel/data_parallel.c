@@ -114,7 +114,7 @@ static ts_status rows_to(const ts_tensor *t, int64_t start, int64_t len, ts_devi
 
 /* True when m or a descendant is a Dropout in training mode (its generator is shared). */
 static bool has_training_dropout(const ts_module *m) {
-    if (m->training && strcmp(m->vt->name, "Dropout") == 0) return true;
+    if (m->training && ts_module_kind(m) == TS_MODULE_DROPOUT) return true;
     for (int i = 0; i < m->nchildren; i++)
         if (has_training_dropout(m->children[i])) return true;
     return false;
@@ -145,10 +145,7 @@ static ts_status replicate_tree(ts_module *src, ts_device *dev, rep_mode mode, t
     ts_module *r = NULL;
     ts_status st;
     *out = NULL;
-    TS_TRY(ts__module_new(src->vt, 0, &r));
-    r->impl = src->impl;
-    r->impl_borrowed = true;
-    r->training = src->training;
+    TS_TRY(ts__module_new_replica(src, &r)); /* src's type, sharing its configuration */
     for (int i = 0; i < src->nparams; i++) {
         ts_tensor *p = src->params[i], *c = NULL;
         r->param_names[i] = src->param_names[i];
@@ -640,7 +637,8 @@ static ts_status dp_module_forward(ts_module *m, const ts_tensor *x, ts_tensor *
     const dp_module *c = m->impl;
     return ts_data_parallel(m->children[0], x, c->devs, c->n, c->output_device, out);
 }
-static const ts_module_vt dp_module_vt = {"DataParallel", dp_module_forward, NULL};
+static const ts_module_vt dp_module_vt = {
+    .name = "DataParallel", .kind = TS_MODULE_DATA_PARALLEL, .forward = dp_module_forward};
 
 ts_status ts_nn_data_parallel_new(ts_module *module, ts_device *const *devs, int n, ts_device *output_device,
                                   ts_module **out) {

@@ -24,7 +24,8 @@ static ts_status to_device_forward(ts_module *m, const ts_tensor *x, ts_tensor *
     const to_device_impl *c = m->impl;
     return ts_to_device(x, c->dev, out);
 }
-static const ts_module_vt to_device_vt = {"ToDevice", to_device_forward, NULL};
+static const ts_module_vt to_device_vt = {
+    .name = "ToDevice", .kind = TS_MODULE_TO_DEVICE, .forward = to_device_forward};
 
 ts_status ts_nn_to_device_new(ts_device *dev, ts_module **out) {
     TS_ARG(dev && out, "ts_nn_to_device_new: NULL argument");
@@ -61,7 +62,7 @@ static ts_status mp_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
             st = ts_module_forward(seq->children[child], cur, &next);
             if (st != TS_OK) {
                 ts__error_prefix(st, "ModelParallel stage %d (%s): '%s' (%s)", s, c->devs[s]->name,
-                                 seq->child_names[child], seq->children[child]->vt->name);
+                                 seq->child_names[child], ts_module_type_name(seq->children[child]));
                 break;
             }
             ts_tensor_release(cur);
@@ -76,7 +77,7 @@ static ts_status mp_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     ts_tensor_release(cur);
     return st;
 }
-static const ts_module_vt mp_vt = {"ModelParallel", mp_forward, NULL};
+static const ts_module_vt mp_vt = {.name = "ModelParallel", .kind = TS_MODULE_MODEL_PARALLEL, .forward = mp_forward};
 
 /* The split of the children's parameter counts w[0..k) into n non-empty
  * contiguous stages that minimises the largest stage (ties: later boundaries). */
@@ -133,9 +134,9 @@ ts_status ts_nn_model_parallel_new(ts_module *seq, ts_device *const *devs, int n
         return ts_error(TS_ERR_INVALID_ARG, "ts_nn_model_parallel_new: NULL argument");
     }
     *out = NULL;
-    if (strcmp(seq->vt->name, "Sequential") != 0) {
+    if (ts_module_kind(seq) != TS_MODULE_SEQUENTIAL) {
         st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_model_parallel_new: the model must be a Sequential, got a %s",
-                      seq->vt->name);
+                      ts_module_type_name(seq));
         goto fail;
     }
     if (n < 1 || n > MP_MAX_STAGES) {

@@ -61,7 +61,10 @@ static void pipeline_free_impl(ts_module *m) {
 }
 
 static ts_status pipeline_forward(ts_module *m, const ts_tensor *x, ts_tensor **out);
-static const ts_module_vt pipeline_vt = {"PipelineParallel", pipeline_forward, pipeline_free_impl};
+static const ts_module_vt pipeline_vt = {.name = "PipelineParallel",
+                                         .kind = TS_MODULE_PIPELINE_PARALLEL,
+                                         .forward = pipeline_forward,
+                                         .free_impl = pipeline_free_impl};
 
 /* ---- schedules ------------------------------------------------------------------------------------ */
 /* Events are ints: i >= 0 is F i, -(i + 1) is B i. */
@@ -121,7 +124,7 @@ ts_status ts_nn_pipeline_parallel_new(ts_module *seq, ts_device *const *devs, in
         goto fail;
     }
     *out = NULL;
-    if (strcmp(ts_module_type_name(seq), "Sequential") != 0) {
+    if (ts_module_kind(seq) != TS_MODULE_SEQUENTIAL) {
         st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: the module to split must be a Sequential (got %s)",
                       ts_module_type_name(seq));
         goto fail;
@@ -328,7 +331,7 @@ static ts_status pp_forward(pp_run *r, int s, int i) {
         ts_module *layer = r->seq->children[k];
         ts_tensor *next = NULL;
         st = ts_module_forward(layer, cur, &next);
-        if (st != TS_OK) ts__error_prefix(st, "layer %s (%s)", r->seq->child_names[k], layer->vt->name);
+        if (st != TS_OK) ts__error_prefix(st, "layer %s (%s)", r->seq->child_names[k], ts_module_type_name(layer));
         ts_tensor_release(cur);
         cur = next;
     }
@@ -667,7 +670,7 @@ static ts_status time_layer(ts_module *layer, ts_tensor *a, bool req, double *co
 
 ts_status ts_pp_split_by_time(ts_module *seq, const ts_tensor *sample, int nstages, int *bounds) {
     TS_ARG(seq && sample && bounds, "ts_pp_split_by_time: NULL argument");
-    TS_ARG(strcmp(ts_module_type_name(seq), "Sequential") == 0,
+    TS_ARG(ts_module_kind(seq) == TS_MODULE_SEQUENTIAL,
            "ts_pp_split_by_time: the module must be a Sequential (got %s)", ts_module_type_name(seq));
     int n = seq->nchildren;
     TS_ARG(nstages >= 1 && nstages <= n,
@@ -722,11 +725,11 @@ ts_status ts_pp_split_by_time(ts_module *seq, const ts_tensor *sample, int nstag
         ts_tensor *next = NULL;
         st = time_layer(layer, a, k > 0, &cost[k], &next);
         if (st != TS_OK) {
-            ts__error_prefix(st, "ts_pp_split_by_time: layer %s (%s)", seq->child_names[k], layer->vt->name);
+            ts__error_prefix(st, "ts_pp_split_by_time: layer %s (%s)", seq->child_names[k], ts_module_type_name(layer));
             goto fail;
         }
         ts_log(TS_LOG_DEBUG, "pipeline split: layer %s (%s) forward + backward %.3f ms", seq->child_names[k],
-               layer->vt->name, 1e3 * cost[k]);
+               ts_module_type_name(layer), 1e3 * cost[k]);
         ts_tensor_release(a);
         a = next;
     }

@@ -3,10 +3,12 @@
  * torch.nn.SyncBatchNorm: BatchNorm2d whose training-mode batch statistics
  * are those of the union of every rank's batch.
  *
- * A SyncBatchNorm is a BatchNorm2d module whose vtable and configuration were
- * swapped (ts_nn_convert_sync_batchnorm works in place): same slots, same
- * names, same tensors. Eval mode, a NULL group or a group of one rank run
- * exactly BatchNorm2d's op (ts_batchnorm2d). Training with a larger group:
+ * A SyncBatchNorm is a BatchNorm2d module converted in place by BatchNorm2d's
+ * owner hook ts__batchnorm2d_convert (ts_nn_convert_sync_batchnorm): same
+ * slots, same names, same tensors; its impl starts with BatchNorm2d's
+ * ts__bn_config, so ts_batchnorm2d_get_config reads both kinds. Eval mode, a
+ * NULL group or a group of one rank run exactly BatchNorm2d's op
+ * (ts_batchnorm2d). Training with a larger group:
  *
  *   forward   local statistics with the device's batchnorm2d_stats kernel
  *             (momentum 1 into scratch "running" tensors gives the local mean
@@ -48,8 +50,7 @@
 #include <math.h>
 
 typedef struct syncbn_impl {
-    float eps, momentum; /* momentum < 0: cumulative average (PyTorch's None) */
-    bool track;
+    ts__bn_config bn;     /* first (nn/module.h); bn.momentum < 0: cumulative average */
     ts_process_group *pg; /* borrowed; NULL: plain BatchNorm2d */
 } syncbn_impl;
 
@@ -57,9 +58,9 @@ typedef struct syncbn_impl {
 /* The momentum of this step; *count = num_batches_tracked + 1 when the running stats update (else 0). */
 static float step_momentum(const ts_module *m, int64_t *count) {
     const syncbn_impl *c = m->impl;
-    float momentum = c->momentum;
+    float momentum = c->bn.momentum;
     *count = 0;
-    if (m->training && c->track) {
+    if (m->training && c->bn.track) {
         *count = (int64_t)ts_tensor_item(m->buffers[2], 0) + 1;
         if (momentum < 0) momentum = 1.0f / (float)*count;
     }
@@ -69,12 +70,12 @@ static float step_momentum(const ts_module *m, int64_t *count) {
 /* x: (N, C, H, W) -> (N, C, H, W), as BatchNorm2d's forward (src/nn/layers.c). */
 static ts_status local_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     const syncbn_impl *c = m->impl;
-    ts_tensor *rm = c->track ? m->buffers[0] : NULL, *rv = c->track ? m->buffers[1] : NULL;
-    bool update = m->training && c->track;
+    ts_tensor *rm = c->bn.track ? m->buffers[0] : NULL, *rv = c->bn.track ? m->buffers[1] : NULL;
+    bool update = m->training && c->bn.track;
     int64_t count;
     float momentum = step_momentum(m, &count);
-    TS_TRY(ts_batchnorm2d(x, m->params[0], m->params[1], rm, rv, m->training || !c->track, momentum < 0 ? 0 : momentum,
-                          c->eps, out));
+    TS_TRY(ts_batchnorm2d(x, m->params[0], m->params[1], rm, rv, m->training || !c->bn.track,
+                          momentum < 0 ? 0 : momentum, c->bn.eps, out));
     if (update) {
         ts_status st = ts_tensor_from_host(m->buffers[2], &count, sizeof count);
         if (st != TS_OK) {
@@ -164,7 +165,7 @@ fail:
 static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **out) {
     const syncbn_impl *c = m->impl;
     ts_tensor *weight = m->params[0], *bias = m->params[1];
-    ts_tensor *rm = c->track ? m->buffers[0] : NULL, *rv = c->track ? m->buffers[1] : NULL;
+    ts_tensor *rm = c->bn.track ? m->buffers[0] : NULL, *rv = c->bn.track ? m->buffers[1] : NULL;
     TS_TRY(ts__check_f32("sync_batchnorm2d", "input", x_in));
     TS_TRY(ts__check_ndim("sync_batchnorm2d", "input", x_in, 4));
     TS_TRY(check_vec("weight", weight, x_in, false));
@@ -197,7 +198,7 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &lmean));
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &lis));
         TS_CHECK_GOTO(ts_tensor_zeros(d, TS_F32, 1, &C, &lvar));
-        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, c->eps, 1.0f, lmean, lis, NULL, lvar));
+        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, c->bn.eps, 1.0f, lmean, lis, NULL, lvar));
         TS_CHECK_GOTO(ts_tensor_to_host(lmean, hf, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts_tensor_to_host(lvar, hf + C, sizeof(float) * (size_t)C));
         double *s = ts_tensor_data(send);
@@ -237,13 +238,13 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
     float *hmean = hf + 2 * C, *his = hf + 3 * C;
     for (int64_t k = 0; k < C; k++) {
         hmean[k] = (float)gmean[k];
-        his[k] = (float)(1.0 / sqrt(gm2[k] / n + (double)c->eps));
+        his[k] = (float)(1.0 / sqrt(gm2[k] / n + (double)c->bn.eps));
     }
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mean));
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &invstd));
     TS_CHECK_GOTO(ts_tensor_from_host(mean, hmean, sizeof(float) * (size_t)C));
     TS_CHECK_GOTO(ts_tensor_from_host(invstd, his, sizeof(float) * (size_t)C));
-    if (c->track) { /* r = (1 - momentum) r + momentum * stat, unbiased variance (PyTorch's rule) */
+    if (c->bn.track) { /* r = (1 - momentum) r + momentum * stat, unbiased variance (PyTorch's rule) */
         float *hrm = hf, *hrv = hf + C;
         TS_CHECK_GOTO(ts_tensor_to_host(rm, hrm, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts_tensor_to_host(rv, hrv, sizeof(float) * (size_t)C));
@@ -297,44 +298,49 @@ static ts_status syncbn_forward(ts_module *m, const ts_tensor *x, ts_tensor **ou
     return sync_forward(m, x, out);
 }
 
-static const ts_module_vt syncbn_vt = {"SyncBatchNorm", syncbn_forward, NULL};
+static const ts_module_vt syncbn_vt = {
+    .name = "SyncBatchNorm", .kind = TS_MODULE_SYNC_BATCHNORM, .forward = syncbn_forward};
 
 /* ---- conversion ----------------------------------------------------------------------------- */
 typedef struct bn_list {
     ts_module **v;
-    syncbn_impl **impl;
+    syncbn_impl **blocks; /* a new configuration block per module */
     int n, cap;
 } bn_list;
 
-/* Appends every BatchNorm2d and SyncBatchNorm under m (m included), depth first. */
+/* Appends every BatchNorm2d and SyncBatchNorm under m (m included), depth first,
+ * each with a new configuration block (filled when it is swapped in). */
 static ts_status collect(ts_module *m, bn_list *l) {
-    float eps, momentum;
-    bool track;
-    bool is_bn = ts__batchnorm2d_config(m, &eps, &momentum, &track);
-    if (is_bn || m->vt == &syncbn_vt) {
+    ts_module_kind_id kind = ts_module_kind(m);
+    if (kind == TS_MODULE_BATCHNORM2D || kind == TS_MODULE_SYNC_BATCHNORM) {
         if (l->n == l->cap) {
             int cap = l->cap ? 2 * l->cap : 8;
             ts_module **v = realloc(l->v, sizeof *v * (size_t)cap);
             if (!v) return ts_error(TS_ERR_NOMEM, "ts_nn_convert_sync_batchnorm: out of memory");
             l->v = v;
-            syncbn_impl **im = realloc(l->impl, sizeof *im * (size_t)cap);
+            syncbn_impl **im = realloc(l->blocks, sizeof *im * (size_t)cap);
             if (!im) return ts_error(TS_ERR_NOMEM, "ts_nn_convert_sync_batchnorm: out of memory");
-            l->impl = im;
+            l->blocks = im;
             l->cap = cap;
         }
         syncbn_impl *c = ts__calloc(1, sizeof *c);
         if (!c) return ts_error(TS_ERR_NOMEM, "ts_nn_convert_sync_batchnorm: out of memory");
-        if (is_bn) {
-            c->eps = eps;
-            c->momentum = momentum;
-            c->track = track;
-        } else {
-            *c = *(const syncbn_impl *)m->impl;
-        }
         l->v[l->n] = m;
-        l->impl[l->n++] = c;
+        l->blocks[l->n++] = c;
     }
     for (int i = 0; i < m->nchildren; i++) TS_TRY(collect(m->children[i], l));
+    return TS_OK;
+}
+
+/* Gives m (a BatchNorm2d or SyncBatchNorm) the configuration block c bound to pg; c is m's from then on. */
+static ts_status swap_in(ts_module *m, syncbn_impl *c, ts_process_group *pg) {
+    c->pg = pg;
+    if (ts_module_kind(m) == TS_MODULE_BATCHNORM2D) return ts__batchnorm2d_convert(m, &syncbn_vt, c);
+    /* a SyncBatchNorm (this file's type): rebind a copy (the old block may be a replica's borrowed one) */
+    c->bn = ((const syncbn_impl *)m->impl)->bn;
+    if (!m->impl_borrowed) free(m->impl);
+    m->impl = c;
+    m->impl_borrowed = false;
     return TS_OK;
 }
 
@@ -343,24 +349,20 @@ ts_status ts_nn_convert_sync_batchnorm(ts_module *root, ts_process_group *pg) {
     bn_list l = {0};
     ts_status st = collect(root, &l);
     for (int i = 0; i < l.n; i++) {
-        if (st == TS_OK) { /* all or nothing: swap only once everything is allocated */
-            ts_module *m = l.v[i];
-            l.impl[i]->pg = pg;
-            free(m->impl);
-            m->impl = l.impl[i];
-            m->vt = &syncbn_vt;
-        } else {
-            free(l.impl[i]);
-        }
+        /* all or nothing: swap only once everything is allocated (a swap cannot fail then:
+         * collect took only modules of the two kinds) */
+        if (st == TS_OK) st = swap_in(l.v[i], l.blocks[i], pg);
+        if (st != TS_OK) free(l.blocks[i]);
     }
     free(l.v);
-    free(l.impl);
+    free(l.blocks);
     return st;
 }
 
 ts_status ts_nn_sync_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine,
                                      bool track_running_stats, ts_process_group *pg, ts_module **out) {
     TS_ARG(out, "ts_nn_sync_batchnorm2d_new: NULL out");
+    TS_TRY(ts__batchnorm2d_check_args("ts_nn_sync_batchnorm2d_new", num_features, eps, momentum));
     ts_module *m = NULL;
     ts_status st = ts_nn_batchnorm2d_new(num_features, eps, momentum, affine, track_running_stats, &m);
     if (st != TS_OK) return ts__error_prefix(st, "ts_nn_sync_batchnorm2d_new");

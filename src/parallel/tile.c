@@ -71,9 +71,9 @@
  * Every task runs in the caller's grad mode. Backward runs on the caller's
  * thread (the engine walks one graph).
  *
- * Layer configuration comes from the layers' own slots: Conv2d keeps a
- * ts_conv2d_params and MaxPool2d/AvgPool2d a ts_pool2d_params as their impl
- * (src/nn/layers.c); BatchNorm2d through ts__batchnorm2d_config.
+ * The plan dispatches on ts_module_kind and reads each layer's configuration
+ * through its typed accessor (ts_conv2d_get_config, ts_pool2d_get_params,
+ * ts_batchnorm2d_get_config); parameters through the generic slots.
  */
 #include "autograd/autograd.h"
 #include "core/internal.h"
@@ -151,18 +151,19 @@ static ts_status plan_push_head(plan *pl, ts_module *m, const char *name) {
 static ts_status plan_walk(ts_module *m, const char *prefix, plan *pl) {
     for (int i = 0; i < m->nchildren; i++) {
         ts_module *ch = m->children[i];
-        const char *type = ch->vt->name;
+        const ts_module_kind_id kind = ts_module_kind(ch);
+        const char *type = ts_module_type_name(ch);
         char path[64];
         snprintf(path, sizeof path, "%s%s%s", prefix, prefix[0] ? "." : "", m->child_names[i]);
         if (pl->in_head) {
             TS_TRY(plan_push_head(pl, ch, path));
             continue;
         }
-        if (strcmp(type, "Sequential") == 0) {
+        if (kind == TS_MODULE_SEQUENTIAL) {
             TS_TRY(plan_walk(ch, path, pl));
             continue;
         }
-        if (strcmp(type, "Flatten") == 0 || strcmp(type, "AdaptiveAvgPool2d") == 0) {
+        if (kind == TS_MODULE_FLATTEN || kind == TS_MODULE_ADAPTIVE_AVGPOOL2D) {
             pl->in_head = true;
             TS_TRY(plan_push_head(pl, ch, path));
             continue;
@@ -171,17 +172,19 @@ static ts_status plan_walk(ts_module *m, const char *prefix, plan *pl) {
         memset(&l, 0, sizeof l);
         l.m = ch;
         snprintf(l.name, sizeof l.name, "%s", path);
-        if (strcmp(type, "Conv2d") == 0) {
+        switch (kind) {
+        case TS_MODULE_CONV2D:
             l.kind = TL_CONV;
-            l.conv = *(const ts_conv2d_params *)ch->impl;
-            l.k = (int)ch->params[0]->shape[2];
+            TS_TRY(ts_conv2d_get_config(ch, NULL, NULL, &l.k, NULL, &l.conv, NULL));
             l.s = l.conv.stride[0];
             l.p = l.conv.padding[0];
             l.d = l.conv.dilation[0];
-        } else if (strcmp(type, "MaxPool2d") == 0 || strcmp(type, "AvgPool2d") == 0) {
-            bool is_max = type[0] == 'M';
+            break;
+        case TS_MODULE_MAXPOOL2D:
+        case TS_MODULE_AVGPOOL2D: {
+            bool is_max = kind == TS_MODULE_MAXPOOL2D;
             l.kind = is_max ? TL_MAXPOOL : TL_AVGPOOL;
-            l.pool = *(const ts_pool2d_params *)ch->impl;
+            TS_TRY(ts_pool2d_get_params(ch, &l.pool));
             for (int j = 0; j < 2; j++) {
                 if (l.pool.stride[j] == 0) l.pool.stride[j] = l.pool.kernel[j];
                 if (l.pool.dilation[j] == 0) l.pool.dilation[j] = 1;
@@ -198,13 +201,16 @@ static ts_status plan_walk(ts_module *m, const char *prefix, plan *pl) {
             if (l.k < 1 || l.s < 1 || l.p < 0 || l.d < 1)
                 return ts_error(TS_ERR_INVALID_ARG, "ts_nn_tile_parallel_new: layer '%s' (%s) has a bad geometry", path,
                                 type);
-        } else if (strcmp(type, "BatchNorm2d") == 0) {
+            break;
+        }
+        case TS_MODULE_BATCHNORM2D:
             l.kind = TL_BN;
-            if (!ts__batchnorm2d_config(ch, &l.eps, &l.momentum, &l.track))
-                return ts_error(TS_ERR_INTERNAL, "ts_nn_tile_parallel_new: layer '%s' is not a BatchNorm2d", path);
-        } else if (strcmp(type, "ReLU") == 0) {
+            TS_TRY(ts_batchnorm2d_get_config(ch, NULL, &l.eps, &l.momentum, NULL, &l.track));
+            break;
+        case TS_MODULE_RELU:
             l.kind = TL_RELU;
-        } else {
+            break;
+        default:
             return ts_error(TS_ERR_UNSUPPORTED,
                             "ts_nn_tile_parallel_new: layer '%s' (%s) cannot be tiled: the tiled stack may hold "
                             "Conv2d, MaxPool2d, AvgPool2d, BatchNorm2d and ReLU; it ends at the first Flatten or "
@@ -763,7 +769,7 @@ static ts_status tile_forward(ts_module *m, const ts_tensor *x, ts_tensor **out)
         release_all(f.w, n);
         release_all(f.bias, n);
         if (st != TS_OK) {
-            ts__error_prefix(st, "TileParallel: layer '%s' (%s)", f.L->name, f.L->m->vt->name);
+            ts__error_prefix(st, "TileParallel: layer '%s' (%s)", f.L->name, ts_module_type_name(f.L->m));
             goto fail;
         }
         for (int t = 0; t < n; t++) {
@@ -792,7 +798,8 @@ static ts_status tile_forward(ts_module *m, const ts_tensor *x, ts_tensor **out)
         ts_tensor *z = NULL;
         st = ts_module_forward(c->head[i], y, &z);
         if (st != TS_OK) {
-            ts__error_prefix(st, "TileParallel: head layer '%s' (%s)", c->head_names[i], c->head[i]->vt->name);
+            ts__error_prefix(st, "TileParallel: head layer '%s' (%s)", c->head_names[i],
+                             ts_module_type_name(c->head[i]));
             goto fail;
         }
         ts_tensor_release(y);
@@ -818,7 +825,8 @@ static void tile_free_impl(ts_module *m) {
     free(c->head_names);
 }
 
-static const ts_module_vt tile_vt = {"TileParallel", tile_forward, tile_free_impl};
+static const ts_module_vt tile_vt = {
+    .name = "TileParallel", .kind = TS_MODULE_TILE_PARALLEL, .forward = tile_forward, .free_impl = tile_free_impl};
 
 ts_status ts_nn_tile_parallel_new(ts_module *seq, ts_device *const *devs, int n, ts_device *output_device,
                                   ts_module **out) {
@@ -838,11 +846,11 @@ ts_status ts_nn_tile_parallel_new(ts_module *seq, ts_device *const *devs, int n,
             goto fail;
         }
     if (!output_device) output_device = devs[0];
-    if (strcmp(seq->vt->name, "Sequential") != 0) {
+    if (ts_module_kind(seq) != TS_MODULE_SEQUENTIAL) {
         st = ts_error(TS_ERR_UNSUPPORTED,
                       "ts_nn_tile_parallel_new: expected a Sequential (convolutional layers, then an optional head "
                       "from Flatten on), got a %s",
-                      seq->vt->name);
+                      ts_module_type_name(seq));
         goto fail;
     }
     TS_CHECK_GOTO(plan_walk(seq, "", &pl));
