@@ -2,7 +2,7 @@
 # tests/cli_install.sh — the installed library, as a C user sees it: `cmake --install` of this
 # build into a temporary prefix gives the headers (each compiles alone with -std=c11 -pedantic-errors),
 # libtessera.a, libtessera.so with its soname link, bin/tessera, tessera.pc and the CMake package;
-# examples/ddp_train.c, built out of the tree against that prefix three ways —
+# examples/ddp_train.c (and the README's DDP program), built out of the tree against that prefix three ways —
 #   pkg-config --cflags --libs tessera             (shared library, run through an rpath)
 #   pkg-config --static --libs tessera             (libtessera.a; no libtessera.so needed at run time)
 #   find_package(Tessera): Tessera::tessera and Tessera::tessera_static
@@ -117,6 +117,24 @@ if command -v ldd >/dev/null && [ -x "$T/ddp_pc_shared" ]; then
   where=$(env -u LD_LIBRARY_PATH ldd "$T/ddp_pc_shared" | grep 'libtessera\.so')
   case "$where" in *"=> $libdir/"*) ok "ddp_pc_shared loads $libdir's libtessera (rpath)" ;;
                    *) bad "ddp_pc_shared resolves libtessera to: $where" ;; esac
+fi
+
+# ---- the README's complete DDP program (the ```c block after <!-- readme-ddp-program -->) ---------------
+awk '/<!-- readme-ddp-program -->/{f=1; next} f && /^```c$/{g=1; next} g && /^```$/{exit} g' "$SRC/README.md" > "$T/readme_ddp.c"
+if [ -s "$T/readme_ddp.c" ]; then
+  build readme_ddp "$CC" -std=c11 -Wall -Wextra -Werror -O2 "$T/readme_ddp.c" -o "$T/readme_ddp" \
+    $(pkg-config --cflags --libs tessera) -Wl,-rpath,"$libdir"
+  if [ -x "$T/readme_ddp" ]; then
+    out=$(cd "$T" && env -u LD_LIBRARY_PATH OMP_NUM_THREADS=1 TS_DIST_TIMEOUT=60 "$P/bin/tessera" run -n 2 ./readme_ddp 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q '^\[rank 0\] epoch 1: loss [0-9.]*, test accuracy [0-9]' <<<"$out"; then
+      ok "the README's program trained on 2 ranks: $(grep '^\[rank 0\] epoch 1' <<<"$out")"
+    else
+      bad "the README's program (exit $rc): $out"
+    fi
+  fi
+else
+  bad "no C block after <!-- readme-ddp-program --> in README.md"
 fi
 
 # ---- train: 2 ranks, 3 steps, under the installed launcher ----------------------------------------------
