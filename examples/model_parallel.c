@@ -16,11 +16,16 @@
  *    follows the copy, so the embedding's gradient comes back to the CPU.
  *
  * 2. Seed 002's "model parallelism in depth": the reference CNN's convolution
- *    blocks on cpu:0 and its classifier on cpu:1 (ModelParallel with explicit
- *    stage bounds), trained for a few steps on random images; the state dict
- *    keeps the plain model's names under "module.".
+ *    blocks on cpu:0 and its classifier on cpu:1 — the training strategy
+ *    TS_STRATEGY_MODEL (ModelParallel) with explicit stage bounds — trained on
+ *    Fashion-MNIST (--data DIR; skipped when absent) with the library's step
+ *    (ts_train_step) for N steps and evaluated on the test set (ts_evaluate).
+ *    The optimizer updates the plain CNN's parameters, each on its device;
+ *    they and the state dict keep the plain names ("0.weight"), so a
+ *    checkpoint does not depend on the strategy.
  *
- * usage: example_model_parallel [--steps N]
+ * usage: example_model_parallel [--steps N] [--data DIR]
+ *   part 1 runs 3N steps, part 2 N
  */
 #include <tessera.h>
 
@@ -53,11 +58,8 @@ static void part1_embedding_on_cpu(ts_device *gpu, int steps) {
     CHECK(ts_nn_sequential_add(model, "rnn", rnn));
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
     CHECK(ts_module_parameters(model, &params));
-    ts_sgd_config c = TS_SGD_CONFIG_INIT;
-    c.lr = 5.0f; /* MSE averages over 640 values: the gradients are small */
-    c.momentum = 0.9f;
-    ts_optimizer *opt = NULL;
-    CHECK(ts_optim_sgd_new(&params, &c, &opt)); /* updates each parameter on its own device */
+    ts_optimizer *opt = NULL; /* lr 5: MSE averages over 640 values, the gradients are small */
+    CHECK(ts_optimizer_by_name("sgd", &params, 5.0, 0.9, 0.0, &opt)); /* each parameter updated on its device */
     /* learn to map token t (of the first 100) to the one-hot vector of t mod 10 */
     int64_t n = 64;
     for (int step = 0; step < steps; step++) {
@@ -89,56 +91,64 @@ static void part1_embedding_on_cpu(ts_device *gpu, int steps) {
     ts_module_free(model);
 }
 
-static void part2_cnn_in_depth(ts_device **devs, int steps) {
+static void part2_cnn_in_depth(ts_device **devs, int steps, const char *dir) {
+    printf("2. the reference CNN in depth on Fashion-MNIST with the MODEL strategy, %d steps\n", steps);
+    ts_data_opts d = TS_DATA_OPTS_INIT; /* batches of 64, shuffled */
+    d.path = dir;
+    ts_batch_source *train = NULL, *test = NULL;
+    if (ts_data_open(&d, &train, &test) != TS_OK) {
+        printf("   skipped: %s\n", ts_last_error());
+        return;
+    }
     ts_rng r;
     ts_rng_seed(&r, 2);
-    ts_module *cnn = NULL, *mp = NULL;
+    ts_module *cnn = NULL;
     CHECK(ts_model_reference_cnn(&r, &cnn));
-    const int bounds[2] = {8, 12}; /* children 0-7 (conv-BN-ReLU-pool x2) | 8-11 (flatten, linear, ReLU, linear) */
-    CHECK(ts_nn_model_parallel_new(cnn, devs, 2, bounds, ts_device_cpu(), &mp));
-    printf("2. reference CNN: layers 0-7 on %s, layers 8-11 on %s, logits back on cpu\n", ts_device_name(devs[0]),
-           ts_device_name(devs[1]));
-    ts_tensor_list params = TS_TENSOR_LIST_INIT;
-    CHECK(ts_module_parameters(mp, &params));
-    printf("   %s on %s ... %s on %s\n", params.names[0], ts_device_name(ts_tensor_device(params.tensors[0])),
-           params.names[params.n - 1], ts_device_name(ts_tensor_device(params.tensors[params.n - 1])));
-    ts_sgd_config c = TS_SGD_CONFIG_INIT;
-    c.lr = 0.02f;
-    c.momentum = 0.9f;
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    so.kind = TS_STRATEGY_MODEL;
+    so.devices = devs;
+    so.num_devices = 2;
+    so.bounds = (const int[]){8, 12}; /* children 0-7 (conv-BN-ReLU-pool x2) | 8-11 (flatten, linear, ReLU, linear) */
+    ts_strategy *s = NULL;
+    CHECK(ts_strategy_new(cnn, &so, &s)); /* owns the CNN; logits come back to the CPU */
+    char desc[256];
+    ts_strategy_describe(s, desc, sizeof desc);
+    ts_tensor_list params = TS_TENSOR_LIST_INIT; /* the plain CNN's: plain names, as its state dict */
+    CHECK(ts_module_parameters(ts_strategy_model(s), &params));
+    printf("   %s\n   %s on %s ... %s on %s\n", desc, params.names[0],
+           ts_device_name(ts_tensor_device(params.tensors[0])), params.names[params.n - 1],
+           ts_device_name(ts_tensor_device(params.tensors[params.n - 1])));
     ts_optimizer *opt = NULL;
-    CHECK(ts_optim_sgd_new(&params, &c, &opt));
-    int64_t b = 32;
-    ts_tensor *x = NULL, *y = NULL;
-    CHECK(ts_tensor_empty(ts_device_cpu(), TS_F32, 4, (int64_t[]){b, 1, 28, 28}, &x));
-    CHECK(ts_tensor_normal_(x, 0, 1, &r));
-    CHECK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &b, &y));
-    int64_t *lab = ts_tensor_data(y);
-    for (int64_t i = 0; i < b; i++) lab[i] = i % 10;
-    for (int step = 0; step < steps; step++) { /* memorise one batch */
-        ts_tensor *logits = NULL, *loss = NULL;
-        CHECK(ts_module_forward(mp, x, &logits));
-        CHECK(ts_cross_entropy(logits, y, 0.0f, &loss));
-        CHECK(ts_backward(loss, NULL, false)); /* gradients cross back from cpu:1 to cpu:0 */
-        CHECK(ts_optimizer_step(opt));
-        ts_optimizer_zero_grad(opt);
-        if (step % 5 == 0 || step == steps - 1) printf("   step %3d  loss %.4f\n", step, ts_tensor_item(loss, 0));
-        ts_tensor_release(logits);
-        ts_tensor_release(loss);
+    CHECK(ts_optimizer_by_name("sgd", &params, 0.02, 0.9, 0.0, &opt));
+    ts_strategy_train(s, true);
+    for (int step = 0; step < steps; step++) {
+        ts_batch b; /* borrowed from the source */
+        CHECK(ts_batch_source_next(train, &b));
+        if (!b.x) break; /* end of the epoch */
+        float loss;
+        CHECK(ts_train_step(s, opt, b.x, b.y, 0.0f, &loss)); /* gradients cross back from cpu:1 to cpu:0 */
+        if (step % 5 == 0 || step == steps - 1) printf("   step %3d  loss %.4f\n", step, loss);
     }
-    ts_tensor_release(x);
-    ts_tensor_release(y);
+    ts_eval_result ev;
+    CHECK(ts_evaluate(ts_strategy_module(s), test, &ev));
+    printf("   test accuracy %.2f%% (%lld images)\n", 100.0 * ev.accuracy, (long long)ev.samples);
     ts_optimizer_free(opt);
     ts_tensor_list_clear(&params);
-    ts_module_free(mp);
+    ts_strategy_free(s);
+    ts_batch_source_free(train);
+    ts_batch_source_free(test);
 }
 
 int main(int argc, char **argv) {
     int steps = 20;
+    const char *dir = "/usr/share/datasets/fashion-mnist";
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--data") == 0 && i + 1 < argc)
+            dir = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--steps N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps N] [--data DIR]\n", argv[0]);
             return 2;
         }
     }
@@ -146,6 +156,6 @@ int main(int argc, char **argv) {
     CHECK(ts_device_get("cpu:0", &devs[0]));
     CHECK(ts_device_get("cpu:1", &devs[1]));
     part1_embedding_on_cpu(devs[1], 3 * steps);
-    part2_cnn_in_depth(devs, steps);
+    part2_cnn_in_depth(devs, steps, dir);
     return 0;
 }

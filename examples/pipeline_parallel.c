@@ -15,7 +15,16 @@
  * after four poolings; the seed's 128/256/512 assumed larger images), and a
  * Flatten + Linear head classifies. BatchNorm normalises each micro-batch.
  *
+ * The pipeline is the training strategy TS_STRATEGY_PIPELINE with explicit
+ * stage bounds, trained by the library's loop (ts_trainer, at most one epoch)
+ * on Fashion-MNIST's batch sources (ts_data_open); a callback after every
+ * step collects what the pipeline measured (ts_pp_get_stats: busy time per
+ * stage, the bubble, micro-batches in flight, memory) and the order each stage
+ * ran its forwards F and backwards B in (ts_pp_trace), printed at the end with
+ * the test accuracy.
+ *
  * usage: example_pipeline_parallel [DATA_DIR] [MAX_STEPS] [gpipe|1f1b] [MICRO_BATCHES]
+ *   (defaults: Fashion-MNIST, 300 (0: the whole epoch), 1f1b, 4)
  */
 #include <tessera.h>
 
@@ -48,15 +57,37 @@ static ts_status conv_block(ts_module *seq, int64_t cin, int64_t cout, ts_rng *r
     return st;
 }
 
+/* The callback's notes: the pipeline's stats after every training step. */
+typedef struct pp_watch {
+    ts_module *pipe;    /* the strategy's module: the pipeline (borrowed) */
+    double bubble_sum;  /* over the steps */
+    ts_pp_stats last;   /* the last step's (the trainer's evaluation runs the pipeline too) */
+    char order[2][1024]; /* the events each stage ran in the last step, in the order it ran them */
+} pp_watch;
+
+static ts_status after_step(const ts_train_event *ev, void *user) {
+    pp_watch *w = user;
+    if (ev->kind != TS_TRAIN_STEP) return TS_OK;
+    ts_status st = ts_pp_get_stats(w->pipe, &w->last);
+    if (st != TS_OK) return st;
+    w->bubble_sum += w->last.bubble;
+    for (int s = 0; s < 2; s++)
+        if (ts_pp_trace(w->pipe, s, w->order[s], sizeof w->order[s]) != TS_OK) snprintf(w->order[s], 16, "(too long)");
+    if ((ev->step - 1) % 100 == 0) printf("step %4lld  loss %.4f\n", (long long)ev->step - 1, ev->loss);
+    return TS_OK;
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
     long max_steps = argc > 2 ? atol(argv[2]) : 300;
     const char *schedule = argc > 3 ? argv[3] : "1f1b";
     int micro = argc > 4 ? atoi(argv[4]) : 4;
 
-    ts_dataset *train, *test;
-    CHECK(ts_dataset_load_mnist(dir, "train", &train));
-    CHECK(ts_dataset_load_mnist(dir, "test", &test));
+    ts_data_opts d = TS_DATA_OPTS_INIT; /* batches of 64, shuffled; the test set in batches of 1000 */
+    d.path = dir;
+    d.seed = 42;
+    ts_batch_source *train, *test;
+    CHECK(ts_data_open(&d, &train, &test));
 
     /* the model: seq1's 8 layers, then seq2's 8 and the head's 2, as one Sequential */
     ts_rng rng;
@@ -72,98 +103,58 @@ int main(int argc, char **argv) {
     CHECK(ts_nn_linear_new(128, 10, true, &rng, &m));
     CHECK(ts_nn_sequential_add(model, NULL, m));
 
-    /* seq1 on cpu:0, seq2 + head on cpu:1; the pipeline owns the model from here */
+    /* seq1 on cpu:0, seq2 + head on cpu:1; the strategy owns the model from here */
     ts_device *devs[2];
     CHECK(ts_device_get("cpu:0", &devs[0]));
     CHECK(ts_device_get("cpu:1", &devs[1]));
-    ts_pp_schedule sched;
-    CHECK(ts_pp_schedule_parse(schedule, &sched));
-    const int bounds[2] = {8, 18}; /* stage 0: children [0, 8), stage 1: [8, 18) */
-    ts_module *pipe;
-    CHECK(ts_nn_pipeline_parallel_new(model, devs, 2, bounds, micro, sched, ts_device_cpu(), &pipe));
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    so.kind = TS_STRATEGY_PIPELINE;
+    CHECK(ts_pp_schedule_parse(schedule, &so.schedule));
+    so.micro_batches = micro;
+    so.devices = devs;
+    so.num_devices = 2;
+    so.bounds = (const int[]){8, 18}; /* stage 0: children [0, 8), stage 1: [8, 18) */
+    ts_strategy *s;
+    CHECK(ts_strategy_new(model, &so, &s));
+    char desc[256];
+    ts_strategy_describe(s, desc, sizeof desc);
+    printf("%s\n", desc);
 
-    /* build the optimizer after the move: the parameters now live on their stages' devices */
+    /* the optimizer on the model's parameters, which now live on their stages' devices */
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
-    CHECK(ts_module_parameters(pipe, &params));
-    ts_sgd_config cfg = TS_SGD_CONFIG_INIT;
-    cfg.lr = 0.05f;
-    cfg.momentum = 0.9f;
-    cfg.weight_decay = 5e-4f;
+    CHECK(ts_module_parameters(ts_strategy_model(s), &params));
     ts_optimizer *opt;
-    CHECK(ts_optim_sgd_new(&params, &cfg, &opt));
+    CHECK(ts_optimizer_by_name("sgd", &params, 0.05, 0.9, 5e-4, &opt));
 
-    ts_loader_opts lo = TS_LOADER_OPTS_INIT; /* batch 64, shuffled */
-    lo.seed = 42;
-    ts_loader *loader;
-    CHECK(ts_loader_new(train, &lo, &loader));
-    CHECK(ts_loader_set_epoch(loader, 0, 0));
+    /* the library's loop: every step is ts_pp_train_step (forward of every micro-batch, loss,
+     * backward — stage by stage on the devices' workers), then the optimizer; the test set at the end */
+    pp_watch w = {.pipe = ts_strategy_module(s)};
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.max_steps = max_steps;
+    to.eval = test;
+    to.callback = after_step;
+    to.user = &w;
+    ts_trainer *t;
+    CHECK(ts_trainer_new(s, opt, train, &to, &t));
+    ts_train_result r;
+    CHECK(ts_trainer_run(t, &r));
 
-    printf("%s schedule, %d micro-batches per batch of %lld; seq1 on %s, seq2 on %s\n",
-           ts_pp_schedule_name(sched), micro, (long long)lo.batch_size, ts_device_name(devs[0]),
-           ts_device_name(devs[1]));
-    ts_module_train(pipe, true);
-    ts_tensor *x, *y; /* borrowed from the loader */
-    double t0 = ts_time_now(), bubble = 0;
-    long steps = 0;
-    for (long step = 0; step < max_steps; step++) {
-        CHECK(ts_loader_next(loader, &x, &y));
-        if (!x) break; /* end of the epoch */
-        float loss;
-        /* forward of every micro-batch, loss, backward — stage by stage on the devices' workers */
-        CHECK(ts_pp_train_step(pipe, x, y, 0.0f, &loss));
-        CHECK(ts_optimizer_step(opt));
-        ts_optimizer_zero_grad(opt);
-        ts_pp_stats st;
-        CHECK(ts_pp_get_stats(pipe, &st));
-        bubble += st.bubble;
-        steps++;
-        if (step % 100 == 0) printf("step %4ld  loss %.4f\n", step, loss);
-    }
-    double secs = ts_time_now() - t0;
-    ts_pp_stats st;
-    CHECK(ts_pp_get_stats(pipe, &st));
-    printf("%ld steps, %.0f images/s; bubble %.3f measured, %.3f by (p-1)/(m+p-1)\n", steps,
-           (double)steps * (double)lo.batch_size / secs, steps ? bubble / (double)steps : 0.0, st.bubble_ideal);
-    for (int s = 0; s < st.stages; s++)
+    printf("%lld steps, %.0f images/s; bubble %.3f measured, %.3f by (p-1)/(m+p-1)\n", (long long)r.steps,
+           r.images_per_second, r.steps ? w.bubble_sum / (double)r.steps : 0.0, w.last.bubble_ideal);
+    for (int i = 0; i < w.last.stages; i++)
         printf("stage %d (%s): %d layers, busy %.1f ms in the last step, %d micro-batches in flight at most, "
-               "peak %.1f KiB above the step's start\n",
-               s, ts_device_name(devs[s]), st.layers[s], 1e3 * st.busy_s[s], st.peak_in_flight[s],
-               (double)st.peak_bytes[s] / 1024.0);
+               "peak %.1f KiB above the step's start\n    ran %s\n",
+               i, ts_device_name(devs[i]), w.last.layers[i], 1e3 * w.last.busy_s[i], w.last.peak_in_flight[i],
+               (double)w.last.peak_bytes[i] / 1024.0, w.order[i]);
+    /* evaluated in eval mode (BatchNorm uses running statistics) without a graph; the pipeline's
+     * forward returns the logits on the CPU */
+    printf("test accuracy %.2f%% (%lld images)\n", 100.0 * r.eval.accuracy, (long long)r.eval.samples);
 
-    /* evaluate: eval mode (BatchNorm uses running statistics), no graph; the
-     * pipeline's forward returns the logits on the CPU */
-    ts_module_train(pipe, false);
-    bool prev = ts_grad_set_enabled(false);
-    ts_loader_opts eo = TS_LOADER_OPTS_INIT;
-    eo.batch_size = 1000;
-    eo.shuffle = false;
-    ts_loader *eval;
-    CHECK(ts_loader_new(test, &eo, &eval));
-    long correct = 0, total = 0;
-    for (;;) {
-        CHECK(ts_loader_next(eval, &x, &y));
-        if (!x) break;
-        ts_tensor *logits;
-        CHECK(ts_module_forward(pipe, x, &logits));
-        const float *p = ts_tensor_data_f32(logits);
-        const int64_t *label = ts_tensor_data(y);
-        for (int64_t i = 0; i < ts_tensor_dim(logits, 0); i++, total++) {
-            int best = 0;
-            for (int k = 1; k < 10; k++)
-                if (p[i * 10 + k] > p[i * 10 + best]) best = k;
-            correct += best == label[i];
-        }
-        ts_tensor_release(logits);
-    }
-    ts_grad_set_enabled(prev);
-    printf("test accuracy %.2f%% (%ld images)\n", 100.0 * (double)correct / (double)total, total);
-
-    ts_loader_free(eval);
-    ts_loader_free(loader);
+    ts_trainer_free(t);
     ts_optimizer_free(opt);
     ts_tensor_list_clear(&params);
-    ts_module_free(pipe);
-    ts_dataset_free(train);
-    ts_dataset_free(test);
+    ts_strategy_free(s);
+    ts_batch_source_free(train);
+    ts_batch_source_free(test);
     return 0;
 }

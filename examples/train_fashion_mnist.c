@@ -1,102 +1,76 @@
 /*
  * examples/train_fashion_mnist.c — the smallest complete use of libtessera:
- * load Fashion-MNIST, build the reference CNN, train one epoch with SGD and
- * report test accuracy. Every call returns a ts_status; ts_last_error() says why
- * one failed.
+ * open Fashion-MNIST as batch sources, build the reference CNN, train it with
+ * SGD for MAX_STEPS steps (at most one epoch) and report the test accuracy.
+ * The loop is PyTorch's first tutorial:
+ *
+ *     for x, y in DataLoader(train_set, batch_size=64, shuffle=True):
+ *         loss = F.cross_entropy(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+ *
+ * with ts_train_step doing the last line; ts_evaluate runs the test set in eval
+ * mode without a graph. (ts_trainer runs this loop with epochs, a learning-rate
+ * schedule, checkpoints and resume: examples/ddp_train.c.) Every call returns a
+ * ts_status; ts_last_error() says why one failed.
  *
  * usage: example_train_fashion_mnist [DATA_DIR] [MAX_STEPS]
+ *   DATA_DIR holds the IDX files ({train,t10k}-{images-idx3,labels-idx1}-ubyte.gz)
+ *   or an image folder with one sub-folder per class (tessera data export).
  */
 #include <tessera.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(call)                                                                      \
-    do {                                                                                 \
-        ts_status s_ = (call);                                                           \
-        if (s_ != TS_OK) {                                                               \
+#define CHECK(call)                                                                              \
+    do {                                                                                         \
+        ts_status s_ = (call);                                                                   \
+        if (s_ != TS_OK) {                                                                       \
             fprintf(stderr, "%s failed: %s (%s)\n", #call, ts_last_error(), ts_status_name(s_)); \
-            return 1;                                                                    \
-        }                                                                                \
+            return 1;                                                                            \
+        }                                                                                        \
     } while (0)
 
 int main(int argc, char **argv) {
-    const char *dir = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+    ts_data_opts d = TS_DATA_OPTS_INIT; /* batches of 64, shuffled; the test set in batches of 1000 */
+    d.path = argc > 1 ? argv[1] : "/usr/share/datasets/fashion-mnist";
+    d.seed = 42;
     long max_steps = argc > 2 ? atol(argv[2]) : 300;
+    ts_batch_source *train, *test;
+    CHECK(ts_data_open(&d, &train, &test));
 
-    ts_dataset *train, *test;
-    CHECK(ts_dataset_load_mnist(dir, "train", &train));
-    CHECK(ts_dataset_load_mnist(dir, "test", &test));
-
+    /* the model on the CPU: the strategy NONE, which owns it from here on */
     ts_rng rng;
     ts_rng_seed(&rng, 42);
     ts_module *model;
     CHECK(ts_model_reference_cnn(&rng, &model));
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    ts_strategy *s;
+    CHECK(ts_strategy_new(model, &so, &s));
 
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
-    CHECK(ts_module_parameters(model, &params));
-    ts_sgd_config cfg = TS_SGD_CONFIG_INIT;
-    cfg.lr = 0.05f;
-    cfg.momentum = 0.9f;
-    cfg.weight_decay = 5e-4f;
+    CHECK(ts_module_parameters(ts_strategy_model(s), &params));
     ts_optimizer *opt;
-    CHECK(ts_optim_sgd_new(&params, &cfg, &opt));
+    CHECK(ts_optimizer_by_name("sgd", &params, 0.05, 0.9, 5e-4, &opt)); /* lr, momentum, weight decay */
 
-    ts_loader_opts lo = TS_LOADER_OPTS_INIT; /* batch 64, shuffled */
-    lo.seed = 42;
-    ts_loader *loader;
-    CHECK(ts_loader_new(train, &lo, &loader));
-    CHECK(ts_loader_set_epoch(loader, 0, 0));
-
-    ts_module_train(model, true);
-    ts_tensor *x, *y; /* borrowed from the loader */
+    ts_strategy_train(s, true);
     for (long step = 0; step < max_steps; step++) {
-        CHECK(ts_loader_next(loader, &x, &y));
-        if (!x) break; /* end of the epoch */
-        ts_tensor *logits, *loss;
-        CHECK(ts_module_forward(model, x, &logits));
-        CHECK(ts_cross_entropy(logits, y, 0.0f, &loss));
-        CHECK(ts_backward(loss, NULL, false));
-        CHECK(ts_optimizer_step(opt));
-        ts_optimizer_zero_grad(opt);
-        if (step % 100 == 0) printf("step %4ld  loss %.4f\n", step, ts_tensor_item(loss, 0));
-        ts_tensor_release(logits); /* frees the graph */
-        ts_tensor_release(loss);
+        ts_batch b; /* b.x (64, 1, 28, 28) and b.y (64), borrowed from the source */
+        CHECK(ts_batch_source_next(train, &b));
+        if (!b.x) break; /* end of the epoch */
+        float loss;
+        CHECK(ts_train_step(s, opt, b.x, b.y, 0.0f, &loss)); /* forward, loss, backward, step, zero_grad */
+        if (step % 100 == 0) printf("step %4ld  loss %.4f\n", step, loss);
     }
 
-    /* evaluate: eval mode (BatchNorm uses running statistics), no graph */
-    ts_module_train(model, false);
-    bool prev = ts_grad_set_enabled(false);
-    ts_loader_opts eo = TS_LOADER_OPTS_INIT;
-    eo.batch_size = 1000;
-    eo.shuffle = false;
-    ts_loader *eval;
-    CHECK(ts_loader_new(test, &eo, &eval));
-    long correct = 0, total = 0;
-    for (;;) {
-        CHECK(ts_loader_next(eval, &x, &y));
-        if (!x) break;
-        ts_tensor *logits;
-        CHECK(ts_module_forward(model, x, &logits));
-        const float *p = ts_tensor_data_f32(logits);
-        const int64_t *label = ts_tensor_data(y);
-        for (int64_t i = 0; i < ts_tensor_dim(logits, 0); i++, total++) {
-            int best = 0;
-            for (int k = 1; k < 10; k++)
-                if (p[i * 10 + k] > p[i * 10 + best]) best = k;
-            correct += best == label[i];
-        }
-        ts_tensor_release(logits);
-    }
-    ts_grad_set_enabled(prev);
-    printf("test accuracy %.2f%% (%ld images)\n", 100.0 * (double)correct / (double)total, total);
+    ts_eval_result ev; /* eval mode (BatchNorm uses running statistics), no graph */
+    CHECK(ts_evaluate(ts_strategy_module(s), test, &ev));
+    printf("test accuracy %.2f%% (%lld images, mean loss %.4f)\n", 100.0 * ev.accuracy, (long long)ev.samples,
+           ev.loss);
 
-    ts_loader_free(eval);
-    ts_loader_free(loader);
     ts_optimizer_free(opt);
     ts_tensor_list_clear(&params);
-    ts_module_free(model);
-    ts_dataset_free(train);
-    ts_dataset_free(test);
+    ts_strategy_free(s);
+    ts_batch_source_free(train);
+    ts_batch_source_free(test);
     return 0;
 }
