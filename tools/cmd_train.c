@@ -195,6 +195,21 @@ static ts_status join_group(const train_args *a, ts_process_group **pg) {
     return ts_pg_new(&po, pg);
 }
 
+/* The names given to --model, --optimizer, --lr-schedule and --backend, and --data's path. */
+static int check_names(const cli_command *cmd, const train_args *a) {
+    ts_lr_schedule sched;
+    if (strcmp(a->model, "cnn") != 0 && strcmp(a->model, "mlp") != 0)
+        return cli_usage_error(cmd, "unknown --model '%s' (expected cnn or mlp)", a->model);
+    if (strcmp(a->optimizer, "sgd") != 0 && strcmp(a->optimizer, "adamw") != 0)
+        return cli_usage_error(cmd, "unknown --optimizer '%s' (expected sgd or adamw)", a->optimizer);
+    if (ts_lr_schedule_by_name(a->schedule, a->lr, 1, 1, &sched) != TS_OK)
+        return cli_usage_error(cmd, "unknown --lr-schedule '%s' (expected none, step or cosine)", a->schedule);
+    if (strcmp(a->backend, "builtin") != 0 && strcmp(a->backend, "mpi") != 0)
+        return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
+    if (access(a->data, R_OK) != 0) return cli_usage_error(cmd, "--data %s: %s", a->data, strerror(errno));
+    return 0;
+}
+
 int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
@@ -237,16 +252,7 @@ int ts_cmd_train(int argc, char **argv) {
         flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
-    ts_lr_schedule sched;
-    if (strcmp(a.model, "cnn") != 0 && strcmp(a.model, "mlp") != 0)
-        return cli_usage_error(&cmd, "unknown --model '%s' (expected cnn or mlp)", a.model);
-    if (strcmp(a.optimizer, "sgd") != 0 && strcmp(a.optimizer, "adamw") != 0)
-        return cli_usage_error(&cmd, "unknown --optimizer '%s' (expected sgd or adamw)", a.optimizer);
-    if (ts_lr_schedule_by_name(a.schedule, a.lr, 1, 1, &sched) != TS_OK)
-        return cli_usage_error(&cmd, "unknown --lr-schedule '%s' (expected none, step or cosine)", a.schedule);
-    if (strcmp(a.backend, "builtin") != 0 && strcmp(a.backend, "mpi") != 0)
-        return cli_usage_error(&cmd, "unknown --backend '%s' (expected builtin or mpi)", a.backend);
-    if (access(a.data, R_OK) != 0) return cli_usage_error(&cmd, "--data %s: %s", a.data, strerror(errno));
+    if ((rc = check_names(&cmd, &a)) != 0) return rc;
     bool mpi = strcmp(a.backend, "mpi") == 0;
     const char *ws = getenv("WORLD_SIZE");
     if (!ws && mpi) ws = getenv("OMPI_COMM_WORLD_SIZE"); /* plain mpirun sets no WORLD_SIZE */
@@ -270,6 +276,7 @@ int ts_cmd_train(int argc, char **argv) {
     ts_trainer *t = NULL;
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
     ts_module *model = NULL;
+    ts_lr_schedule sched;
     ts_rng rng;
     ts_rng_seed(&rng, (uint64_t)a.seed);
     if (ws && join_group(&a, &pg) != TS_OK) {
