@@ -3,14 +3,23 @@
  * (the world of one equals R ranks at batch B / R; seek; custom sources; the
  * pipeline source's sample indices), strategies (each equals the plain model
  * within 1e-5), evaluation (real rows only, labels checked), and the trainer
- * (resume is bit-identical, checkpoints every N steps, callbacks, errors).
+ * (resume is bit-identical, checkpoints every N steps, callbacks, errors), and
+ * DDP through the trainer on ranks as threads (equals one process at the global
+ * batch; a resumed DDP run equals an uninterrupted one bit for bit).
  */
 #include "test_util.h"
+#include "rank_threads.h"
 
 #include <sys/stat.h>
 
 #define D 16 /* sample (1, 4, 4) */
 #define C 5  /* classes */
+
+/* In rank functions (which must not use CHECK): with a `ts_status st` and a `fail:` label. */
+#define TS_CHECK_GOTO_T(expr)         \
+    do {                              \
+        if ((st = (expr)) != TS_OK) goto fail; \
+    } while (0)
 
 /* N samples (N, 1, 4, 4) uniform in [-1, 1), labels from a fixed rule so the problem is learnable. */
 static ts_dataset *make_dataset(int64_t n, uint64_t seed) {
@@ -549,6 +558,108 @@ static void test_trainer_errors(void) {
     ts_dataset_free(test);
 }
 
+/* ---- DDP through the trainer, ranks as threads ------------------------------------------------------ */
+typedef struct ddp_cfg {
+    ts_dataset *ds, *test;
+    int64_t max_steps;
+    const char *ckpt;   /* saved every 10 steps by rank 0 */
+    const char *resume; /* NULL: from the start */
+} ddp_cfg;
+
+typedef struct rank_ctx rank_ctx;
+struct rank_ctx {
+    TU_RANK_FIELDS(rank_ctx);
+    float *params; /* the model's parameters after the run, flattened */
+    int64_t nparams, steps, eval_samples;
+};
+TU_RANK_THREADS(rank_ctx, run_ranks)
+
+static ts_status ddp_rank(rank_ctx *c, ts_process_group *pg) {
+    const ddp_cfg *cfg = c->arg;
+    ts_strategy *s = NULL;
+    ts_optimizer *opt = NULL;
+    ts_trainer *t = NULL;
+    ts_batch_source *train = NULL;
+    ts_tensor_list params = TS_TENSOR_LIST_INIT;
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    so.kind = c->world > 1 ? TS_STRATEGY_DDP : TS_STRATEGY_NONE; /* one rank: the plain model */
+    so.pg = pg;
+    ts_dataset_source_opts dso = TS_DATASET_SOURCE_OPTS_INIT;
+    dso.batch_size = 8 / c->world;
+    dso.seed = 11;
+    dso.rank = c->rank;
+    dso.world_size = c->world;
+    ts_lr_schedule sched = ts_lr_cosine(0.2, 26, 0.0);
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.epochs = 2;
+    to.max_steps = cfg->max_steps;
+    to.schedule = &sched;
+    to.checkpoint = cfg->ckpt;
+    to.checkpoint_every = 10;
+    to.seed = 11;
+    to.batch_size = dso.batch_size;
+    ts_train_result r;
+    ts_batch_source *eval = NULL;
+    ts_status st;
+    TS_CHECK_GOTO_T(ts_strategy_new(make_model(4), &so, &s));
+    TS_CHECK_GOTO_T(ts_module_parameters(ts_strategy_model(s), &params));
+    TS_CHECK_GOTO_T(ts_optimizer_by_name("sgd", &params, 0.2, 0.9, 5e-4, &opt));
+    TS_CHECK_GOTO_T(ts_batch_source_dataset(cfg->ds, &dso, &train));
+    if (c->rank == 0) {
+        ts_dataset_source_opts eo = TS_DATASET_SOURCE_OPTS_INIT;
+        eo.shuffle = false;
+        TS_CHECK_GOTO_T(ts_batch_source_dataset(cfg->test, &eo, &eval));
+    }
+    to.eval = eval;
+    TS_CHECK_GOTO_T(ts_trainer_new(s, opt, train, &to, &t));
+    if (cfg->resume) TS_CHECK_GOTO_T(ts_trainer_resume(t, cfg->resume));
+    TS_CHECK_GOTO_T(ts_trainer_run(t, &r));
+    c->steps = r.steps;
+    c->eval_samples = r.eval.samples;
+    for (int i = 0; i < params.n; i++) c->nparams += ts_tensor_numel(params.tensors[i]);
+    c->params = malloc(sizeof(float) * (size_t)c->nparams);
+    for (int i = 0, off = 0; i < params.n; off += (int)ts_tensor_numel(params.tensors[i]), i++)
+        memcpy(c->params + off, ts_tensor_data_f32(params.tensors[i]), ts_tensor_nbytes(params.tensors[i]));
+fail:
+    ts_trainer_free(t);
+    ts_optimizer_free(opt);
+    ts_tensor_list_clear(&params);
+    ts_strategy_free(s);
+    ts_batch_source_free(train);
+    ts_batch_source_free(eval);
+    return st;
+}
+
+static void test_ddp_trainer(void) {
+    ts_dataset *ds = make_dataset(100, 5), *test = make_dataset(40, 6);
+    char ckpt[512];
+    snprintf(ckpt, sizeof ckpt, "%s/ddp.ckpt", tu_tmpdir());
+    rank_ctx a[2], b[2], c[2];
+    ddp_cfg straight = {ds, test, 20, NULL, NULL}, first = {ds, test, 10, ckpt, NULL}, rest = {ds, test, 20, NULL, ckpt};
+    ddp_cfg single = {ds, test, 20, NULL, NULL};
+    rank_ctx w1[1];
+    if (run_ranks(1, ddp_rank, &single, w1) && run_ranks(2, ddp_rank, &straight, a) &&
+        run_ranks(2, ddp_rank, &first, b) && run_ranks(2, ddp_rank, &rest, c)) {
+        CHECK(a[0].steps == 20 && a[1].steps == 20 && c[0].steps == 20 && b[1].steps == 10);
+        CHECK(a[0].eval_samples == 40 && a[1].eval_samples == 0); /* rank 0 evaluates */
+        double worst = 0;
+        for (int64_t i = 0; i < a[0].nparams; i++) worst = fmax(worst, fabs((double)a[0].params[i] - w1[0].params[i]));
+        fprintf(stderr, "  DDP world 2 at batch 4 vs one process at batch 8, 20 steps: max abs diff %.3g\n", worst);
+        CHECK(worst <= 1e-5);
+        CHECK(memcmp(a[0].params, a[1].params, sizeof(float) * (size_t)a[0].nparams) == 0); /* replicas equal */
+        CHECK(memcmp(a[0].params, c[0].params, sizeof(float) * (size_t)a[0].nparams) == 0); /* resume: bit-identical */
+        CHECK(memcmp(a[0].params, b[0].params, sizeof(float) * (size_t)a[0].nparams) != 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(a[i].params);
+        free(b[i].params);
+        free(c[i].params);
+    }
+    free(w1[0].params);
+    ts_dataset_free(ds);
+    ts_dataset_free(test);
+}
+
 static void test_by_name(void) {
     ts_lr_schedule s;
     CHECK_OK(ts_lr_schedule_by_name("step", 0.5, 100, 10, &s));
@@ -568,7 +679,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {
         T(test_dataset_source_world_of_one), T(test_source_seek), T(test_custom_source), T(test_pipeline_source),
         T(test_strategies_equal_plain), T(test_strategy_errors), T(test_evaluate), T(test_trainer_resume_bit_identical),
-        T(test_trainer_errors), T(test_by_name),
+        T(test_trainer_errors), T(test_ddp_trainer), T(test_by_name),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();
