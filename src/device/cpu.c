@@ -8,14 +8,13 @@
  * sanitizer builds or with TS_CPU_CACHE_MB=0 so ASan sees every free.
  */
 #include "device/device.h"
+#include "device/k_blas.h"
+#include "device/k_ew.h"
+#include "device/k_misc.h"
+#include "device/k_optim.h"
+#include "device/k_spatial.h"
 
 #include <stdio.h>
-
-extern const struct ts_kernels_ew ts_cpu_kernels_ew;
-extern const struct ts_kernels_blas ts_cpu_kernels_blas;
-extern const struct ts_kernels_spatial ts_cpu_kernels_spatial;
-extern const struct ts_kernels_misc ts_cpu_kernels_misc;
-extern const struct ts_kernels_optim ts_cpu_kernels_optim;
 
 typedef struct cpu_block {
     struct cpu_block *next;
@@ -52,6 +51,21 @@ static size_t bucket_of(cpu_cache *c, size_t sz, int create) {
     return (size_t)-1;
 }
 
+static void cpu_empty_cache(ts_device *d) {
+    cpu_cache *c = d->ctx;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < CPU_NBUCKETS; i++) {
+        while (c->heads[i]) {
+            cpu_block *b = c->heads[i];
+            c->heads[i] = b->next;
+            free(b);
+        }
+        c->sizes[i] = 0;
+    }
+    c->cached_bytes = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void *cpu_alloc(ts_device *d, size_t nbytes) {
     cpu_cache *c = d->ctx;
     size_t sz = round_size(nbytes);
@@ -68,8 +82,13 @@ static void *cpu_alloc(ts_device *d, size_t nbytes) {
         pthread_mutex_unlock(&c->mu);
     }
     void *p = NULL;
-    if (posix_memalign(&p, 64, sz) != 0) return NULL;
-    return p;
+    if (posix_memalign(&p, 64, sz) == 0) return p;
+    /* out of memory: give the cached blocks back to the system and try once more */
+    if (c->limit) {
+        cpu_empty_cache(d);
+        if (posix_memalign(&p, 64, sz) == 0) return p;
+    }
+    return NULL;
 }
 
 static void cpu_free(ts_device *d, void *p, size_t nbytes) {
@@ -91,21 +110,6 @@ static void cpu_free(ts_device *d, void *p, size_t nbytes) {
         pthread_mutex_unlock(&c->mu);
     }
     free(p);
-}
-
-static void cpu_empty_cache(ts_device *d) {
-    cpu_cache *c = d->ctx;
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < CPU_NBUCKETS; i++) {
-        while (c->heads[i]) {
-            cpu_block *b = c->heads[i];
-            c->heads[i] = b->next;
-            free(b);
-        }
-        c->sizes[i] = 0;
-    }
-    c->cached_bytes = 0;
-    pthread_mutex_unlock(&c->mu);
 }
 
 static ts_status cpu_copy(ts_device *d, void *dst, const void *src, size_t n) {

@@ -199,7 +199,9 @@ size_t ts_device_memory_peak(const ts_device *d) { return atomic_load(&d->mem_pe
 void ts_device_memory_reset_peak(ts_device *d) { atomic_store(&d->mem_peak, atomic_load(&d->mem_allocated)); }
 
 void *ts__device_alloc(ts_device *d, size_t nbytes) {
-    void *p = d->ops->alloc(d, nbytes);
+    /* failure injection sits here, above the backend's cache: a cached block
+     * would otherwise hide an injected failure */
+    void *p = ts__alloc_injected_failure() ? NULL : d->ops->alloc(d, nbytes);
     if (!p) {
         ts_error(TS_ERR_NOMEM, "out of memory on device %s allocating %zu bytes (%zu in use)", d->name, nbytes,
                  atomic_load(&d->mem_allocated));
