@@ -321,4 +321,76 @@ static void test_node_new_contract(void) {
     ts_tensor_release(p);
 }
 
-TU_MAIN(T(test_hook), T(test_node_new_contract), T(test_mlp_sgd), T(test_mlp_adamw), T(test_cnn_sgd))
+/* A graph larger than the engine's first node list (64): out of memory at any
+ * allocation of a retain_graph pass, then a clean pass over the same graph
+ * gives the exact gradients (a failed pass leaves no node marked or holding a
+ * gradient). h = x * w * w * ... (100 times), w = 1: d/dw = 100 x, d/dx = 1. */
+static void test_backward_recovers(void) {
+    enum { CHAIN = 100 };
+    ts_set_num_threads(1);
+    const float xv[4] = {1, 2, 3, 4};
+    ts_tensor *x = NULL, *w = NULL, *h = NULL, *loss = NULL;
+    CHECK_OK(ts_tensor_from_data(ts_device_cpu(), TS_F32, 1, (int64_t[]){4}, xv, &x));
+    CHECK_OK(ts_tensor_full(ts_device_cpu(), 1, (int64_t[]){4}, 1.0f, &w));
+    ts_tensor_set_requires_grad(x, true);
+    ts_tensor_set_requires_grad(w, true);
+    h = ts_tensor_retain(x);
+    for (int k = 0; k < CHAIN; k++) {
+        ts_tensor *next = NULL;
+        CHECK_OK(ts_mul(h, w, &next));
+        ts_tensor_release(h);
+        h = next;
+    }
+    CHECK_OK(ts_sum(h, &loss));
+    ts__alloc_fail_after(LONG_MAX);
+    CHECK_OK(ts_backward(loss, NULL, true));
+    long allocs = ts__alloc_count();
+    ts__alloc_fail_after(-1);
+    CHECK(allocs > 2 * CHAIN);
+    long failed = 0;
+    for (long n = 0; n <= allocs; n++) {
+        for (int once = 0; once < 2; once++) {
+            ts_tensor_zero_grad(x);
+            ts_tensor_zero_grad(w);
+            ts_clear_error();
+            if (once)
+                ts__alloc_fail_once_after(n);
+            else
+                ts__alloc_fail_after(n);
+            ts_status st = ts_backward(loss, NULL, true);
+            long inj = ts__alloc_failures();
+            ts__alloc_fail_after(-1);
+            if (inj > 0) {
+                failed++;
+                if (st != TS_ERR_NOMEM || !strstr(ts_last_error(), "memory")) {
+                    tu_failures++;
+                    fprintf(stderr, "backward failing at allocation %ld: %s '%s'\n", n, ts_status_name(st),
+                            ts_last_error());
+                }
+            } else {
+                CHECK_OK(st);
+            }
+            ts_tensor_zero_grad(x);
+            ts_tensor_zero_grad(w);
+            st = ts_backward(loss, NULL, true);
+            CHECK_OK(st);
+            ts_tensor *gx = ts_tensor_grad(x), *gw = ts_tensor_grad(w);
+            bool good = st == TS_OK && gx && gw;
+            for (int k = 0; good && k < 4; k++)
+                good = ts_tensor_item(gx, k) == 1.0 && ts_tensor_item(gw, k) == (double)CHAIN * xv[k];
+            if (!good) {
+                tu_failures++;
+                fprintf(stderr, "the clean pass after failing at allocation %ld (%s) gave wrong gradients\n", n,
+                        once ? "once" : "from then on");
+            }
+        }
+    }
+    fprintf(stderr, "  backward over %d nodes: %ld allocations, %ld failing passes\n", CHAIN + 2, allocs, failed);
+    CHECK(failed == 2 * allocs);
+    ts_tensor_release(loss);
+    ts_tensor_release(h);
+    ts_tensor_release(x);
+    ts_tensor_release(w);
+}
+
+TU_MAIN(T(test_hook), T(test_node_new_contract), T(test_backward_recovers), T(test_mlp_sgd), T(test_mlp_adamw), T(test_cnn_sgd))
