@@ -5,7 +5,12 @@
  * kept on per-size free lists (sizes rounded up to 64 bytes, or to 4 KiB above
  * 64 KiB) and reused, which avoids mmap/munmap and page faults on every step.
  * The cache is bounded (TS_CPU_CACHE_MB, default 2048) and disabled in
- * sanitizer builds or with TS_CPU_CACHE_MB=0 so ASan sees every free.
+ * sanitizer builds or with TS_CPU_CACHE_MB=0 so ASan sees every free. When the
+ * system is out of memory, the cached blocks are freed and the allocation
+ * tried once more.
+ *
+ * This file only builds devices; the registry (device.c) registers them, so
+ * calls go one way, registry to backend.
  */
 #include "device/device.h"
 #include "device/k_blas.h"
@@ -161,7 +166,6 @@ static ts_device ts_cpu_device;
 ts_device *ts__cpu_device_init(void) {
     ts_device *d = &ts_cpu_device;
     cpu_device_setup(d, "cpu", -1, &ts_cpu_cache);
-    ts__device_register(d);
     return d;
 }
 
@@ -178,8 +182,7 @@ ts_status ts__cpu_virtual_device_new(int index, int threads, ts_device **out) {
     snprintf(name, sizeof name, "cpu:%d", index);
     cpu_device_setup(d, name, index, &ts_vcpu_caches[index]);
     d->stream = ts__stream_new(name, threads);
-    if (!d->stream) return TS_ERR_NOMEM;
-    TS_TRY(ts__device_register(d));
+    if (!d->stream) return ts__error_prefix(TS_ERR_NOMEM, "virtual CPU device %s: its stream", name);
     *out = d;
     return TS_OK;
 }
