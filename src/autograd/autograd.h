@@ -103,7 +103,7 @@ struct ts_node {
  * TS_OK when no graph is needed (grad mode off, or no input requires grad).
  * TS_ERR_NOMEM when allocation fails (*out NULL). */
 ts_status ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts_tensor *const *inputs,
-                       ts_node **out);
+                       ts_node **out) __attribute__((warn_unused_result));
 /* Saves a detached alias of t (t may be NULL) in the next slot. TS_ERR_NOMEM
  * when the alias cannot be allocated, TS_ERR_INTERNAL past TS_NODE_MAX_SAVED;
  * the first failure is kept for ts__node_attach. */
