@@ -3,6 +3,10 @@
 
 #include "autograd/autograd.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 static ts_status f_add(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_add(in[0], in[1], out); }
 static ts_status f_sub(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_sub(in[0], in[1], out); }
 static ts_status f_mul(ts_tensor **in, void *ctx, ts_tensor **out) { return ts_mul(in[0], in[1], out); }
@@ -216,7 +220,9 @@ static ts_tensor *probe(ts_tensor *x) {
     ts_tensor *o = NULL;
     ts_tensor_clone(x, &o);
     const ts_tensor *in[1] = {x};
-    ts__node_attach(ts__node_new("probe", probe_backward, 1, in), o);
+    ts_node *n = NULL;
+    CHECK_OK(ts__node_new("probe", probe_backward, 1, in, &n));
+    CHECK_OK(ts__node_attach(n, o));
     return o;
 }
 static void on_ready_probe(ts_tensor *t, void *user) { *(int *)user = probe_ran ? 2 : 1; }
@@ -277,11 +283,12 @@ static void test_node_many_inputs(void) {
     in[19] = y;
     in[9] = x[0]; /* x0 twice: 1 + 10 */
     CHECK_OK(ts_tensor_zeros(ts_device_cpu(), TS_F32, 1, (int64_t[]){3}, &out));
-    ts_node *n = ts__node_new("many", many_backward, MANY, in);
+    ts_node *n = NULL;
+    CHECK_OK(ts__node_new("many", many_backward, MANY, in, &n));
     CHECK(n != NULL);
     if (!n) return;
     CHECK(n->ninputs == MANY && n->needs[20] && !n->needs[3] && n->next[19] == y->grad_fn);
-    ts__node_attach(n, out);
+    CHECK_OK(ts__node_attach(n, out));
     CHECK_OK(ts_sum(out, &s));
     CHECK_OK(ts_backward(s, NULL, false));
     for (int i = 0; i < MANY; i++) {
@@ -300,5 +307,62 @@ static void test_node_many_inputs(void) {
     for (int i = 0; i < MANY; i++) ts_tensor_release(x[i]); /* frees the node's heap arrays (ASan) */
 }
 
+/* Debug builds: fn(arg) must die of an internal assertion (abort). */
+#ifndef NDEBUG
+static void expect_abort(const char *what, void (*fn)(void *), void *arg) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stderr)) _exit(2);
+        fn(arg);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT)) {
+        tu_failures++;
+        fprintf(stderr, "%s: expected an assertion failure (abort), got status %d\n", what, status);
+    }
+}
+static void read_slot_1(void *n) { (void)ts__node_saved(n, 1); }
+static void read_slot_neg(void *n) { (void)ts__node_saved(n, -1); }
+static void save_ninth(void *n) {
+    for (int i = 0; i < TS_NODE_MAX_SAVED + 1; i++) (void)ts__node_save(n, NULL);
+}
+#endif
+
+/* A node's saved slots are bounds-checked: reading past what was saved is an
+ * assertion in debug builds and NULL in release builds; saving more than
+ * TS_NODE_MAX_SAVED is an assertion / TS_ERR_INTERNAL reported by attach. */
+static void test_node_saved_slots(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 9);
+    ts_tensor *x = tu_rand(&r, 1, (int64_t[]){3}, -1, 1, true), *y = NULL, *o = NULL;
+    CHECK_OK(ts_relu(x, &y)); /* saves its output: one slot */
+    ts_node *n = y->grad_fn;
+    CHECK(n && n->nsaved == 1 && ts__node_saved(n, 0) != NULL);
+    ts_node *m = NULL;
+    const ts_tensor *in[1] = {x};
+    CHECK_OK(ts__node_new("probe", probe_backward, 1, in, &m));
+#ifdef NDEBUG
+    CHECK(ts__node_saved(n, 1) == NULL && ts__node_saved(n, -1) == NULL);
+    ts_status last = TS_OK;
+    for (int i = 0; i < TS_NODE_MAX_SAVED + 1; i++) last = ts__node_save(m, x);
+    CHECK(last == TS_ERR_INTERNAL);
+    CHECK_ERR_MENTIONS("probe");
+    CHECK_OK(ts_tensor_clone(x, &o));
+    CHECK_STATUS(ts__node_attach(m, o), TS_ERR_INTERNAL); /* releases m */
+    CHECK(ts_tensor_is_leaf(o));
+#else
+    expect_abort("saved slot 1 of 1", read_slot_1, n);
+    expect_abort("saved slot -1", read_slot_neg, n);
+    expect_abort("a ninth saved tensor", save_ninth, m);
+    ts__node_release(m);
+#endif
+    ts_tensor_release(o);
+    ts_tensor_release(y);
+    ts_tensor_release(x);
+}
+
 TU_MAIN(T(test_node_many_inputs), T(test_hook_fires_early_every_iteration), T(test_shared_gradient_not_aliased), T(test_grad_elementwise), T(test_grad_linear), T(test_accumulate_and_reuse), T(test_no_grad_and_errors),
-        T(test_grad_ready_hook), T(test_graph_lifetime))
+        T(test_grad_ready_hook), T(test_graph_lifetime), T(test_node_saved_slots))

@@ -684,12 +684,17 @@ static ts_status meet_forward(ts_module *m, const ts_tensor *x, ts_tensor **out)
     meet_impl *c = m->impl;
     TS_TRY(meet_wait(c->fwd, replica_of(x)));
     TS_TRY(ts_tensor_clone(x, out));
-    ts_node *n = ts__node_new("meet", meet_backward, 1, &x);
+    ts_node *n = NULL;
+    ts_status st = ts__node_new("meet", meet_backward, 1, &x, &n);
     if (n) {
         n->ctx = c; /* borrowed: the impl outlives the graph in this test */
-        ts__node_attach(n, *out);
+        st = ts__node_attach(n, *out);
     }
-    return TS_OK;
+    if (st != TS_OK) {
+        ts_tensor_release(*out);
+        *out = NULL;
+    }
+    return st;
 }
 static const ts_module_vt meet_vt = {.name = "Meet", .forward = meet_forward}; /* kind: TS_MODULE_CUSTOM */
 

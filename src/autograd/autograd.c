@@ -29,6 +29,19 @@
  *
  * Inputs: a node keeps up to TS_NODE_INLINE_INPUTS inputs' edges and shapes in
  * itself and any number beyond that in one heap block (inputs_heap).
+ *
+ * Failures: out of memory anywhere (recording a node, saving a tensor, the
+ * engine's lists, a gradient) is TS_ERR_NOMEM with a message naming what was
+ * being allocated; a failed pass leaves no per-pass state behind (every node
+ * it marked is unmarked, pending gradients are dropped), so the graph can be
+ * released or, with retain_graph, run again.
+ *
+ * Invariants, asserted in debug builds (TS_ASSERT): an edge exists exactly
+ * where an input needs a gradient; an op node's inputs are older than it (so
+ * the graph is acyclic); a node runs with no contributions outstanding and a
+ * count never goes below zero; a backward's gradient for input i has input i's
+ * shape; a pass that succeeds runs every node it reached once and consumes
+ * every gradient handed out; reference counts never go below zero.
  */
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
@@ -50,7 +63,16 @@ bool ts_grad_set_enabled(bool on) {
 bool ts_grad_is_enabled(void) { return !ts_grad_disabled; }
 
 /* ---- nodes ---------------------------------------------------------------------------- */
+static void release_leaf(ts_node *acc);
+static const ts__autograd_hooks ts_hooks = {ts__node_release, release_leaf};
+static _Atomic bool ts_hooks_installed;
+
 static ts_node *node_alloc(const char *name, ts_backward_fn fn) {
+    /* before any tensor can hold a node, the tensor layer learns how to let go of one */
+    if (!atomic_load_explicit(&ts_hooks_installed, memory_order_relaxed)) {
+        ts__tensor_set_autograd_hooks(&ts_hooks);
+        atomic_store(&ts_hooks_installed, true);
+    }
     ts_node *n = ts__calloc(1, sizeof *n);
     if (!n) return NULL;
     atomic_init(&n->refcount, 1);
@@ -81,7 +103,10 @@ static bool node_inputs_alloc(ts_node *n, int ninputs) {
 }
 
 static ts_node *retain_node(ts_node *n) {
-    if (n) atomic_fetch_add(&n->refcount, 1);
+    if (n) {
+        int prev = atomic_fetch_add(&n->refcount, 1);
+        TS_ASSERT(prev >= 1, "node %s retained after it was freed (reference count %d)", n->name, prev);
+    }
     return n;
 }
 
@@ -101,7 +126,10 @@ void ts__node_release(ts_node *n) {
     if (n) stack[top++] = n;
     while (top > 0) {
         ts_node *x = stack[--top];
-        if (atomic_fetch_sub(&x->refcount, 1) != 1) continue;
+        int prev = atomic_fetch_sub(&x->refcount, 1);
+        TS_ASSERT(prev >= 1, "node %s released once too often (reference count was %d)", x->name, prev);
+        if (prev != 1) continue;
+        TS_ASSERT(x->ninputs >= 0, "node %s has %d inputs", x->name, x->ninputs);
         node_free_saved(x);
         ts_tensor_release(x->pending);
         for (int i = 0; i < x->ninputs; i++) {
@@ -114,6 +142,13 @@ void ts__node_release(ts_node *n) {
         free(x->inputs_heap);
         free(x);
     }
+}
+
+/* The tensor layer's hook: the leaf that owns accumulate node acc dies. */
+static void release_leaf(ts_node *acc) {
+    TS_ASSERT(acc->backward == NULL, "node %s is a leaf's accumulate node but has a backward", acc->name);
+    acc->leaf = NULL;
+    ts__node_release(acc);
 }
 
 /* The accumulate node of a leaf that requires grad (created on first use). */
@@ -130,17 +165,20 @@ static ts_node *leaf_acc_node(ts_tensor *t) {
     return t->grad_acc;
 }
 
-ts_node *ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts_tensor *const *inputs) {
-    if (ts_grad_disabled) return NULL;
+ts_status ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts_tensor *const *inputs,
+                       ts_node **out) {
+    TS_ASSERT(out != NULL && fn != NULL && ninputs >= 0 && (ninputs == 0 || inputs != NULL),
+              "ts__node_new(%s): bad arguments (%d inputs)", name, ninputs);
+    *out = NULL;
+    if (ts_grad_disabled) return TS_OK;
     bool any = false;
     for (int i = 0; i < ninputs; i++)
         if (inputs[i] && inputs[i]->requires_grad) any = true;
-    if (!any) return NULL;
+    if (!any) return TS_OK;
     ts_node *n = node_alloc(name, fn);
-    if (!n) return NULL;
-    if (!node_inputs_alloc(n, ninputs)) {
+    if (!n || !node_inputs_alloc(n, ninputs)) {
         free(n);
-        return NULL;
+        return ts__error_prefix(TS_ERR_NOMEM, "%s: recording the autograd node (%d inputs)", name, ninputs);
     }
     n->ninputs = ninputs;
     for (int i = 0; i < ninputs; i++) {
@@ -149,23 +187,46 @@ ts_node *ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts
         n->in_ndim[i] = t->ndim;
         memcpy(n->in_shape[i], t->shape, sizeof(int64_t) * (size_t)t->ndim);
         if (!t->requires_grad) continue;
+        ts_node *next = t->grad_fn ? t->grad_fn : leaf_acc_node(t);
+        if (!next) { /* the leaf's accumulate node: the edges taken so far go with n */
+            ts__node_release(n);
+            return ts__error_prefix(TS_ERR_NOMEM, "%s: recording the autograd node (input %d's accumulate node)",
+                                    name, i);
+        }
         n->needs[i] = true;
-        n->next[i] = retain_node(t->grad_fn ? t->grad_fn : leaf_acc_node(t));
+        n->next[i] = retain_node(next);
     }
-    return n;
+    *out = n;
+    return TS_OK;
 }
 
-int ts__node_save(ts_node *n, const ts_tensor *t) {
-    int slot = n->nsaved++;
-    if (t) ts_tensor_detach(t, &n->saved[slot]);
-    return slot;
+ts_status ts__node_save(ts_node *n, const ts_tensor *t) {
+    ts_status st = TS_OK;
+    TS_ASSERT(n->nsaved < TS_NODE_MAX_SAVED, "node %s saves more than %d tensors", n->name, TS_NODE_MAX_SAVED);
+    if (n->nsaved >= TS_NODE_MAX_SAVED) {
+        st = ts_error(TS_ERR_INTERNAL, "%s: more than %d tensors saved for backward", n->name, TS_NODE_MAX_SAVED);
+    } else {
+        int slot = n->nsaved++;
+        if (t) st = ts_tensor_detach(t, &n->saved[slot]);
+        if (st != TS_OK) st = ts__error_prefix(st, "%s: saving tensor %d for backward", n->name, slot);
+    }
+    if (st != TS_OK && n->save_status == TS_OK) n->save_status = st;
+    return st;
 }
 
-void ts__node_attach(ts_node *n, ts_tensor *out) {
-    if (!n) return;
+ts_status ts__node_attach(ts_node *n, ts_tensor *out) {
+    if (!n) return TS_OK;
+    if (n->save_status != TS_OK) {
+        ts_status st = n->save_status;
+        ts__node_release(n);
+        return st;
+    }
+    TS_ASSERT(out != NULL && out->grad_acc == NULL, "node %s attached to a leaf that has an accumulate node",
+              n->name);
     if (out->grad_fn) ts__node_release(out->grad_fn);
     out->grad_fn = n;
     out->requires_grad = true;
+    return TS_OK;
 }
 
 /* ---- requires_grad, .grad, hooks ------------------------------------------------------------ */
@@ -189,7 +250,7 @@ void ts_tensor_zero_grad(ts_tensor *t) {
 }
 
 int ts_tensor_add_grad_ready_hook(ts_tensor *t, ts_grad_ready_fn fn, void *user) {
-    ts_hook *h = realloc(t->hooks, sizeof *h * (size_t)(t->nhooks + 1));
+    ts_hook *h = ts__realloc(t->hooks, sizeof *h * (size_t)(t->nhooks + 1));
     if (!h) return -1;
     t->hooks = h;
     int id = ++t->next_hook_id;
@@ -231,8 +292,8 @@ typedef struct node_vec {
 static ts_status vec_push(node_vec *s, ts_node *x) {
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 64;
-        ts_node **v = realloc(s->v, cap * sizeof *v);
-        if (!v) return ts_error(TS_ERR_NOMEM, "autograd: out of memory");
+        ts_node **v = ts__realloc(s->v, cap * sizeof *v);
+        if (!v) return ts__error_prefix(TS_ERR_NOMEM, "ts_backward: node list of %zu", cap);
         s->v = v;
         s->cap = cap;
     }
@@ -242,12 +303,38 @@ static ts_status vec_push(node_vec *s, ts_node *x) {
 
 enum { NODE_UNSEEN = 0, NODE_SEEN = 1 };
 
+/* Whether gradient g fits input k of node x (debug checks of a backward's result). */
+static bool grad_fits_input(const ts_node *x, int k, const ts_tensor *g) {
+    if (g->ndim != x->in_ndim[k]) return false;
+    for (int d = 0; d < g->ndim; d++)
+        if (g->shape[d] != x->in_shape[k][d]) return false;
+    return true;
+}
+
+/* Hands gradient *gk for one in-edge to node y (taking the reference). */
+static ts_status give_grad(ts_node *y, ts_tensor **gk) {
+    if (!y->pending) {
+        y->pending = *gk;
+        *gk = NULL;
+        return TS_OK;
+    }
+    /* a backward may hand one tensor to several inputs (add passes g
+     * through): never sum into memory someone else can see */
+    if (atomic_load(&y->pending->refcount) > 1 || atomic_load(&y->pending->storage->refcount) > 1) {
+        ts_tensor *own = NULL;
+        TS_TRY(ts_tensor_clone(y->pending, &own));
+        ts_tensor_release(y->pending);
+        y->pending = own;
+    }
+    return y->pending->storage->device->k_ew->axpy(y->pending, 1.0f, *gk);
+}
+
 ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
     TS_ARG(root, "ts_backward: NULL root");
     if (!root->requires_grad)
         return ts_error(TS_ERR_STATE, "ts_backward: the tensor does not require grad (no graph was recorded)");
     ts_node *top = root->grad_fn ? root->grad_fn : leaf_acc_node(root);
-    if (!top) return TS_ERR_NOMEM;
+    if (!top) return ts__error_prefix(TS_ERR_NOMEM, "ts_backward: the root's accumulate node");
     ts_status st = TS_OK;
     node_vec all = {0}, ready = {0};
     ts_tensor *seed = NULL;
@@ -263,15 +350,21 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
     } else {
         if (ts_tensor_numel(root) != 1)
             return ts_error(TS_ERR_SHAPE, "ts_backward: grad can be omitted only for a one-element tensor");
-        TS_TRY(ts_tensor_full(root->storage->device, root->ndim, root->shape, 1.0f, &seed));
+        st = ts_tensor_full(root->storage->device, root->ndim, root->shape, 1.0f, &seed);
+        if (st != TS_OK) return ts__error_prefix(st, "ts_backward: the seed gradient");
     }
 
-    /* 1. discover reachable nodes and count in-edges */
+    /* 1. discover reachable nodes and count in-edges. A node is marked seen
+     * only once it is in `all`, so the cleanup below unmarks every marked node
+     * even when a push fails. */
+    TS_ASSERT(top->state == NODE_UNSEEN && top->pending == NULL,
+              "node %s is already in a backward pass (state %d)", top->name, top->state);
     TS_CHECK_GOTO(vec_push(&all, top));
     top->state = NODE_SEEN;
     top->deps = 0;
     for (size_t i = 0; i < all.n; i++) {
         ts_node *x = all.v[i];
+        TS_ASSERT(x->ninputs >= 0, "node %s has %d inputs", x->name, x->ninputs);
         if (x->released && x->backward)
             TS_CHECK_GOTO(ts_error(TS_ERR_STATE,
                                    "ts_backward: trying to backward through the graph a second time (node %s); "
@@ -279,22 +372,29 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
                                    x->name));
         for (int k = 0; k < x->ninputs; k++) {
             ts_node *y = x->next[k];
+            TS_ASSERT(!y == !x->needs[k], "node %s: input %d has %s edge but needs=%d", x->name, k,
+                      y ? "an" : "no", (int)x->needs[k]);
             if (!y) continue;
+            /* inputs are older than their consumer (accumulate nodes rank above all) */
+            TS_ASSERT(!y->backward || y->seq < x->seq, "node %s (seq %llu) feeds older node %s (seq %llu)", y->name,
+                      (unsigned long long)y->seq, x->name, (unsigned long long)x->seq);
             if (y->state != NODE_SEEN) {
+                TS_ASSERT(y->pending == NULL, "node %s holds a gradient from another pass", y->name);
+                TS_CHECK_GOTO(vec_push(&all, y));
                 y->state = NODE_SEEN;
                 y->deps = 0;
-                TS_CHECK_GOTO(vec_push(&all, y));
             }
             y->deps++;
         }
     }
+    TS_ASSERT(top->deps == 0, "root node %s is its own input", top->name);
 
     /* 2-4. run ready nodes, highest sequence number first */
     bool prev_mode = ts_grad_set_enabled(false);
     int prev_retain = ts_backward_retain;
     ts_backward_retain = retain_graph;
     ts_tensor *gin_inline[TS_NODE_INLINE_INPUTS], **gin_heap = NULL;
-    size_t gin_cap = 0;
+    size_t gin_cap = 0, ran = 0;
     top->pending = seed;
     seed = NULL;
     st = vec_push(&ready, top);
@@ -304,13 +404,18 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
             if (ready.v[i]->seq > ready.v[best]->seq) best = i;
         ts_node *x = ready.v[best];
         ready.v[best] = ready.v[--ready.n];
+        TS_ASSERT(x->deps == 0 && x->state == NODE_SEEN, "node %s run with %d contributions outstanding", x->name,
+                  x->deps);
         ts_tensor *g = x->pending;
         x->pending = NULL;
+        ran++;
 
         if (!x->backward) { /* accumulate node */
             ts_tensor *leaf = x->leaf;
+            TS_ASSERT(x->ninputs == 0, "accumulate node %s has %d inputs", x->name, x->ninputs);
             if (leaf && g) {
                 st = ts__grad_accumulate(&leaf->grad, g);
+                if (st != TS_OK) ts__error_prefix(st, "ts_backward: accumulating a leaf's gradient");
                 for (int h = 0; st == TS_OK && h < leaf->nhooks; h++) leaf->hooks[h].fn(leaf, leaf->hooks[h].user);
             }
             ts_tensor_release(g);
@@ -319,9 +424,10 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
         ts_tensor **gin = gin_inline;
         if (x->ninputs > TS_NODE_INLINE_INPUTS) {
             if ((size_t)x->ninputs > gin_cap) {
-                ts_tensor **v = realloc(gin_heap, sizeof *v * (size_t)x->ninputs);
+                ts_tensor **v = ts__realloc(gin_heap, sizeof *v * (size_t)x->ninputs);
                 if (!v) {
-                    st = ts_error(TS_ERR_NOMEM, "autograd: out of memory");
+                    st = ts__error_prefix(TS_ERR_NOMEM, "ts_backward: gradients of node %s (%d inputs)", x->name,
+                                          x->ninputs);
                     ts_tensor_release(g);
                     break;
                 }
@@ -338,26 +444,18 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
         ts_tensor_release(g);
         for (int k = 0; k < x->ninputs; k++) {
             ts_node *y = x->next[k];
+            TS_ASSERT(st != TS_OK || !gin[k] || grad_fits_input(x, k, gin[k]),
+                      "backward of %s gave input %d a gradient of another shape", x->name, k);
             if (!y) {
                 ts_tensor_release(gin[k]);
                 continue;
             }
             if (st == TS_OK && gin[k]) {
-                if (!y->pending) {
-                    y->pending = gin[k], gin[k] = NULL;
-                } else {
-                    /* a backward may hand one tensor to several inputs (add passes g
-                     * through): never sum into memory someone else can see */
-                    if (atomic_load(&y->pending->refcount) > 1 || atomic_load(&y->pending->storage->refcount) > 1) {
-                        ts_tensor *own = NULL;
-                        st = ts_tensor_clone(y->pending, &own);
-                        ts_tensor_release(y->pending);
-                        y->pending = own;
-                    }
-                    if (st == TS_OK) st = y->pending->storage->device->k_ew->axpy(y->pending, 1.0f, gin[k]);
-                }
+                st = give_grad(y, &gin[k]);
+                if (st != TS_OK) ts__error_prefix(st, "ts_backward: summing the gradients of %s's input", y->name);
             }
             ts_tensor_release(gin[k]);
+            TS_ASSERT(y->deps > 0, "node %s: more gradients arrived than it has consumers", y->name);
             if (--y->deps == 0 && st == TS_OK) st = vec_push(&ready, y);
         }
         if (!retain_graph) {
@@ -368,6 +466,15 @@ ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {
     ts_grad_set_enabled(prev_mode);
     ts_backward_retain = prev_retain;
     free(gin_heap);
+    /* a pass that succeeded ran every node it reached, each once, and every
+     * gradient handed to a node was consumed */
+    TS_ASSERT(st != TS_OK || ran == all.n, "ts_backward ran %zu of the %zu nodes it reached", ran, all.n);
+#ifndef NDEBUG
+    for (size_t i = 0; st == TS_OK && i < all.n; i++)
+        TS_ASSERT(all.v[i]->deps == 0 && all.v[i]->pending == NULL,
+                  "node %s left with %d outstanding contributions%s", all.v[i]->name, all.v[i]->deps,
+                  all.v[i]->pending ? " and an unconsumed gradient" : "");
+#endif
 
 fail:
     for (size_t i = 0; i < all.n; i++) {

@@ -1,12 +1,27 @@
 /*
  * autograd/autograd.h — graph nodes and the hooks ops use to record them.
  *
- * An op that may need a gradient calls ts__node_new(); it returns NULL when
- * grad mode is off or no input requires grad, and the op then records
- * nothing. The op saves what backward needs with ts__node_save() (a detached
- * alias: the node never holds a tensor that points back at a node, so the
- * graph has no cycles), stores scalars in node->p, and attaches the node to
- * its result with ts__node_attach().
+ * Recording, in an op (after its result `o` is computed):
+ *
+ *     ts_node *n = NULL;
+ *     TS_CHECK_GOTO(ts__node_new("conv2d", conv2d_backward, 3, in, &n));
+ *     if (n) {                        // NULL, TS_OK: no graph needed
+ *         ts__node_save(n, x);        // detached aliases backward needs
+ *         ts__node_save(n, w);
+ *         n->p.i[0] = ...;            // scalars
+ *         TS_CHECK_GOTO(ts__node_attach(n, o));
+ *     }
+ *
+ * ts__node_new gives NULL with TS_OK when grad mode is off on this thread or
+ * no input requires grad, and TS_ERR_NOMEM (with a message naming the op) when
+ * the node or an input's accumulate node cannot be allocated; the op then fails
+ * and releases its result, so an op never returns TS_OK without the graph it
+ * owes. ts__node_save may fail too (allocating the alias); the node remembers
+ * the first failure and ts__node_attach reports it (releasing the node, leaving
+ * the result alone), so an op may check every save or only the attach. Saved
+ * tensors are detached: the node never holds a tensor that points back at a
+ * node, so the graph has no cycles. Backward reads them with ts__node_saved(n,
+ * i), which checks i against the slots saved.
  *
  * backward(node, gout, gin) receives the gradient of the op's output and
  * writes a new reference for input i into gin[i] when node->needs[i] (leave
@@ -20,6 +35,10 @@
  * at the same time on different threads, or nested on one thread.
  * ts__backward_retain_graph() tells such a backward whether the pass that runs
  * it keeps its graph (so the inner pass can do the same).
+ *
+ * The tensor layer sits below this one: it releases a dying tensor's grad_fn
+ * and grad_acc through the hooks this file installs with
+ * ts__tensor_set_autograd_hooks (tensor/tensor.h) when the first node is made.
  */
 #ifndef TS_AUTOGRAD_H
 #define TS_AUTOGRAD_H
@@ -57,8 +76,9 @@ struct ts_node {
     int64_t in_shape_inline[TS_NODE_INLINE_INPUTS][TS_MAX_DIMS];
     void *inputs_heap; /* the arrays of a node with more inputs (one allocation), or NULL */
 
-    ts_tensor *saved[TS_NODE_MAX_SAVED]; /* detached aliases (owned) */
+    ts_tensor *saved[TS_NODE_MAX_SAVED]; /* detached aliases (owned); read with ts__node_saved */
     int nsaved;
+    ts_status save_status; /* first failing ts__node_save, reported by ts__node_attach */
     bool released; /* saved tensors freed after backward */
 
     /* op parameters for backward */
@@ -78,13 +98,30 @@ struct ts_node {
     int state;
 };
 
-/* NULL when nothing needs grad. inputs[i] may be NULL (a missing bias). */
-ts_node *ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts_tensor *const *inputs);
-/* Saves a detached alias of t; returns its slot. t may be NULL. */
-int ts__node_save(ts_node *n, const ts_tensor *t);
-/* out takes ownership of the caller's node reference; sets requires_grad. */
-void ts__node_attach(ts_node *n, ts_tensor *out);
+/* Records a node over inputs[0..ninputs) (inputs[i] may be NULL: a missing
+ * bias). *out: the node (one reference, for ts__node_attach), or NULL with
+ * TS_OK when no graph is needed (grad mode off, or no input requires grad).
+ * TS_ERR_NOMEM when allocation fails (*out NULL). */
+ts_status ts__node_new(const char *name, ts_backward_fn fn, int ninputs, const ts_tensor *const *inputs,
+                       ts_node **out) __attribute__((warn_unused_result));
+/* Saves a detached alias of t (t may be NULL) in the next slot. TS_ERR_NOMEM
+ * when the alias cannot be allocated, TS_ERR_INTERNAL past TS_NODE_MAX_SAVED;
+ * the first failure is kept for ts__node_attach. */
+ts_status ts__node_save(ts_node *n, const ts_tensor *t);
+/* out takes ownership of the caller's node reference and requires grad. If a
+ * save failed, releases n, leaves out unchanged and returns that status. A
+ * NULL n is TS_OK. */
+ts_status ts__node_attach(ts_node *n, ts_tensor *out);
 void ts__node_release(ts_node *n);
+
+/* Saved slot i (NULL if a NULL tensor was saved there). i must be below the
+ * number of slots saved: debug builds assert it, release builds give NULL
+ * rather than read past them. Saved tensors are gone after a backward pass
+ * without retain_graph (the engine refuses to run such a node again). */
+static inline ts_tensor *ts__node_saved(const ts_node *n, int i) {
+    TS_ASSERT(i >= 0 && i < n->nsaved, "node %s: saved slot %d read, %d saved", n->name, i, n->nsaved);
+    return (i >= 0 && i < n->nsaved) ? n->saved[i] : NULL;
+}
 
 /* The retain_graph flag of the innermost ts_backward running on this thread
  * (false outside backward). */

@@ -37,10 +37,46 @@
         if (!(cond)) return ts_error(TS_ERR_INVALID_ARG, __VA_ARGS__);      \
     } while (0)
 
-/* Allocation that reports failure through the error message. */
+/* Invariants of the library's own code (the backward engine's counts, a node's
+ * slots), checked in debug builds (NDEBUG not defined: Debug and sanitizer
+ * builds): a failure prints file:line, the condition and the message to stderr
+ * and abort()s. For bugs only; anything a caller can cause gets a ts_status.
+ * Release builds (-DNDEBUG) evaluate nothing. Usage: TS_ASSERT(n >= 0, "node %s", name); */
+#ifndef NDEBUG
+#define TS_ASSERT(cond, ...) ((cond) ? (void)0 : ts__assert_fail(__FILE__, __LINE__, #cond, __VA_ARGS__))
+#else
+#define TS_ASSERT(cond, ...) ((void)sizeof((cond) ? 1 : 0))
+#endif
+_Noreturn void ts__assert_fail(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Allocation that reports failure through the error message (TS_ERR_NOMEM
+ * naming the size). Every library allocation on a training step's path goes
+ * through these or ts__device_alloc, so failure injection reaches it. */
 void *ts__malloc(size_t n);
 void *ts__calloc(size_t n, size_t size);
+void *ts__realloc(void *p, size_t n); /* on failure p is left allocated */
 char *ts__strdup(const char *s);
+
+/* ---- allocation failure injection (tests) ----------------------------------------------
+ * Process-wide, all threads. While armed, every call of ts__malloc, ts__calloc,
+ * ts__realloc, ts__strdup and ts__device_alloc (device/device.c, above the CPU
+ * allocator's cache) is counted; once n of them have succeeded, the next ones
+ * fail as a real out-of-memory would (NULL and a TS_ERR_NOMEM message).
+ *   ts__alloc_fail_after(n):      every allocation after the first n fails
+ *                                 (until re-armed or disarmed); n = -1 disarms.
+ *   ts__alloc_fail_once_after(n): only the (n+1)-th fails, later ones succeed.
+ *   ts__alloc_failures():         failures injected since the last arming.
+ *   ts__alloc_count():            allocations seen since the last arming (arm
+ *                                 with LONG_MAX to count a step's allocations).
+ * Allocations inside OpenMP and OpenBLAS, and plain malloc calls, are not seen.
+ * ts__alloc_injected_failure() is the allocators' check: true when this
+ * allocation must fail. */
+void ts__alloc_fail_after(long n);
+void ts__alloc_fail_once_after(long n);
+long ts__alloc_failures(void);
+long ts__alloc_count(void);
+bool ts__alloc_injected_failure(void);
 
 /* Appends context to the current thread's error message: "ctx: <previous>". */
 ts_status ts__error_prefix(ts_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -4,6 +4,7 @@
 #include "core/internal.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 
@@ -72,15 +73,57 @@ ts_status ts__error_prefix(ts_status s, const char *fmt, ...) {
     return s;
 }
 
+/* ---- allocation and failure injection ----------------------------------------------------------- */
+/* Allocations still to succeed before injected failures start; -1: disarmed. */
+static _Atomic long ts_fail_countdown = -1;
+static _Atomic bool ts_fail_once;       /* disarm after the first injected failure */
+static _Atomic long ts_fail_injected;   /* failures injected since the last arming */
+static _Atomic long ts_fail_seen;       /* allocations seen since the last arming */
+
+static void fail_arm(long n, bool once) {
+    atomic_store(&ts_fail_countdown, -1); /* quiet while the counters reset */
+    atomic_store(&ts_fail_injected, 0);
+    atomic_store(&ts_fail_seen, 0);
+    atomic_store(&ts_fail_once, once);
+    atomic_store(&ts_fail_countdown, n < 0 ? -1 : n);
+}
+
+void ts__alloc_fail_after(long n) { fail_arm(n, false); }
+void ts__alloc_fail_once_after(long n) { fail_arm(n, true); }
+long ts__alloc_failures(void) { return atomic_load(&ts_fail_injected); }
+long ts__alloc_count(void) { return atomic_load(&ts_fail_seen); }
+
+bool ts__alloc_injected_failure(void) {
+    long c = atomic_load_explicit(&ts_fail_countdown, memory_order_relaxed);
+    if (c < 0) return false; /* disarmed: the common case costs one load */
+    atomic_fetch_add(&ts_fail_seen, 1);
+    for (;;) {
+        if (c < 0) return false;
+        if (c > 0) {
+            if (atomic_compare_exchange_weak(&ts_fail_countdown, &c, c - 1)) return false;
+            continue;
+        }
+        if (atomic_load(&ts_fail_once) && !atomic_compare_exchange_weak(&ts_fail_countdown, &c, -1)) continue;
+        atomic_fetch_add(&ts_fail_injected, 1);
+        return true;
+    }
+}
+
 void *ts__malloc(size_t n) {
-    void *p = malloc(n ? n : 1);
+    void *p = ts__alloc_injected_failure() ? NULL : malloc(n ? n : 1);
     if (!p) ts_error(TS_ERR_NOMEM, "out of host memory allocating %zu bytes", n);
     return p;
 }
 
 void *ts__calloc(size_t n, size_t size) {
-    void *p = calloc(n ? n : 1, size ? size : 1);
+    void *p = ts__alloc_injected_failure() ? NULL : calloc(n ? n : 1, size ? size : 1);
     if (!p) ts_error(TS_ERR_NOMEM, "out of host memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+
+void *ts__realloc(void *old, size_t n) {
+    void *p = ts__alloc_injected_failure() ? NULL : realloc(old, n ? n : 1);
+    if (!p) ts_error(TS_ERR_NOMEM, "out of host memory growing a block to %zu bytes", n);
     return p;
 }
 
@@ -90,4 +133,18 @@ char *ts__strdup(const char *s) {
     char *p = ts__malloc(n);
     if (p) memcpy(p, s, n);
     return p;
+}
+
+/* ---- assertions (debug builds) ------------------------------------------------------------------- */
+_Noreturn void ts__assert_fail(const char *file, int line, const char *cond, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* straight to stderr, not the logger: the process is about to abort and a
+     * sink or a level must not hide why */
+    fprintf(stderr, "tessera: internal assertion failed at %s:%d: %s: %s\n", file, line, cond, msg);
+    fflush(stderr);
+    abort();
 }

@@ -5,17 +5,21 @@
  * kept on per-size free lists (sizes rounded up to 64 bytes, or to 4 KiB above
  * 64 KiB) and reused, which avoids mmap/munmap and page faults on every step.
  * The cache is bounded (TS_CPU_CACHE_MB, default 2048) and disabled in
- * sanitizer builds or with TS_CPU_CACHE_MB=0 so ASan sees every free.
+ * sanitizer builds or with TS_CPU_CACHE_MB=0 so ASan sees every free. When the
+ * system is out of memory, the cached blocks are freed and the allocation
+ * tried once more.
+ *
+ * This file only builds devices; the registry (device.c) registers them, so
+ * calls go one way, registry to backend.
  */
 #include "device/device.h"
+#include "device/k_blas.h"
+#include "device/k_ew.h"
+#include "device/k_misc.h"
+#include "device/k_optim.h"
+#include "device/k_spatial.h"
 
 #include <stdio.h>
-
-extern const struct ts_kernels_ew ts_cpu_kernels_ew;
-extern const struct ts_kernels_blas ts_cpu_kernels_blas;
-extern const struct ts_kernels_spatial ts_cpu_kernels_spatial;
-extern const struct ts_kernels_misc ts_cpu_kernels_misc;
-extern const struct ts_kernels_optim ts_cpu_kernels_optim;
 
 typedef struct cpu_block {
     struct cpu_block *next;
@@ -52,6 +56,21 @@ static size_t bucket_of(cpu_cache *c, size_t sz, int create) {
     return (size_t)-1;
 }
 
+static void cpu_empty_cache(ts_device *d) {
+    cpu_cache *c = d->ctx;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < CPU_NBUCKETS; i++) {
+        while (c->heads[i]) {
+            cpu_block *b = c->heads[i];
+            c->heads[i] = b->next;
+            free(b);
+        }
+        c->sizes[i] = 0;
+    }
+    c->cached_bytes = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void *cpu_alloc(ts_device *d, size_t nbytes) {
     cpu_cache *c = d->ctx;
     size_t sz = round_size(nbytes);
@@ -68,8 +87,13 @@ static void *cpu_alloc(ts_device *d, size_t nbytes) {
         pthread_mutex_unlock(&c->mu);
     }
     void *p = NULL;
-    if (posix_memalign(&p, 64, sz) != 0) return NULL;
-    return p;
+    if (posix_memalign(&p, 64, sz) == 0) return p;
+    /* out of memory: give the cached blocks back to the system and try once more */
+    if (c->limit) {
+        cpu_empty_cache(d);
+        if (posix_memalign(&p, 64, sz) == 0) return p;
+    }
+    return NULL;
 }
 
 static void cpu_free(ts_device *d, void *p, size_t nbytes) {
@@ -91,21 +115,6 @@ static void cpu_free(ts_device *d, void *p, size_t nbytes) {
         pthread_mutex_unlock(&c->mu);
     }
     free(p);
-}
-
-static void cpu_empty_cache(ts_device *d) {
-    cpu_cache *c = d->ctx;
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; i < CPU_NBUCKETS; i++) {
-        while (c->heads[i]) {
-            cpu_block *b = c->heads[i];
-            c->heads[i] = b->next;
-            free(b);
-        }
-        c->sizes[i] = 0;
-    }
-    c->cached_bytes = 0;
-    pthread_mutex_unlock(&c->mu);
 }
 
 static ts_status cpu_copy(ts_device *d, void *dst, const void *src, size_t n) {
@@ -157,7 +166,6 @@ static ts_device ts_cpu_device;
 ts_device *ts__cpu_device_init(void) {
     ts_device *d = &ts_cpu_device;
     cpu_device_setup(d, "cpu", -1, &ts_cpu_cache);
-    ts__device_register(d);
     return d;
 }
 
@@ -174,8 +182,7 @@ ts_status ts__cpu_virtual_device_new(int index, int threads, ts_device **out) {
     snprintf(name, sizeof name, "cpu:%d", index);
     cpu_device_setup(d, name, index, &ts_vcpu_caches[index]);
     d->stream = ts__stream_new(name, threads);
-    if (!d->stream) return TS_ERR_NOMEM;
-    TS_TRY(ts__device_register(d));
+    if (!d->stream) return ts__error_prefix(TS_ERR_NOMEM, "virtual CPU device %s: its stream", name);
     *out = d;
     return TS_OK;
 }

@@ -13,7 +13,8 @@ static int ts_ndevices;
 static pthread_mutex_t ts_registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t ts_registry_once = PTHREAD_ONCE_INIT;
 
-static void registry_init(void) { ts__cpu_device_init(); }
+/* The host CPU is entry 0 (an empty registry cannot refuse it). */
+static void registry_init(void) { (void)ts__device_register(ts__cpu_device_init()); }
 
 ts_status ts__device_register(ts_device *d) {
     pthread_mutex_lock(&ts_registry_mu);
@@ -106,7 +107,10 @@ static ts_status vcpu_create_locked(void) {
     int n = vcpu_count_locked(), threads = vcpu_threads_locked();
     pthread_mutex_unlock(&ts_registry_mu); /* ts__device_register takes the lock */
     ts_status st = TS_OK;
-    for (int i = 0; i < n && st == TS_OK; i++) st = ts__cpu_virtual_device_new(i, threads, &ts_vcpu[i]);
+    for (int i = 0; i < n && st == TS_OK; i++) {
+        st = ts__cpu_virtual_device_new(i, threads, &ts_vcpu[i]);
+        if (st == TS_OK) st = ts__device_register(ts_vcpu[i]);
+    }
     pthread_mutex_lock(&ts_registry_mu);
     if (st == TS_OK) ts_vcpu_created = true;
     return st;
@@ -199,7 +203,9 @@ size_t ts_device_memory_peak(const ts_device *d) { return atomic_load(&d->mem_pe
 void ts_device_memory_reset_peak(ts_device *d) { atomic_store(&d->mem_peak, atomic_load(&d->mem_allocated)); }
 
 void *ts__device_alloc(ts_device *d, size_t nbytes) {
-    void *p = d->ops->alloc(d, nbytes);
+    /* failure injection sits here, above the backend's cache: a cached block
+     * would otherwise hide an injected failure */
+    void *p = ts__alloc_injected_failure() ? NULL : d->ops->alloc(d, nbytes);
     if (!p) {
         ts_error(TS_ERR_NOMEM, "out of memory on device %s allocating %zu bytes (%zu in use)", d->name, nbytes,
                  atomic_load(&d->mem_allocated));

@@ -64,10 +64,10 @@ ts_status ts__device_register(ts_device *d);
 void *ts__device_alloc(ts_device *d, size_t nbytes);
 void ts__device_free(ts_device *d, void *p, size_t nbytes);
 
-/* The CPU device's setup (device/cpu.c). */
+/* The CPU device's setup (device/cpu.c); the registry registers it. */
 ts_device *ts__cpu_device_init(void);
-/* Creates and registers virtual CPU device cpu:<index> (device/cpu.c), with a
- * stream whose kernels use `threads` threads. */
+/* Sets up virtual CPU device cpu:<index> (device/cpu.c), with a stream whose
+ * kernels use `threads` threads; the registry registers it. */
 ts_status ts__cpu_virtual_device_new(int index, int threads, ts_device **out);
 
 /* Streams (device/stream.c). */

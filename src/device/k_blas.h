@@ -12,4 +12,8 @@ struct ts_kernels_blas {
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 };
 
+/* The CPU backend's instance (src/ops/cpu/blas.c), which device/cpu.c puts in
+ * the table of every CPU device. */
+extern const struct ts_kernels_blas ts_cpu_kernels_blas;
+
 #endif

@@ -36,4 +36,8 @@ struct ts_kernels_ew {
     ts_status (*expand_scalar)(ts_tensor *out, const ts_tensor *s, float alpha);
 };
 
+/* The CPU backend's instance (src/ops/cpu/ew.c), which device/cpu.c puts in
+ * the table of every CPU device. */
+extern const struct ts_kernels_ew ts_cpu_kernels_ew;
+
 #endif

@@ -69,4 +69,8 @@ struct ts_kernels_misc {
                               const ts_tensor *target);
 };
 
+/* The CPU backend's instance (src/ops/cpu/misc.c), which device/cpu.c puts in
+ * the table of every CPU device. */
+extern const struct ts_kernels_misc ts_cpu_kernels_misc;
+
 #endif /* TS_K_MISC_H */

@@ -39,4 +39,8 @@ struct ts_kernels_optim {
                             const ts_adamw_args *a);
 };
 
+/* The CPU backend's instance (src/ops/cpu/optim.c), which device/cpu.c puts in
+ * the table of every CPU device. */
+extern const struct ts_kernels_optim ts_cpu_kernels_optim;
+
 #endif

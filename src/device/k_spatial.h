@@ -73,4 +73,8 @@ struct ts_kernels_spatial {
                                       ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
 };
 
+/* The CPU backend's instance (src/ops/cpu/spatial.c), which device/cpu.c puts in
+ * the table of every CPU device. */
+extern const struct ts_kernels_spatial ts_cpu_kernels_spatial;
+
 #endif

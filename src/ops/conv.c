@@ -82,7 +82,7 @@ static ts_conv2d_params params_load(const ts_node *n) {
 }
 
 static ts_status conv2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
-    const ts_tensor *x = n->saved[0], *w = n->saved[1];
+    const ts_tensor *x = ts__node_saved(n, 0), *w = ts__node_saved(n, 1);
     ts_device *d = x->storage->device;
     ts_conv2d_params p = params_load(n);
     ts_conv2d_geom geom = conv_geom(x->shape, w->shape, &p);
@@ -112,12 +112,13 @@ ts_status ts_conv2d(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     TS_CHECK_GOTO(ts__new(d, TS_F32, 4, (int64_t[]){g.N, g.K, g.OH, g.OW}, &o));
     TS_CHECK_GOTO(d->k_spatial->conv2d(&g, o, x, w, bc));
     const ts_tensor *in[3] = {x_in, w_in, b};
-    ts_node *n = ts__node_new("conv2d", conv2d_backward, 3, in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("conv2d", conv2d_backward, 3, in, &n));
     if (n) {
         ts__node_save(n, x);
         ts__node_save(n, w);
         params_store(n, &p);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

@@ -17,7 +17,7 @@ static ts_status dropout_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) 
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
     ts_status st = ts__new_like(g, &gin[0]);
-    if (st == TS_OK) st = g->storage->device->k_misc->masked_scale(gin[0], g, n->saved[0], n->p.f[0]);
+    if (st == TS_OK) st = g->storage->device->k_misc->masked_scale(gin[0], g, ts__node_saved(n, 0), n->p.f[0]);
     ts_tensor_release(g);
     return st;
 }
@@ -49,11 +49,12 @@ ts_status ts_dropout(const ts_tensor *x_in, float p, bool training, ts_rng *rng,
     }
     /* p == 1: mask NULL and scale 0, i.e. x * 0 as PyTorch computes it */
     TS_CHECK_GOTO(d->k_misc->masked_scale(o, x, mask, scale));
-    ts_node *n = ts__node_new("dropout", dropout_backward, 1, &x_in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("dropout", dropout_backward, 1, &x_in, &n));
     if (n) {
         ts__node_save(n, mask);
         n->p.f[0] = scale;
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

@@ -60,7 +60,7 @@ static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
         ts_tensor *full = NULL;
         if (op == TS_BIN_MUL) {
             /* d(a*b)/da = g * b (b broadcast to g's shape) */
-            const ts_tensor *other = n->saved[1 - i];
+            const ts_tensor *other = ts__node_saved(n, 1 - i);
             int nd;
             int64_t shape[TS_MAX_DIMS], s1[TS_MAX_DIMS], s2[TS_MAX_DIMS];
             TS_TRY(broadcast("mul backward", g, other, &nd, shape, s1, s2));
@@ -72,7 +72,11 @@ static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
             }
         } else if (op == TS_BIN_SUB && i == 1) {
             TS_TRY(ts__new_like(g, &full));
-            TS_TRY(d->k_ew->scale(full, g, -1.0f));
+            ts_status st = d->k_ew->scale(full, g, -1.0f);
+            if (st != TS_OK) {
+                ts_tensor_release(full);
+                return st;
+            }
         } else {
             full = ts_tensor_retain(g);
         }
@@ -94,20 +98,21 @@ static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, co
     ts_device *d = a->storage->device;
     ts_tensor *o = NULL;
     TS_TRY(ts__new(d, TS_F32, nd, shape, &o));
-    ts_status st = d->k_ew->binary(op, o, a, astr, b, bstr);
-    if (st != TS_OK) {
-        ts_tensor_release(o);
-        return st;
-    }
     const ts_tensor *in[2] = {a, b};
-    ts_node *n = ts__node_new(name, binary_backward, 2, in);
+    ts_node *n = NULL;
+    ts_status st = d->k_ew->binary(op, o, a, astr, b, bstr);
+    if (st == TS_OK) st = ts__node_new(name, binary_backward, 2, in, &n);
     if (n) {
         n->p.i[0] = op;
         if (op == TS_BIN_MUL) {
             ts__node_save(n, a);
             ts__node_save(n, b);
         }
-        ts__node_attach(n, o);
+        st = ts__node_attach(n, o);
+    }
+    if (st != TS_OK) {
+        ts_tensor_release(o);
+        return st;
     }
     *out = o;
     return TS_OK;
@@ -128,17 +133,18 @@ ts_status ts_scale(const ts_tensor *a, float s, ts_tensor **out) {
     TS_ARG(out, "scale: NULL out");
     ts_tensor *x = NULL, *o = NULL;
     TS_TRY(ts__contiguous(a, &x));
+    ts_node *n = NULL;
     ts_status st = ts__new_like(x, &o);
     if (st == TS_OK) st = x->storage->device->k_ew->scale(o, x, s);
     ts_tensor_release(x);
+    if (st == TS_OK) st = ts__node_new("scale", scale_backward, 1, &a, &n);
+    if (n) {
+        n->p.f[0] = s;
+        st = ts__node_attach(n, o);
+    }
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
-    }
-    ts_node *n = ts__node_new("scale", scale_backward, 1, &a);
-    if (n) {
-        n->p.f[0] = s;
-        ts__node_attach(n, o);
     }
     *out = o;
     return TS_OK;
@@ -147,7 +153,7 @@ ts_status ts_scale(const ts_tensor *a, float s, ts_tensor **out) {
 /* ---- relu ----------------------------------------------------------------------------------------- */
 static ts_status relu_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     TS_TRY(ts__new_like(g, &gin[0]));
-    return g->storage->device->k_ew->relu_backward(gin[0], g, n->saved[0]);
+    return g->storage->device->k_ew->relu_backward(gin[0], g, ts__node_saved(n, 0));
 }
 
 ts_status ts_relu(const ts_tensor *x, ts_tensor **out) {
@@ -155,17 +161,18 @@ ts_status ts_relu(const ts_tensor *x, ts_tensor **out) {
     TS_ARG(out, "relu: NULL out");
     ts_tensor *c = NULL, *o = NULL;
     TS_TRY(ts__contiguous(x, &c));
+    ts_node *n = NULL;
     ts_status st = ts__new_like(c, &o);
     if (st == TS_OK) st = c->storage->device->k_ew->relu(o, c);
     ts_tensor_release(c);
+    if (st == TS_OK) st = ts__node_new("relu", relu_backward, 1, &x, &n);
+    if (n) {
+        ts__node_save(n, o); /* the output decides where the gradient passes */
+        st = ts__node_attach(n, o);
+    }
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
-    }
-    ts_node *n = ts__node_new("relu", relu_backward, 1, &x);
-    if (n) {
-        ts__node_save(n, o); /* the output decides where the gradient passes */
-        ts__node_attach(n, o);
     }
     *out = o;
     return TS_OK;
@@ -188,14 +195,15 @@ static ts_status reduce_all(const char *name, const ts_tensor *x, bool mean, ts_
     int64_t n = ts_tensor_numel(c);
     if (st == TS_OK && mean) st = d->k_ew->scale(o, o, n ? 1.0f / (float)n : 0.0f);
     ts_tensor_release(c);
+    ts_node *node = NULL;
+    if (st == TS_OK) st = ts__node_new(name, sum_backward, 1, &x, &node);
+    if (node) {
+        node->p.f[0] = mean ? (n ? 1.0f / (float)n : 0.0f) : 1.0f;
+        st = ts__node_attach(node, o);
+    }
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
-    }
-    ts_node *node = ts__node_new(name, sum_backward, 1, &x);
-    if (node) {
-        node->p.f[0] = mean ? (n ? 1.0f / (float)n : 0.0f) : 1.0f;
-        ts__node_attach(node, o);
     }
     *out = o;
     return TS_OK;
@@ -219,15 +227,16 @@ ts_status ts_to_device(const ts_tensor *x, ts_device *dev, ts_tensor **out) {
     }
     ts_tensor *o = NULL;
     TS_TRY(ts__new(dev, x->dtype, x->ndim, x->shape, &o));
+    ts_node *n = NULL;
     ts_status st = ts_tensor_copy_(o, x);
+    if (st == TS_OK) st = ts__node_new("to_device", to_device_backward, 1, &x, &n);
+    if (n) {
+        n->ctx = x->storage->device; /* devices live for the whole process: no free_ctx */
+        st = ts__node_attach(n, o);
+    }
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
-    }
-    ts_node *n = ts__node_new("to_device", to_device_backward, 1, &x);
-    if (n) {
-        n->ctx = x->storage->device; /* devices live for the whole process: no free_ctx */
-        ts__node_attach(n, o);
     }
     *out = o;
     return TS_OK;

@@ -13,7 +13,7 @@ static ts_status embedding_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin
     TS_TRY(ts__contiguous(g_in, &g));
     ts_device *d = g->storage->device;
     ts_status st = ts__new(d, TS_F32, n->in_ndim[0], n->in_shape[0], &gin[0]);
-    if (st == TS_OK) st = d->k_misc->embedding_backward(gin[0], n->saved[0], g);
+    if (st == TS_OK) st = d->k_misc->embedding_backward(gin[0], ts__node_saved(n, 0), g);
     ts_tensor_release(g);
     return st;
 }
@@ -44,10 +44,11 @@ ts_status ts_embedding(const ts_tensor *idx_in, const ts_tensor *weight, ts_tens
     TS_CHECK_GOTO(ts__new(d, TS_F32, idx_in->ndim + 1, shape, &o));
     TS_CHECK_GOTO(d->k_misc->embedding(o, idx, w));
     /* the indices are not differentiable: the node's one input is the weight */
-    ts_node *n = ts__node_new("embedding", embedding_backward, 1, &weight);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("embedding", embedding_backward, 1, &weight, &n));
     if (n) {
         ts__node_save(n, idx);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

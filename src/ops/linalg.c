@@ -15,7 +15,7 @@ static ts_status add_row_bias(ts_tensor *out, const ts_tensor *bias) {
 
 /* ---- matmul ---------------------------------------------------------------------------------- */
 static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
-    const ts_tensor *a = n->saved[0], *b = n->saved[1];
+    const ts_tensor *a = ts__node_saved(n, 0), *b = ts__node_saved(n, 1);
     ts_device *d = g->storage->device;
     int64_t M = a->shape[0], K = a->shape[1], N = b->shape[1];
     if (n->needs[0]) { /* ga = g b^T: (M,N)(N,K) */
@@ -53,11 +53,12 @@ ts_status ts_matmul(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **ou
     else
         TS_CHECK_GOTO(d->k_blas->sgemm(d, false, false, M, N, K, 1.0f, ts__f32(a), K, ts__f32(b), N, 0.0f, ts__f32(o), N));
     const ts_tensor *in[2] = {a_in, b_in};
-    ts_node *n = ts__node_new("matmul", matmul_backward, 2, in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("matmul", matmul_backward, 2, in, &n));
     if (n) {
         ts__node_save(n, a);
         ts__node_save(n, b);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;
@@ -70,7 +71,7 @@ fail:
 
 /* ---- linear ------------------------------------------------------------------------------------- */
 static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
-    const ts_tensor *x = n->saved[0], *w = n->saved[1];
+    const ts_tensor *x = ts__node_saved(n, 0), *w = ts__node_saved(n, 1);
     ts_device *d = g->storage->device;
     int64_t N = x->shape[0], IN = x->shape[1], OUT = w->shape[0];
     if (n->needs[0]) { /* gx = g w: (N,OUT)(OUT,IN) */
@@ -124,11 +125,12 @@ ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
                                        ts__f32(o), OUT));
     if (b) TS_CHECK_GOTO(add_row_bias(o, b));
     const ts_tensor *in[3] = {x_in, w_in, b};
-    ts_node *n = ts__node_new("linear", linear_backward, 3, in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("linear", linear_backward, 3, in, &n));
     if (n) {
         ts__node_save(n, x);
         ts__node_save(n, w);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

@@ -20,7 +20,8 @@ static ts_status log_softmax_backward(ts_node *n, ts_tensor *g_in, ts_tensor **g
     TS_TRY(ts__contiguous(g_in, &g));
     ts_status st = ts__new_like(g, &gin[0]);
     if (st == TS_OK)
-        st = g->storage->device->k_misc->log_softmax_backward(gin[0], g, n->saved[0], n->p.i[0], n->p.i[1], n->p.i[2]);
+        st = g->storage->device->k_misc->log_softmax_backward(gin[0], g, ts__node_saved(n, 0), n->p.i[0], n->p.i[1],
+                                                                  n->p.i[2]);
     ts_tensor_release(g);
     return st;
 }
@@ -46,13 +47,14 @@ ts_status ts_log_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
     TS_CHECK_GOTO(ts__contiguous(x_in, &x));
     TS_CHECK_GOTO(ts__new_like(x, &o));
     TS_CHECK_GOTO(x->storage->device->k_misc->log_softmax(o, x, outer, n, inner));
-    ts_node *node = ts__node_new("log_softmax", log_softmax_backward, 1, &x_in);
+    ts_node *node = NULL;
+    TS_CHECK_GOTO(ts__node_new("log_softmax", log_softmax_backward, 1, &x_in, &node));
     if (node) {
         ts__node_save(node, o); /* backward needs softmax = exp(output) */
         node->p.i[0] = outer;
         node->p.i[1] = n;
         node->p.i[2] = inner;
-        ts__node_attach(node, o);
+        TS_CHECK_GOTO(ts__node_attach(node, o));
     }
     *out = o;
     o = NULL;
@@ -67,11 +69,11 @@ fail:
 static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
-    const ts_tensor *logits = n->saved[0];
+    const ts_tensor *logits = ts__node_saved(n, 0);
     ts_status st = ts__new_like(logits, &gin[0]);
     if (st == TS_OK)
-        st = g->storage->device->k_misc->cross_entropy_backward(gin[0], g, logits, n->saved[1], n->saved[2], n->p.f[0],
-                                                                  TS_CE_IGNORE_INDEX);
+        st = g->storage->device->k_misc->cross_entropy_backward(gin[0], g, logits, ts__node_saved(n, 1),
+                                                                  ts__node_saved(n, 2), n->p.f[0], TS_CE_IGNORE_INDEX);
     ts_tensor_release(g);
     return st;
 }
@@ -103,13 +105,14 @@ ts_status ts_cross_entropy(const ts_tensor *logits_in, const ts_tensor *target_i
     TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &o));
     TS_CHECK_GOTO(d->k_misc->cross_entropy(o, lse, x, t, label_smoothing, TS_CE_IGNORE_INDEX));
     /* the target is not differentiable: the node's one input is the logits */
-    ts_node *n = ts__node_new("cross_entropy", cross_entropy_backward, 1, &logits_in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("cross_entropy", cross_entropy_backward, 1, &logits_in, &n));
     if (n) {
         ts__node_save(n, x);
         ts__node_save(n, lse);
         ts__node_save(n, t);
         n->p.f[0] = label_smoothing;
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;
@@ -124,7 +127,7 @@ fail:
 /* ---- mse_loss ---------------------------------------------------------------------------------------- */
 /* saved: pred, target (same shape) */
 static ts_status mse_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
-    const ts_tensor *p = n->saved[0], *t = n->saved[1];
+    const ts_tensor *p = ts__node_saved(n, 0), *t = ts__node_saved(n, 1);
     for (int i = 0; i < 2; i++)
         if (n->needs[i]) TS_TRY(ts__new_like(i ? t : p, &gin[i]));
     return g->storage->device->k_misc->mse_backward(gin[0], gin[1], g, p, t);
@@ -158,11 +161,12 @@ ts_status ts_mse_loss(const ts_tensor *pred_in, const ts_tensor *target_in, ts_t
     TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &o));
     TS_CHECK_GOTO(d->k_misc->mse(o, p, t));
     const ts_tensor *in[2] = {pred_in, target_in};
-    ts_node *n = ts__node_new("mse_loss", mse_backward, 2, in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("mse_loss", mse_backward, 2, in, &n));
     if (n) {
         ts__node_save(n, p);
         ts__node_save(n, t);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

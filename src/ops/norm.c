@@ -25,7 +25,8 @@ static ts_status check_vec(const char *arg, const ts_tensor *t, const ts_tensor 
 }
 
 static ts_status batchnorm2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
-    const ts_tensor *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *w = n->saved[3];
+    const ts_tensor *x = ts__node_saved(n, 0), *mean = ts__node_saved(n, 1), *invstd = ts__node_saved(n, 2),
+                    *w = ts__node_saved(n, 3);
     ts_device *d = x->storage->device;
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
@@ -79,14 +80,15 @@ ts_status ts_batchnorm2d(const ts_tensor *x_in, const ts_tensor *weight, const t
     TS_CHECK_GOTO(ts__new_like(x, &o));
     TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, mean, invstd, w, b));
     const ts_tensor *in[3] = {x_in, weight, bias};
-    ts_node *n = ts__node_new("batchnorm2d", batchnorm2d_backward, 3, in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("batchnorm2d", batchnorm2d_backward, 3, in, &n));
     if (n) {
         ts__node_save(n, x);
         ts__node_save(n, mean);
         ts__node_save(n, invstd);
         ts__node_save(n, w);
         n->p.i[0] = training;
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

@@ -78,7 +78,7 @@ static ts_status maxpool2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin
     TS_TRY(ts__contiguous(g_in, &g));
     ts_device *d = g->storage->device;
     ts_status st = ts__new(d, TS_F32, 4, (int64_t[]){geom.N, geom.C, geom.H, geom.W}, &gin[0]);
-    if (st == TS_OK) st = d->k_spatial->maxpool2d_backward(&geom, gin[0], g, n->saved[0]);
+    if (st == TS_OK) st = d->k_spatial->maxpool2d_backward(&geom, gin[0], g, ts__node_saved(n, 0));
     ts_tensor_release(g);
     return st;
 }
@@ -95,11 +95,12 @@ ts_status ts_maxpool2d(const ts_tensor *x_in, ts_pool2d_params p, ts_tensor **ou
     TS_CHECK_GOTO(ts__new(d, TS_F32, 4, shape, &o));
     TS_CHECK_GOTO(ts__new(d, TS_I32, 4, shape, &idx));
     TS_CHECK_GOTO(d->k_spatial->maxpool2d(&g, o, idx, x));
-    ts_node *n = ts__node_new("maxpool2d", maxpool2d_backward, 1, &x_in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("maxpool2d", maxpool2d_backward, 1, &x_in, &n));
     if (n) {
         ts__node_save(n, idx);
         geom_store(n, &g);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;
@@ -129,10 +130,11 @@ static ts_status avgpool_run(const char *name, const ts_tensor *x_in, const ts_p
     ts_device *d = x->storage->device;
     TS_CHECK_GOTO(ts__new(d, TS_F32, 4, (int64_t[]){g->N, g->C, g->OH, g->OW}, &o));
     TS_CHECK_GOTO(d->k_spatial->avgpool2d(g, o, x));
-    ts_node *n = ts__node_new(name, avgpool2d_backward, 1, &x_in);
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new(name, avgpool2d_backward, 1, &x_in, &n));
     if (n) {
         geom_store(n, g);
-        ts__node_attach(n, o);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
     }
     *out = o;
     o = NULL;

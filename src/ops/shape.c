@@ -54,8 +54,13 @@ static ts_status reshape_to(const char *op, const ts_tensor *x, int ndim, const 
         ts_tensor_release(c);
         TS_TRY(st);
     }
-    ts_node *n = ts__node_new(op, reshape_backward, 1, &x);
-    if (n) ts__node_attach(n, o);
+    ts_node *n = NULL;
+    ts_status st = ts__node_new(op, reshape_backward, 1, &x, &n);
+    if (n) st = ts__node_attach(n, o);
+    if (st != TS_OK) {
+        ts_tensor_release(o);
+        return st;
+    }
     *out = o;
     return TS_OK;
 }
@@ -212,14 +217,15 @@ static ts_status concat_run(ts_tensor *const *xs, int n, int d, int ndim, const 
         }
         off += sz;
     }
+    ts_node *node = NULL;
+    if (st == TS_OK) st = ts__node_new("concat", concat_backward, n, (const ts_tensor *const *)xs, &node);
+    if (node) {
+        node->p.i[0] = d;
+        st = ts__node_attach(node, o);
+    }
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
-    }
-    ts_node *node = ts__node_new("concat", concat_backward, n, (const ts_tensor *const *)xs);
-    if (node) {
-        node->p.i[0] = d;
-        ts__node_attach(node, o);
     }
     *out = o;
     return TS_OK;
@@ -307,15 +313,16 @@ ts_status ts_slice(const ts_tensor *x, int dim, int64_t start, int64_t end, ts_t
         if (st == TS_OK) st = dev->k_misc->narrow_copy(o, len, 0, c, size, start, len, outer, inner);
         ts_tensor_release(c);
     }
-    if (st != TS_OK) {
-        ts_tensor_release(o);
-        return st;
-    }
-    ts_node *n = ts__node_new("slice", slice_backward, 1, &x);
+    ts_node *n = NULL;
+    if (st == TS_OK) st = ts__node_new("slice", slice_backward, 1, &x, &n);
     if (n) {
         n->p.i[0] = d;
         n->p.i[1] = start;
-        ts__node_attach(n, o);
+        st = ts__node_attach(n, o);
+    }
+    if (st != TS_OK) {
+        ts_tensor_release(o);
+        return st;
     }
     *out = o;
     return TS_OK;

@@ -4,6 +4,9 @@
  * state created lazily at the first step with a gradient; parameters whose
  * gradient is NULL are skipped. The element updates run in the device's
  * optim kernels (src/device/k_optim.h); scalars are computed here in double.
+ *
+ * A step first creates every state tensor it will need, then updates: a step
+ * that fails for lack of memory leaves every parameter as it was.
  */
 #include "tensor/tensor.h"
 #include "device/k_optim.h"
@@ -18,6 +21,7 @@ typedef struct param_state {
     char *name;    /* owned copy */
     ts_tensor *p;  /* owned reference */
     ts_tensor *buf;                           /* SGD momentum buffer */
+    bool buf_fresh;                           /* buf allocated by this step, not yet written */
     ts_tensor *exp_avg, *exp_avg_sq, *vmax;   /* AdamW */
     int64_t step;                             /* AdamW: steps taken by this parameter */
 } param_state;
@@ -129,6 +133,7 @@ static void clear_state(param_state *s) {
         *state_slot(s, k) = NULL;
     }
     s->step = 0;
+    s->buf_fresh = false;
 }
 
 void ts_optimizer_free(ts_optimizer *o) {
@@ -178,30 +183,33 @@ static ts_status zeros_like(const ts_tensor *p, ts_tensor **out) {
     return ts_tensor_zeros(p->storage->device, TS_F32, p->ndim, p->shape, out);
 }
 
+/* Creates the state tensors a step of parameter s needs (none are written yet
+ * on failure; what was created stays for the next try). */
+static ts_status state_prepare(ts_optimizer *o, param_state *s) {
+    if (o->kind == OPT_SGD) {
+        if (o->sgd.momentum != 0.0f && !s->buf) {
+            TS_TRY(ts__new_like(s->p, &s->buf)); /* the kernel writes every element at the first step */
+            s->buf_fresh = true;
+        }
+        return TS_OK;
+    }
+    if (!s->exp_avg) s->step = 0; /* new moments start over */
+    if (!s->exp_avg) TS_TRY(zeros_like(s->p, &s->exp_avg));
+    if (!s->exp_avg_sq) TS_TRY(zeros_like(s->p, &s->exp_avg_sq));
+    if (o->adamw.amsgrad && !s->vmax) TS_TRY(zeros_like(s->p, &s->vmax));
+    return TS_OK;
+}
+
 static ts_status step_sgd(ts_optimizer *o, param_state *s, const ts_tensor *g) {
     const ts_sgd_config *c = &o->sgd;
-    ts_sgd_args a = {o->lr, c->momentum, c->dampening, c->weight_decay, c->nesterov, c->maximize, false};
-    if (c->momentum != 0.0f && !s->buf) {
-        TS_TRY(ts__new_like(s->p, &s->buf)); /* the kernel writes every element */
-        a.first = true;
-    }
-    ts_status st = s->p->storage->device->k_optim->sgd_step(s->p, g, s->buf, &a);
-    if (st != TS_OK && a.first) {
-        ts_tensor_release(s->buf);
-        s->buf = NULL;
-    }
-    return st;
+    ts_sgd_args a = {o->lr, c->momentum, c->dampening, c->weight_decay, c->nesterov, c->maximize, s->buf_fresh};
+    TS_TRY(s->p->storage->device->k_optim->sgd_step(s->p, g, s->buf, &a));
+    s->buf_fresh = false;
+    return TS_OK;
 }
 
 static ts_status step_adamw(ts_optimizer *o, param_state *s, const ts_tensor *g) {
     const ts_adamw_config *c = &o->adamw;
-    if (!s->exp_avg) {
-        TS_TRY(zeros_like(s->p, &s->exp_avg));
-        TS_TRY(zeros_like(s->p, &s->exp_avg_sq));
-        if (c->amsgrad) TS_TRY(zeros_like(s->p, &s->vmax));
-        s->step = 0;
-    }
-    if (c->amsgrad && !s->vmax) TS_TRY(zeros_like(s->p, &s->vmax));
     int64_t step = s->step + 1;
     double lr = o->lr, bc1 = 1.0 - pow((double)c->beta1, (double)step), bc2 = 1.0 - pow((double)c->beta2, (double)step);
     ts_adamw_args a = {o->lr, c->beta1, c->beta2, c->eps, c->weight_decay, (float)(lr / bc1), (float)sqrt(bc2),
@@ -216,21 +224,38 @@ ts_status ts_optimizer_step(ts_optimizer *o) {
     TS_ARG(o, "ts_optimizer_step: NULL optimizer");
     for (int i = 0; i < o->n; i++)
         if (o->ps[i].p->grad) TS_TRY(check_grad(o, &o->ps[i]));
-    bool prev = ts_grad_set_enabled(false);
+    /* 1. everything the updates need: state tensors, contiguous gradients */
+    ts_tensor **gs = ts__calloc((size_t)(o->n ? o->n : 1), sizeof *gs);
+    if (!gs) return ts__error_prefix(TS_ERR_NOMEM, "%s step", ts_optimizer_name(o));
     ts_status st = TS_OK;
     for (int i = 0; i < o->n && st == TS_OK; i++) {
         param_state *s = &o->ps[i];
         if (!s->p->grad) continue;
-        ts_tensor *g = NULL;
-        st = ts__contiguous(s->p->grad, &g);
-        if (st != TS_OK) break;
-        st = o->kind == OPT_SGD ? step_sgd(o, s, g) : step_adamw(o, s, g);
-        ts_tensor_release(g);
+        st = state_prepare(o, s);
+        if (st == TS_OK) st = ts__contiguous(s->p->grad, &gs[i]);
+        if (st != TS_OK) st = ts__error_prefix(st, "%s step: '%s'", ts_optimizer_name(o), s->name);
+    }
+    /* 2. the updates */
+    bool prev = ts_grad_set_enabled(false);
+    for (int i = 0; i < o->n && st == TS_OK; i++) {
+        param_state *s = &o->ps[i];
+        if (!gs[i]) continue;
+        st = o->kind == OPT_SGD ? step_sgd(o, s, gs[i]) : step_adamw(o, s, gs[i]);
         if (st != TS_OK) st = ts__error_prefix(st, "%s step: '%s'", ts_optimizer_name(o), s->name);
     }
     ts_grad_set_enabled(prev);
-    if (st == TS_OK) o->nsteps++;
-    return st;
+    for (int i = 0; i < o->n; i++) ts_tensor_release(gs[i]);
+    free(gs);
+    if (st != TS_OK) {
+        /* state created for this step but never written is not state: a checkpoint must not see it */
+        for (int i = 0; i < o->n; i++) {
+            param_state *s = &o->ps[i];
+            if (s->buf_fresh || (o->kind == OPT_ADAMW && s->exp_avg && s->step == 0)) clear_state(s);
+        }
+        return st;
+    }
+    o->nsteps++;
+    return TS_OK;
 }
 
 /* ---- state ------------------------------------------------------------------------------------------ */

@@ -597,17 +597,11 @@ ts_status ts_data_parallel(ts_module *module, const ts_tensor *x, ts_device *con
         goto fail;
     }
     in[0] = x;
-    bool want = x->requires_grad;
-    for (int j = 0; j < np; j++) {
-        in[1 + j] = src.tensors[j];
-        want |= src.tensors[j]->requires_grad;
-    }
-    ts_node *node = ts__node_new("DataParallel", dp_backward, np + 1, in);
+    for (int j = 0; j < np; j++) in[1 + j] = src.tensors[j];
+    ts_node *node = NULL;
+    st = ts__node_new("DataParallel", dp_backward, np + 1, in, &node);
     free(in);
-    if (!node && want && ts_grad_is_enabled()) {
-        st = ts_error(TS_ERR_NOMEM, "ts_data_parallel: out of memory recording the autograd node");
-        goto fail;
-    }
+    if (st != TS_OK) goto fail;
     if (node) {
         node->p.i[0] = (int64_t)(uintptr_t)x->storage->device;
         node->ctx = c;

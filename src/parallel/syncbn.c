@@ -262,7 +262,8 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
     TS_CHECK_GOTO(ts__new_like(x, &o));
     if (ts_tensor_numel(x) > 0) TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, mean, invstd, w, b));
     const ts_tensor *in[3] = {x_in, weight, bias};
-    ts_node *node = ts__node_new("sync_batchnorm2d", syncbn_backward, 3, in);
+    ts_node *node = NULL;
+    TS_CHECK_GOTO(ts__node_new("sync_batchnorm2d", syncbn_backward, 3, in, &node));
     if (node) {
         ts__node_save(node, x);
         ts__node_save(node, mean);
@@ -270,7 +271,7 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
         ts__node_save(node, w);
         node->p.i[0] = (int64_t)n;
         node->ctx = c->pg; /* borrowed: no free_ctx */
-        ts__node_attach(node, o);
+        TS_CHECK_GOTO(ts__node_attach(node, o));
     }
     *out = o;
     o = NULL;

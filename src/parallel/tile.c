@@ -575,13 +575,18 @@ static ts_status bn_combine(fwd *f) {
             goto fail;
         }
         const ts_tensor *in[2] = {f->cur[t], prev};
-        ts_node *node = ts__node_new("tile_bn_stats", bn_stats_backward, 2, in);
+        ts_node *node = NULL;
+        st = ts__node_new("tile_bn_stats", bn_stats_backward, 2, in, &node);
         if (node) {
             ts__node_save(node, f->cur[t]);
             ts__node_save(node, f->mu[t]);
             ts__node_save(node, f->is[t]);
             node->p.i[0] = f->M;
-            ts__node_attach(node, s);
+            st = ts__node_attach(node, s);
+        }
+        if (st != TS_OK) {
+            ts_tensor_release(s);
+            goto fail;
         }
         ts_tensor_release(prev);
         prev = s;
@@ -608,13 +613,14 @@ static ts_status task_bn_apply(fwd *f, int t) {
     TS_CHECK_GOTO(ts__new_like(x, &o));
     TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, f->mu[t], f->is[t], w, b));
     const ts_tensor *in[4] = {f->cur[t], s, f->w[t], f->bias[t]};
-    ts_node *node = ts__node_new("tile_bn_apply", bn_apply_backward, 4, in);
+    ts_node *node = NULL;
+    TS_CHECK_GOTO(ts__node_new("tile_bn_apply", bn_apply_backward, 4, in, &node));
     if (node) {
         ts__node_save(node, x);
         ts__node_save(node, f->mu[t]);
         ts__node_save(node, f->is[t]);
         ts__node_save(node, w);
-        ts__node_attach(node, o);
+        TS_CHECK_GOTO(ts__node_attach(node, o));
     }
     f->nxt[t] = o;
     o = NULL;

@@ -7,16 +7,16 @@ ts_status ts_tensor_list_append(ts_tensor_list *l, const char *name, ts_tensor *
     TS_ARG(l && name && t, "ts_tensor_list_append: NULL argument");
     if (l->n == l->cap) {
         int cap = l->cap ? l->cap * 2 : 16;
-        char **nn = realloc(l->names, sizeof *nn * (size_t)cap);
-        if (!nn) return ts_error(TS_ERR_NOMEM, "ts_tensor_list_append: out of memory");
+        char **nn = ts__realloc(l->names, sizeof *nn * (size_t)cap);
+        if (!nn) return ts__error_prefix(TS_ERR_NOMEM, "ts_tensor_list_append('%s')", name);
         l->names = nn;
-        ts_tensor **tt = realloc(l->tensors, sizeof *tt * (size_t)cap);
-        if (!tt) return ts_error(TS_ERR_NOMEM, "ts_tensor_list_append: out of memory");
+        ts_tensor **tt = ts__realloc(l->tensors, sizeof *tt * (size_t)cap);
+        if (!tt) return ts__error_prefix(TS_ERR_NOMEM, "ts_tensor_list_append('%s')", name);
         l->tensors = tt;
         l->cap = cap;
     }
     char *copy = ts__strdup(name);
-    if (!copy) return TS_ERR_NOMEM;
+    if (!copy) return ts__error_prefix(TS_ERR_NOMEM, "ts_tensor_list_append('%s')", name);
     l->names[l->n] = copy;
     l->tensors[l->n] = ts_tensor_retain(t);
     l->n++;

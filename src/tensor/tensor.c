@@ -1,7 +1,6 @@
 /*
  * tensor/tensor.c — creation, refcounting, views and host copies of tensors.
  */
-#include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 
@@ -139,13 +138,23 @@ ts_tensor *ts_tensor_retain(ts_tensor *t) {
     return t;
 }
 
+static _Atomic(const ts__autograd_hooks *) ts_autograd_hooks;
+
+void ts__tensor_set_autograd_hooks(const ts__autograd_hooks *h) {
+    atomic_store_explicit(&ts_autograd_hooks, h, memory_order_release);
+}
+
 void ts_tensor_release(ts_tensor *t) {
-    if (!t || atomic_fetch_sub(&t->refcount, 1) != 1) return;
-    if (t->grad_acc) {
-        t->grad_acc->leaf = NULL;
-        ts__node_release(t->grad_acc);
+    if (!t) return;
+    int prev = atomic_fetch_sub(&t->refcount, 1);
+    TS_ASSERT(prev >= 1, "tensor released once too often (reference count was %d)", prev);
+    if (prev != 1) return;
+    if (t->grad_acc || t->grad_fn) {
+        const ts__autograd_hooks *h = atomic_load_explicit(&ts_autograd_hooks, memory_order_acquire);
+        TS_ASSERT(h != NULL, "a tensor holds autograd nodes but autograd installed no hooks");
+        if (h && t->grad_acc) h->release_leaf(t->grad_acc);
+        if (h && t->grad_fn) h->release_node(t->grad_fn);
     }
-    if (t->grad_fn) ts__node_release(t->grad_fn);
     ts_tensor_release(t->grad);
     storage_release(t->storage);
     free(t->hooks);

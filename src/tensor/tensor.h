@@ -4,7 +4,8 @@
  * Ownership: a tensor holds one reference to its storage and, when it is the
  * result of a recorded op, one reference to its grad_fn node. A leaf that
  * requires grad owns its accumulate node (grad_acc); that node points back at
- * the leaf weakly, and the leaf clears the pointer when it dies.
+ * the leaf weakly, and the leaf has it cleared when it dies (through the
+ * autograd hooks below: this layer does not include autograd's headers).
  */
 #ifndef TS_TENSOR_INTERNAL_H
 #define TS_TENSOR_INTERNAL_H
@@ -50,6 +51,19 @@ static inline void *ts__ptr(const ts_tensor *t) {
     return (char *)t->storage->data + (size_t)t->offset * ts_dtype_size(t->dtype);
 }
 static inline float *ts__f32(const ts_tensor *t) { return (float *)ts__ptr(t); }
+
+/* ---- the autograd layer's hooks ------------------------------------------------------
+ * The tensor layer sits below autograd and does not know what a node is (as
+ * PyTorch's c10 TensorImpl reaches autograd only through AutogradMetaInterface).
+ * A dying tensor hands its nodes back through these hooks, which autograd
+ * installs before it creates its first node, so any tensor holding a node finds
+ * them set. */
+typedef struct ts__autograd_hooks {
+    void (*release_node)(struct ts_node *n);     /* drops a reference to a node (grad_fn) */
+    void (*release_leaf)(struct ts_node *acc);   /* the owning leaf of accumulate node acc dies:
+                                                    clear acc's weak pointer to it, drop the reference */
+} ts__autograd_hooks;
+void ts__tensor_set_autograd_hooks(const ts__autograd_hooks *h);
 
 int64_t ts__numel(int ndim, const int64_t *shape);
 /* A new contiguous tensor with no data initialisation (same as ts_tensor_empty). */
