@@ -1,17 +1,15 @@
 /*
- * core/threads.c — one knob for the CPU thread count, shared by our OpenMP
- * kernels and OpenBLAS (linked in its OpenMP build, so both use one pool).
+ * core/threads.c — one knob for the CPU thread count of our OpenMP kernels.
+ * OpenBLAS stays single-threaded; src/ops/cpu/blas.c splits large products over
+ * these threads itself (see there why OpenBLAS's own count is never changed).
  */
 #include "core/internal.h"
 
 #include <omp.h>
 
-void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
-
 void ts_set_num_threads(int n) {
     if (n < 1) n = 1;
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
 }
 
 int ts_get_num_threads(void) { return omp_get_max_threads(); }
