@@ -58,13 +58,14 @@ fi
 port=$(( 20000 + RANDOM % 20000 ))
 run_rank() {
   RANK=$1 WORLD_SIZE=2 LOCAL_RANK=$1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-    exec "$TS" train --model cnn --epochs 1 --batch-size 32 --seed 1 --timeout 60 > "$T/k$1.log" 2>&1
+    exec "$TS" train --model cnn --epochs 3 --batch-size 32 --seed 1 --timeout 60 > "$T/k$1.log" 2>&1
 }
 # (exec: the background job's pid is the trainer's own)
 run_rank 0 & p0=$!; pids+=("$p0")
 run_rank 1 & p1=$!; pids+=("$p1")
-# wait until rank 1 is training (its progress output or 3 s), then kill it
-for _ in $(seq 1 100); do grep -q "images/s\|step" "$T/k1.log" 2>/dev/null && break; sleep 0.1; done
+# wait until the ranks train (rank 0's banner comes after DDP's set-up, which needs both; at most
+# 30 s), then kill rank 1 a second later: three epochs last far longer than that
+for _ in $(seq 1 300); do grep -q "training cnn" "$T/k0.log" 2>/dev/null && break; sleep 0.1; done
 sleep 1
 t0=$(date +%s.%N)
 kill -9 "$p1" 2>/dev/null
@@ -85,7 +86,7 @@ fi
 cat > "$T/die.sh" <<EOS
 #!/bin/sh
 if [ "\$RANK" = 1 ]; then (sleep 3; kill -9 \$\$) & fi
-exec "$TS" train --model cnn --epochs 1 --batch-size 32 --seed 1 --timeout 60 --quiet
+exec "$TS" train --model cnn --epochs 3 --batch-size 32 --seed 1 --timeout 60 --quiet
 EOS
 chmod +x "$T/die.sh"
 "$TS" run -n 2 "$T/die.sh" > "$T/launch.log" 2>&1; rc=$?
