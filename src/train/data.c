@@ -4,17 +4,13 @@
  * list read by the DALI-style pipeline as the reference models' 1x28x28 input).
  */
 #include "core/internal.h"
-#include "tessera/train.h"
+#include "train/source.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-
-/* train/source.c */
-ts_status ts__batch_source_dataset(ts_dataset *ds, bool own, const ts_dataset_source_opts *o,
-                                   ts_batch_source **out);
 
 bool ts_data_is_images(const char *path) {
     struct stat sb;

@@ -12,8 +12,8 @@
  * The handle tracks (epoch, next batch index) itself, so every implementation
  * reports the same position after the same calls.
  */
-#include "tensor/tensor.h"
-#include "tessera/train.h"
+#include "core/internal.h"
+#include "train/source.h"
 
 #include <stdio.h>
 
@@ -147,10 +147,6 @@ static void ds_destroy(void *impl) {
 
 static const ts_batch_source_ops ds_ops = {ds_num_batches, ds_num_samples, ds_seek, ds_next, ds_sample_shape,
                                            ds_destroy};
-
-/* The dataset source; with own, ds is freed with the source (also on failure). */
-ts_status ts__batch_source_dataset(ts_dataset *ds, bool own, const ts_dataset_source_opts *o,
-                                   ts_batch_source **out);
 
 ts_status ts__batch_source_dataset(ts_dataset *ds, bool own, const ts_dataset_source_opts *o,
                                    ts_batch_source **out) {
