@@ -83,7 +83,22 @@ else
   bad "resume --nproc 2: $(cat "$T/d2.log")"
 fi
 if "$TS" ckpt show "$T/d2.ckpt" | grep -q "train.step *int64 *10$"; then ok "resumed to step 10"; else bad "step after resume: $("$TS" ckpt show "$T/d2.ckpt" | head -8)"; fi
-expect_exit 2 "written by 2 processes" "$TS" train --model mlp --batch-size 32 --resume "$T/d1.ckpt"
+expect_exit 2 "written by 2 processes at batch size 32 (global 64)" "$TS" train --model mlp --batch-size 32 --resume "$T/d1.ckpt"
+# ... but one process at the same global batch goes on where the two stopped, and ends where they end
+"$TS" train --model mlp --batch-size 64 --quiet --max-steps 10 --resume "$T/d1.ckpt" --checkpoint "$T/d3.ckpt" > "$T/d3.log" 2>&1 \
+  || bad "resume a 2-process checkpoint in one process at batch 64: $(cat "$T/d3.log")"
+expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/d2.ckpt" "$T/d3.ckpt" --tol 1e-5
+
+# --checkpoint-dir: a new file per save, the newest --keep kept; a run started again resumes from the newest
+cd_=(--model mlp --batch-size 32 --seed 4 --quiet --checkpoint-dir "$T/cdir" --checkpoint-every 3 --keep 2)
+"$TS" train "${cd_[@]}" --max-steps 7 > "$T/cd1.log" 2>&1 || bad "--checkpoint-dir: $(cat "$T/cd1.log")"
+[ "$(ls "$T/cdir" | tr '\n' ' ')" = "step-000000000006.ckpt step-000000000007.ckpt " ] && ok "--keep 2 kept steps 6 and 7" \
+  || bad "--checkpoint-dir holds: $(ls "$T/cdir")"
+"$TS" train "${cd_[@]}" --max-steps 12 > "$T/cd2.log" 2>&1 || bad "restart from --checkpoint-dir: $(cat "$T/cd2.log")"
+grep -q "resumed from $T/cdir/step-000000000007.ckpt" "$T/cd2.log" && ok "a restart resumes from the newest checkpoint" \
+  || bad "restart did not resume: $(cat "$T/cd2.log")"
+"$TS" train --model mlp --batch-size 32 --seed 4 --quiet --max-steps 12 --checkpoint "$T/cd_straight.ckpt" > /dev/null 2>&1
+expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/cd_straight.ckpt" "$T/cdir/step-000000000012.ckpt" --tol 0
 
 # --sync-bn: BatchNorm2d layers become SyncBatchNorm under DDP; the checkpoint keeps BatchNorm2d's keys
 sb=(--model cnn --batch-size 16 --seed 3 --quiet --threads 1 --timeout 60 --max-steps 3 --sync-bn)

@@ -21,9 +21,9 @@
 
 typedef struct train_args {
     const char *data, *model, *optimizer, *schedule;
-    const char *checkpoint, *resume, *metrics_json;
+    const char *checkpoint, *checkpoint_dir, *resume, *metrics_json;
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
-    int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every;
+    int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep;
     double lr, momentum, weight_decay, label_smoothing, timeout;
     bool quiet, sync_bn;
     const char *strategy, *devices, *pp_schedule; /* one process, many devices */
@@ -181,6 +181,29 @@ static int write_metrics(const train_args *a, const ts_train_result *r, int worl
     return 0;
 }
 
+/* The trainer's options from the flags. */
+static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *sched, ts_batch_source *test,
+                                    train_view *view, ts_rng *rng) {
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.epochs = a->epochs;
+    to.max_steps = a->max_steps;
+    to.schedule = sched;
+    to.label_smoothing = (float)a->label_smoothing;
+    to.eval = test;
+    to.checkpoint = a->checkpoint;
+    to.checkpoint_dir = a->checkpoint_dir;
+    to.keep = (int)a->keep;
+    to.checkpoint_every = a->checkpoint_every;
+    to.callback = on_event;
+    to.user = view;
+    to.model_name = a->model;
+    to.optimizer_name = a->optimizer;
+    to.seed = (uint64_t)a->seed;
+    to.batch_size = a->batch_size;
+    to.rng = rng;
+    return to;
+}
+
 /* The process group when a launcher started this process (WORLD_SIZE, or mpirun's
  * OMPI_COMM_WORLD_SIZE for the MPI backend), with the cores shared between local ranks. */
 static ts_status join_group(const train_args *a, ts_process_group **pg) {
@@ -193,6 +216,18 @@ static ts_status join_group(const train_args *a, ts_process_group **pg) {
     po.timeout_s = a->timeout;
     po.backend = a->backend;
     return ts_pg_new(&po, pg);
+}
+
+/* --checkpoint-dir without --resume: a restarted run goes on from the folder's newest complete checkpoint. */
+static int find_restart(train_args *a, char *buf, size_t n) {
+    bool found = false;
+    if (!a->checkpoint_dir || a->resume) return 0;
+    if (ts_train_checkpoint_latest(a->checkpoint_dir, buf, n, &found) != TS_OK) {
+        fprintf(stderr, "tessera train: --checkpoint-dir: %s\n", ts_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    if (found) a->resume = buf;
+    return 0;
 }
 
 /* The names given to --model, --optimizer, --lr-schedule and --backend, and --data's path. */
@@ -231,6 +266,8 @@ int ts_cmd_train(int argc, char **argv) {
         {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
         {"checkpoint", CLI_STRING, &a.checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
+        {"checkpoint-dir", CLI_STRING, &a.checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
+        {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
         {"checkpoint-every", CLI_INT, &a.checkpoint_every, "also save every this many steps (0: epoch ends only)", 0, 1e12},
         {"resume", CLI_STRING, &a.resume, "continue the run saved in this checkpoint", 1, 0},
         {"metrics-json", CLI_STRING, &a.metrics_json, "write final metrics to this JSON file", 1, 0},
@@ -262,6 +299,8 @@ int ts_cmd_train(int argc, char **argv) {
     if (a.nproc > 1 && !ws) return relaunch(argc, argv, a.nproc, mpi);
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
     ts_train_checkpoint_info ck; /* resume: the checkpoint's seed decides the data order */
+    char latest[4096];
+    if ((rc = find_restart(&a, latest, sizeof latest)) != 0) return rc;
     if (a.resume && ts_train_checkpoint_read(a.resume, &ck) != TS_OK) {
         fprintf(stderr, "tessera train: --resume: %s\n", ts_last_error());
         return CLI_EXIT_USAGE;
@@ -307,21 +346,7 @@ int ts_cmd_train(int argc, char **argv) {
         goto fail;
     train_view view = {.a = &a};
     cli_progress_init(&view.bar);
-    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
-    to.epochs = a.epochs;
-    to.max_steps = a.max_steps;
-    to.schedule = &sched;
-    to.label_smoothing = (float)a.label_smoothing;
-    to.eval = test;
-    to.checkpoint = a.checkpoint;
-    to.checkpoint_every = a.checkpoint_every;
-    to.callback = on_event;
-    to.user = &view;
-    to.model_name = a.model;
-    to.optimizer_name = a.optimizer;
-    to.seed = (uint64_t)a.seed;
-    to.batch_size = a.batch_size;
-    to.rng = &rng;
+    ts_trainer_opts to = trainer_opts(&a, &sched, test, &view, &rng);
     if (ts_trainer_new(s, opt, train, &to, &t) != TS_OK) goto fail;
     if (a.resume) {
         if (ts_trainer_resume(t, a.resume) != TS_OK) {

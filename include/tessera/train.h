@@ -311,7 +311,9 @@ typedef struct ts_trainer_opts {
     float label_smoothing;
     ts_batch_source *eval;     /* borrowed; evaluated by rank 0 after every epoch (NULL: never) */
     const char *checkpoint;    /* rank 0 saves here after every epoch and at the end (NULL: never); copied */
-    int64_t checkpoint_every;  /* ...and every this many steps (0: only at epoch ends) */
+    const char *checkpoint_dir; /* ...and/or a new file per save in this folder, step-<step>.ckpt (NULL: none) */
+    int keep;                  /* checkpoint_dir: the newest `keep` files stay, older ones are removed (0: all) */
+    int64_t checkpoint_every;  /* also save every this many steps (0: only at epoch ends) */
     ts_train_callback callback;
     void *user;
     /* What the checkpoint records about the run; ts_trainer_resume refuses a checkpoint whose values
@@ -326,7 +328,7 @@ typedef struct ts_trainer_opts {
 #define TS_TRAINER_OPTS_VERSION 1u
 #define TS_TRAINER_OPTS_INIT                                                                                   \
     ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
-                       0.0f, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0, 0, NULL})
+                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL})
 
 typedef struct ts_trainer ts_trainer;
 
@@ -345,13 +347,21 @@ typedef struct ts_train_checkpoint_info {
 } ts_train_checkpoint_info;
 /* Reads path's run description. TS_ERR_FORMAT naming the key when it is not a training checkpoint. */
 ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out);
+/* The newest complete training checkpoint in dir (a checkpoint_dir: step-<step>.ckpt files) into path
+ * (n bytes): the highest step whose file loads (whole-file CRC) and is a training checkpoint; damaged
+ * or partial ones are skipped with a warning. *found false (and TS_OK) when there is none or dir does
+ * not exist. For restarts: a restarted job resumes from it (`tessera train --checkpoint-dir`). */
+ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool *found);
 
 /* Continues the run saved at path: loads the model's state dict, the
  * optimizer's state and the rng, and positions the trainer (and the train
  * source) where the run stopped, so the rest of the run is bit-identical to an
  * uninterrupted one. Checks first, changing nothing on error: the checkpoint's
- * model and optimizer names, seed, per-rank batch size and world size must be
- * this run's (TS_ERR_INVALID_ARG naming both values). Every rank calls it. */
+ * model and optimizer names, seed and global batch (batch size x world size)
+ * must be this run's (TS_ERR_INVALID_ARG naming both values). The world size
+ * may differ when the global batch is the same: the dataset source's global
+ * batch k holds the same samples for any world size, so a run saved by 2 ranks
+ * at 32 each goes on in one process at 64 (or 4 ranks at 16). Every rank calls it. */
 ts_status ts_trainer_resume(ts_trainer *t, const char *path);
 /* Writes a training checkpoint of the current state to path (atomically: a
  * crash leaves the old file or the new one). Any rank may call it. */

@@ -17,8 +17,12 @@
  */
 #include "train/strategy.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define CK_EPOCH "train.epoch"
 #define CK_BATCH "train.batch"
@@ -36,12 +40,107 @@ struct ts_trainer {
     ts_optimizer *opt;
     ts_batch_source *train;
     ts_trainer_opts o;
-    char *checkpoint, *model_name, *optimizer_name; /* owned copies of o's strings */
+    char *checkpoint, *checkpoint_dir, *model_name, *optimizer_name; /* owned copies of o's strings */
     ts_lr_schedule sched;
     bool has_sched;
     int64_t epoch, batch, step; /* where the run goes on */
     double last_loss;
 };
+
+/* ---- checkpoint folders: step-<step>.ckpt, the newest `keep` kept ------------------------------------ */
+#define CKDIR_PREFIX "step-"
+#define CKDIR_SUFFIX ".ckpt"
+
+/* The step of a checkpoint folder's file name, or -1 for other names. */
+static int64_t ckdir_step(const char *name) {
+    size_t n = strlen(name), p = sizeof CKDIR_PREFIX - 1, q = sizeof CKDIR_SUFFIX - 1;
+    if (n <= p + q || strncmp(name, CKDIR_PREFIX, p) != 0 || strcmp(name + n - q, CKDIR_SUFFIX) != 0) return -1;
+    int64_t v = 0;
+    for (size_t i = p; i < n - q; i++) {
+        if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+/* The steps of dir's checkpoints, newest first, into *steps (malloc'd; *n of them). */
+static ts_status ckdir_list(const char *dir, int64_t **steps, int *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? TS_OK : ts_error(TS_ERR_IO, "checkpoint folder %s: %s", dir, strerror(errno));
+    int cap = 0;
+    ts_status st = TS_OK;
+    for (struct dirent *e; st == TS_OK && (e = readdir(d));) {
+        int64_t v = ckdir_step(e->d_name);
+        if (v < 0) continue;
+        if (*n == cap) {
+            int64_t *g = ts__realloc(*steps, sizeof *g * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!g) {
+                st = TS_ERR_NOMEM;
+                break;
+            }
+            *steps = g;
+        }
+        (*steps)[(*n)++] = v;
+    }
+    closedir(d);
+    for (int i = 1; i < *n; i++) /* newest first (insertion sort: folders hold a handful) */
+        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
+            int64_t tmp = (*steps)[j];
+            (*steps)[j] = (*steps)[j - 1];
+            (*steps)[j - 1] = tmp;
+        }
+    return st;
+}
+
+static void ckdir_path(const char *dir, int64_t step, char *buf, size_t n) {
+    snprintf(buf, n, "%s/" CKDIR_PREFIX "%012lld" CKDIR_SUFFIX, dir, (long long)step);
+}
+
+/* The folder exists (created when its parent does) and is a folder. */
+static ts_status make_checkpoint_dir(const char *dir) {
+    struct stat sb;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return ts_error(TS_ERR_IO, "checkpoint folder %s: %s", dir, strerror(errno));
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return ts_error(TS_ERR_IO, "checkpoint folder %s is not a folder", dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return ts_error(TS_ERR_IO, "checkpoint folder %s: %s", dir, strerror(errno));
+    return TS_OK;
+}
+
+/* Removes all but the newest `keep` checkpoints (the one just written is the newest). */
+static void ckdir_prune(const char *dir, int keep) {
+    int64_t *steps = NULL;
+    int n = 0;
+    if (keep <= 0 || ckdir_list(dir, &steps, &n) != TS_OK) return;
+    for (int i = keep; i < n; i++) {
+        char path[4096];
+        ckdir_path(dir, steps[i], path, sizeof path);
+        if (unlink(path) != 0 && errno != ENOENT) ts_log(TS_LOG_WARN, "removing old checkpoint %s: %s", path, strerror(errno));
+    }
+    free(steps);
+}
+
+ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool *found) {
+    TS_ARG(dir && path && n && found, "ts_train_checkpoint_latest: NULL argument");
+    *found = false;
+    int64_t *steps = NULL;
+    int count = 0;
+    TS_TRY(ckdir_list(dir, &steps, &count));
+    for (int i = 0; i < count && !*found; i++) {
+        ts_train_checkpoint_info info;
+        ckdir_path(dir, steps[i], path, n);
+        if (ts_train_checkpoint_read(path, &info) == TS_OK)
+            *found = true;
+        else
+            ts_log(TS_LOG_WARN, "skipping checkpoint %s: %s", path, ts_last_error());
+    }
+    free(steps);
+    if (!*found) path[0] = '\0';
+    return TS_OK;
+}
 
 ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
                          ts_trainer **out) {
@@ -50,8 +149,9 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     TS_ARG(o->size == sizeof *o && o->magic == TS_TRAINER_OPTS_MAGIC && o->version == TS_TRAINER_OPTS_VERSION,
            "ts_trainer_new: options not initialised with TS_TRAINER_OPTS_INIT");
     TS_ARG(o->epochs >= 1, "ts_trainer_new: epochs is %lld; it must be at least 1", (long long)o->epochs);
-    TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0,
-           "ts_trainer_new: max_steps, checkpoint_every and batch_size must be >= 0");
+    TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0 && o->keep >= 0,
+           "ts_trainer_new: max_steps, checkpoint_every, batch_size and keep must be >= 0");
+    if (o->checkpoint_dir && ts_strategy_rank(s) == 0) TS_TRY(make_checkpoint_dir(o->checkpoint_dir));
     if (o->schedule) TS_TRY(ts_lr_schedule_check(o->schedule));
     ts_trainer *t = ts__calloc(1, sizeof *t);
     if (!t) return TS_ERR_NOMEM;
@@ -65,12 +165,14 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
         t->has_sched = true;
     }
     if ((o->checkpoint && !(t->checkpoint = ts__strdup(o->checkpoint))) ||
+        (o->checkpoint_dir && !(t->checkpoint_dir = ts__strdup(o->checkpoint_dir))) ||
         (o->model_name && !(t->model_name = ts__strdup(o->model_name))) ||
         (o->optimizer_name && !(t->optimizer_name = ts__strdup(o->optimizer_name)))) {
         ts_trainer_free(t);
         return TS_ERR_NOMEM;
     }
     t->o.checkpoint = t->checkpoint;
+    t->o.checkpoint_dir = t->checkpoint_dir;
     t->o.model_name = t->model_name;
     t->o.optimizer_name = t->optimizer_name;
     t->o.schedule = NULL;
@@ -81,6 +183,7 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
 void ts_trainer_free(ts_trainer *t) {
     if (!t) return;
     free(t->checkpoint);
+    free(t->checkpoint_dir);
     free(t->model_name);
     free(t->optimizer_name);
     free(t);
@@ -163,16 +266,23 @@ static ts_status check_same_run(const ts_trainer *t, const ts_train_checkpoint_i
     if (t->optimizer_name && in->optimizer[0] && strcmp(in->optimizer, t->optimizer_name) != 0)
         return ts_error(TS_ERR_INVALID_ARG, "%s was written with optimizer %s, this run has optimizer %s", path,
                         in->optimizer, t->optimizer_name);
-    if (t->o.batch_size > 0 && in->batch_size > 0 && in->batch_size != t->o.batch_size)
-        return ts_error(TS_ERR_INVALID_ARG, "%s was written with batch size %lld, this run has batch size %lld", path,
-                        (long long)in->batch_size, (long long)t->o.batch_size);
+    int world = ts_strategy_world_size(t->s);
+    if (t->o.batch_size > 0 && in->batch_size > 0 && in->batch_size * in->world_size != t->o.batch_size * world) {
+        if (in->world_size == world)
+            return ts_error(TS_ERR_INVALID_ARG, "%s was written with batch size %lld, this run has batch size %lld",
+                            path, (long long)in->batch_size, (long long)t->o.batch_size);
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written by %lld processes at batch size %lld (global %lld), this "
+                        "run has %d at %lld (global %lld): a different world size needs the same global batch",
+                        path, (long long)in->world_size, (long long)in->batch_size,
+                        (long long)(in->batch_size * in->world_size), world, (long long)t->o.batch_size,
+                        (long long)(t->o.batch_size * world));
+    }
     if ((uint64_t)in->seed != t->o.seed)
         return ts_error(TS_ERR_INVALID_ARG, "%s was written with seed %lld, this run has seed %llu", path,
                         (long long)in->seed, (unsigned long long)t->o.seed);
-    int world = ts_strategy_world_size(t->s);
-    if (in->world_size != world)
-        return ts_error(TS_ERR_INVALID_ARG, "%s was written by %lld processes, this run has %d", path,
-                        (long long)in->world_size, world);
+    if (in->world_size != world && !(t->o.batch_size > 0 && in->batch_size > 0))
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written by %lld processes, this run has %d (without batch sizes "
+                        "recorded, a different world size cannot be checked)", path, (long long)in->world_size, world);
     int64_t nb = ts_batch_source_num_batches(t->train, in->epoch);
     if (in->batch > nb)
         return ts_error(TS_ERR_INVALID_ARG, "%s: batch %lld of epoch %lld is past the data's %lld batches", path,
@@ -232,14 +342,27 @@ static ts_status notify(ts_trainer *t, epoch_state *e, ts_train_event_kind kind)
     return st;
 }
 
-static ts_status save_and_notify(ts_trainer *t, epoch_state *e) {
-    ts_status st = ts_trainer_save(t, t->checkpoint);
+static ts_status save_one(ts_trainer *t, epoch_state *e, const char *path) {
+    ts_status st = ts_trainer_save(t, path);
     if (st != TS_OK) return ts__error_prefix(st, "saving the checkpoint");
-    e->ev.checkpoint = t->checkpoint;
+    e->ev.checkpoint = path;
     st = notify(t, e, TS_TRAIN_CHECKPOINT);
     e->ev.checkpoint = NULL;
     return st;
 }
+
+/* Rank 0's save: the checkpoint file and/or a new file in the checkpoint folder. */
+static ts_status save_and_notify(ts_trainer *t, epoch_state *e) {
+    if (t->checkpoint) TS_TRY(save_one(t, e, t->checkpoint));
+    if (!t->checkpoint_dir) return TS_OK;
+    char path[4096];
+    ckdir_path(t->checkpoint_dir, t->step, path, sizeof path);
+    TS_TRY(save_one(t, e, path));
+    ckdir_prune(t->checkpoint_dir, t->o.keep);
+    return TS_OK;
+}
+
+static bool saves(const ts_trainer *t) { return t->checkpoint || t->checkpoint_dir; }
 
 /* One step of the current epoch; *done when the epoch or the run (max_steps) is over. */
 static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done, bool *stopped) {
@@ -272,7 +395,7 @@ static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done
     e->ev.epoch_images += b.size * ts_strategy_world_size(t->s); /* every rank ran a batch like this one */
     e->ev.epoch_seconds = ts_time_now() - e->t0;
     TS_TRY(notify(t, e, TS_TRAIN_STEP));
-    if (leader && t->checkpoint && t->o.checkpoint_every > 0 && t->step % t->o.checkpoint_every == 0)
+    if (leader && saves(t) && t->o.checkpoint_every > 0 && t->step % t->o.checkpoint_every == 0)
         TS_TRY(save_and_notify(t, e));
     return TS_OK;
 }
@@ -313,7 +436,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
         }
         if ((st = notify(t, &e, TS_TRAIN_EPOCH_END)) != TS_OK) break;
         e.ev.eval = NULL;
-        if (leader && t->checkpoint && (st = save_and_notify(t, &e)) != TS_OK) break;
+        if (leader && saves(t) && (st = save_and_notify(t, &e)) != TS_OK) break;
     }
     if (st == TS_OK && leader && t->o.eval && !evaluated) st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval);
     r.steps = t->step;
