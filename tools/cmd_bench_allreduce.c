@@ -19,6 +19,7 @@
  * processes): `mpirun -n 2 tessera bench allreduce --backend mpi`.
  */
 #include "commands.h"
+#include "distributed/auth.h"
 #include "tessera.h"
 
 #include <arpa/inet.h>
@@ -187,6 +188,15 @@ int ts_bench_allreduce(int argc, char **argv) {
     snprintf(buf, sizeof buf, "%d", o.nprocs);
     setenv("WORLD_SIZE", buf, 1);
     setenv("LOCAL_WORLD_SIZE", buf, 1);
+    char token[TS__JOB_TOKEN_CHARS + 1]; /* the ranks' TCP store and links authenticate with it */
+    const char *have = getenv("TS_JOB_TOKEN");
+    if (!(have && *have)) {
+        if (ts__auth_new_token(token) != TS_OK) {
+            fprintf(stderr, "cannot generate a job token: %s\n", ts_last_error());
+            return 1;
+        }
+        setenv("TS_JOB_TOKEN", token, 1);
+    }
     fflush(NULL);
     pid_t pids[256];
     for (int r = 0; r < o.nprocs; r++) {

@@ -8,6 +8,10 @@
  * LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and TS_LAUNCHED_BY in
  * its environment (what ts_dist_env_read reads), and supervises them:
  *
+ *  - Job token: unless TS_JOB_TOKEN is already set, the ranks get a fresh one
+ *    (32 random bytes in hex) that authenticates their TCP store and TCP links
+ *    (distributed/auth.h). With --nnodes > 1 every node must share one: the
+ *    user exports it on every node, else the job runs unauthenticated (warned).
  *  - Output: every rank's stdout and stderr come through pipes and are written
  *    out a whole line at a time as "[rank R] line" (stdout to stdout, stderr
  *    to stderr); a partial last line gets a newline at EOF, and a line longer
@@ -32,6 +36,7 @@
  */
 #include "cli.h"
 #include "commands.h"
+#include "distributed/auth.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -82,11 +87,13 @@ static void print_help(FILE *f) {
             "\nStarts N processes of PROGRAM on this node (a path, or a name looked up on PATH)\n"
             "with the distributed environment: RANK = node_rank*N + local_rank, WORLD_SIZE =\n"
             "N*nnodes, LOCAL_RANK, LOCAL_WORLD_SIZE = N, GROUP_RANK = node_rank, MASTER_ADDR,\n"
-            "MASTER_PORT and TS_LAUNCHED_BY=tessera-run. Every output line is prefixed with\n"
-            "\"[rank R] \". SIGINT, SIGTERM and SIGHUP are forwarded to the ranks (a second one\n"
-            "kills them). When a rank fails the others get SIGTERM, then SIGKILL after --grace\n"
-            "seconds, and tessera run exits with the failing rank's status (128+signal if it\n"
-            "was killed). Ranks read stdin from /dev/null.\n"
+            "MASTER_PORT, TS_LAUNCHED_BY=tessera-run and TS_JOB_TOKEN (a fresh random secret\n"
+            "that authenticates the ranks' TCP connections, unless already set; with\n"
+            "--nnodes > 1 export the same TS_JOB_TOKEN on every node). Every output line is\n"
+            "prefixed with \"[rank R] \". SIGINT, SIGTERM and SIGHUP are forwarded to the\n"
+            "ranks (a second one kills them). When a rank fails the others get SIGTERM, then\n"
+            "SIGKILL after --grace seconds, and tessera run exits with the failing rank's\n"
+            "status (128+signal if it was killed). Ranks read stdin from /dev/null.\n"
             "\nflags:\n"
             "  -n, --nproc-per-node N   processes on this node, 1..%d (default 1)\n"
             "  --nnodes M               nodes in the job (default 1)\n"
@@ -317,6 +324,7 @@ typedef struct rank_proc {
 typedef struct launcher {
     run_opts o;
     int port;
+    char job_token[TS__JOB_TOKEN_CHARS + 1]; /* generated for the ranks; "" when TS_JOB_TOKEN was set or nnodes > 1 */
     int n;
     rank_proc *ranks;
     int nexited;
@@ -472,6 +480,7 @@ static void exec_rank(launcher *L, int local_rank, int rank, int out_w, int err_
     setenv("MASTER_ADDR", L->o.master_addr, 1);
     set_env_int("MASTER_PORT", L->port);
     setenv("TS_LAUNCHED_BY", "tessera-run", 1);
+    if (L->job_token[0]) setenv("TS_JOB_TOKEN", L->job_token, 1);
     execvp(L->o.prog_argv[0], L->o.prog_argv);
     int e = errno;
     dprintf(STDERR_FILENO, "tessera run: rank %d: cannot run '%s': %s\n", rank, L->o.prog_argv[0], strerror(e));
@@ -681,6 +690,17 @@ int ts_cmd_run(int argc, char **argv) {
     if (L.port == 0 && (L.port = pick_free_port()) <= 0) {
         fprintf(stderr, "tessera run: cannot find a free port on 127.0.0.1: %s (give --master-port)\n",
                 strerror(errno));
+        return 1;
+    }
+
+    const char *tok = getenv("TS_JOB_TOKEN");
+    if (!(tok && *tok) && L.o.nnodes > 1) {
+        fprintf(stderr, "tessera run: warning: TS_JOB_TOKEN is not set; with --nnodes %lld every node needs the same "
+                        "token, so this job runs unauthenticated (export TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom "
+                        "| tr -d ' \\n') on every node)\n",
+                (long long)L.o.nnodes);
+    } else if (!(tok && *tok) && ts__auth_new_token(L.job_token) != TS_OK) {
+        fprintf(stderr, "tessera run: cannot generate a job token: %s\n", ts_last_error());
         return 1;
     }
 

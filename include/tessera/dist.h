@@ -34,6 +34,36 @@ typedef struct ts_store ts_store;
  * port 0 with is_server picks a free port (see ts_store_tcp_port). */
 ts_status ts_store_tcp_new(const char *host, int port, bool is_server, double timeout_s, ts_store **out);
 int ts_store_tcp_port(const ts_store *s); /* the port actually listened on / connected to */
+
+/* The job token and the server's limits. Every connection to a TCP store (and
+ * every TCP link of the built-in backend) starts with a mutual challenge-response
+ * over HMAC-SHA256 keyed with the job token: a process without the token can
+ * neither read nor write keys, and a client never talks to a server that cannot
+ * prove it has the token. ts_store_tcp_new takes the token from TS_JOB_TOKEN
+ * (`tessera run` sets one); without one the store runs unauthenticated and the
+ * process logs a warning once. A client refused by the server, or a server that
+ * fails its proof, is a TS_ERR_REMOTE naming host:port and the reason. */
+typedef struct ts_store_tcp_options {
+    size_t size;          /* sizeof(ts_store_tcp_options) */
+    unsigned int magic;   /* TS_STORE_TCP_OPTIONS_MAGIC */
+    unsigned int version; /* TS_STORE_TCP_OPTIONS_VERSION */
+    const char *token;    /* the job token (copied); NULL: TS_JOB_TOKEN from the environment; "": none */
+    /* Server only (0: the default). A client exceeding a limit is dropped and logged. */
+    int max_connections;    /* open connections; default 16384, or 3/4 of RLIMIT_NOFILE when lower; >= 2 */
+    size_t max_key_bytes;   /* default 64 KiB */
+    size_t max_value_bytes; /* default 64 MiB; key + value limits at most 1 GiB together */
+    double auth_timeout_s;  /* a connection that has not authenticated by then is closed; default 10 */
+} ts_store_tcp_options;
+
+#define TS_STORE_TCP_OPTIONS_MAGIC 0x7e5a9002u
+#define TS_STORE_TCP_OPTIONS_VERSION 1u
+#define TS_STORE_TCP_OPTIONS_INIT                                                                        \
+    ((ts_store_tcp_options){sizeof(ts_store_tcp_options), TS_STORE_TCP_OPTIONS_MAGIC,                    \
+                            TS_STORE_TCP_OPTIONS_VERSION, NULL, 0, 0, 0, 0.0})
+
+/* ts_store_tcp_new with options (NULL: the defaults, as ts_store_tcp_new). */
+ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double timeout_s,
+                              const ts_store_tcp_options *opts, ts_store **out);
 /* File store: a file on a filesystem shared by all ranks (locked with fcntl). */
 ts_status ts_store_file_new(const char *path, double timeout_s, ts_store **out);
 /* In-memory store, shared by threads of one process (ranks-as-threads tests). */

@@ -20,6 +20,7 @@
 #define TS_DIST_STORE_H
 
 #include "core/internal.h"
+#include "distributed/auth.h"
 #include "tessera/dist.h"
 
 #include <stdatomic.h>
@@ -55,6 +56,13 @@ double ts__store_timeout(const ts_store *s);
 const char *ts__store_kind(const ts_store *s);
 /* ts_store_get with an explicit timeout (timeout_s < 0: the store's). */
 ts_status ts__store_get_timeout(ts_store *s, const char *key, double timeout_s, void **value, size_t *len);
+
+/* The store a prefix store forwards to (borrowed), or NULL when s is not a prefix store. */
+ts_store *ts__store_prefix_inner(ts_store *s);
+/* When s is (through prefix stores) a TCP store: its job authentication and the
+ * numeric local address of its connection to the server (the interface that
+ * reaches rank 0), and true; else false and nothing written. */
+bool ts__store_tcp_job(ts_store *s, ts__auth *auth, char *local_ip, size_t cap);
 
 /* Sleeps for the given number of seconds (<= 0: returns at once). */
 void ts__sleep_s(double seconds);

@@ -100,3 +100,7 @@ ts_status ts_store_prefix_new(ts_store *base, const char *prefix, ts_store **out
     *out = &p->base;
     return TS_OK;
 }
+
+ts_store *ts__store_prefix_inner(ts_store *s) {
+    return s && s->vt == &prefix_vtable ? ((prefix_store *)s)->inner : NULL;
+}

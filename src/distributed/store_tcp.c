@@ -3,6 +3,13 @@
  * thread that holds the keys; every rank, rank 0 included, is a client.
  *
  * ---- wire protocol ------------------------------------------------------------------------------
+ * Every connection opens with the job-token handshake of distributed/auth.h
+ * (kind 1, store): the server sends a challenge carrying its key and value
+ * limits, the client answers with its HMAC, the server's verdict carries its
+ * own. Only then, and only once the client has checked the server's proof,
+ * does the protocol below start; a client refused, or a server that fails its
+ * proof, gets TS_ERR_REMOTE naming host:port and the reason.
+ *
  * All integers are big-endian. A string is  u32 length | bytes  (keys contain no NUL).
  * Every message, in both directions, is one frame:
  *     u32 body_length | body          (body_length >= 1, at most 1 GiB)
@@ -29,32 +36,75 @@
  * the given host resolves to (127.0.0.1 stays local). Signals are blocked in
  * the thread.
  *
+ * Limits (ts_store_tcp_options), so that no client can exhaust the server:
+ *  - a connection must finish the handshake within auth_timeout_s (10 s) and
+ *    may send no more than the 80-byte answer before its verdict; strangers,
+ *    wrong tokens and silent connections are closed and logged (ts_log WARN
+ *    with their address, at most 20 lines per 10 s, the rest counted);
+ *  - at most max_connections connections: when full, a new one evicts the
+ *    oldest unauthenticated one (a genuine client authenticates in one round
+ *    trip, so a flood of idle connections cannot lock ranks out), or is closed
+ *    at once when every slot is authenticated (its client retries). A pending
+ *    connection is only evicted once it has had 100 ms to answer; until then
+ *    newcomers wait in the kernel's backlog (the listener leaves poll());
+ *  - accept() failing with EMFILE/ENFILE (or ENOBUFS/ENOMEM) while someone
+ *    waits also evicts the oldest unauthenticated connection, else takes the
+ *    listener out of poll() for 100 ms: a readable listener never turns into a
+ *    busy loop;
+ *  - per connection: a frame over max_key + max_value + 64 bytes (announced
+ *    in its header), a key over max_key_bytes or a value over max_value_bytes
+ *    drops the client with a logged reason, and the input buffer never holds
+ *    more than one such frame (bytes sent beyond it, e.g. behind a parked GET,
+ *    drop the client). Requests are not executed while more than 256 KiB of
+ *    replies wait to be sent. So a connection costs at most about one frame
+ *    in and one reply out, and large buffers are freed once used;
+ *  - authenticated connections have TCP keepalive (a peer that vanished is
+ *    dropped after about two minutes); idle ones are otherwise kept, since
+ *    clients pool idle connections between calls.
+ *
  * ---- client ---------------------------------------------------------------------------------------
  * The first connection is retried (getaddrinfo, IPv4 and IPv6, then a non-
- * blocking connect) with backoff from 10 ms doubling to 1 s until the timeout.
- * The store keeps a pool of idle connections: each call takes one (or opens a
- * new one to the address that worked), so threads sharing a store never wait
- * behind each other's parked GET. Every send/recv goes through poll() with the
- * time left before the call's deadline; a connection that timed out or failed
- * is closed, never reused.
+ * blocking connect) with backoff from 10 ms doubling to 1 s until the timeout;
+ * an authentication failure is final. The store keeps a pool of idle
+ * connections: each call takes one (or opens and authenticates a new one to
+ * the address that worked, retrying while the server closes it during the
+ * handshake because it is full), so threads sharing a store never wait behind
+ * each other's parked GET. Every send/recv goes through poll() with the time
+ * left before the call's deadline; a connection that timed out or failed is
+ * closed, never reused. Keys and values over the limits the server announced
+ * are refused locally with TS_ERR_INVALID_ARG.
  */
 #include "distributed/store.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 enum { OP_SET = 1, OP_GET = 2, OP_ADD = 3, OP_CHECK = 4, OP_WAIT = 5 };
 enum { ST_OK = 0, ST_ERROR = 1 };
 #define MAX_FRAME (1u << 30)
+#define FRAME_OVERHEAD 64u                   /* a frame's bytes besides one key and one value */
+#define DEFAULT_MAX_KEY ((size_t)64 << 10)
+#define DEFAULT_MAX_VALUE ((size_t)64 << 20)
+#define DEFAULT_MAX_CONNS 16384
+#define OUT_HIGH ((size_t)256 << 10)         /* pending reply bytes above which requests wait */
+#define SHRINK_ABOVE ((size_t)1 << 20)       /* idle buffers larger than this are freed */
+#define ACCEPT_BATCH 64                      /* accepts per poll round */
+#define ACCEPT_PAUSE_S 0.1                   /* listener off poll() after EMFILE with nothing to evict */
+#define EVICT_MIN_AGE_S 0.1                  /* a pending connection has this long to answer before eviction */
+#define CLIENT_HANDSHAKE_S 30.0              /* a client waits this long for the server's challenge */
 
 /* ---- byte helpers ------------------------------------------------------------------------------- */
 
@@ -90,6 +140,28 @@ static void wb_put(wbuf *b, const void *d, size_t n) {
     }
     if (n) memcpy(b->p + b->n, d, n);
     b->n += n;
+}
+
+/* Makes room for a total of n bytes (exactly n when growing to it); false when out of memory. */
+static bool wb_reserve(wbuf *b, size_t n) {
+    if (n <= b->cap) return true;
+    uint8_t *p = realloc(b->p, n);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = n;
+    return true;
+}
+
+/* Frees an empty buffer's memory when it grew large (a big value passed through). */
+static void wb_shrink(wbuf *b) {
+    if (b->n == 0 && b->cap > SHRINK_ABOVE) {
+        free(b->p);
+        b->p = NULL;
+        b->cap = 0;
+    }
 }
 
 static void wb_int(wbuf *b, uint64_t v, int n) {
@@ -233,13 +305,19 @@ static int connect_one(const struct sockaddr *sa, socklen_t salen, double deadli
 /* ---- the server --------------------------------------------------------------------------------------- */
 
 typedef struct srv_conn {
-    int fd;
+    int fd; /* -1 once dropped */
+    bool authed, dead;
+    double since;                 /* accepted at */
+    double deadline;              /* unauthenticated: refused after this */
+    struct srv_conn *prev, *next; /* the unauthenticated list, oldest first */
+    char addr[64];                /* the peer, for logs */
+    uint8_t ch[TS__AUTH_CHALLENGE_BYTES], hs[TS__AUTH_RESPONSE_BYTES];
+    size_t hs_n; /* bytes of the answer received */
     wbuf in, out;
     size_t out_off;
     uint8_t parked; /* 0, OP_GET or OP_WAIT */
     char **keys;    /* the parked request's keys */
     int nkeys;
-    bool dead;
 } srv_conn;
 
 typedef struct tcp_server {
@@ -248,9 +326,27 @@ typedef struct tcp_server {
     pthread_t thread;
     ts__kv kv;
     srv_conn **conns;
-    int nconns, cap;
+    int nconns, cap; /* entries in conns (dropped ones until the end of the round) */
+    int nlive;       /* connections not dropped */
+    srv_conn *unauth_head, *unauth_tail;
     bool changed; /* a SET/ADD happened: re-examine parked requests */
+    ts__auth auth;
+    char hp[300]; /* "host:port", for logs */
+    int max_conns;
+    size_t max_key, max_value, max_frame;
+    double auth_timeout;
+    double accept_resume; /* the listener is left out of poll() until then */
+    bool accept_failing;  /* logged once per episode */
+    ts__refusal_log rlog;
 } tcp_server;
+
+static void unauth_unlink(tcp_server *S, srv_conn *c) {
+    if (c->prev) c->prev->next = c->next;
+    else S->unauth_head = c->next;
+    if (c->next) c->next->prev = c->prev;
+    else S->unauth_tail = c->prev;
+    c->prev = c->next = NULL;
+}
 
 static void conn_unpark(srv_conn *c) {
     for (int i = 0; i < c->nkeys; i++) free(c->keys[i]);
@@ -260,19 +356,49 @@ static void conn_unpark(srv_conn *c) {
     c->parked = 0;
 }
 
-static void conn_free(srv_conn *c) {
+/* Drops a connection now (its fd is closed at once, so an fd is free for accept);
+ * the struct goes at the end of the round. */
+static void conn_kill(tcp_server *S, srv_conn *c) {
+    if (c->dead) return;
+    c->dead = true;
+    if (!c->authed) unauth_unlink(S, c);
     close(c->fd);
+    c->fd = -1;
+    S->nlive--;
+}
+
+/* Drops a connection and logs why (rate-limited). */
+static void conn_drop(tcp_server *S, srv_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void conn_drop(tcp_server *S, srv_conn *c, const char *fmt, ...) {
+    if (c->dead) return;
+    char why[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    ts__refusal(&S->rlog, "tcp store %s: %s %s: %s", S->hp, c->authed ? "dropped the client" : "refused a connection from",
+                c->addr, why);
+    conn_kill(S, c);
+}
+
+static void conn_free(srv_conn *c) {
+    if (c->fd >= 0) close(c->fd);
     conn_unpark(c);
     free(c->in.p);
     free(c->out.p);
     free(c);
 }
 
-/* Reads a key from r: a NUL-terminated copy; NULL if malformed, holding a NUL, or out of memory. */
-static char *rb_key(rbuf *r) {
+/* Reads a key from r: a NUL-terminated copy; NULL if malformed, holding a NUL, over the limit
+ * (*too_long set), or out of memory. */
+static char *rb_key(tcp_server *S, rbuf *r, size_t *too_long) {
     size_t n = 0;
     const uint8_t *p = rb_str(r, &n);
     if (!p || memchr(p, 0, n)) return NULL;
+    if (n > S->max_key) {
+        *too_long = n;
+        return NULL;
+    }
     char *k = malloc(n + 1);
     if (!k) return NULL;
     memcpy(k, p, n);
@@ -304,28 +430,36 @@ static bool conn_try_answer(tcp_server *S, srv_conn *c) {
     return true;
 }
 
-/* Executes one request body. Returns false if the connection must close. */
-static bool conn_request(tcp_server *S, srv_conn *c, const uint8_t *body, size_t n) {
+/* Executes one request body. Returns NULL, or why the connection must close (why[] or a static string). */
+static const char *conn_request(tcp_server *S, srv_conn *c, const uint8_t *body, size_t n, char *why, size_t wn) {
     rbuf r = {body, n, 0, false};
     uint8_t op = (uint8_t)rb_int(&r, 1);
-    size_t vl = 0;
+    size_t vl = 0, too_long = 0;
+#define KEY_FAIL()                                                                                               \
+    (too_long ? (snprintf(why, wn, "a key of %zu bytes is over the limit of %zu", too_long, S->max_key), why)    \
+              : "a malformed request")
     switch (op) {
     case OP_SET: {
-        char *key = rb_key(&r);
-        const uint8_t *v = rb_str(&r, &vl);
+        char *key = rb_key(S, &r, &too_long);
+        const uint8_t *v = key ? rb_str(&r, &vl) : NULL;
+        if (key && v && vl > S->max_value) {
+            free(key);
+            snprintf(why, wn, "a value of %zu bytes is over the limit of %zu", vl, S->max_value);
+            return why;
+        }
         bool ok = key && !r.bad && ts__kv_set(&S->kv, key, v, vl) == TS_OK;
         free(key);
-        if (!ok) return false;
+        if (!ok) return KEY_FAIL();
         S->changed = true;
         reply_status(c, ST_OK);
-        return true;
+        return NULL;
     }
     case OP_ADD: {
-        char *key = rb_key(&r);
+        char *key = rb_key(S, &r, &too_long);
         int64_t delta = (int64_t)rb_int(&r, 8), result = 0;
         if (!key || r.bad) {
             free(key);
-            return false;
+            return KEY_FAIL();
         }
         ts_status st = ts__kv_add(&S->kv, key, delta, &result);
         free(key);
@@ -344,13 +478,13 @@ static bool conn_request(tcp_server *S, srv_conn *c, const uint8_t *body, size_t
             wb_str(&c->out, msg, strlen(msg));
         }
         wb_frame_end(&c->out, start);
-        return true;
+        return NULL;
     }
     case OP_CHECK: {
-        char *key = rb_key(&r);
+        char *key = rb_key(S, &r, &too_long);
         if (!key || r.bad) {
             free(key);
-            return false;
+            return KEY_FAIL();
         }
         uint8_t ex = ts__kv_find(&S->kv, key) != NULL, ok = ST_OK;
         free(key);
@@ -359,66 +493,97 @@ static bool conn_request(tcp_server *S, srv_conn *c, const uint8_t *body, size_t
         wb_put(&c->out, &ok, 1);
         wb_put(&c->out, &ex, 1);
         wb_frame_end(&c->out, start);
-        return true;
+        return NULL;
     }
     case OP_GET:
     case OP_WAIT: {
         uint64_t nk = op == OP_GET ? 1 : rb_int(&r, 4);
-        if (r.bad || nk == 0 || nk > n) return false; /* each key takes >= 4 bytes */
+        if (r.bad || nk == 0 || nk > n) return "a malformed request"; /* each key takes >= 4 bytes */
         c->keys = calloc((size_t)nk, sizeof *c->keys);
-        if (!c->keys) return false;
+        if (!c->keys) return "out of memory";
         c->parked = op;
         for (uint64_t i = 0; i < nk; i++) {
-            c->keys[i] = rb_key(&r);
-            if (!c->keys[i]) return false; /* conn_free releases the partial list */
+            c->keys[i] = rb_key(S, &r, &too_long);
+            if (!c->keys[i]) return KEY_FAIL(); /* conn_free releases the partial list */
             c->nkeys++;
         }
         conn_try_answer(S, c);
-        return true;
+        return NULL;
     }
     default:
-        return false;
+        snprintf(why, wn, "unknown opcode %u", (unsigned)op);
+        return why;
     }
+#undef KEY_FAIL
 }
 
-/* Executes every complete buffered frame while no request is parked. */
+/* Bytes the input buffer may hold: one whole frame of the largest size. */
+static size_t in_limit(const tcp_server *S) { return 4 + S->max_frame; }
+
+/* Executes complete buffered frames while no request is parked and replies drain. */
 static void conn_serve(tcp_server *S, srv_conn *c) {
     size_t pos = 0;
-    while (!c->dead && !c->parked && c->in.n - pos >= 4) {
+    char why[160];
+    while (!c->dead && !c->parked && c->out.n - c->out_off < OUT_HIGH && c->in.n - pos >= 4) {
         uint64_t len = get_be(c->in.p + pos, 4);
-        if (len == 0 || len > MAX_FRAME) {
-            c->dead = true;
+        if (len == 0 || len > S->max_frame) {
+            conn_drop(S, c, "a request of %llu bytes (the limit is %zu: max_key_bytes %zu + max_value_bytes %zu + %u)",
+                      (unsigned long long)len, S->max_frame, S->max_key, S->max_value, FRAME_OVERHEAD);
             break;
         }
-        if (c->in.n - pos - 4 < len) break;
-        if (!conn_request(S, c, c->in.p + pos + 4, (size_t)len)) c->dead = true;
+        if (c->in.n - pos - 4 < len) {
+            /* Room for exactly this frame, so a large value is received without doubling. */
+            if (pos == 0 && !wb_reserve(&c->in, 4 + (size_t)len)) conn_drop(S, c, "out of memory");
+            break;
+        }
+        const char *bad = conn_request(S, c, c->in.p + pos + 4, (size_t)len, why, sizeof why);
+        if (bad) conn_drop(S, c, "%s", bad);
         pos += 4 + (size_t)len;
     }
-    if (pos) {
+    if (pos && !c->dead) {
         memmove(c->in.p, c->in.p + pos, c->in.n - pos);
         c->in.n -= pos;
+        wb_shrink(&c->in);
     }
-    if (c->out.oom || c->in.oom) c->dead = true;
+    if (c->out.oom || c->in.oom) conn_drop(S, c, "out of memory");
 }
 
 static void conn_read(tcp_server *S, srv_conn *c) {
     uint8_t buf[65536];
+    size_t limit = in_limit(S);
     for (;;) {
-        ssize_t r = recv(c->fd, buf, sizeof buf, 0);
+        /* Never buffer more than one frame: read at most one byte past the limit. */
+        size_t want = TS_MIN(sizeof buf, limit + 1 - c->in.n);
+        ssize_t r = recv(c->fd, buf, want, 0);
         if (r > 0) {
+            size_t need = c->in.n + (size_t)r;
+            if (need > limit) {
+                conn_drop(S, c, "it sent more than one request's worth of bytes (%zu buffered, limit %zu)", need,
+                          limit);
+                return;
+            }
+            /* Grow by doubling, but never past the limit. */
+            if (need > c->in.cap && !wb_reserve(&c->in, TS_MIN(TS_MAX(need, c->in.cap * 2), limit))) {
+                conn_drop(S, c, "out of memory");
+                return;
+            }
             wb_put(&c->in, buf, (size_t)r);
             if (c->in.oom) break;
+            if (c->in.n >= 4) { /* check the frame header as soon as it is here */
+                uint64_t len = get_be(c->in.p, 4);
+                if (len == 0 || len > S->max_frame) break;
+            }
             continue;
         }
         if (r < 0 && errno == EINTR) continue;
         if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        c->dead = true; /* EOF or error: the client went away */
+        conn_kill(S, c); /* EOF or error: the client went away */
         return;
     }
     conn_serve(S, c);
 }
 
-static void conn_flush(srv_conn *c) {
+static void conn_flush(tcp_server *S, srv_conn *c) {
     while (!c->dead && c->out_off < c->out.n) {
         ssize_t w = send(c->fd, c->out.p + c->out_off, c->out.n - c->out_off, MSG_NOSIGNAL);
         if (w > 0) {
@@ -428,19 +593,132 @@ static void conn_flush(srv_conn *c) {
         } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             return;
         } else {
-            c->dead = true;
+            conn_kill(S, c);
         }
     }
-    if (c->out_off == c->out.n) c->out_off = c->out.n = 0;
+    if (c->out_off == c->out.n) {
+        c->out_off = c->out.n = 0;
+        wb_shrink(&c->out);
+    }
+}
+
+/* The handshake's answer arrives: check it, send the verdict. */
+static void conn_read_auth(tcp_server *S, srv_conn *c) {
+    uint8_t buf[TS__AUTH_RESPONSE_BYTES + 1];
+    ssize_t r = recv(c->fd, buf, sizeof c->hs - c->hs_n + 1, 0); /* one byte more: nothing may follow */
+    if (r < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) return;
+        conn_drop(S, c, "%s during the handshake", strerror(errno));
+        return;
+    }
+    if (r == 0) {
+        conn_drop(S, c, "it closed the connection during the handshake");
+        return;
+    }
+    if (c->hs_n + (size_t)r > sizeof c->hs) {
+        conn_drop(S, c, "it sent more than a handshake answer (not a Tessera client of this version?)");
+        return;
+    }
+    memcpy(c->hs + c->hs_n, buf, (size_t)r);
+    c->hs_n += (size_t)r;
+    if (c->hs_n < sizeof c->hs) return;
+    uint32_t f1 = 0, f2 = 0;
+    int code = ts__auth_check(&S->auth, TS__AUTH_STORE, c->ch, c->hs, &f1, &f2);
+    uint8_t v[TS__AUTH_VERDICT_BYTES];
+    ts__auth_verdict(&S->auth, code, c->ch, c->hs, v);
+    ssize_t w = send(c->fd, v, sizeof v, MSG_NOSIGNAL | MSG_DONTWAIT); /* fits: nothing else was sent since */
+    if (code != TS__AUTH_OK) {
+        conn_drop(S, c, "%s", ts__auth_server_reason(code));
+        return;
+    }
+    if (w != (ssize_t)sizeof v) {
+        conn_drop(S, c, "cannot send the verdict: %s", w < 0 ? strerror(errno) : "short write");
+        return;
+    }
+    unauth_unlink(S, c);
+    c->authed = true;
+    int one = 1, idle = 60, intvl = 10, cnt = 6; /* a vanished peer is dropped after about two minutes */
+    (void)setsockopt(c->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    (void)setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
+/* Closes unauthenticated connections past their deadline (the list is in deadline order). */
+static void reap_unauthed(tcp_server *S, double now) {
+    while (S->unauth_head && S->unauth_head->deadline <= now)
+        conn_drop(S, S->unauth_head, "no handshake within %g s", S->auth_timeout);
+}
+
+enum { EVICTED, NONE_PENDING, TOO_YOUNG };
+
+/* Makes room by dropping the oldest unauthenticated connection, once it has had
+ * EVICT_MIN_AGE_S to answer (so a genuine client is never evicted by the flood
+ * that arrives right behind it). TOO_YOUNG: *ready gets when it may go. */
+static int evict_oldest(tcp_server *S, const char *why, double *ready) {
+    srv_conn *c = S->unauth_head;
+    if (!c) return NONE_PENDING;
+    if (ts_time_now() - c->since < EVICT_MIN_AGE_S) {
+        *ready = c->since + EVICT_MIN_AGE_S;
+        return TOO_YOUNG;
+    }
+    conn_drop(S, c, "%s: the oldest unauthenticated connection makes room", why);
+    return EVICTED;
+}
+
+/* Stops polling the listener until `until` (it stays readable, so polling it would spin). */
+static void pause_listener(tcp_server *S, double until, const char *why) {
+    S->accept_resume = until;
+    if (!S->accept_failing)
+        ts_log(TS_LOG_WARN, "tcp store %s: %s with %d connections open; not accepting for %.0f ms", S->hp, why,
+               S->nlive, (until - ts_time_now()) * 1000);
+    S->accept_failing = true;
 }
 
 static void srv_accept(tcp_server *S) {
-    for (;;) {
-        int fd = accept4(S->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            return; /* EAGAIN, or out of fds: try again on the next wakeup */
+    for (int k = 0; k < ACCEPT_BATCH; k++) {
+        double ready = 0;
+        if (S->nlive >= S->max_conns) {
+            int ev = evict_oldest(S, "connection limit reached", &ready);
+            if (ev == TOO_YOUNG) {
+                pause_listener(S, ready, "all connections are in use");
+                return;
+            }
+            if (ev == NONE_PENDING) { /* every slot is authenticated: turn the newcomer away (it retries) */
+                int fd = accept4(S->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0) return;
+                char addr[64];
+                ts__peer_str(fd, addr, sizeof addr);
+                ts__refusal(&S->rlog, "tcp store %s: refused a connection from %s: all %d connections are in use",
+                            S->hp, addr, S->max_conns);
+                close(fd);
+                continue;
+            }
         }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(S->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EINTR || e == ECONNABORTED) continue;
+            if (e == EAGAIN || e == EWOULDBLOCK) return;
+            char why[96];
+            snprintf(why, sizeof why, "accept: %s", strerror(e));
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                /* Linux reports EMFILE before it looks at the queue: is anyone waiting at all? */
+                struct pollfd p = {S->lfd, POLLIN, 0};
+                if (poll(&p, 1, 0) != 1) return;
+                int ev = evict_oldest(S, why, &ready);
+                if (ev == EVICTED) continue;
+                pause_listener(S, ev == TOO_YOUNG ? ready : ts_time_now() + ACCEPT_PAUSE_S, why);
+                return;
+            }
+            pause_listener(S, ts_time_now() + ACCEPT_PAUSE_S, why);
+            return;
+        }
+        S->accept_failing = false;
+        char addr[64];
+        ts__sockaddr_str((struct sockaddr *)&ss, sl, addr, sizeof addr);
         int one = 1;
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         if (S->nconns == S->cap) {
@@ -454,13 +732,32 @@ static void srv_accept(tcp_server *S) {
             S->cap = cap;
         }
         srv_conn *c = calloc(1, sizeof *c);
-        if (!c) {
+        if (!c || ts__auth_challenge(&S->auth, TS__AUTH_STORE, (uint32_t)S->max_key, (uint32_t)S->max_value,
+                                     c->ch) != TS_OK) {
+            free(c);
             close(fd);
             continue;
         }
         c->fd = fd;
+        snprintf(c->addr, sizeof c->addr, "%s", addr);
+        c->since = ts_time_now();
+        c->deadline = c->since + S->auth_timeout;
+        c->prev = S->unauth_tail;
+        if (S->unauth_tail) S->unauth_tail->next = c;
+        else S->unauth_head = c;
+        S->unauth_tail = c;
         S->conns[S->nconns++] = c;
+        S->nlive++;
+        /* 48 bytes into a fresh socket's empty buffer: never blocks. */
+        if (send(fd, c->ch, sizeof c->ch, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof c->ch)
+            conn_drop(S, c, "cannot send the challenge: %s", strerror(errno));
     }
+}
+
+static int ms_until(double t, double now) {
+    double left = t - now;
+    if (left <= 0) return 0;
+    return left > 86400.0 ? 86400000 : (int)(left * 1000.0) + 1;
 }
 
 static void *srv_main(void *arg) {
@@ -468,6 +765,8 @@ static void *srv_main(void *arg) {
     struct pollfd *pf = NULL;
     size_t pcap = 0;
     for (;;) {
+        double now = ts_time_now();
+        reap_unauthed(S, now);
         size_t np = 2 + (size_t)S->nconns;
         if (np > pcap) {
             size_t cap = np * 2;
@@ -476,13 +775,20 @@ static void *srv_main(void *arg) {
             pf = p;
             pcap = cap;
         }
+        bool listening = S->accept_resume <= now;
         pf[0] = (struct pollfd){S->wake[0], POLLIN, 0};
-        pf[1] = (struct pollfd){S->lfd, POLLIN, 0};
+        pf[1] = (struct pollfd){listening ? S->lfd : -1, POLLIN, 0};
         for (int i = 0; i < S->nconns; i++) {
             srv_conn *c = S->conns[i];
             pf[2 + i] = (struct pollfd){c->fd, (short)(POLLIN | (c->out_off < c->out.n ? POLLOUT : 0)), 0};
         }
-        int r = poll(pf, (nfds_t)np, -1); /* the self-pipe ends the wait */
+        int timeout = -1;
+        if (S->unauth_head) timeout = ms_until(S->unauth_head->deadline, now);
+        if (!listening) {
+            int t = ms_until(S->accept_resume, now);
+            timeout = timeout < 0 ? t : TS_MIN(timeout, t);
+        }
+        int r = poll(pf, (nfds_t)np, timeout); /* the self-pipe ends the wait */
         if (r < 0) {
             if (errno == EINTR) continue;
             break;
@@ -492,10 +798,15 @@ static void *srv_main(void *arg) {
         for (int i = 0; i < n; i++) {
             srv_conn *c = S->conns[i];
             short ev = pf[2 + i].revents;
+            if (c->dead || !ev) continue;
+            if (!c->authed) {
+                if (ev & (POLLIN | POLLHUP | POLLERR)) conn_read_auth(S, c);
+                continue;
+            }
             if (ev & (POLLIN | POLLHUP | POLLERR)) conn_read(S, c);
-            if (ev & POLLOUT) conn_flush(c);
+            if (ev & POLLOUT) conn_flush(S, c);
         }
-        if (pf[1].revents & POLLIN) srv_accept(S);
+        if (listening && (pf[1].revents & POLLIN)) srv_accept(S);
         while (S->changed) {
             S->changed = false;
             for (int i = 0; i < S->nconns; i++) {
@@ -506,7 +817,11 @@ static void *srv_main(void *arg) {
         int keep = 0;
         for (int i = 0; i < S->nconns; i++) {
             srv_conn *c = S->conns[i];
-            conn_flush(c);
+            if (!c->dead && c->authed) {
+                conn_flush(S, c);
+                /* Requests held back while replies were pending. */
+                if (!c->dead && !c->parked && c->in.n >= 4 && c->out.n - c->out_off < OUT_HIGH) conn_serve(S, c);
+            }
             if (c->dead)
                 conn_free(c);
             else
@@ -524,6 +839,7 @@ static void srv_free(tcp_server *S) {
     if (!S) return;
     free(S->conns);
     ts__kv_free(&S->kv);
+    ts__auth_wipe(&S->auth);
     if (S->lfd >= 0) close(S->lfd);
     if (S->wake[0] >= 0) close(S->wake[0]);
     if (S->wake[1] >= 0) close(S->wake[1]);
@@ -538,9 +854,18 @@ static void srv_stop(tcp_server *S) {
     srv_free(S);
 }
 
-/* Binds host:port, listens and starts the thread. *bound gets the address (with the real port). */
-static ts_status srv_start(const char *host, int port, tcp_server **out, struct sockaddr_storage *bound,
-                           socklen_t *boundlen) {
+/* The default connection cap: DEFAULT_MAX_CONNS, or 3/4 of the open-file limit when lower. */
+static int default_max_conns(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return DEFAULT_MAX_CONNS;
+    rlim_t q = rl.rlim_cur / 4 * 3;
+    return q < 16 ? 16 : q > DEFAULT_MAX_CONNS ? DEFAULT_MAX_CONNS : (int)q;
+}
+
+/* Binds host:port, listens and starts the thread. *bound gets the address (with the real port).
+ * auth and the limits (already resolved) are copied. */
+static ts_status srv_start(const char *host, int port, const ts__auth *auth, const ts_store_tcp_options *o,
+                           tcp_server **out, struct sockaddr_storage *bound, socklen_t *boundlen) {
     char hp[300], ps[16];
     fmt_hostport(hp, sizeof hp, host, port);
     snprintf(ps, sizeof ps, "%d", port);
@@ -582,6 +907,15 @@ static ts_status srv_start(const char *host, int port, tcp_server **out, struct 
     }
     S->lfd = lfd;
     S->kv = TS__KV_INIT;
+    S->auth = *auth;
+    fmt_hostport(S->hp, sizeof S->hp, host,
+                 ntohs(bound->ss_family == AF_INET6 ? ((struct sockaddr_in6 *)bound)->sin6_port
+                                                    : ((struct sockaddr_in *)bound)->sin_port));
+    S->max_conns = o->max_connections;
+    S->max_key = o->max_key_bytes;
+    S->max_value = o->max_value_bytes;
+    S->max_frame = S->max_key + S->max_value + FRAME_OVERHEAD;
+    S->auth_timeout = o->auth_timeout_s;
     if (pipe2(S->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         err = errno;
         S->wake[0] = S->wake[1] = -1;
@@ -610,6 +944,9 @@ typedef struct tcp_store {
     int port;
     struct sockaddr_storage addr; /* the server address that answered */
     socklen_t addrlen;
+    char local_ip[64]; /* this end of the first connection (numeric) */
+    ts__auth auth;
+    size_t srv_max_key, srv_max_value; /* the limits the server announced (set by the first connection) */
     pthread_mutex_t mu; /* guards the pool */
     int *pool;
     int npool, cap;
@@ -633,17 +970,91 @@ static void pool_put(tcp_store *t, int fd) {
     pthread_mutex_unlock(&t->mu);
 }
 
+/* The client's side of the handshake on a fresh connection. TS_OK; *retry set (and why[]
+ * filled): the server closed the connection before its verdict (at its limit, or it evicted
+ * us: worth another try); any other error is final: refused, or not a store. first: record
+ * the limits the server announces. */
+static ts_status client_handshake(tcp_store *t, int fd, double deadline, bool first, bool *retry, char *why,
+                                  size_t wn) {
+    *retry = false;
+    double hs_deadline = TS_MIN(deadline, ts_time_now() + CLIENT_HANDSHAKE_S);
+    uint8_t ch[TS__AUTH_CHALLENGE_BYTES], resp[TS__AUTH_RESPONSE_BYTES], v[TS__AUTH_VERDICT_BYTES];
+    int r = io_recv(fd, ch, sizeof ch, hs_deadline);
+    if (r == IO_OK) {
+        uint32_t mk = 0, mv = 0;
+        int code = ts__auth_respond(&t->auth, TS__AUTH_STORE, ch, 0, 0, &mk, &mv, resp);
+        if (code < 0) return (ts_status)code; /* no random bytes: the error is set */
+        if (code != TS__AUTH_OK)
+            return ts_error(TS_ERR_REMOTE, "tcp store %s: the server's handshake is not understood: %s", t->hp,
+                            ts__auth_client_reason(code));
+        if (first) {
+            t->srv_max_key = mk;
+            t->srv_max_value = mv;
+        }
+        r = io_send(fd, resp, sizeof resp, hs_deadline);
+    }
+    if (r == IO_OK) r = io_recv(fd, v, sizeof v, hs_deadline);
+    if (r == IO_CLOSED) {
+        *retry = true;
+        snprintf(why, wn, "the server closed the connection during authentication (at its connection limit?)");
+        return TS_ERR_REMOTE;
+    }
+    if (r == IO_TIMEOUT) {
+        if (ts_time_now() >= deadline)
+            return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out authenticating with the server", t->hp);
+        return ts_error(TS_ERR_REMOTE,
+                        "tcp store %s: no handshake from the server within %g s (not a Tessera TCP store, or one "
+                        "from before job tokens)",
+                        t->hp, CLIENT_HANDSHAKE_S);
+    }
+    if (r != IO_OK)
+        return ts_error(TS_ERR_REMOTE, "tcp store %s: authenticating with the server: %s", t->hp, strerror(errno));
+    int code = ts__auth_accepted(&t->auth, ch, resp, v);
+    if (code != TS__AUTH_OK)
+        return ts_error(TS_ERR_REMOTE, "tcp store %s: authentication failed: %s%s", t->hp,
+                        code == TS__AUTH_UNPROVEN ? "the server " : "the server refused this process: ",
+                        ts__auth_client_reason(code));
+    return TS_OK;
+}
+
+/* Records this end's address of a connection (the interface that reaches the server). */
+static void note_local_ip(tcp_store *t, int fd) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) return;
+    const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                             : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    if (!inet_ntop(ss.ss_family, a, t->local_ip, sizeof t->local_ip)) t->local_ip[0] = 0;
+}
+
 static ts_status pool_take(tcp_store *t, double deadline, int *fd) {
     pthread_mutex_lock(&t->mu);
     *fd = t->npool ? t->pool[--t->npool] : -1;
     pthread_mutex_unlock(&t->mu);
     if (*fd >= 0) return TS_OK;
-    int err = 0;
-    *fd = connect_one((const struct sockaddr *)&t->addr, t->addrlen, deadline, &err);
-    if (*fd >= 0) return TS_OK;
-    if (err == ETIMEDOUT)
-        return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out opening a connection to the server", t->hp);
-    return ts_error(TS_ERR_REMOTE, "tcp store %s: cannot reach the server: %s", t->hp, strerror(err));
+    /* A new connection, retried with backoff while the server closes it during the handshake. */
+    double backoff = 0.01;
+    for (;;) {
+        int err = 0;
+        *fd = connect_one((const struct sockaddr *)&t->addr, t->addrlen, deadline, &err);
+        if (*fd < 0) {
+            if (err == ETIMEDOUT)
+                return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out opening a connection to the server", t->hp);
+            return ts_error(TS_ERR_REMOTE, "tcp store %s: cannot reach the server: %s", t->hp, strerror(err));
+        }
+        bool retry = false;
+        char why[160];
+        ts_status st = client_handshake(t, *fd, deadline, false, &retry, why, sizeof why);
+        if (st == TS_OK) return TS_OK;
+        close(*fd);
+        *fd = -1;
+        if (!retry) return st;
+        double left = deadline - ts_time_now();
+        if (left <= 0)
+            return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out opening a connection: %s", t->hp, why);
+        ts__sleep_s(TS_MIN(backoff, left));
+        backoff = TS_MIN(backoff * 2, 1.0);
+    }
 }
 
 /* Sends req (a finished frame) and reads the reply body (malloc'd, *body_len bytes, status
@@ -652,6 +1063,10 @@ static ts_status tcp_call(tcp_store *t, wbuf *req, double timeout_s, const char 
                           size_t *body_len) {
     *body = NULL;
     if (req->oom) return ts_error(TS_ERR_NOMEM, "tcp store: out of memory building a request");
+    size_t max_body = t->srv_max_key + t->srv_max_value + FRAME_OVERHEAD;
+    if (req->n - 4 > max_body)
+        return ts_error(TS_ERR_INVALID_ARG, "tcp store %s: a request of %zu bytes is over the server's limit of %zu %s",
+                        t->hp, req->n - 4, max_body, what);
     double deadline = ts_time_now() + timeout_s;
     int fd;
     TS_TRY(pool_take(t, deadline, &fd));
@@ -706,6 +1121,10 @@ static ts_status key_call(tcp_store *t, uint8_t op, const char *key, const void 
                           const char *verb, double timeout_s, uint8_t **reply, size_t *rlen) {
     char what[300];
     snprintf(what, sizeof what, "%s key '%.200s'", verb, key);
+    size_t kl = strlen(key);
+    if (kl > t->srv_max_key)
+        return ts_error(TS_ERR_INVALID_ARG, "tcp store %s: key '%.100s...' of %zu bytes is over the server's limit of %zu",
+                        t->hp, key, kl, t->srv_max_key);
     wbuf req = {0};
     wb_frame(&req, op);
     wb_str(&req, key, strlen(key));
@@ -719,9 +1138,11 @@ static ts_status key_call(tcp_store *t, uint8_t op, const char *key, const void 
 
 static ts_status tcp_set(ts_store *s, const char *key, const void *value, size_t len, double timeout_s) {
     tcp_store *t = (tcp_store *)s;
-    if (len > MAX_FRAME - strlen(key) - 16)
-        return ts_error(TS_ERR_INVALID_ARG, "tcp store %s: value of %zu bytes for key '%.200s' is over the 1 GiB limit",
-                        t->hp, len, key);
+    if (len > t->srv_max_value)
+        return ts_error(TS_ERR_INVALID_ARG,
+                        "tcp store %s: value of %zu bytes for key '%.200s' is over the server's limit of %zu bytes "
+                        "(ts_store_tcp_options.max_value_bytes)",
+                        t->hp, len, key, t->srv_max_value);
     uint8_t *b;
     size_t bl;
     ts_status st = key_call(t, OP_SET, key, value, len, 0, "setting", timeout_s, &b, &bl);
@@ -786,6 +1207,11 @@ static ts_status tcp_wait(ts_store *s, const char *const *keys, int nkeys, doubl
     tcp_store *t = (tcp_store *)s;
     char what[300];
     snprintf(what, sizeof what, "waiting for key '%.200s'%s", keys[0], nkeys > 1 ? " and others" : "");
+    for (int i = 0; i < nkeys; i++)
+        if (strlen(keys[i]) > t->srv_max_key)
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "tcp store %s: key '%.100s...' of %zu bytes is over the server's limit of %zu", t->hp,
+                            keys[i], strlen(keys[i]), t->srv_max_key);
     wbuf req = {0};
     wb_frame(&req, OP_WAIT);
     wb_int(&req, (uint64_t)nkeys, 4);
@@ -817,6 +1243,7 @@ static void tcp_destroy(ts_store *s) {
     free(t->pool);
     if (t->server) srv_stop(t->server);
     pthread_mutex_destroy(&t->mu);
+    ts__auth_wipe(&t->auth);
     free(t);
 }
 
@@ -844,11 +1271,23 @@ static ts_status tcp_first_connect(tcp_store *t, double timeout_s) {
                 int err = 0;
                 int fd = connect_one(ai->ai_addr, ai->ai_addrlen, deadline, &err);
                 if (fd >= 0) {
-                    memcpy(&t->addr, ai->ai_addr, ai->ai_addrlen);
-                    t->addrlen = ai->ai_addrlen;
-                    freeaddrinfo(res);
-                    pool_put(t, fd);
-                    return TS_OK;
+                    bool retry = false;
+                    ts_status st = client_handshake(t, fd, deadline, true, &retry, last, sizeof last);
+                    if (st == TS_OK) {
+                        memcpy(&t->addr, ai->ai_addr, ai->ai_addrlen);
+                        t->addrlen = ai->ai_addrlen;
+                        freeaddrinfo(res);
+                        note_local_ip(t, fd);
+                        pool_put(t, fd);
+                        return TS_OK;
+                    }
+                    close(fd);
+                    if (!retry) { /* refused or not a store: final */
+                        freeaddrinfo(res);
+                        return st;
+                    }
+                    have_err = true;
+                    break; /* the server is there but full: back off */
                 }
                 if (err != ETIMEDOUT || !have_err) snprintf(last, sizeof last, "%s", strerror(err)); /* keep "refused" */
                 have_err = true;
@@ -864,28 +1303,81 @@ static ts_status tcp_first_connect(tcp_store *t, double timeout_s) {
                     t->hp, timeout_s, last);
 }
 
+/* Checks the options and fills in the defaults. */
+static ts_status resolve_options(const ts_store_tcp_options *in, ts_store_tcp_options *o) {
+    *o = TS_STORE_TCP_OPTIONS_INIT;
+    if (in) {
+        if (in->size != sizeof *o || in->magic != TS_STORE_TCP_OPTIONS_MAGIC)
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "ts_store_tcp_options: size %zu / magic 0x%08x do not match (initialise the options with "
+                            "TS_STORE_TCP_OPTIONS_INIT)",
+                            in->size, in->magic);
+        if (in->version != TS_STORE_TCP_OPTIONS_VERSION)
+            return ts_error(TS_ERR_INVALID_ARG, "ts_store_tcp_options.version is %u; this library supports version %u",
+                            in->version, TS_STORE_TCP_OPTIONS_VERSION);
+        *o = *in;
+    }
+    TS_ARG(o->max_connections == 0 || o->max_connections >= 2,
+           "ts_store_tcp_options.max_connections is %d (expected 0 for the default, or >= 2)", o->max_connections);
+    TS_ARG(!isnan(o->auth_timeout_s) && o->auth_timeout_s >= 0,
+           "ts_store_tcp_options.auth_timeout_s is %g (expected 0 for the default, or > 0)", o->auth_timeout_s);
+    if (o->max_connections == 0) o->max_connections = default_max_conns();
+    if (o->max_key_bytes == 0) o->max_key_bytes = DEFAULT_MAX_KEY;
+    if (o->max_value_bytes == 0) o->max_value_bytes = DEFAULT_MAX_VALUE;
+    if (o->auth_timeout_s == 0) o->auth_timeout_s = TS__AUTH_DEFAULT_TIMEOUT_S;
+    TS_ARG(o->max_key_bytes <= MAX_FRAME && o->max_value_bytes <= MAX_FRAME &&
+               o->max_key_bytes + o->max_value_bytes + FRAME_OVERHEAD <= MAX_FRAME,
+           "ts_store_tcp_options: max_key_bytes %zu + max_value_bytes %zu is over the 1 GiB frame limit",
+           o->max_key_bytes, o->max_value_bytes);
+    return TS_OK;
+}
+
 ts_status ts_store_tcp_new(const char *host, int port, bool is_server, double timeout_s, ts_store **out) {
+    return ts_store_tcp_new_ex(host, port, is_server, timeout_s, NULL, out);
+}
+
+ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double timeout_s,
+                              const ts_store_tcp_options *opts, ts_store **out) {
     TS_ARG(host && out, "ts_store_tcp_new: NULL argument");
     TS_ARG(host[0] && strlen(host) < 256, "ts_store_tcp_new: host must be 1 to 255 characters");
     TS_ARG(port >= 0 && port <= 65535, "ts_store_tcp_new: port %d out of range 0..65535", port);
     TS_ARG(port > 0 || is_server, "ts_store_tcp_new: port 0 is only valid for the server");
     *out = NULL;
+    ts_store_tcp_options o;
+    TS_TRY(resolve_options(opts, &o));
+    char hp[300];
+    fmt_hostport(hp, sizeof hp, host, port);
+    char what[320];
+    if (is_server && port == 0) snprintf(what, sizeof what, "tcp store on %s", host);
+    else snprintf(what, sizeof what, "tcp store %s", hp);
+    ts__auth auth;
+    TS_TRY(ts__auth_init(&auth, o.token, what));
     tcp_store *t = ts__calloc(1, sizeof *t);
-    if (!t) return TS_ERR_NOMEM;
+    if (!t) {
+        ts__auth_wipe(&auth);
+        return TS_ERR_NOMEM;
+    }
     snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
+    t->auth = auth;
+    ts__auth_wipe(&auth);
     pthread_mutex_init(&t->mu, NULL);
     ts__store_init(&t->base, &tcp_vtable, timeout_s);
     ts_status st;
     if (is_server) {
-        st = srv_start(host, port, &t->server, &t->addr, &t->addrlen);
+        st = srv_start(host, port, &t->auth, &o, &t->server, &t->addr, &t->addrlen);
         if (st == TS_OK) {
             t->port = ntohs(t->addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&t->addr)->sin6_port
                                                           : ((struct sockaddr_in *)&t->addr)->sin_port);
             fmt_hostport(t->hp, sizeof t->hp, host, t->port);
+            t->srv_max_key = o.max_key_bytes;
+            t->srv_max_value = o.max_value_bytes;
             int fd = -1;
             st = pool_take(t, ts_time_now() + ts__store_timeout(&t->base), &fd);
-            if (st == TS_OK) pool_put(t, fd);
+            if (st == TS_OK) {
+                note_local_ip(t, fd);
+                pool_put(t, fd);
+            }
         }
     } else {
         fmt_hostport(t->hp, sizeof t->hp, host, port);
@@ -902,4 +1394,13 @@ ts_status ts_store_tcp_new(const char *host, int port, bool is_server, double ti
 int ts_store_tcp_port(const ts_store *s) {
     if (!s || s->vt != &tcp_vtable) return -1;
     return ((const tcp_store *)s)->port;
+}
+
+bool ts__store_tcp_job(ts_store *s, ts__auth *auth, char *local_ip, size_t cap) {
+    while (s && s->vt != &tcp_vtable) s = ts__store_prefix_inner(s);
+    if (!s) return false;
+    const tcp_store *t = (const tcp_store *)s;
+    *auth = t->auth;
+    snprintf(local_ip, cap, "%s", t->local_ip);
+    return true;
 }

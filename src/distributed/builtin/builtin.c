@@ -526,8 +526,10 @@ static ts_status key_get_str(ts_store *s, const char *key, char *out, size_t cap
 static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     ts_status st = TS_OK;
     int n = b->world, r = b->rank, listen_fd = -1;
-    char key[128], pre[64], val[256], host[256] = "localhost";
-    bool *shm = NULL;
+    char key[128], pre[64], val[256], host[256] = "localhost", hint[64] = "";
+    bool *shm = NULL, *expect = NULL;
+    ts__link **in = NULL;
+    ts__auth auth = {0};
     int64_t gen = 0;
     snprintf(key, sizeof key, "builtin/join/%d", r);
     TS_CHECK_GOTO(ts_store_add(ctx->store, key, 1, &gen));
@@ -564,7 +566,8 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
         TS_CHECK_GOTO(ts_store_set(ctx->store, key, name, strlen(name)));
     }
     if (ntcp) {
-        TS_CHECK_GOTO(ts__tcp_listen(&listen_fd, val, sizeof val));
+        TS_CHECK_GOTO(ts__tcp_job_auth(ctx->store, &auth, hint, sizeof hint));
+        TS_CHECK_GOTO(ts__tcp_listen(hint, &listen_fd, val, sizeof val));
         snprintf(key, sizeof key, "%s/addr/%d", pre, r);
         TS_CHECK_GOTO(ts_store_set(ctx->store, key, val, strlen(val)));
     }
@@ -592,18 +595,20 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
         }
         snprintf(key, sizeof key, "%s/addr/%d", pre, j);
         TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
-        TS_CHECK_GOTO(ts__tcp_connect(val, r, j, deadline, &b->peers[j].link));
+        TS_CHECK_GOTO(ts__tcp_connect(&auth, val, r, j, n, deadline, &b->peers[j].link));
     }
-    while (accepts-- > 0) {
-        ts__link *l = NULL;
-        TS_CHECK_GOTO(ts__tcp_accept(listen_fd, n, deadline, &l));
-        if (l->peer <= r || shm[l->peer] || b->peers[l->peer].link) {
-            int bad = l->peer;
-            l->vt->destroy(l);
-            st = ts_error(TS_ERR_REMOTE, "unexpected connection from rank %d", bad);
+    if (accepts > 0) { /* every higher rank over TCP connects to us */
+        expect = ts__calloc((size_t)n, sizeof *expect);
+        in = ts__calloc((size_t)n, sizeof *in);
+        if (!expect || !in) {
+            st = TS_ERR_NOMEM;
             goto fail;
         }
-        b->peers[l->peer].link = l;
+        for (int j = r + 1; j < n; j++) expect[j] = !shm[j];
+        st = ts__tcp_accept_peers(&auth, listen_fd, r, n, expect, deadline, in);
+        for (int j = 0; j < n; j++)
+            if (in[j]) b->peers[j].link = in[j];
+        if (st != TS_OK) goto fail;
     }
     /* Every shm peer has mapped our segment: remove its name. */
     for (int j = 0; j < n; j++) {
@@ -616,6 +621,9 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
 fail:
     if (listen_fd >= 0) close(listen_fd);
     if (b->seg && st != TS_OK) ts__shm_seg_unlink(b->seg);
+    ts__auth_wipe(&auth);
+    free(in);
+    free(expect);
     free(shm);
     return st;
 }

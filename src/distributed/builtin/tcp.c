@@ -1,17 +1,39 @@
 /*
  * distributed/builtin/tcp.c — the TCP transport: one socket per pair of ranks
- * (the higher rank connects to the lower one's listening socket and sends a
- * 12-byte introduction), TCP_NODELAY, non-blocking; the algorithms poll()
- * the sockets while they wait. A reducing receive reads into a 256 KiB
- * staging buffer and combines whole f32 elements into the destination,
- * carrying a partial element to the next call. EOF, ECONNRESET or EPIPE is
- * TS_ERR_REMOTE naming the peer rank.
+ * (the higher rank connects to the lower one's listening socket), TCP_NODELAY,
+ * non-blocking; the algorithms poll() the sockets while they wait. A reducing
+ * receive reads into a 256 KiB staging buffer and combines whole f32 elements
+ * into the destination, carrying a partial element to the next call. EOF,
+ * ECONNRESET or EPIPE is TS_ERR_REMOTE naming the peer rank.
+ *
+ * Who may connect. Every link starts with the job-token handshake of
+ * distributed/auth.h (kind 2, link): the listener's challenge names its rank
+ * and the world size, the connecting rank answers with its own rank and its
+ * HMAC, the listener's verdict carries its proof. The connecting rank checks
+ * that proof (and that the listener is the rank it meant to reach) before it
+ * sends any data; the listener takes only ranks above its own that it has not
+ * linked yet. The token is the group store's when that is a TCP store (so an
+ * explicit ts_store_tcp_options.token covers the links too), else TS_JOB_TOKEN.
+ *
+ * Where it listens: the address of the interface named by TS_SOCKET_IFNAME
+ * (NCCL_SOCKET_IFNAME's syntax), else TS_DIST_IFADDR, else the local end of the
+ * store's connection to rank 0, else the route to MASTER_ADDR, else 127.0.0.1
+ * — one address, never 0.0.0.0 (except for a TS_DIST_IFADDR that is not a
+ * local address, behind NAT). The listener lives only while the group
+ * connects. Handshakes run concurrently (up to 64; a new connection evicts
+ * the oldest once that has had 100 ms to answer; each has 10 s), so silent or slow strangers cannot delay the
+ * genuine peers; refused ones are logged with their address (rate-limited);
+ * accept() failing with EMFILE takes the listener out of poll() for 100 ms.
  */
 #include "distributed/builtin/transport.h"
+
+#include "distributed/store.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -21,7 +43,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TCP_MAGIC 0x74737463u /* "tstc" */
 #define STAGE_BYTES (256u << 10)
 
 typedef struct tcp_link {
@@ -113,47 +134,156 @@ static ts_status make_link(int fd, int peer, ts__link **out) {
     return TS_OK;
 }
 
-ts_status ts__tcp_listen(int *fd_out, char *addr, size_t addr_len) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ts_error(TS_ERR_IO, "socket: %s", strerror(errno));
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    socklen_t sl = sizeof sa;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 256) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        ts_status st = ts_error(TS_ERR_IO, "listening socket for the process group: %s", strerror(errno));
+/* ---- job authentication and the listening address ---------------------------------------------------- */
+
+ts_status ts__tcp_job_auth(ts_store *store, ts__auth *auth, char *hint, size_t cap) {
+    if (store && ts__store_tcp_job(store, auth, hint, cap)) return TS_OK;
+    if (cap) hint[0] = 0;
+    return ts__auth_init(auth, NULL, "process group (TCP links)");
+}
+
+/* Does interface `name` match a TS_SOCKET_IFNAME list (NCCL_SOCKET_IFNAME's syntax: comma-separated
+ * prefixes; "=" before the list: exact names; "^" before it: every interface but these)? */
+static bool ifname_match(const char *spec, const char *name) {
+    bool exclude = false, exact = false;
+    if (*spec == '^') exclude = true, spec++;
+    if (*spec == '=') exact = true, spec++;
+    bool hit = false;
+    for (const char *p = spec; *p && !hit;) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        if (n) hit = exact ? strlen(name) == n && strncmp(name, p, n) == 0 : strncmp(name, p, n) == 0;
+        p += n + (comma ? 1 : 0);
+    }
+    return exclude ? !hit : hit;
+}
+
+/* The first address of an interface matching spec: IPv4 first, then global IPv6. */
+static ts_status ifname_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *sl) {
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0) return ts_error(TS_ERR_IO, "TS_SOCKET_IFNAME: getifaddrs: %s", strerror(errno));
+    for (int pass = 0; pass < 2; pass++) {
+        int fam = pass == 0 ? AF_INET : AF_INET6;
+        for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != fam || !(i->ifa_flags & IFF_UP)) continue;
+            if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr)) continue;
+            if (!ifname_match(spec, i->ifa_name)) continue;
+            *sl = fam == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+            memset(ss, 0, sizeof *ss);
+            memcpy(ss, i->ifa_addr, *sl);
+            freeifaddrs(ifs);
+            return TS_OK;
+        }
+    }
+    char names[256] = "";
+    size_t len = 0;
+    for (struct ifaddrs *i = ifs; i && len < sizeof names - 40; i = i->ifa_next) {
+        if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+        if (strstr(names, i->ifa_name)) continue; /* one mention per interface (good enough for a message) */
+        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", i->ifa_name);
+    }
+    freeifaddrs(ifs);
+    return ts_error(TS_ERR_INVALID_ARG, "TS_SOCKET_IFNAME='%.100s' matches no interface that is up with an address "
+                    "(interfaces: %s)", spec, names[0] ? names : "none");
+}
+
+/* A numeric address (or a host name) into ss; false if it does not resolve. */
+static bool resolve_ip(const char *host, struct sockaddr_storage *ss, socklen_t *sl) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return false;
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sl = res->ai_addrlen;
+    freeaddrinfo(res);
+    return true;
+}
+
+/* The local address of the route to host (a UDP socket "connected" to it sends nothing). */
+static bool route_to(const char *host, struct sockaddr_storage *ss, socklen_t *sl) {
+    struct sockaddr_storage dst;
+    socklen_t dl = 0;
+    if (!resolve_ip(host, &dst, &dl)) return false;
+    ((struct sockaddr_in *)&dst)->sin_port = htons(9); /* same offset in sockaddr_in6 */
+    int u = socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    bool ok = u >= 0 && connect(u, (struct sockaddr *)&dst, dl) == 0;
+    *sl = sizeof *ss;
+    ok = ok && getsockname(u, (struct sockaddr *)ss, sl) == 0;
+    if (u >= 0) close(u);
+    return ok;
+}
+
+static void set_port(struct sockaddr_storage *ss, int port) {
+    if (ss->ss_family == AF_INET6) ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+    else ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+}
+
+ts_status ts__tcp_listen(const char *hint, int *fd_out, char *addr, size_t addr_len) {
+    struct sockaddr_storage ss, pub;
+    socklen_t sl = 0, pl = 0;
+    const char *ifname = getenv("TS_SOCKET_IFNAME"), *ifaddr = getenv("TS_DIST_IFADDR"),
+               *master = getenv("MASTER_ADDR"), *from = NULL;
+    bool published_only = false; /* TS_DIST_IFADDR: peers use that address, which may not be ours */
+    if (ifname && *ifname) {
+        TS_TRY(ifname_addr(ifname, &ss, &sl));
+        from = "TS_SOCKET_IFNAME";
+    } else if (ifaddr && *ifaddr) {
+        if (!resolve_ip(ifaddr, &ss, &sl))
+            return ts_error(TS_ERR_INVALID_ARG, "TS_DIST_IFADDR='%.100s' is not an address", ifaddr);
+        from = "TS_DIST_IFADDR";
+        published_only = true;
+    } else if (hint && *hint && resolve_ip(hint, &ss, &sl)) {
+        from = "the interface that reaches the TCP store";
+    } else if (master && *master && route_to(master, &ss, &sl)) {
+        from = "the interface that routes to MASTER_ADDR";
+    } else {
+        resolve_ip("127.0.0.1", &ss, &sl);
+        from = "loopback (no MASTER_ADDR)";
+    }
+    set_port(&ss, 0);
+    pub = ss;
+    pl = sl;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return ts_error(TS_ERR_IO, "listening socket for the process group: socket: %s", strerror(errno));
+    int rc = bind(fd, (struct sockaddr *)&ss, sl);
+    if (rc != 0 && errno == EADDRNOTAVAIL && published_only) {
+        /* TS_DIST_IFADDR names an address peers reach us by that is not ours (NAT): listen on every
+         * interface of that family; the handshake still keeps strangers out. */
+        ts_log(TS_LOG_WARN, "TS_DIST_IFADDR=%s is not a local address: the process group's listener binds every "
+               "interface (use TS_SOCKET_IFNAME to pick one)", ifaddr);
+        struct sockaddr_storage any;
+        memset(&any, 0, sizeof any);
+        any.ss_family = ss.ss_family;
+        rc = bind(fd, (struct sockaddr *)&any, sl);
+    }
+    if (rc != 0 || listen(fd, SOMAXCONN) != 0) {
+        char a[80];
+        ts__sockaddr_str((struct sockaddr *)&ss, sl, a, sizeof a);
+        ts_status st = ts_error(TS_ERR_IO, "listening socket for the process group on %s (%s): %s", a, from,
+                                strerror(errno));
         close(fd);
         return st;
     }
-    /* The address peers should use: TS_DIST_IFADDR, else the interface that
-     * routes to MASTER_ADDR, else 127.0.0.1. */
-    char ip[64] = "127.0.0.1";
-    const char *ifaddr = getenv("TS_DIST_IFADDR"), *master = getenv("MASTER_ADDR");
-    if (ifaddr && *ifaddr) {
-        snprintf(ip, sizeof ip, "%s", ifaddr);
-    } else if (master && *master) {
-        struct addrinfo hints = {0}, *res = NULL;
-        hints.ai_family = AF_INET;
-        hints.ai_socktype = SOCK_DGRAM;
-        if (getaddrinfo(master, "9", &hints, &res) == 0 && res) {
-            int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-            struct sockaddr_in me = {0};
-            socklen_t ml = sizeof me;
-            if (u >= 0 && connect(u, res->ai_addr, res->ai_addrlen) == 0 &&
-                getsockname(u, (struct sockaddr *)&me, &ml) == 0)
-                inet_ntop(AF_INET, &me.sin_addr, ip, sizeof ip);
-            if (u >= 0) close(u);
-            freeaddrinfo(res);
-        }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    if (getsockname(fd, (struct sockaddr *)&bound, &bl) != 0) {
+        ts_status st = ts_error(TS_ERR_IO, "listening socket for the process group: getsockname: %s", strerror(errno));
+        close(fd);
+        return st;
     }
-    snprintf(addr, addr_len, "%s:%d", ip, (int)ntohs(sa.sin_port));
+    set_port(&pub, ntohs(((struct sockaddr_in *)&bound)->sin_port));
+    ts__sockaddr_str((struct sockaddr *)&pub, pl, addr, addr_len);
     *fd_out = fd;
     return TS_OK;
 }
 
+/* ---- the handshake ------------------------------------------------------------------------------- */
+
+enum { HIO_OK = 0, HIO_TIMEOUT, HIO_CLOSED, HIO_ERR };
+
 /* Blocking-style full write/read on a non-blocking socket, bounded by deadline. */
-static ts_status io_full(int fd, void *buf, size_t n, bool wr, double deadline, int peer) {
+static int hio(int fd, void *buf, size_t n, bool wr, double deadline) {
     size_t done = 0;
     while (done < n) {
         ssize_t r = wr ? send(fd, (char *)buf + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL)
@@ -162,31 +292,37 @@ static ts_status io_full(int fd, void *buf, size_t n, bool wr, double deadline, 
             done += (size_t)r;
             continue;
         }
-        if (r == 0) return remote_err(peer, 0);
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return remote_err(peer, errno);
-        if (now_s() >= deadline)
-            return ts_error(TS_ERR_TIMEOUT, "connecting to rank %d: no answer in time", peer);
+        if (r == 0) return HIO_CLOSED;
+        if (errno == ECONNRESET || errno == EPIPE) return HIO_CLOSED;
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return HIO_ERR;
+        if (now_s() >= deadline) return HIO_TIMEOUT;
         struct pollfd p = {fd, wr ? POLLOUT : POLLIN, 0};
         poll(&p, 1, ms_until(deadline));
     }
-    return TS_OK;
+    return HIO_OK;
 }
 
-ts_status ts__tcp_connect(const char *addr, int rank, int peer, double deadline, ts__link **out) {
+/* One TCP connection to addr (retrying refusals until the deadline) into *fd_out. */
+static ts_status dial(const char *addr, int peer, double deadline, int *fd_out) {
     char host[256];
     snprintf(host, sizeof host, "%s", addr);
-    char *colon = strrchr(host, ':');
+    char *colon = strrchr(host, ':'), *h = host;
     if (!colon) return ts_error(TS_ERR_FORMAT, "rank %d published a bad address '%s'", peer, addr);
     *colon = 0;
+    if (*h == '[' && colon > h + 1 && colon[-1] == ']') { /* "[v6]:port" */
+        h++;
+        colon[-1] = 0;
+    }
     struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_INET;
+    hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
-    int gai = getaddrinfo(host, colon + 1, &hints, &res);
+    hints.ai_flags = AI_NUMERICSERV;
+    int gai = getaddrinfo(h, colon + 1, &hints, &res);
     if (gai != 0 || !res) return ts_error(TS_ERR_IO, "rank %d's address %s: %s", peer, addr, gai_strerror(gai));
     int fd = -1;
     ts_status st = TS_OK;
     for (;;) {
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) {
             st = ts_error(TS_ERR_IO, "socket: %s", strerror(errno));
             break;
@@ -213,37 +349,236 @@ ts_status ts__tcp_connect(const char *addr, int rank, int peer, double deadline,
         nanosleep(&ts, NULL);
     }
     freeaddrinfo(res);
-    if (st != TS_OK) return st;
-    uint32_t hello[3] = {TCP_MAGIC, (uint32_t)rank, 0};
-    st = io_full(fd, hello, sizeof hello, true, deadline, peer);
-    if (st != TS_OK) {
-        close(fd);
-        return st;
-    }
-    return make_link(fd, peer, out);
+    *fd_out = fd;
+    return st;
 }
 
-ts_status ts__tcp_accept(int listen_fd, int world, double deadline, ts__link **out) {
+ts_status ts__tcp_connect(const ts__auth *auth, const char *addr, int rank, int peer, int world, double deadline,
+                          ts__link **out) {
+    struct timespec backoff = {0, 10 * 1000 * 1000};
     for (;;) {
-        struct pollfd p = {listen_fd, POLLIN, 0};
-        int pr = poll(&p, 1, ms_until(deadline));
-        if (pr <= 0) {
-            if (now_s() >= deadline)
-                return ts_error(TS_ERR_TIMEOUT, "waiting for peers to connect to the process group timed out");
-            continue;
+        int fd = -1;
+        TS_TRY(dial(addr, peer, deadline, &fd));
+        uint8_t ch[TS__AUTH_CHALLENGE_BYTES], resp[TS__AUTH_RESPONSE_BYTES], v[TS__AUTH_VERDICT_BYTES];
+        uint32_t lrank = 0, lworld = 0;
+        int r = hio(fd, ch, sizeof ch, false, deadline), code = TS__AUTH_OK;
+        if (r == HIO_OK) {
+            code = ts__auth_respond(auth, TS__AUTH_LINK, ch, (uint32_t)rank, (uint32_t)world, &lrank, &lworld, resp);
+            if (code < 0) {
+                close(fd);
+                return (ts_status)code;
+            }
+            if (code != TS__AUTH_OK || lrank != (uint32_t)peer || lworld != (uint32_t)world) {
+                close(fd);
+                if (code != TS__AUTH_OK)
+                    return ts_error(TS_ERR_REMOTE, "connecting to rank %d at %s: %s", peer, addr,
+                                    ts__auth_client_reason(code));
+                return ts_error(TS_ERR_REMOTE,
+                                "connecting to rank %d at %s: the listener there says it is rank %u of %u, not rank "
+                                "%d of %d (a stale address, or another job)",
+                                peer, addr, lrank, lworld, peer, world);
+            }
+            r = hio(fd, resp, sizeof resp, true, deadline);
         }
-        int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-            return ts_error(TS_ERR_IO, "accept: %s", strerror(errno));
+        if (r == HIO_OK) r = hio(fd, v, sizeof v, false, deadline);
+        if (r == HIO_OK) {
+            code = ts__auth_accepted(auth, ch, resp, v);
+            if (code == TS__AUTH_OK) return make_link(fd, peer, out);
+            close(fd);
+            return ts_error(TS_ERR_REMOTE, "connecting to rank %d at %s: authentication failed: %s%s", peer, addr,
+                            code == TS__AUTH_UNPROVEN ? "the listener " : "the listener refused this rank: ",
+                            ts__auth_client_reason(code));
         }
-        uint32_t hello[3];
-        ts_status st = io_full(fd, hello, sizeof hello, false, deadline, -1);
-        if (st != TS_OK || hello[0] != TCP_MAGIC || hello[1] >= (uint32_t)world) {
-            close(fd); /* a stray connection: ignore it */
-            if (now_s() >= deadline) return st != TS_OK ? st : ts_error(TS_ERR_TIMEOUT, "accepting peers timed out");
-            continue;
-        }
-        return make_link(fd, (int)hello[1], out);
+        int e = errno;
+        close(fd);
+        if (r == HIO_TIMEOUT || now_s() >= deadline)
+            return ts_error(TS_ERR_TIMEOUT, "connecting to rank %d at %s: no handshake in time", peer, addr);
+        if (r == HIO_ERR) return ts_error(TS_ERR_REMOTE, "connecting to rank %d at %s: %s", peer, addr, strerror(e));
+        /* Closed before the verdict: the listener was full of strangers and dropped us. Again. */
+        nanosleep(&backoff, NULL);
+        if (backoff.tv_nsec < 500 * 1000 * 1000) backoff.tv_nsec *= 2;
     }
+}
+
+/* ---- accepting peers -------------------------------------------------------------------------------- */
+
+#define MAX_PENDING 64     /* handshakes in progress at once; a new connection evicts the oldest */
+#define ACCEPT_PAUSE_S 0.1 /* the listener leaves poll() this long after EMFILE with nothing to evict */
+#define EVICT_MIN_AGE_S 0.1 /* a handshake has this long before a newcomer may evict it */
+
+typedef struct pending {
+    int fd;
+    double since, deadline;
+    size_t n; /* answer bytes received */
+    uint8_t ch[TS__AUTH_CHALLENGE_BYTES], hs[TS__AUTH_RESPONSE_BYTES];
+    char addr[64];
+} pending;
+
+typedef struct acceptor {
+    const ts__auth *auth;
+    int lfd, rank, world;
+    char where[80]; /* this listener's address, for logs */
+    pending p[MAX_PENDING];
+    int np; /* p[0] is the oldest */
+    ts__refusal_log rlog;
+} acceptor;
+
+static void pend_refuse(acceptor *A, int i, const char *why) {
+    ts__refusal(&A->rlog, "rank %d: refused a connection from %s to the process group's listener %s: %s", A->rank,
+                A->p[i].addr, A->where, why);
+    close(A->p[i].fd);
+    memmove(&A->p[i], &A->p[i + 1], sizeof A->p[0] * (size_t)(A->np - i - 1));
+    A->np--;
+}
+
+/* Accepts what is waiting (a bounded batch), sending each a challenge. Returns the time
+ * until which the listener must stay out of poll() (0: none): it stays readable while a
+ * connection waits that cannot be taken yet, and polling it then would spin. A pending
+ * handshake is evicted for a newcomer only once it has had EVICT_MIN_AGE_S to answer, so
+ * the flood right behind a genuine rank cannot push it out. */
+static double accept_some(acceptor *A) {
+    for (int k = 0; k < 16; k++) {
+        double now = now_s();
+        bool evictable = A->np > 0 && now - A->p[0].since >= EVICT_MIN_AGE_S;
+        if (A->np == MAX_PENDING) {
+            if (!evictable) return A->p[0].since + EVICT_MIN_AGE_S;
+            pend_refuse(A, 0, "too many handshakes at once: the oldest makes room");
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept4(A->lfd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EINTR || e == ECONNABORTED) continue;
+            if (e == EAGAIN || e == EWOULDBLOCK) return 0;
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                /* Linux reports EMFILE before it looks at the queue: is anyone waiting at all? */
+                struct pollfd q = {A->lfd, POLLIN, 0};
+                if (poll(&q, 1, 0) != 1) return 0;
+                if (evictable && A->np > 0) {
+                    pend_refuse(A, 0, "out of file descriptors: the oldest unauthenticated connection makes room");
+                    continue;
+                }
+                if (A->np > 0) return A->p[0].since + EVICT_MIN_AGE_S;
+            }
+            ts__refusal(&A->rlog, "rank %d: the process group's listener %s: accept: %s; pausing it for %g s", A->rank,
+                        A->where, strerror(e), ACCEPT_PAUSE_S);
+            return now + ACCEPT_PAUSE_S;
+        }
+        pending *p = &A->p[A->np];
+        memset(p, 0, sizeof *p);
+        p->fd = fd;
+        p->since = now_s();
+        p->deadline = p->since + TS__AUTH_DEFAULT_TIMEOUT_S;
+        ts__sockaddr_str((struct sockaddr *)&ss, sl, p->addr, sizeof p->addr);
+        A->np++;
+        if (ts__auth_challenge(A->auth, TS__AUTH_LINK, (uint32_t)A->rank, (uint32_t)A->world, p->ch) != TS_OK ||
+            send(fd, p->ch, sizeof p->ch, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof p->ch)
+            pend_refuse(A, A->np - 1, "cannot send the challenge");
+    }
+    return 0;
+}
+
+/* Reads pending i's answer; when complete, checks it and answers. Returns 1 when i became a
+ * link (removed from the list), 0 otherwise, < 0 for an error that fails the group. */
+static int pend_read(acceptor *A, int i, const bool *expect, ts__link **links) {
+    pending *p = &A->p[i];
+    uint8_t buf[TS__AUTH_RESPONSE_BYTES + 1];
+    ssize_t r = recv(p->fd, buf, sizeof p->hs - p->n + 1, MSG_DONTWAIT);
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    if (r <= 0) {
+        pend_refuse(A, i, r == 0 ? "it closed the connection during the handshake" : strerror(errno));
+        return 0;
+    }
+    if (p->n + (size_t)r > sizeof p->hs) {
+        pend_refuse(A, i, "it sent more than a handshake answer (not a Tessera rank of this version?)");
+        return 0;
+    }
+    memcpy(p->hs + p->n, buf, (size_t)r);
+    p->n += (size_t)r;
+    if (p->n < sizeof p->hs) return 0;
+    uint32_t crank = 0, cworld = 0;
+    int code = ts__auth_check(A->auth, TS__AUTH_LINK, p->ch, p->hs, &crank, &cworld);
+    bool unexpected = code == TS__AUTH_OK &&
+                      (cworld != (uint32_t)A->world || crank >= (uint32_t)A->world || !expect[crank] || links[crank]);
+    if (unexpected) code = TS__AUTH_BAD_PEER;
+    uint8_t v[TS__AUTH_VERDICT_BYTES];
+    ts__auth_verdict(A->auth, code, p->ch, p->hs, v);
+    ssize_t w = send(p->fd, v, sizeof v, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (unexpected) {
+        /* It knows the token: a rank of this job out of step (a duplicate rank, another world size). */
+        ts_status st = ts_error(TS_ERR_REMOTE,
+                                "unexpected connection from rank %u of %u (from %s): this rank expects ranks above "
+                                "%d of %d, once each",
+                                crank, cworld, p->addr, A->rank, A->world);
+        pend_refuse(A, i, "not a rank this listener expects");
+        return st;
+    }
+    if (code != TS__AUTH_OK) {
+        pend_refuse(A, i, ts__auth_server_reason(code));
+        return 0;
+    }
+    if (w != (ssize_t)sizeof v) {
+        pend_refuse(A, i, "cannot send the verdict");
+        return 0;
+    }
+    int fd = p->fd;
+    memmove(&A->p[i], &A->p[i + 1], sizeof A->p[0] * (size_t)(A->np - i - 1));
+    A->np--;
+    ts_status st = make_link(fd, (int)crank, &links[crank]);
+    return st == TS_OK ? 1 : st;
+}
+
+ts_status ts__tcp_accept_peers(const ts__auth *auth, int listen_fd, int rank, int world, const bool *expect,
+                               double deadline, ts__link **links) {
+    acceptor *A = ts__calloc(1, sizeof *A);
+    if (!A) return TS_ERR_NOMEM;
+    A->auth = auth;
+    A->lfd = listen_fd;
+    A->rank = rank;
+    A->world = world;
+    struct sockaddr_storage me;
+    socklen_t ml = sizeof me;
+    if (getsockname(listen_fd, (struct sockaddr *)&me, &ml) == 0) ts__sockaddr_str((struct sockaddr *)&me, ml, A->where, sizeof A->where);
+    int want = 0;
+    for (int j = 0; j < world; j++) want += expect[j] && !links[j];
+    struct pollfd pf[1 + MAX_PENDING];
+    double paused_until = 0;
+    ts_status st = TS_OK;
+    while (want > 0) {
+        double now = now_s();
+        while (A->np && A->p[0].deadline <= now) pend_refuse(A, 0, "no handshake in time");
+        if (now >= deadline) {
+            char missing[200] = "";
+            size_t len = 0;
+            for (int j = 0; j < world && len < sizeof missing - 16; j++)
+                if (expect[j] && !links[j]) len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", j);
+            st = ts_error(TS_ERR_TIMEOUT, "waiting for ranks %s to connect to this rank's listener %s timed out", missing,
+                          A->where);
+            break;
+        }
+        bool listening = paused_until <= now;
+        pf[0] = (struct pollfd){listening ? listen_fd : -1, POLLIN, 0};
+        for (int i = 0; i < A->np; i++) pf[1 + i] = (struct pollfd){A->p[i].fd, POLLIN, 0};
+        double until = deadline;
+        if (A->np) until = TS_MIN(until, A->p[0].deadline);
+        if (!listening) until = TS_MIN(until, paused_until);
+        int pr = poll(pf, (nfds_t)(1 + A->np), ms_until(until));
+        if (pr <= 0) continue;
+        /* Answers first (from the newest, so removals keep the indices below valid). */
+        for (int i = A->np - 1; i >= 0; i--) {
+            if (!(pf[1 + i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            int r = pend_read(A, i, expect, links);
+            if (r < 0) {
+                st = (ts_status)r;
+                goto done;
+            }
+            want -= r;
+        }
+        if (listening && (pf[0].revents & POLLIN)) paused_until = accept_some(A);
+    }
+done:
+    for (int i = 0; i < A->np; i++) close(A->p[i].fd);
+    free(A);
+    return st;
 }

@@ -16,6 +16,7 @@
 #define TS_DIST_BUILTIN_TRANSPORT_H
 
 #include "core/internal.h"
+#include "distributed/auth.h"
 #include "tessera/dist.h"
 
 #include <stdbool.h>
@@ -64,12 +65,20 @@ void ts__shm_seg_release(ts__shm_seg *s); /* unmaps; the last link using it also
 ts_status ts__shm_link_new(ts__shm_seg *mine, ts__shm_seg *theirs, int rank, int peer, ts__link **out);
 
 /* ---- TCP (tcp.c) -------------------------------------------------------------------------- */
-/* Listens on all interfaces on a free port; *addr gets "ip:port" to publish. */
-ts_status ts__tcp_listen(int *fd, char *addr, size_t addr_len);
-/* Connects to a peer's "ip:port" and introduces this rank. */
-ts_status ts__tcp_connect(const char *addr, int rank, int peer, double deadline, ts__link **out);
-/* Accepts one connection; *peer gets the rank that introduced itself. */
-ts_status ts__tcp_accept(int listen_fd, int world, double deadline, ts__link **out);
+/* The token that authenticates the group's TCP links (the store's when it is a TCP
+ * store, else TS_JOB_TOKEN) and, into hint, the local address of the store's
+ * connection to rank 0 ("" when not a TCP store). */
+ts_status ts__tcp_job_auth(ts_store *store, ts__auth *auth, char *hint, size_t cap);
+/* Listens on the job's interface (TS_SOCKET_IFNAME, TS_DIST_IFADDR, hint, the route
+ * to MASTER_ADDR, 127.0.0.1) on a free port; *addr gets "ip:port" ("[ip6]:port") to publish. */
+ts_status ts__tcp_listen(const char *hint, int *fd, char *addr, size_t addr_len);
+/* Connects to peer's "ip:port", authenticates both ways, introduces this rank. */
+ts_status ts__tcp_connect(const ts__auth *auth, const char *addr, int rank, int peer, int world, double deadline,
+                          ts__link **out);
+/* Accepts and authenticates connections until every rank j with expect[j] has a link
+ * in links[j] (world entries); strangers are refused and logged. */
+ts_status ts__tcp_accept_peers(const ts__auth *auth, int listen_fd, int rank, int world, const bool *expect,
+                               double deadline, ts__link **links);
 
 /* Is the process alive (not gone, not a zombie)? */
 bool ts__pid_alive(int pid);

@@ -1,0 +1,215 @@
+/*
+ * distributed/auth.c — the job token and the challenge-response handshake
+ * (the protocol is specified in auth.h), plus the rate-limited log of refused
+ * connections that the TCP store's server and the TCP transport share.
+ */
+#include "distributed/auth.h"
+
+#include "core/crypto.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+static const uint8_t MAGIC[4] = {'T', 'S', 'A', '1'};
+static const char LABEL_CLIENT[] = "tessera-auth-v1 client";
+static const char LABEL_SERVER[] = "tessera-auth-v1 server";
+
+static atomic_int warned_no_token;
+
+static void put32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
+    memset(a, 0, sizeof *a);
+    bool from_env = token == NULL;
+    if (from_env) token = getenv("TS_JOB_TOKEN");
+    size_t n = token ? strlen(token) : 0;
+    if (n > TS__AUTH_MAX_TOKEN)
+        return ts_error(TS_ERR_INVALID_ARG, "%s: the job token (%s) is %zu characters long; at most %d are allowed",
+                        what, from_env ? "TS_JOB_TOKEN" : "ts_store_tcp_options.token", n, TS__AUTH_MAX_TOKEN);
+    if (n == 0) {
+        if (!atomic_exchange(&warned_no_token, 1))
+            ts_log(TS_LOG_WARN,
+                   "%s: no job token (TS_JOB_TOKEN is not set): this job's TCP store and TCP links accept any process "
+                   "that can reach them. `tessera run` sets a token for its ranks; with other launchers export "
+                   "the same secret TS_JOB_TOKEN to every rank (e.g. 32 random bytes in hex)",
+                   what);
+        return TS_OK;
+    }
+    a->has_token = true;
+    if (n > sizeof a->key) {
+        ts__sha256_hash(token, n, a->key);
+        a->keylen = TS__SHA256_BYTES;
+    } else {
+        memcpy(a->key, token, n);
+        a->keylen = n;
+    }
+    return TS_OK;
+}
+
+void ts__auth_wipe(ts__auth *a) { ts__wipe(a, sizeof *a); }
+
+ts_status ts__auth_new_token(char out[TS__JOB_TOKEN_CHARS + 1]) {
+    uint8_t b[TS__JOB_TOKEN_CHARS / 2];
+    TS_TRY(ts__random_bytes(b, sizeof b));
+    ts__hex(b, sizeof b, out);
+    ts__wipe(b, sizeof b);
+    return TS_OK;
+}
+
+/* The 48-byte head shared by challenge and response. */
+static void head(const ts__auth *a, int kind, uint32_t f1, uint32_t f2, uint8_t *p) {
+    memcpy(p, MAGIC, 4);
+    p[4] = (uint8_t)kind;
+    p[5] = a->has_token ? 1 : 0;
+    p[6] = p[7] = 0;
+    put32(p + 8, f1);
+    put32(p + 12, f2);
+}
+
+static bool head_ok(const uint8_t *p, int kind) {
+    return memcmp(p, MAGIC, 4) == 0 && p[4] == kind && (p[5] & ~1u) == 0 && p[6] == 0 && p[7] == 0;
+}
+
+static void mac(const ts__auth *a, const char *label, const uint8_t *ch, const uint8_t *resp, uint8_t out[32]) {
+    const void *parts[3] = {label, ch, resp};
+    const size_t lens[3] = {strlen(label), TS__AUTH_CHALLENGE_BYTES, 48};
+    ts__hmac_sha256(a->key, a->keylen, 3, parts, lens, out);
+}
+
+ts_status ts__auth_challenge(const ts__auth *a, int kind, uint32_t f1, uint32_t f2,
+                             uint8_t ch[TS__AUTH_CHALLENGE_BYTES]) {
+    head(a, kind, f1, f2, ch);
+    return ts__random_bytes(ch + 16, 32);
+}
+
+int ts__auth_respond(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES], uint32_t f1,
+                     uint32_t f2, uint32_t *server_f1, uint32_t *server_f2, uint8_t resp[TS__AUTH_RESPONSE_BYTES]) {
+    if (!head_ok(ch, kind)) return TS__AUTH_MALFORMED;
+    *server_f1 = get32(ch + 8);
+    *server_f2 = get32(ch + 12);
+    head(a, kind, f1, f2, resp);
+    ts_status st = ts__random_bytes(resp + 16, 32);
+    if (st != TS_OK) return st;
+    mac(a, LABEL_CLIENT, ch, resp, resp + 48);
+    return TS__AUTH_OK;
+}
+
+int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
+                   const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint32_t *client_f1, uint32_t *client_f2) {
+    if (!head_ok(resp, kind)) return TS__AUTH_MALFORMED;
+    *client_f1 = get32(resp + 8);
+    *client_f2 = get32(resp + 12);
+    uint8_t want[32];
+    mac(a, LABEL_CLIENT, ch, resp, want);
+    int same = ts__ct_equal(want, resp + 48, 32);
+    ts__wipe(want, sizeof want);
+    bool client_token = resp[5] & 1;
+    if (a->has_token && !client_token) return TS__AUTH_NEED_TOKEN;
+    if (!a->has_token && client_token) return TS__AUTH_NO_TOKEN;
+    return same ? TS__AUTH_OK : TS__AUTH_BAD_TOKEN;
+}
+
+void ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
+                      const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint8_t v[TS__AUTH_VERDICT_BYTES]) {
+    memset(v, 0, TS__AUTH_VERDICT_BYTES);
+    v[0] = (uint8_t)code;
+    if (code == TS__AUTH_OK) mac(a, LABEL_SERVER, ch, resp, v + 4);
+}
+
+int ts__auth_accepted(const ts__auth *a, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
+                      const uint8_t resp[TS__AUTH_RESPONSE_BYTES], const uint8_t v[TS__AUTH_VERDICT_BYTES]) {
+    if (v[0] != TS__AUTH_OK) return v[0] <= TS__AUTH_MALFORMED ? v[0] : TS__AUTH_MALFORMED;
+    if (v[1] || v[2] || v[3]) return TS__AUTH_MALFORMED;
+    uint8_t want[32];
+    mac(a, LABEL_SERVER, ch, resp, want);
+    int same = ts__ct_equal(want, v + 4, 32);
+    ts__wipe(want, sizeof want);
+    return same ? TS__AUTH_OK : TS__AUTH_UNPROVEN;
+}
+
+const char *ts__auth_client_reason(int code) {
+    switch (code) {
+    case TS__AUTH_OK: return "accepted";
+    case TS__AUTH_BAD_TOKEN:
+        return "wrong job token (this process's TS_JOB_TOKEN differs from the one the job was started with)";
+    case TS__AUTH_NEED_TOKEN:
+        return "it requires a job token and this process has none (set TS_JOB_TOKEN to the job's token; "
+               "tessera run sets it for its ranks)";
+    case TS__AUTH_NO_TOKEN:
+        return "it runs without a job token but this process has one (give every rank the same TS_JOB_TOKEN)";
+    case TS__AUTH_BAD_PEER: return "it does not expect a connection from this rank";
+    case TS__AUTH_UNPROVEN:
+        return "it accepted this process but could not prove it knows the job token (it is not the job's "
+               "endpoint: a stranger's listener, or a different job)";
+    default: return "malformed handshake (not a Tessera endpoint of this version)";
+    }
+}
+
+const char *ts__auth_server_reason(int code) {
+    switch (code) {
+    case TS__AUTH_OK: return "accepted";
+    case TS__AUTH_BAD_TOKEN: return "wrong job token";
+    case TS__AUTH_NEED_TOKEN: return "no job token";
+    case TS__AUTH_NO_TOKEN: return "it has a job token and this endpoint has none";
+    case TS__AUTH_BAD_PEER: return "not a rank this listener expects";
+    default: return "malformed handshake";
+    }
+}
+
+void ts__sockaddr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t cap) {
+    char ip[INET6_ADDRSTRLEN] = "?";
+    if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &s4->sin_addr, ip, sizeof ip);
+        snprintf(out, cap, "%s:%d", ip, ntohs(s4->sin_port));
+    } else if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &s6->sin6_addr, ip, sizeof ip);
+        snprintf(out, cap, "[%s]:%d", ip, ntohs(s6->sin6_port));
+    } else {
+        snprintf(out, cap, "?");
+    }
+}
+
+void ts__peer_str(int fd, char *out, size_t cap) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    ts__sockaddr_str((struct sockaddr *)&ss, sl, out, cap);
+}
+
+void ts__refusal(ts__refusal_log *l, const char *fmt, ...) {
+    double now = ts_time_now();
+    l->total++;
+    if (now - l->window_start >= TS__REFUSAL_WINDOW_S) {
+        if (l->suppressed)
+            ts_log(TS_LOG_WARN, "... and %ld more refused connections in the last %.0f s", l->suppressed,
+                   now - l->window_start);
+        l->window_start = now;
+        l->logged = 0;
+        l->suppressed = 0;
+    }
+    if (l->logged >= TS__REFUSAL_BURST) {
+        l->suppressed++;
+        return;
+    }
+    l->logged++;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ts_log(TS_LOG_WARN, "%s", msg);
+}
