@@ -75,7 +75,8 @@ static void log_capture(void) {
 }
 
 /* Whether a captured line holds every needle (NULL-terminated). */
-static bool logged(const char *n1, const char *n2) {
+/* Whether one logged line holds n1 and n2; `report` prints the log when none does. */
+static bool logged_line(const char *n1, const char *n2, bool report) {
     pthread_mutex_lock(&log_mu);
     bool hit = false;
     for (char *line = log_buf; *line && !hit;) {
@@ -86,17 +87,16 @@ static bool logged(const char *n1, const char *n2) {
         line = nl ? nl + 1 : line + strlen(line);
     }
     pthread_mutex_unlock(&log_mu);
-    if (!hit) fprintf(stderr, "no log line with '%s' and '%s' in:\n%s", n1, n2 ? n2 : "", log_buf);
+    if (!hit && report) fprintf(stderr, "no log line with '%s' and '%s' in:\n%s", n1, n2 ? n2 : "", log_buf);
     return hit;
 }
 
+static bool logged(const char *n1, const char *n2) { return logged_line(n1, n2, true); }
+
 /* Waits until a line with n1 and n2 is logged (the server thread logs asynchronously). */
 static bool logged_soon(const char *n1, const char *n2) {
-    for (int i = 0; i < 200; i++) {
-        pthread_mutex_lock(&log_mu);
-        bool any = strstr(log_buf, n1) && (!n2 || strstr(log_buf, n2));
-        pthread_mutex_unlock(&log_mu);
-        if (any) return logged(n1, n2);
+    for (int i = 0; i < 500; i++) { /* one line with both: another line may hold one of them already */
+        if (logged_line(n1, n2, false)) return true;
         usleep(10000);
     }
     return logged(n1, n2);
