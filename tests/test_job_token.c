@@ -74,7 +74,6 @@ static void log_capture(void) {
     ts_log_set_sink(log_sink, NULL);
 }
 
-/* Whether a captured line holds every needle (NULL-terminated). */
 /* Whether one logged line holds n1 and n2; `report` prints the log when none does. */
 static bool logged_line(const char *n1, const char *n2, bool report) {
     pthread_mutex_lock(&log_mu);
