@@ -64,7 +64,7 @@ if(TS_FUZZ_OK)
       list(APPEND srcs ${PROJECT_SOURCE_DIR}/${s})
     endforeach()
     add_custom_command(OUTPUT ${TS_FUZZ_DIR}/fuzz_${t}
-      COMMAND ${TS_CLANG} ${TS_FUZZ_CFLAGS} ${srcs} $<TARGET_FILE:tessera_static> ${TS_FUZZ_LIBS}
+      COMMAND ${TS_CLANG} ${TS_FUZZ_CFLAGS} ${srcs} -Wl,--as-needed $<TARGET_FILE:tessera_static> ${TS_FUZZ_LIBS}
         -o ${TS_FUZZ_DIR}/fuzz_${t}
       DEPENDS ${srcs} ${TS_FUZZ_HEADERS} tessera_static
       COMMENT "Building libFuzzer target fuzz/fuzz_${t} with ${TS_CLANG}" VERBATIM)
