@@ -1,7 +1,10 @@
 /* Checkpoint files: round trips, corruption, truncation and atomic saves. */
 #include "test_util.h"
 
+#include "io/ckpt_internal.h"
+
 #include <dirent.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -424,9 +427,234 @@ static void test_failed_save_keeps_old_file(void) {
     free(good);
 }
 
+
+/* ---- hostile paths and files --------------------------------------------------------------------- */
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "test_ckpt: blocked on a FIFO\n";
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(2);
+    _exit(1);
+}
+
+/* Devices, FIFOs, sockets and directories are refused, for reading and for writing, without blocking;
+ * the device nodes stay what they are. */
+static void test_special_files(void) {
+    ts_tensor_list model = TS_TENSOR_LIST_INIT, optim = TS_TENSOR_LIST_INIT;
+    ts_ckpt *ck = build(&model, &optim), *back = NULL;
+    signal(SIGALRM, on_alarm);
+    alarm(20); /* a FIFO that blocks fails the test instead of hanging it */
+    const char *fifo = tpath("fifo.ckpt");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    CHECK_STATUS(ts_ckpt_load(fifo, &back), TS_ERR_IO);
+    CHECK_ERR_MENTIONS(fifo);
+    CHECK_ERR_MENTIONS("is a FIFO");
+    CHECK_STATUS(ts_ckpt_save(ck, fifo), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("refusing to replace it");
+    CHECK_STATUS(ts_ckpt_check_writable(fifo), TS_ERR_IO);
+    struct stat sb;
+    CHECK(stat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode));
+    CHECK(count_entries("fifo.ckpt") == 1);
+    const char *devs[] = {"/dev/null", "/dev/full", "/dev/zero"};
+    for (size_t i = 0; i < 3; i++) {
+        if (stat(devs[i], &sb) != 0) continue;
+        CHECK_STATUS(ts_ckpt_load(devs[i], &back), TS_ERR_IO);
+        CHECK_ERR_MENTIONS("is a character device");
+        CHECK_STATUS(ts_ckpt_save(ck, devs[i]), TS_ERR_IO); /* as root this used to replace the node */
+        CHECK_ERR_MENTIONS(devs[i]);
+        CHECK_STATUS(ts_ckpt_check_writable(devs[i]), TS_ERR_IO);
+        CHECK(stat(devs[i], &sb) == 0 && S_ISCHR(sb.st_mode));
+    }
+    const char *link = tpath("null.ckpt"); /* through a symbolic link too */
+    CHECK(symlink("/dev/null", link) == 0);
+    CHECK_STATUS(ts_ckpt_save(ck, link), TS_ERR_IO);
+    CHECK(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode));
+    CHECK_STATUS(ts_ckpt_load(tu_tmpdir(), &back), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("is a directory");
+    /* the writable check: a missing directory, a file where a directory should be, then a good path */
+    char p[512];
+    snprintf(p, sizeof p, "%s/missing/x.ckpt", tu_tmpdir());
+    CHECK_STATUS(ts_ckpt_check_writable(p), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("missing: No such file or directory");
+    CHECK_OK(ts_ckpt_save(ck, tpath("plain.ckpt")));
+    snprintf(p, sizeof p, "%s/x.ckpt", tpath("plain.ckpt"));
+    CHECK_STATUS(ts_ckpt_check_writable(p), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("is a regular file, not a directory");
+    CHECK_OK(ts_ckpt_check_writable(tpath("plain.ckpt")));
+    CHECK_OK(ts_ckpt_check_writable(tpath("new.ckpt")));
+    CHECK(count_entries("new.ckpt") == 0 && count_entries("plain.ckpt") == 1);
+    alarm(0);
+    unlink(fifo);
+    unlink(link);
+    ts_ckpt_free(ck);
+    ts_tensor_list_clear(&model);
+    ts_tensor_list_clear(&optim);
+}
+
+static pid_t dead_pid(void) {
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    waitpid(p, NULL, 0);
+    return p;
+}
+
+/* "<name>.tmp.<pid>" files of writers that are gone are removed by the next save; others stay. */
+static void test_stale_temps_removed(void) {
+    ts_tensor_list model = TS_TENSOR_LIST_INIT, optim = TS_TENSOR_LIST_INIT;
+    ts_ckpt *ck = build(&model, &optim);
+    char dead[512], live[512], other[512], junk[512];
+    pid_t d = dead_pid();
+    snprintf(dead, sizeof dead, "%s.tmp.%d", tpath("st.ckpt"), (int)d);
+    snprintf(live, sizeof live, "%s.tmp.%d", tpath("st.ckpt"), (int)getppid());
+    snprintf(other, sizeof other, "%s.tmp.%d", tpath("st2.ckpt"), (int)d);
+    snprintf(junk, sizeof junk, "%s.tmp.12x", tpath("st.ckpt"));
+    write_file(dead, "x", 1);
+    write_file(live, "x", 1);
+    write_file(other, "x", 1);
+    write_file(junk, "x", 1);
+    CHECK_OK(ts_ckpt_save(ck, tpath("st.ckpt")));
+    struct stat sb;
+    CHECK(stat(dead, &sb) != 0);  /* its writer is gone */
+    CHECK(stat(live, &sb) == 0);  /* a live process's */
+    CHECK(stat(other, &sb) == 0); /* another checkpoint's */
+    CHECK(stat(junk, &sb) == 0);  /* not a pid */
+    unlink(live);
+    unlink(other);
+    unlink(junk);
+    ts_ckpt_free(ck);
+    ts_tensor_list_clear(&model);
+    ts_tensor_list_clear(&optim);
+}
+
+/* kill -9 in the middle of saves: the file is always the old or the new checkpoint, and the next save
+ * leaves no temporary file behind. */
+static void test_kill9_during_saves(void) {
+    const char *path = tpath("k9.ckpt");
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    int64_t s[1] = {1 << 20}; /* 4 MiB: a save takes a few ms */
+    ts_tensor *big = NULL;
+    CHECK_OK(ts_tensor_zeros(NULL, TS_F32, 1, s, &big));
+    CHECK_OK(ts_tensor_list_append(&l, "w", big));
+    ts_ckpt *ck = ts_ckpt_new();
+    CHECK_OK(ts_ckpt_add_tensors(ck, NULL, &l));
+    int left_behind = 0, torn = 0;
+    ts_rng r;
+    ts_rng_seed(&r, 9);
+    for (int round = 0; round < 12; round++) {
+        fflush(NULL);
+        pid_t p = fork();
+        if (p == 0) {
+            for (;;) (void)ts_ckpt_save(ck, path);
+        }
+        usleep(2000 + (useconds_t)ts_rng_below(&r, 20000));
+        kill(p, SIGKILL);
+        waitpid(p, NULL, 0);
+        left_behind += count_entries("k9.ckpt.tmp.") > 0;
+        ts_ckpt *back = NULL;
+        struct stat sb;
+        if (stat(path, &sb) == 0) {
+            torn += ts_ckpt_load(path, &back) != TS_OK;
+            ts_ckpt_free(back);
+        }
+    }
+    fprintf(stderr, "  %d of 12 kills left a temporary file; the next save removes them\n", left_behind);
+    CHECK(torn == 0);
+    CHECK_OK(ts_ckpt_save(ck, path));
+    CHECK(count_entries("k9.ckpt.tmp.") == 0);
+    ts_ckpt_free(ck);
+    ts_tensor_list_clear(&l);
+    ts_tensor_release(big);
+}
+
+/* Hand-made records: shapes whose non-zero sizes multiply past the file, huge counts, duplicates,
+ * names with control bytes (escaped in messages). */
+static size_t seal(unsigned char *buf, size_t o, uint32_t nsec) {
+    uint64_t size = o + 4;
+    uint32_t version = 1, flags = 0;
+    memcpy(buf, "TSCKPT\0\1", 8);
+    memcpy(buf + 8, &version, 4);
+    memcpy(buf + 12, &flags, 4);
+    memcpy(buf + 16, &size, 8);
+    memcpy(buf + 24, &nsec, 4);
+    uint32_t hc = (uint32_t)crc32(0, buf, 28);
+    memcpy(buf + 28, &hc, 4);
+    uint32_t fc = (uint32_t)crc32(0, buf, (uInt)o);
+    memcpy(buf + o, &fc, 4);
+    return o + 4;
+}
+
+static size_t tensor_record(unsigned char *p, const char *name, uint32_t nd, const uint64_t *shape, uint64_t nbytes) {
+    size_t o = 0;
+    uint32_t nl = (uint32_t)strlen(name), dt = 0;
+    memcpy(p + o, &nl, 4), o += 4;
+    memcpy(p + o, name, nl), o += nl;
+    memcpy(p + o, &dt, 4), o += 4;
+    memcpy(p + o, &nd, 4), o += 4;
+    for (uint32_t d = 0; d < nd; d++) memcpy(p + o, &shape[d], 8), o += 8;
+    memcpy(p + o, &nbytes, 8), o += 8;
+    memset(p + o, 0, nbytes < 64 ? nbytes : 0), o += nbytes < 64 ? nbytes : 0;
+    return o;
+}
+
+static size_t one_section(unsigned char *buf, const char *tag, uint32_t count, const unsigned char *body, size_t n) {
+    size_t o = 32;
+    uint64_t b = n;
+    memcpy(buf + o, tag, 4);
+    memcpy(buf + o + 4, &count, 4);
+    memcpy(buf + o + 8, &b, 8);
+    memcpy(buf + o + 16, body, n);
+    return seal(buf, o + 16 + n, 1);
+}
+
+static void test_hostile_records(void) {
+    unsigned char body[512], buf[1024];
+    ts_ckpt *ck = NULL;
+    /* (0, 2^40, 2^40, 2^40): zero elements, but strides would overflow */
+    uint64_t sh[4] = {0, 1ull << 40, 1ull << 40, 1ull << 40};
+    size_t n = tensor_record(body, "z", 4, sh, 0);
+    n = one_section(buf, "TENS", 1, body, n);
+    CHECK_STATUS(ts__ckpt_load_mem(buf, n, "z.ckpt", &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("tensor 'z' has size 1099511627776 in dim 1");
+    /* a size that promises more bytes than the file has */
+    uint64_t sh2[2] = {1000, 1000};
+    n = tensor_record(body, "big", 2, sh2, 4000000);
+    n = one_section(buf, "TENS", 1, body, n);
+    CHECK_STATUS(ts__ckpt_load_mem(buf, n, "big.ckpt", &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("big.ckpt: malformed");
+    /* duplicate names, found once every record is read */
+    uint64_t one[1] = {1};
+    n = tensor_record(body, "dup", 1, one, 4);
+    n += tensor_record(body + n, "dup", 1, one, 4);
+    n = one_section(buf, "TENS", 2, body, n);
+    CHECK_STATUS(ts__ckpt_load_mem(buf, n, "dup.ckpt", &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("duplicate TENS entry 'dup'");
+    /* a name with an escape sequence is printed escaped */
+    n = tensor_record(body, "a\x1b[31mb", 1, one, 4);
+    n += tensor_record(body + n, "a\x1b[31mb", 1, one, 4);
+    n = one_section(buf, "TENS", 2, body, n);
+    CHECK_STATUS(ts__ckpt_load_mem(buf, n, "esc.ckpt", &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("'a\\x1b[31mb'");
+    CHECK(!strchr(ts_last_error(), 0x1b));
+    /* a count of 4 billion records in a small section */
+    n = tensor_record(body, "c", 1, one, 4);
+    n = one_section(buf, "TENS", 0xffffffffu, body, n);
+    CHECK_STATUS(ts__ckpt_load_mem(buf, n, "count.ckpt", &ck), TS_ERR_FORMAT);
+    /* empty input and a good file through memory */
+    CHECK_STATUS(ts__ckpt_load_mem(NULL, 0, "empty", &ck), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("truncated: 0 bytes");
+    n = tensor_record(body, "ok", 1, one, 4);
+    n = one_section(buf, "TENS", 1, body, n);
+    CHECK_OK(ts__ckpt_load_mem(buf, n, "ok.ckpt", &ck));
+    CHECK(ck && ts_ckpt_find_tensor(ck, "ok"));
+    ts_ckpt_free(ck);
+}
+
 int main(int argc, char **argv) {
-    static const tu_test tests[] = {T(test_round_trip), T(test_api_errors), T(test_truncation), T(test_corruption),
-                                    T(test_versions_and_sections), T(test_failed_save_keeps_old_file)};
+    static const tu_test tests[] = {T(test_round_trip),          T(test_api_errors),
+                                    T(test_truncation),          T(test_corruption),
+                                    T(test_versions_and_sections), T(test_failed_save_keeps_old_file),
+                                    T(test_special_files),       T(test_stale_temps_removed),
+                                    T(test_kill9_during_saves),  T(test_hostile_records)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();
     return rc;

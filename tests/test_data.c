@@ -1,6 +1,7 @@
 /* IDX reading, MNIST datasets and the batch loader. */
 #include "test_util.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -531,9 +532,109 @@ out:
     ts_dataset_free(v);
 }
 
+
+/* ---- hostile IDX files and data sets ------------------------------------------------------------- */
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "test_data: blocked on a FIFO\n";
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(2);
+    _exit(1);
+}
+
+/* Headers that promise more than the file can hold are refused before any allocation. */
+static void test_idx_size_limits(void) {
+    const char *d = subdir("limits");
+    char p[400];
+    uint8_t data[64] = {0};
+    /* a 40-byte .gz whose header asks for 65535 x 65535 x 64 images (256 GiB) */
+    uint32_t huge[3] = {65535, 65535, 64};
+    snprintf(p, sizeof p, "%s/huge-idx3-ubyte.gz", d);
+    write_idx(p, 1, 0x803, 3, huge, data, 0);
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0 && sb.st_size < 64);
+    double t0 = ts_time_now();
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "dimensions 65535 x 65535 x 64 promise more than 17179869184 bytes");
+    /* ... and one asking for 1 GiB, under that limit: deflate cannot expand 40 bytes that far */
+    uint32_t gib[3] = {65536, 128, 128};
+    write_idx(p, 1, 0x803, 3, gib, data, 0);
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "promises 1073741824 bytes of pixels (65536 x 128 x 128), more than a");
+    CHECK_ERR_MENTIONS("gzip file can hold (deflate expands at most 1032:1)");
+    CHECK(ts_time_now() - t0 < 1.0);
+    /* over the absolute limit, also for a file that could hold it */
+    uint32_t big[3] = {1000, 100, 100};
+    snprintf(p, sizeof p, "%s/big-idx3-ubyte", d);
+    write_idx(p, 0, 0x803, 3, big, data, 0);
+    setenv("TS_IDX_MAX_BYTES", "1m", 1);
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "TS_IDX_MAX_BYTES");
+    unsetenv("TS_IDX_MAX_BYTES");
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated: expected 10000000 bytes of pixels, got 0");
+    /* a plain file shorter than its header says, named with its dimensions */
+    uint32_t small[3] = {4, 4, 4};
+    snprintf(p, sizeof p, "%s/short-idx3-ubyte", d);
+    write_idx(p, 0, 0x803, 3, small, data, 63);
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated: expected 64 bytes of pixels, got 63 (dimensions 4 x 4 x 4)");
+    /* FIFOs and devices are refused without blocking */
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    snprintf(p, sizeof p, "%s/fifo-idx3-ubyte", d);
+    CHECK(mkfifo(p, 0600) == 0);
+    expect_idx_error(p, 3, TS_ERR_IO, "is a FIFO");
+    expect_idx_error("/dev/zero", 3, TS_ERR_IO, "is a character device");
+    alarm(0);
+}
+
+/* ts_data_open: empty sets and test labels that are no class of the training set are errors. */
+static void test_data_open_checks(void) {
+    ts_data_opts o = TS_DATA_OPTS_INIT;
+    ts_batch_source *train = NULL, *test = NULL;
+    char p[400];
+    /* test labels 0..4 against training labels 0..2 */
+    const char *d = subdir("open_labels");
+    make_synthetic(d, "t10k", 1, ".gz");
+    uint8_t lab[SN] = {0, 1, 2, 0, 1};
+    uint32_t ld[1] = {SN}, idims[3] = {SN, SH, SW};
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte.gz", d);
+    write_idx(p, 1, 0x803, 3, idims, syn_pix, sizeof syn_pix);
+    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte.gz", d);
+    write_idx(p, 1, 0x801, 1, ld, lab, SN);
+    o.path = d;
+    CHECK_STATUS(ts_data_open(&o, &train, &test), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("t10k-labels-idx1-ubyte: sample 3 has label 3, but the training set has 3 classes");
+    CHECK(!train && !test);
+    /* without an evaluation source the training set alone is fine */
+    CHECK_OK(ts_data_open(&o, &train, NULL));
+    ts_batch_source_free(train);
+    train = NULL;
+    /* label 255 */
+    lab[2] = 255;
+    write_idx(p, 1, 0x801, 1, ld, lab, SN);
+    CHECK_STATUS(ts_data_open(&o, &train, &test), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("sample 2 has label 255");
+    /* an empty training set, then an empty test set */
+    const char *e = subdir("open_empty");
+    make_synthetic(e, "t10k", 0, "");
+    uint32_t z3[3] = {0, SH, SW}, z1[1] = {0};
+    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte", e);
+    write_idx(p, 0, 0x803, 3, z3, syn_pix, 0);
+    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", e);
+    write_idx(p, 0, 0x801, 1, z1, syn_lab, 0);
+    o.path = e;
+    CHECK_STATUS(ts_data_open(&o, &train, &test), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("the training set (train-images-idx3-ubyte) is empty: 0 samples");
+    make_synthetic(e, "train", 0, "");
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte", e);
+    write_idx(p, 0, 0x803, 3, z3, syn_pix, 0);
+    snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte", e);
+    write_idx(p, 0, 0x801, 1, z1, syn_lab, 0);
+    CHECK_STATUS(ts_data_open(&o, &train, &test), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("the test set (t10k-images-idx3-ubyte) is empty");
+    CHECK(!train && !test);
+}
+
 int main(int argc, char **argv) {
-    static const tu_test tests[] = {T(test_synthetic_gz_and_plain), T(test_idx_errors), T(test_mnist_errors),
-                                    T(test_real_fashion_mnist), T(test_loader), T(test_from_tensors)};
+    static const tu_test tests[] = {T(test_synthetic_gz_and_plain), T(test_idx_errors),      T(test_mnist_errors),
+                                    T(test_real_fashion_mnist),     T(test_loader),          T(test_from_tensors),
+                                    T(test_idx_size_limits),        T(test_data_open_checks)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();
     if (rc == 0 && real_data_missing) {

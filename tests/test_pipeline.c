@@ -11,10 +11,12 @@
 #include "pipeline/pipeline_internal.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #ifdef TS_HAVE_LIBJPEG
 #include <jpeglib.h>
@@ -894,6 +896,229 @@ static void test_pipeline_idx(void) {
     }
 }
 
+
+/* ---- hostile images ---------------------------------------------------------------------------------- */
+static void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
+}
+
+/* A PNG signature, an IHDR of w x h gray 8-bit (valid CRC) and an empty IEND: a header only. */
+static size_t png_header_only(uint8_t *b, uint32_t w, uint32_t h) {
+    static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    memcpy(b, sig, 8);
+    put_be32(b + 8, 13);
+    memcpy(b + 12, "IHDR", 4);
+    put_be32(b + 16, w);
+    put_be32(b + 20, h);
+    b[24] = 8, b[25] = 0, b[26] = 0, b[27] = 0, b[28] = 0;
+    put_be32(b + 29, (uint32_t)crc32(0, b + 12, 17));
+    put_be32(b + 33, 0);
+    memcpy(b + 37, "IEND", 4);
+    put_be32(b + 41, (uint32_t)crc32(0, b + 37, 4));
+    return 45;
+}
+
+/* Headers promising more pixels than the limit are refused before anything is allocated; the limit
+ * comes from ts_pipeline_opts.max_pixels or TS_MAX_IMAGE_PIXELS (default 64 Mpixel). */
+static void test_pixel_limit(void) {
+    uint8_t b[64];
+    size_t n = png_header_only(b, 16384, 16384);
+    ts_image im = TS_IMAGE_INIT;
+    CHECK_STATUS(ts_image_decode(b, n, TS_COLOR_GRAY, "huge.png", &im), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("huge.png: PNG of 16384 x 16384 = 268435456 pixels is over the limit of 67108864 pixels");
+    CHECK(im.data == NULL);
+    n = png_header_only(b, 8192, 8193);
+    CHECK_STATUS(ts_image_decode(b, n, TS_COLOR_GRAY, "big.png", &im), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("over the limit");
+    ts_image pic = TS_IMAGE_INIT;
+    make_picture(&pic, 40, 30, 3, 1);
+    CHECK_OK(ts_image_write_jpeg(&pic, tpath("limit.jpg"), 90));
+    setenv("TS_MAX_IMAGE_PIXELS", "1000", 1);
+    CHECK_STATUS(ts_image_read(tpath("limit.jpg"), TS_COLOR_RGB, &im), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("JPEG of 40 x 30 = 1200 pixels is over the limit of 1000 pixels");
+    setenv("TS_MAX_IMAGE_PIXELS", "1M", 1);
+    CHECK_OK(ts_image_read(tpath("limit.jpg"), TS_COLOR_RGB, &im));
+    unsetenv("TS_MAX_IMAGE_PIXELS");
+    /* the pipeline's option: one large image among small ones is an error, or a counted skip */
+    const char *root = make_index_folder("pixlimit", 12, 2);
+    CHECK_OK(ts_image_write_jpeg(&pic, tpath("pixlimit/class_01/img_00002.png"), 90)); /* a JPEG named .png */
+    for (int skip = 0; skip < 2; skip++) {
+        ts_pipeline_opts o = index_opts(root);
+        o.max_pixels = 100;
+        o.skip_corrupt = skip;
+        o.random_resized_crop = true;
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        ts_status st = TS_OK;
+        int64_t total = 0, skipped = 0;
+        for (;;) {
+            ts_tensor *x, *y;
+            ts_batch_info bi;
+            if ((st = ts_pipeline_next(p, &x, &y, &bi)) != TS_OK || !x) break;
+            total += bi.size;
+            skipped += bi.skipped;
+        }
+        if (skip) {
+            CHECK(st == TS_OK && total == 11 && skipped == 1);
+        } else {
+            CHECK(st == TS_ERR_FORMAT);
+            CHECK_ERR_MENTIONS("img_00002.png: JPEG of 40 x 30 = 1200 pixels is over the limit of 100 pixels");
+        }
+        ts_pipeline_free(p);
+    }
+    ts_pipeline_opts o = index_opts(root);
+    o.max_pixels = -1;
+    ts_pipeline *p = NULL;
+    CHECK_STATUS(ts_pipeline_new(&o, &p), TS_ERR_INVALID_ARG);
+    ts_image_free(&im);
+    ts_image_free(&pic);
+}
+
+/* A truncated JPEG fails (or is skipped and counted) whatever crop window the seed draws: window
+ * decoding stops at the window's last row, so it checks the rest of the file for the end marker. */
+static void test_truncated_jpeg_any_seed(void) {
+    ts_image pic = TS_IMAGE_INIT, im = TS_IMAGE_INIT;
+    make_picture(&pic, 320, 240, 3, 5);
+    const char *root = tpath("trunc");
+    mkdir(root, 0755);
+    mkdir(tpath("trunc/a"), 0755);
+    const char *path = tpath("trunc/a/cut.jpg");
+    CHECK_OK(ts_image_write_jpeg(&pic, path, 90));
+    size_t n = 0;
+    uint8_t *buf = read_bytes(path, &n);
+    for (int cut = 0; cut < 2; cut++) {
+        size_t len = cut ? n - 2 : n * 6 / 10; /* the end marker alone, or the lower 40% */
+        write_bytes(path, buf, len);
+        /* the decoders directly: whole, scaled, a window in the top rows */
+        ts__decoder *d = NULL;
+        CHECK_OK(ts__decoder_new(&d));
+        CHECK_STATUS(ts__decode(d, buf, len, TS_COLOR_RGB, "cut.jpg", 1, &im), TS_ERR_FORMAT);
+        ts_roi win = {10, 0, 50, 20}, roi;
+        CHECK_STATUS(ts__decode_window(d, buf, len, TS_COLOR_RGB, "cut.jpg", 1, &win, &im, &roi), TS_ERR_FORMAT);
+        CHECK_ERR_MENTIONS("cut.jpg: corrupt JPEG: Premature end of JPEG file");
+        win = (ts_roi){0, 0, 320, 240};
+        CHECK_STATUS(ts__decode_window(d, buf, len, TS_COLOR_GRAY, "cut.jpg", 2, &win, &im, &roi), TS_ERR_FORMAT);
+        ts__decoder_free(d);
+        int failed = 0, skipped = 0;
+        for (int seed = 0; seed < 24; seed++) {
+            ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+            o.reader.file_root = root;
+            o.reader.seed = seed;
+            o.batch_size = 1;
+            o.num_threads = 1;
+            o.out_width = o.out_height = 32;
+            o.random_resized_crop = true;
+            o.skip_corrupt = seed % 2;
+            ts_pipeline *p = NULL;
+            CHECK_OK(ts_pipeline_new(&o, &p));
+            if (!p) break;
+            ts_tensor *x, *y;
+            ts_batch_info bi;
+            ts_status st = ts_pipeline_next(p, &x, &y, &bi);
+            if (o.skip_corrupt) {
+                int64_t dec = 0, sk = 0;
+                ts_pipeline_counts(p, &dec, &sk);
+                skipped += st == TS_OK && sk >= 1 && dec == 0; /* >= 1: later epochs may be prefetched */
+            } else {
+                failed += st == TS_ERR_FORMAT && strstr(ts_last_error(), "cut.jpg") != NULL;
+            }
+            ts_pipeline_free(p);
+        }
+        CHECK(failed == 12 && skipped == 12);
+    }
+    write_bytes(path, buf, n); /* the whole file decodes through every path */
+    ts__decoder *d = NULL;
+    CHECK_OK(ts__decoder_new(&d));
+    ts_roi win = {10, 0, 50, 20}, roi;
+    CHECK_OK(ts__decode_window(d, buf, n, TS_COLOR_RGB, "whole.jpg", 1, &win, &im, &roi));
+    win = (ts_roi){0, 200, 320, 40};
+    CHECK_OK(ts__decode_window(d, buf, n, TS_COLOR_RGB, "whole.jpg", 4, &win, &im, &roi));
+    ts__decoder_free(d);
+    free(buf);
+    ts_image_free(&pic);
+    ts_image_free(&im);
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "test_pipeline: blocked on a FIFO\n";
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(2);
+    _exit(1);
+}
+
+/* A FIFO as an image or as the file list is refused at once, never waited on. */
+static void test_fifo_inputs(void) {
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    const char *fifo = tpath("pipe.png");
+    CHECK(mkfifo(fifo, 0600) == 0);
+    ts_image im = TS_IMAGE_INIT;
+    CHECK_STATUS(ts_image_read(fifo, TS_COLOR_GRAY, &im), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("pipe.png: is a FIFO (named pipe), expected an image file");
+    const char *list = tpath("fifo_list.txt");
+    FILE *f = fopen(list, "w");
+    fprintf(f, "%s 0\n", fifo);
+    fclose(f);
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.file_list = list;
+    o.color = TS_COLOR_GRAY;
+    o.out_width = o.out_height = 4;
+    o.batch_size = 1;
+    o.skip_corrupt = true;
+    ts_pipeline *p = NULL;
+    CHECK_OK(ts_pipeline_new(&o, &p));
+    if (p) {
+        ts_tensor *x, *y;
+        ts_batch_info bi;
+        CHECK_OK(ts_pipeline_next(p, &x, &y, &bi)); /* the only sample skipped: the epoch ends */
+        int64_t dec = 0, sk = 0;
+        ts_pipeline_counts(p, &dec, &sk);
+        CHECK(sk >= 1 && dec == 0 && !x); /* later epochs may be prefetched (and skipped) already */
+        ts_pipeline_free(p);
+    }
+    const char *fifo_list = tpath("list_fifo.txt");
+    CHECK(mkfifo(fifo_list, 0600) == 0);
+    o.reader.file_list = fifo_list;
+    CHECK_STATUS(ts_pipeline_new(&o, &p), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("list_fifo.txt: is a FIFO (named pipe), expected a file list");
+    alarm(0);
+}
+
+/* ts_data_open on image folders: test/'s class folders must be train/'s, in the same order. */
+static void test_data_open_classes(void) {
+    char root[1024];
+    snprintf(root, sizeof root, "%s", tpath("classes"));
+    mkdir(root, 0755);
+    ts_image im = TS_IMAGE_INIT;
+    make_picture(&im, 8, 8, 1, 2);
+    const char *train[] = {"ant", "bee", "cat"}, *test_bad[] = {"ant", "cat"}, *test_ok[] = {"ant", "bee"};
+    for (int split = 0; split < 2; split++) {
+        const char *sp = split ? "test" : "train";
+        mkdir(tpath("classes/%s", sp), 0755);
+        const char **names = split ? test_bad : train;
+        for (int c = 0; c < (split ? 2 : 3); c++) {
+            mkdir(tpath("classes/%s/%s", sp, names[c]), 0755);
+            CHECK_OK(ts_image_write_png(&im, tpath("classes/%s/%s/0.png", sp, names[c])));
+        }
+    }
+    ts_data_opts d = TS_DATA_OPTS_INIT;
+    d.path = root;
+    d.batch_size = 2;
+    d.threads = 1;
+    ts_batch_source *tr = NULL, *te = NULL;
+    CHECK_STATUS(ts_data_open(&d, &tr, &te), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("classes/test: class folder 1 is 'cat', but");
+    CHECK_ERR_MENTIONS("'bee' (3 classes)");
+    CHECK(!tr && !te);
+    rm_rf(tpath("classes/test/cat"));
+    mkdir(tpath("classes/test/%s", test_ok[1]), 0755);
+    CHECK_OK(ts_image_write_png(&im, tpath("classes/test/%s/0.png", test_ok[1])));
+    CHECK_OK(ts_data_open(&d, &tr, &te)); /* a prefix of the training classes is fine */
+    ts_batch_source_free(tr);
+    ts_batch_source_free(te);
+    ts_image_free(&im);
+}
+
 int main(int argc, char **argv) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ts_pipeline_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -902,6 +1127,7 @@ int main(int argc, char **argv) {
         T(test_reader_errors),    T(test_decode_vs_libjpeg), T(test_decode_window), T(test_png_roundtrip),       T(test_corrupt_files),
         T(test_ops),              T(test_pipeline_shards),  T(test_pipeline_padding),    T(test_pipeline_reproducible),
         T(test_pipeline_corrupt), T(test_pipeline_shutdown), T(test_pipeline_idx),
+        T(test_pixel_limit),      T(test_truncated_jpeg_any_seed), T(test_fifo_inputs), T(test_data_open_classes),
     };
     int rc = tu_run(tests, (int)TS_ARRAY_LEN(tests), argc, argv);
     rm_rf(tmpdir);

@@ -611,6 +611,208 @@ static void test_checkpoint_dir(void) {
     ts_dataset_free(test);
 }
 
+/* ---- hostile checkpoints and bad paths ------------------------------------------------------------- */
+/* A copy of src without the entry `skip` (any kind), with `mod` applied to it before saving. */
+static void copy_ckpt(const char *from, const char *to, const char *skip, void (*mod)(ts_ckpt *)) {
+    ts_ckpt *a = NULL, *b = ts_ckpt_new();
+    CHECK_OK(ts_ckpt_load(from, &a));
+    if (!a || !b) return;
+    ts_tensor_list all = TS_TENSOR_LIST_INIT, keep = TS_TENSOR_LIST_INIT;
+    CHECK_OK(ts_ckpt_get_tensors(a, NULL, &all));
+    for (int i = 0; i < all.n; i++)
+        if (!skip || strcmp(all.names[i], skip) != 0) CHECK_OK(ts_tensor_list_append(&keep, all.names[i], all.tensors[i]));
+    CHECK_OK(ts_ckpt_add_tensors(b, NULL, &keep));
+    for (int k = TS_CKPT_I64; k <= TS_CKPT_BYTES; k++)
+        for (int i = 0; i < ts_ckpt_count(a, (ts_ckpt_kind)k); i++) {
+            const char *n = ts_ckpt_name(a, (ts_ckpt_kind)k, i);
+            if (skip && strcmp(n, skip) == 0) continue;
+            if (k == TS_CKPT_I64) {
+                int64_t v;
+                CHECK_OK(ts_ckpt_get_i64(a, n, &v));
+                CHECK_OK(ts_ckpt_set_i64(b, n, v));
+            } else if (k == TS_CKPT_F64) {
+                double v;
+                CHECK_OK(ts_ckpt_get_f64(a, n, &v));
+                CHECK_OK(ts_ckpt_set_f64(b, n, v));
+            } else {
+                const void *p;
+                size_t len;
+                CHECK_OK(ts_ckpt_get_bytes(a, n, &p, &len));
+                CHECK_OK(ts_ckpt_set_bytes(b, n, p, len));
+            }
+        }
+    if (mod) mod(b);
+    CHECK_OK(ts_ckpt_save(b, to));
+    ts_tensor_list_clear(&all);
+    ts_tensor_list_clear(&keep);
+    ts_ckpt_free(a);
+    ts_ckpt_free(b);
+}
+
+static void mod_nan(ts_ckpt *ck) { ts_tensor_data_f32(ts_ckpt_find_tensor(ck, "model.3.weight"))[7] = NAN; }
+static void mod_inf_state(ts_ckpt *ck) {
+    ts_tensor_data_f32(ts_ckpt_find_tensor(ck, "optim.1.bias.momentum_buffer"))[0] = -INFINITY;
+}
+static void mod_step_max(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_i64(ck, "train.step", INT64_MAX)); }
+static void mod_epoch_neg(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_i64(ck, "train.epoch", -1)); }
+static void mod_world(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_i64(ck, "train.world_size", 0)); }
+static void mod_model_name(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_bytes(ck, "train.model", "ti\x1b[2Jny", 8)); }
+static void mod_optim_step(ts_ckpt *ck) { /* the optimizer's step count as a float with a fraction */
+    ts_tensor *t = ts_ckpt_find_tensor(ck, "optim.step");
+    ((int64_t *)ts_tensor_data(t))[0] = -5;
+}
+
+/* Every forged checkpoint is refused with a message naming what is wrong, and changes nothing. */
+static void test_resume_refuses_forged_checkpoints(void) {
+    ts_dataset *ds = make_dataset(100, 5), *test = make_dataset(40, 6);
+    char ckpt[512], bad[512];
+    snprintf(ckpt, sizeof ckpt, "%s/good.ckpt", tu_tmpdir());
+    snprintf(bad, sizeof bad, "%s/bad.ckpt", tu_tmpdir());
+    run a, b;
+    run_open(&a, ds, test, ckpt, 3, 0, "tiny"); /* 3 SGD steps with momentum: every parameter has a buffer */
+    CHECK_OK(ts_trainer_run(a.t, NULL));
+    struct {
+        const char *skip;
+        void (*mod)(ts_ckpt *);
+        ts_status st;
+        const char *msg;
+    } cases[] = {
+        {NULL, mod_nan, TS_ERR_FORMAT, "tensor 'model.3.weight' holds a NaN or infinite value at element 7"},
+        {NULL, mod_inf_state, TS_ERR_FORMAT, "'optim.1.bias.momentum_buffer' holds a NaN or infinite value"},
+        {"optim.3.weight.momentum_buffer", NULL, TS_ERR_FORMAT, "took 3 steps but '3.weight' has no '3.weight.momentum_buffer'"},
+        {NULL, mod_step_max, TS_ERR_FORMAT, "train.step is 9223372036854775807, outside [0, 2^40]"},
+        {NULL, mod_epoch_neg, TS_ERR_FORMAT, "train.epoch is -1"},
+        {NULL, mod_world, TS_ERR_FORMAT, "train.world_size is 0"},
+        {NULL, mod_model_name, TS_ERR_INVALID_ARG, "written with model ti\\x1b[2Jny, this run has model tiny"},
+        {NULL, mod_optim_step, TS_ERR_FORMAT, "'step' is -5, not a step count"},
+        {"train.step", NULL, TS_ERR_FORMAT, "is not a training checkpoint (no train.step)"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        copy_ckpt(ckpt, bad, cases[k].skip, cases[k].mod);
+        run_open(&b, ds, test, NULL, 0, 0, "tiny");
+        float before = ts_tensor_data_f32(b.params.tensors[0])[0];
+        CHECK_STATUS(ts_trainer_resume(b.t, bad), cases[k].st);
+        CHECK_ERR_MENTIONS(cases[k].msg);
+        CHECK_ERR_MENTIONS("bad.ckpt");
+        CHECK(ts_trainer_step(b.t) == 0 && ts_trainer_epoch(b.t) == 0);
+        CHECK(ts_tensor_data_f32(b.params.tensors[0])[0] == before); /* nothing loaded */
+        CHECK(ts_optimizer_step_count(b.opt) == 0);
+        run_close(&b);
+    }
+    /* the unmodified copy resumes */
+    copy_ckpt(ckpt, bad, NULL, NULL);
+    run_open(&b, ds, test, NULL, 0, 0, "tiny");
+    CHECK_OK(ts_trainer_resume(b.t, bad));
+    CHECK(ts_trainer_step(b.t) == 3);
+    run_close(&b);
+    run_close(&a);
+    ts_dataset_free(ds);
+    ts_dataset_free(test);
+}
+
+/* ts_optimizer_check_state: AdamW's moments and steps; frozen parameters need no state. */
+static void test_optimizer_state_check(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 3);
+    int64_t s2[1] = {2};
+    ts_tensor *w = tu_rand(&r, 1, s2, -1, 1, true), *frozen = tu_rand(&r, 1, s2, -1, 1, false);
+    ts_tensor_list params = TS_TENSOR_LIST_INIT, st = TS_TENSOR_LIST_INIT, part = TS_TENSOR_LIST_INIT;
+    CHECK_OK(ts_tensor_list_append(&params, "w", w));
+    CHECK_OK(ts_tensor_list_append(&params, "frozen", frozen));
+    ts_adamw_config c = TS_ADAMW_CONFIG_INIT;
+    ts_optimizer *o = NULL;
+    CHECK_OK(ts_optim_adamw_new(&params, &c, &o));
+    CHECK_OK(ts_optimizer_state(o, &st));
+    CHECK_OK(ts_optimizer_check_state(o, &st)); /* no step yet: no state needed */
+    ts_tensor_list_clear(&st);
+    for (int k = 0; k < 2; k++) { /* two steps with a gradient for w only */
+        ts_tensor *loss = NULL;
+        CHECK_OK(ts_sum(w, &loss));
+        CHECK_OK(ts_backward(loss, NULL, false));
+        ts_tensor_release(loss);
+        CHECK_OK(ts_optimizer_step(o));
+        ts_optimizer_zero_grad(o);
+    }
+    CHECK_OK(ts_optimizer_state(o, &st));
+    CHECK_OK(ts_optimizer_check_state(o, &st));
+    for (int i = 0; i < st.n; i++) /* drop exp_avg_sq */
+        if (!strstr(st.names[i], "exp_avg_sq")) CHECK_OK(ts_tensor_list_append(&part, st.names[i], st.tensors[i]));
+    CHECK_STATUS(ts_optimizer_check_state(o, &part), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("'w' has no 'w.exp_avg_sq'");
+    ts_tensor_list_clear(&part);
+    for (int i = 0; i < st.n; i++) /* a per-parameter step above the optimizer's */
+        if (strcmp(st.names[i], "w.step") == 0) ((int64_t *)ts_tensor_data(st.tensors[i]))[0] = 9;
+    CHECK_STATUS(ts_optimizer_check_state(o, &st), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("'w.step' is 9, outside [1, 2]");
+    ts_tensor_list_clear(&st);
+    ts_tensor_list_clear(&params);
+    ts_optimizer_free(o);
+    ts_tensor_release(w);
+    ts_tensor_release(frozen);
+}
+
+/* A checkpoint path that cannot work, an empty training source and an empty evaluation source fail
+ * at once, naming the problem. */
+static void test_trainer_checks_at_start(void) {
+    ts_dataset *ds = make_dataset(40, 5), *test = make_dataset(10, 6);
+    run a;
+    run_open(&a, ds, test, NULL, 0, 0, "tiny");
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    ts_trainer *t = NULL;
+    char p[512];
+    snprintf(p, sizeof p, "%s/no/such/dir/x.ckpt", tu_tmpdir());
+    to.checkpoint = p;
+    CHECK_STATUS(ts_trainer_new(a.s, a.opt, a.train, &to, &t), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("no/such/dir: No such file or directory");
+    CHECK(t == NULL);
+    struct stat sb;
+    if (stat("/dev/full", &sb) == 0 && S_ISCHR(sb.st_mode)) {
+        to.checkpoint = "/dev/full";
+        CHECK_STATUS(ts_trainer_new(a.s, a.opt, a.train, &to, &t), TS_ERR_IO);
+        CHECK_ERR_MENTIONS("/dev/full: is a character device");
+        CHECK(stat("/dev/full", &sb) == 0 && S_ISCHR(sb.st_mode));
+    }
+    snprintf(p, sizeof p, "%s/fifo.ckpt", tu_tmpdir());
+    CHECK(mkfifo(p, 0600) == 0);
+    to.checkpoint = p;
+    CHECK_STATUS(ts_trainer_new(a.s, a.opt, a.train, &to, &t), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("FIFO");
+    snprintf(p, sizeof p, "%s/ok.ckpt", tu_tmpdir());
+    to.checkpoint = p;
+    CHECK_OK(ts_trainer_new(a.s, a.opt, a.train, &to, &t));
+    CHECK(stat(p, &sb) != 0); /* the check leaves nothing behind */
+    ts_trainer_free(t);
+    t = NULL;
+    to.checkpoint = NULL;
+    to.epochs = TS_TRAIN_MAX_COUNT + 1;
+    CHECK_STATUS(ts_trainer_new(a.s, a.opt, a.train, &to, &t), TS_ERR_INVALID_ARG);
+    to.epochs = 1;
+    /* empty sources */
+    int64_t zero = 0, xs[4] = {0, 1, 4, 4};
+    ts_tensor *x = NULL, *y = NULL;
+    CHECK_OK(ts_tensor_empty(NULL, TS_F32, 4, xs, &x));
+    CHECK_OK(ts_tensor_empty(NULL, TS_I64, 1, &zero, &y));
+    ts_dataset *empty = NULL;
+    CHECK_OK(ts_dataset_from_tensors(x, y, &empty));
+    ts_dataset_source_opts so = TS_DATASET_SOURCE_OPTS_INIT;
+    ts_batch_source *es = NULL;
+    CHECK_OK(ts_batch_source_dataset(empty, &so, &es));
+    if (es) {
+        CHECK_STATUS(ts_trainer_new(a.s, a.opt, es, &to, &t), TS_ERR_INVALID_ARG);
+        CHECK_ERR_MENTIONS("the training source has no samples");
+        ts_eval_result er;
+        CHECK_STATUS(ts_evaluate(ts_strategy_module(a.s), es, &er), TS_ERR_INVALID_ARG);
+        CHECK_ERR_MENTIONS("has no samples");
+        ts_batch_source_free(es);
+    }
+    ts_dataset_free(empty);
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+    run_close(&a);
+    ts_dataset_free(ds);
+    ts_dataset_free(test);
+}
+
 /* ---- DDP through the trainer, ranks as threads ------------------------------------------------------ */
 typedef struct ddp_cfg {
     ts_dataset *ds, *test;
@@ -738,7 +940,8 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {
         T(test_dataset_source_world_of_one), T(test_source_seek), T(test_custom_source), T(test_pipeline_source),
         T(test_strategies_equal_plain), T(test_strategy_errors), T(test_evaluate), T(test_trainer_resume_bit_identical),
-        T(test_trainer_errors), T(test_checkpoint_dir), T(test_ddp_trainer), T(test_by_name),
+        T(test_trainer_errors), T(test_checkpoint_dir), T(test_resume_refuses_forged_checkpoints),
+        T(test_optimizer_state_check), T(test_trainer_checks_at_start), T(test_ddp_trainer), T(test_by_name),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();

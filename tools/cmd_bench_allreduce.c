@@ -17,12 +17,19 @@
  *
  * --backend mpi runs under mpirun instead of forking (MPI's ranks are its
  * processes): `mpirun -n 2 tessera bench allreduce --backend mpi`.
+ *
+ * Sizes are checked before anything starts (a number with an optional k/m/g
+ * suffix; every rank allocates --max-bytes, so N of them must fit in the
+ * machine's memory), and the parent names every rank that failed or was killed
+ * by a signal (e.g. SIGBUS), so a run never ends with a bare exit status 1.
  */
 #include "commands.h"
 #include "distributed/auth.h"
 #include "tessera.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,13 +62,18 @@ static int free_port(void) {
     return ntohs(sa.sin_port);
 }
 
-static size_t parse_bytes(const char *s) {
+/* A byte count: a number (1e6 is fine) with an optional k/m/g suffix (KiB, MiB, GiB). *ok is false
+ * for anything else, for values below 1 and for values that do not fit a size_t. */
+static size_t parse_bytes(const char *s, bool *ok) {
     char *end = NULL;
+    errno = 0;
     double v = strtod(s, &end);
-    if (end && (*end == 'k' || *end == 'K')) v *= 1024;
-    else if (end && (*end == 'm' || *end == 'M')) v *= 1024 * 1024;
-    else if (end && (*end == 'g' || *end == 'G')) v *= 1024.0 * 1024 * 1024;
-    return (size_t)v;
+    *ok = end != s && errno == 0 && isfinite(v);
+    if (*ok && (*end == 'k' || *end == 'K')) v *= 1024, end++;
+    else if (*ok && (*end == 'm' || *end == 'M')) v *= 1024 * 1024, end++;
+    else if (*ok && (*end == 'g' || *end == 'G')) v *= 1024.0 * 1024 * 1024, end++;
+    *ok = *ok && *end == '\0' && v >= 1 && v < 9.2e18;
+    return *ok ? (size_t)v : 0;
 }
 
 static int run_rank(const bench_opts *o, int rank) {
@@ -77,7 +89,12 @@ static int run_rank(const bench_opts *o, int rank) {
     int n = ts_pg_size(pg);
     size_t maxcount = (o->max_bytes + 3) / 4;
     float *buf = aligned_alloc(64, ((maxcount * 4 + 63) / 64) * 64 + 64);
-    if (!buf) return 1;
+    if (!buf) {
+        fprintf(stderr, "rank %d: cannot allocate the %zu-byte buffer of --max-bytes: %s\n", rank, maxcount * 4,
+                strerror(errno ? errno : ENOMEM));
+        ts_pg_free(pg);
+        return 1;
+    }
     memset(buf, 0, maxcount * 4);
     int rc = 0;
     bool first = true;
@@ -147,8 +164,16 @@ int ts_bench_allreduce(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) o.json = true;
         else if ((strcmp(a, "-n") == 0 || strcmp(a, "--nprocs") == 0) && v) o.nprocs = atoi(argv[++i]);
-        else if (strcmp(a, "--min-bytes") == 0 && v) o.min_bytes = parse_bytes(argv[++i]);
-        else if (strcmp(a, "--max-bytes") == 0 && v) o.max_bytes = parse_bytes(argv[++i]);
+        else if ((strcmp(a, "--min-bytes") == 0 || strcmp(a, "--max-bytes") == 0) && v) {
+            bool ok = false;
+            size_t b = parse_bytes(argv[++i], &ok);
+            if (!ok) {
+                fprintf(stderr, "tessera bench allreduce: %s '%s' is not a byte count (a number >= 1, optionally "
+                                "with a k, m or g suffix)\n", a, v);
+                return 2;
+            }
+            *(a[2] == 'm' && a[3] == 'i' ? &o.min_bytes : &o.max_bytes) = b;
+        }
         else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
         else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
         else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
@@ -163,8 +188,31 @@ int ts_bench_allreduce(int argc, char **argv) {
             return f == stdout ? 0 : 2;
         }
     }
-    if (o.nprocs < 1 || o.nprocs > 256 || o.step < 2 || o.min_bytes < 1 || o.max_bytes < o.min_bytes) {
-        fprintf(stderr, "bad arguments\n");
+    if (o.nprocs < 1 || o.nprocs > 256) {
+        fprintf(stderr, "tessera bench allreduce: -n %d is out of range [1, 256]\n", o.nprocs);
+        return 2;
+    }
+    if (o.step != 2 && o.step != 4) {
+        fprintf(stderr, "tessera bench allreduce: --step %d: expected 2 or 4\n", o.step);
+        return 2;
+    }
+    if (o.max_bytes < o.min_bytes) {
+        fprintf(stderr, "tessera bench allreduce: --max-bytes %zu is below --min-bytes %zu\n", o.max_bytes,
+                o.min_bytes);
+        return 2;
+    }
+    if (!(o.time_s > 0 && o.time_s <= 3600)) {
+        fprintf(stderr, "tessera bench allreduce: --time %g is out of range (0, 3600] seconds\n", o.time_s);
+        return 2;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    double mem = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
+    int local = strcmp(o.backend, "mpi") == 0 ? 1 : o.nprocs; /* under mpirun we only know this rank */
+    if (mem > 0 && (double)o.max_bytes * local > mem) {
+        fprintf(stderr, "tessera bench allreduce: --max-bytes %zu: %d rank%s would allocate %.1f GiB, more than "
+                        "this machine's %.1f GiB of memory\n",
+                o.max_bytes, local, local == 1 ? "" : "s", (double)o.max_bytes * local / 1073741824.0,
+                mem / 1073741824.0);
         return 2;
     }
     if (strcmp(o.backend, "mpi") == 0) { /* this process is one of mpirun's ranks */
@@ -215,8 +263,17 @@ int ts_bench_allreduce(int argc, char **argv) {
     int rc = 0;
     for (int r = 0; r < o.nprocs; r++) {
         int st = 0;
-        waitpid(pids[r], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
+        while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR) {}
+        if (WIFSIGNALED(st)) {
+            fprintf(stderr, "tessera bench allreduce: rank %d (pid %d) was killed by signal %d (%s)%s\n", r,
+                    (int)pids[r], WTERMSIG(st), strsignal(WTERMSIG(st)),
+                    WTERMSIG(st) == SIGBUS ? ": out of shared memory? (df /dev/shm, TS_DIST_TRANSPORT=tcp)" : "");
+            rc = 1;
+        } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "tessera bench allreduce: rank %d exited with status %d\n", r,
+                    WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+            rc = 1;
+        }
     }
     return rc;
 }

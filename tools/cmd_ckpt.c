@@ -6,6 +6,10 @@
  * difference, tensors present in one file only or with different shapes/dtypes,
  * and a final line with the overall maximum. Exit status: 0 ok / no difference
  * over the tolerance, 1 differences, 2 usage error or unreadable file.
+ *
+ * Names come from the file and may hold any byte but NUL: every name is printed
+ * through esc(), which turns bytes outside printable ASCII (and '\') into \xNN,
+ * so a checkpoint cannot send escape sequences to the terminal.
  */
 #include "cmd_ckpt.h"
 
@@ -45,6 +49,33 @@
     "  --tol X   allowed absolute difference (default 0)\n"                                     \
     "Exit status: 0 no tensor differs by more than X and both files hold the same tensors,\n"   \
     "1 otherwise, 2 bad usage or unreadable/corrupt file.\n"
+
+/* name with bytes outside printable ASCII (and '\') as \xNN / \\, cut with "..." to fit buf. */
+#define ESC_MAX 1024
+static const char *esc(const char *name, char *buf) {
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+        if (k + 8 > ESC_MAX) {
+            memcpy(buf + k, "...", 3);
+            k += 3;
+            break;
+        }
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            buf[k++] = (char)*p;
+        } else if (*p == '\\') {
+            buf[k++] = '\\';
+            buf[k++] = '\\';
+        } else {
+            buf[k++] = '\\';
+            buf[k++] = 'x';
+            buf[k++] = hex[*p >> 4];
+            buf[k++] = hex[*p & 15];
+        }
+    }
+    buf[k] = '\0';
+    return buf;
+}
 
 static bool is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
 
@@ -97,8 +128,9 @@ static ts_ckpt *load_or_complain(const char *path) {
 
 static int width_of(const ts_ckpt *ck, ts_ckpt_kind k, int minw) {
     int w = minw;
+    char e[ESC_MAX];
     for (int i = 0; i < ts_ckpt_count(ck, k); i++) {
-        int n = (int)strlen(ts_ckpt_name(ck, k, i));
+        int n = (int)strlen(esc(ts_ckpt_name(ck, k, i), e));
         if (n > w) w = n;
     }
     return w;
@@ -137,17 +169,18 @@ static int cmd_show(int argc, char **argv) {
     w = CK_MAX(w, width_of(ck, TS_CKPT_BYTES, 4));
     int nmeta = ts_ckpt_count(ck, TS_CKPT_I64) + ts_ckpt_count(ck, TS_CKPT_F64) + ts_ckpt_count(ck, TS_CKPT_BYTES);
     printf("\nmetadata (%d):\n", nmeta);
+    char e[ESC_MAX];
     for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_I64); i++) {
         const char *name = ts_ckpt_name(ck, TS_CKPT_I64, i);
         int64_t v = 0;
         ts_ckpt_get_i64(ck, name, &v);
-        printf("  %-*s  int64    %lld\n", w, name, (long long)v);
+        printf("  %-*s  int64    %lld\n", w, esc(name, e), (long long)v);
     }
     for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_F64); i++) {
         const char *name = ts_ckpt_name(ck, TS_CKPT_F64, i);
         double v = 0;
         ts_ckpt_get_f64(ck, name, &v);
-        printf("  %-*s  float64  %.17g\n", w, name, v);
+        printf("  %-*s  float64  %.17g\n", w, esc(name, e), v);
     }
     for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_BYTES); i++) {
         const char *name = ts_ckpt_name(ck, TS_CKPT_BYTES, i);
@@ -156,7 +189,7 @@ static int cmd_show(int argc, char **argv) {
         ts_ckpt_get_bytes(ck, name, &p, &n);
         char prev[64];
         blob_preview(p, n, prev, sizeof prev);
-        printf("  %-*s  bytes    %zu bytes%s%s\n", w, name, n, prev[0] ? ": " : "", prev);
+        printf("  %-*s  bytes    %zu bytes%s%s\n", w, esc(name, e), n, prev[0] ? ": " : "", prev);
     }
 
     int nt = ts_ckpt_count(ck, TS_CKPT_TENSOR);
@@ -176,7 +209,7 @@ static int cmd_show(int argc, char **argv) {
     for (int i = 0; i < nt; i++) {
         const char *name = ts_ckpt_name(ck, TS_CKPT_TENSOR, i);
         ts_tensor *t = ts_ckpt_find_tensor(ck, name);
-        printf("  %-*s  %-8s  %-*s  %.6g\n", wn, name, ts_dtype_name(ts_tensor_dtype(t)), ws,
+        printf("  %-*s  %-8s  %-*s  %.6g\n", wn, esc(name, e), ts_dtype_name(ts_tensor_dtype(t)), ws,
                ts_shape_str(ts_tensor_ndim(t), ts_tensor_shape(t), shape, sizeof shape), l2_norm(t));
     }
     ts_ckpt_free(ck);
@@ -209,19 +242,20 @@ static double max_abs_diff(ts_tensor *a, ts_tensor *b) {
 }
 
 static void diff_metadata(const ts_ckpt *a, const ts_ckpt *b) {
+    char e[ESC_MAX];
     for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_I64); i++) {
         const char *name = ts_ckpt_name(a, TS_CKPT_I64, i);
         int64_t x = 0, y = 0;
         ts_ckpt_get_i64(a, name, &x);
         if (ts_ckpt_has(b, TS_CKPT_I64, name) && ts_ckpt_get_i64(b, name, &y) == TS_OK && x != y)
-            printf("  metadata %s: %lld vs %lld\n", name, (long long)x, (long long)y);
+            printf("  metadata %s: %lld vs %lld\n", esc(name, e), (long long)x, (long long)y);
     }
     for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_F64); i++) {
         const char *name = ts_ckpt_name(a, TS_CKPT_F64, i);
         double x = 0, y = 0;
         ts_ckpt_get_f64(a, name, &x);
         if (ts_ckpt_has(b, TS_CKPT_F64, name) && ts_ckpt_get_f64(b, name, &y) == TS_OK && memcmp(&x, &y, 8) != 0)
-            printf("  metadata %s: %.17g vs %.17g\n", name, x, y);
+            printf("  metadata %s: %.17g vs %.17g\n", esc(name, e), x, y);
     }
 }
 
@@ -277,15 +311,16 @@ static int cmd_diff(int argc, char **argv) {
     printf("  %-*s  %s\n", wn, "name", "max abs diff");
     double overall = 0;
     int compared = 0, over = 0, mismatched = 0;
+    char e[ESC_MAX];
     char sa[128], sb[128];
     for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_TENSOR); i++) {
         const char *name = ts_ckpt_name(a, TS_CKPT_TENSOR, i);
         ts_tensor *ta = ts_ckpt_find_tensor(a, name), *tb = ts_ckpt_find_tensor(b, name);
         if (!tb) {
-            printf("  %-*s  only in A\n", wn, name);
+            printf("  %-*s  only in A\n", wn, esc(name, e));
             mismatched++;
         } else if (!same_shape(ta, tb) || ts_tensor_dtype(ta) != ts_tensor_dtype(tb)) {
-            printf("  %-*s  differs: %s %s in A, %s %s in B\n", wn, name, ts_dtype_name(ts_tensor_dtype(ta)),
+            printf("  %-*s  differs: %s %s in A, %s %s in B\n", wn, esc(name, e), ts_dtype_name(ts_tensor_dtype(ta)),
                    ts_shape_str(ts_tensor_ndim(ta), ts_tensor_shape(ta), sa, sizeof sa),
                    ts_dtype_name(ts_tensor_dtype(tb)),
                    ts_shape_str(ts_tensor_ndim(tb), ts_tensor_shape(tb), sb, sizeof sb));
@@ -295,13 +330,13 @@ static int cmd_diff(int argc, char **argv) {
             compared++;
             if (d > overall) overall = d;
             if (d > tol) over++;
-            printf("  %-*s  %.6g%s\n", wn, name, d, d > tol ? "  (over tolerance)" : "");
+            printf("  %-*s  %.6g%s\n", wn, esc(name, e), d, d > tol ? "  (over tolerance)" : "");
         }
     }
     for (int i = 0; i < ts_ckpt_count(b, TS_CKPT_TENSOR); i++) {
         const char *name = ts_ckpt_name(b, TS_CKPT_TENSOR, i);
         if (!ts_ckpt_find_tensor(a, name)) {
-            printf("  %-*s  only in B\n", wn, name);
+            printf("  %-*s  only in B\n", wn, esc(name, e));
             mismatched++;
         }
     }

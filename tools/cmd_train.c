@@ -323,6 +323,11 @@ int ts_cmd_train(int argc, char **argv) {
         return 1;
     }
     const int rank = pg ? ts_pg_rank(pg) : 0;
+    if (a.checkpoint && rank == 0 && ts_ckpt_check_writable(a.checkpoint) != TS_OK) { /* before loading any data */
+        fprintf(stderr, "tessera train: --checkpoint: %s\n", ts_last_error());
+        status = CLI_EXIT_USAGE;
+        goto done;
+    }
     ts_data_opts d = TS_DATA_OPTS_INIT;
     d.path = a.data;
     d.batch_size = a.batch_size;

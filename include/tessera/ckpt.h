@@ -79,17 +79,32 @@ int ts_ckpt_count(const ts_ckpt *ck, ts_ckpt_kind kind);
 const char *ts_ckpt_name(const ts_ckpt *ck, ts_ckpt_kind kind, int i);
 
 /* Writes ck to path atomically: the bytes go to "<path>.tmp.<pid>" in the same
- * directory, which is flushed, fsync'ed and renamed over path (then the
- * directory is fsync'ed). On any failure the temporary file is removed, an
- * existing file at path is left untouched, and TS_ERR_IO names the path and the
- * errno text. ck is borrowed. */
+ * directory (created exclusively, never through a symbolic link), which is
+ * flushed, fsync'ed and renamed over path (then the directory is fsync'ed). On
+ * any failure the temporary file is removed, an existing file at path is left
+ * untouched, and TS_ERR_IO names the path and the errno text. Only a regular
+ * file is ever replaced: a directory, device (/dev/full), FIFO or socket at path
+ * is TS_ERR_IO naming its type. Before writing, "<path>.tmp.<pid>" files of
+ * writers that died mid-save (no process <pid> exists) are removed. ck is borrowed. */
 ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path);
 
+/* Whether ts_ckpt_save(path) can work now, checked without writing a
+ * checkpoint: path is a regular file or does not exist (not a device, FIFO,
+ * socket or directory), its directory exists, and a file can be created there
+ * (the temporary "<path>.tmp.<pid>" is created and removed). TS_ERR_IO naming
+ * the path and the reason otherwise. The trainer calls it when it is given a
+ * checkpoint path, so a bad path fails at the start, not at the first save. */
+ts_status ts_ckpt_check_writable(const char *path);
+
 /* Reads a checkpoint file; *out is new (free with ts_ckpt_free). Errors name the
- * path: TS_ERR_IO (cannot open/read), TS_ERR_FORMAT ("truncated", "bad magic",
- * "checksum mismatch", "trailing data", malformed records), TS_ERR_UNSUPPORTED
- * (a format version newer than TS_CKPT_VERSION; the message names both). The
- * file format version read is available from ts_ckpt_version. */
+ * path: TS_ERR_IO (cannot open/read; not a regular file: FIFOs and devices are
+ * refused without waiting on them), TS_ERR_FORMAT ("truncated", "bad magic",
+ * "checksum mismatch", "trailing data", malformed records naming the offset and
+ * the sizes, duplicate names), TS_ERR_UNSUPPORTED (a format version newer than
+ * TS_CKPT_VERSION; the message names both). Every size in the file is checked
+ * against the bytes left before anything is allocated. Names are any bytes but
+ * NUL: print them escaped. The file format version read is available from
+ * ts_ckpt_version. */
 ts_status ts_ckpt_load(const char *path, ts_ckpt **out);
 /* Format version of a loaded checkpoint (TS_CKPT_VERSION for new ones). */
 uint32_t ts_ckpt_version(const ts_ckpt *ck);

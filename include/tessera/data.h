@@ -28,8 +28,14 @@ extern "C" {
  * > 0 requires that many dimensions (3: images 0x00000803, 1: labels 0x00000801);
  * 0 accepts 1..4. The file must hold exactly the bytes its header promises.
  * On success *out is a new TS_U8 CPU tensor with the file's dimensions (caller
- * releases). Errors: TS_ERR_IO (missing, unreadable), TS_ERR_FORMAT (empty,
- * truncated, bad magic, wrong dtype, trailing data, corrupt gzip), each naming path. */
+ * releases). Sizes are checked before anything is allocated: a plain file must
+ * hold exactly what its header promises, a gzip file at most 1032 times its
+ * size (deflate's limit), and no file more than TS_IDX_MAX_BYTES (environment;
+ * bytes with an optional k/m/g suffix; default 16 GiB). Errors: TS_ERR_IO
+ * (missing, unreadable, not a regular file: FIFOs and devices are refused
+ * without blocking), TS_ERR_FORMAT (empty, truncated, bad magic, wrong dtype,
+ * trailing data, corrupt gzip, sizes over those limits), each naming path and
+ * the sizes. */
 ts_status ts_idx_read(const char *path, int expect_ndim, ts_tensor **out);
 
 /* ---- datasets ----------------------------------------------------------------------------- */

@@ -95,6 +95,16 @@ ts_status ts_optimizer_state(const ts_optimizer *opt, ts_tensor_list *out);
  * a shape mismatch, or an incomplete AdamW state is an error naming the key,
  * and nothing is changed. Parameters without entries get no state (fresh). */
 ts_status ts_optimizer_load_state(ts_optimizer *opt, const ts_tensor_list *st);
+/* Checks a saved state (from a checkpoint) for this optimizer without loading
+ * it: every key names a state of this optimizer (no repeats), buffers have
+ * their parameter's shape, "step" and per-parameter steps are integers in
+ * [0, 2^53] (AdamW's in [1, "step"]), "lr" is finite and >= 0, and the state is
+ * complete: once "step" > 0, every parameter that requires grad has every
+ * state entry of this optimizer (SGD with momentum: momentum_buffer; AdamW:
+ * exp_avg, exp_avg_sq, max_exp_avg_sq with amsgrad, and its step), and no
+ * parameter has only part of them. TS_ERR_FORMAT naming the key otherwise.
+ * (Values are not checked for finiteness here; ts_trainer_resume does that.) */
+ts_status ts_optimizer_check_state(const ts_optimizer *opt, const ts_tensor_list *st);
 
 /* ---- learning-rate schedules ------------------------------------------------------------------ */
 typedef enum ts_lr_kind {

@@ -52,9 +52,12 @@ void ts_image_free(ts_image *im);
  * dropped). out is (re)allocated as by ts_image_alloc. `name` (a path) is put
  * in error messages. TS_ERR_FORMAT names it for an empty buffer, an unknown
  * format, and corrupt or truncated data (libjpeg warnings such as "Premature
- * end of JPEG file" count as errors: the pixels would be made up). */
+ * end of JPEG file" count as errors: the pixels would be made up), and for a
+ * header promising more pixels than TS_MAX_IMAGE_PIXELS (default 64 Mpixel)
+ * or a progressive JPEG of more than 500 scans. */
 ts_status ts_image_decode(const void *buf, size_t n, ts_color color, const char *name, ts_image *out);
-/* Reads and decodes a file; TS_ERR_IO when it cannot be read. */
+/* Reads and decodes a file; TS_ERR_IO when it cannot be read or is not a regular
+ * file (a FIFO or device is refused without blocking). */
 ts_status ts_image_read(const char *path, ts_color color, ts_image *out);
 /* Writes a PNG (libspng; 8-bit gray or RGB). */
 ts_status ts_image_write_png(const ts_image *im, const char *path);
@@ -179,11 +182,14 @@ typedef struct ts_pipeline_opts {
     float mean[3], std[3];    /* normalisation in pixel units (0 and 255: values in [0, 1]) */
     bool jpeg_scaled_decode;  /* let libjpeg-turbo decode at 1/2, 1/4 or 1/8 size when the window would still
                                  be at least the output size (true; faster for large photographs) */
+    int64_t max_pixels;       /* images whose header promises more pixels are corrupt (TS_ERR_FORMAT, or
+                                 skipped with skip_corrupt) before any allocation; 0: TS_MAX_IMAGE_PIXELS from
+                                 the environment (pixels, or Mpixels with an M suffix), else 64 Mpixel */
 } ts_pipeline_opts;
 
 #define TS_PIPELINE_OPTS_INIT                                                                                  \
     ((ts_pipeline_opts){TS_READER_OPTS_INIT, 64, 2, 2, NULL, TS_COLOR_RGB, false, 0, 0, false, {0.08f, 1.0f},  \
-                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true})
+                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0})
 
 typedef struct ts_pipeline ts_pipeline;
 

@@ -144,7 +144,10 @@ typedef struct ts_data_opts {
  * sampler's for IDX files, the reader's shard with pad_last_batch for images)
  * and, when eval is not NULL, the evaluation source (the whole test split in
  * order: t10k-* files, the test/ folder, or the training images when there is
- * no test/). Each source owns what it read. Errors name the path. */
+ * no test/). Each source owns what it read. Errors name the path. An empty
+ * training or test set is TS_ERR_FORMAT naming it, and so is a test label that
+ * is no class of the training set (IDX: above the training labels' largest;
+ * images: test/'s class folders must be train/'s, in the same order). */
 ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval);
 /* True when path names images rather than IDX files (how ts_data_open decides):
  * a file (a "path label" list), or a folder with sub-folders and without
@@ -264,7 +267,8 @@ typedef struct ts_eval_result {
 /* Evaluates m (e.g. ts_strategy_module) over one whole epoch of src (from
  * epoch 0, batch 0; padded rows are left out) in eval mode without a graph;
  * m stays in eval mode. Labels outside the logits' classes are TS_ERR_FORMAT
- * naming the row. */
+ * naming the row; a source without samples is TS_ERR_INVALID_ARG (an empty
+ * test set is not an accuracy of 0%). */
 ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out);
 
 /* ---- optimizer and schedule by name ----------------------------------------------------------------- */
@@ -332,8 +336,16 @@ typedef struct ts_trainer_opts {
 
 typedef struct ts_trainer ts_trainer;
 
+/* Largest epoch, batch, step, epochs, max_steps and batch size a trainer or a
+ * checkpoint may hold (2^40): far beyond any run, and far from int64 overflow. */
+#define TS_TRAIN_MAX_COUNT ((int64_t)1 << 40)
+
 /* A trainer of s with opt over train (all borrowed; they must outlive it). It
- * starts at epoch 0, batch 0, step 0 (or where ts_trainer_resume puts it). */
+ * starts at epoch 0, batch 0, step 0 (or where ts_trainer_resume puts it).
+ * Refuses a training source without samples, counts above TS_TRAIN_MAX_COUNT,
+ * and (on rank 0, which saves) a checkpoint path ts_ckpt_check_writable
+ * refuses: a missing directory, a device, FIFO or socket fails here, before
+ * any training. */
 ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
                          ts_trainer **out);
 void ts_trainer_free(ts_trainer *t);
@@ -358,10 +370,14 @@ ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool
  * source) where the run stopped, so the rest of the run is bit-identical to an
  * uninterrupted one. Checks first, changing nothing on error: the checkpoint's
  * model and optimizer names, seed and global batch (batch size x world size)
- * must be this run's (TS_ERR_INVALID_ARG naming both values). The world size
- * may differ when the global batch is the same: the dataset source's global
- * batch k holds the same samples for any world size, so a run saved by 2 ranks
- * at 32 each goes on in one process at 64 (or 4 ranks at 16). Every rank calls it. */
+ * must be this run's (TS_ERR_INVALID_ARG naming both values); its epoch, batch
+ * and step must be in [0, TS_TRAIN_MAX_COUNT], every floating-point tensor
+ * finite, and the optimizer state complete (ts_optimizer_check_state) —
+ * TS_ERR_FORMAT naming the key (names from the file printed with \xNN escapes).
+ * The world size may differ when the global batch is the same: the dataset
+ * source's global batch k holds the same samples for any world size, so a run
+ * saved by 2 ranks at 32 each goes on in one process at 64 (or 4 ranks at 16).
+ * Every rank calls it. */
 ts_status ts_trainer_resume(ts_trainer *t, const char *path);
 /* Writes a training checkpoint of the current state to path (atomically: a
  * crash leaves the old file or the new one). Any rank may call it. */

@@ -81,4 +81,17 @@ bool ts__alloc_injected_failure(void);
 /* Appends context to the current thread's error message: "ctx: <previous>". */
 ts_status ts__error_prefix(ts_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---- files (core/file.c) ------------------------------------------------------------------------
+ * ts__open_regular: opens path read-only when it is a regular file; a device, FIFO, socket or
+ * directory is TS_ERR_IO naming its type and `what` ("a checkpoint file"), without blocking (stat
+ * first, then O_NONBLOCK + fstat). *fd is the caller's to close; *size (may be NULL) gets the size.
+ * ts__check_write_target: TS_OK when path does not exist or is a regular file, else TS_ERR_IO
+ * (writers replace only regular files: never a device node such as /dev/full, a FIFO or a socket).
+ * ts__printable: s with bytes outside printable ASCII (and '\') as \xNN escapes, cut with "..." to
+ * fit cap; returns buf. For names read from files before they reach a message or a terminal. */
+ts_status ts__open_regular(const char *path, const char *what, int *fd, uint64_t *size);
+ts_status ts__check_write_target(const char *path, const char *what);
+const char *ts__file_type_name(unsigned mode);
+const char *ts__printable(const char *s, char *buf, size_t cap);
+
 #endif /* TS_CORE_INTERNAL_H */

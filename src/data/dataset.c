@@ -250,7 +250,14 @@ ts_status ts_dataset_load_mnist(const char *dir, const char *split, ts_dataset *
     for (int64_t j = 0; j < total; j++) dst[j] = lut[src[j]];
     const uint8_t *ls = ts__ptr(lab);
     int64_t *ld = ts__ptr(y);
-    for (int64_t i = 0; i < n; i++) ld[i] = ls[i];
+    for (int64_t i = 0; i < n; i++) {
+        if (ls[i] == 255) { /* no class: 255 marks missing labels in some IDX exports */
+            st = ts_error(TS_ERR_FORMAT, "%s: sample %lld has label 255, which is not a class (labels must be below 255)",
+                          lpath, (long long)i);
+            goto fail;
+        }
+        ld[i] = ls[i];
+    }
     ts_dataset *ds = NULL;
     TS_CHECK_GOTO(ts_dataset_from_tensors(x, y, &ds));
     mem_impl *m = ds->impl;

@@ -5,7 +5,15 @@
  * ndim, then ndim u32 dimensions, then prod(dims) elements. zlib's gzread reads
  * plain files transparently, so one path serves both; whether a file is gzip is
  * decided by its content, not its name.
+ *
+ * Sizes are checked before the payload is allocated: a plain file must hold
+ * exactly header + prod(dims) bytes; a gzip file cannot expand more than
+ * deflate's 1032:1, so prod(dims) may be at most 1032 times its size; and either
+ * must stay under TS_IDX_MAX_BYTES (default 16 GiB). So a 40-byte .gz whose
+ * header claims 256 GiB is refused at once, naming both sizes. Only regular
+ * files are opened (a FIFO or a device is refused, not waited on).
  */
+#include "data/idx_internal.h"
 #include "tensor/tensor.h"
 #include "tessera/data.h"
 
@@ -16,7 +24,20 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define IDX_MAX_BYTES (1ull << 40) /* refuse absurd headers before allocating */
+#define IDX_MAX_BYTES_DEFAULT (16ull << 30) /* TS_IDX_MAX_BYTES: the largest payload read */
+#define IDX_GZ_MAX_RATIO 1032u              /* deflate's largest expansion (258 bytes per 2 bits) */
+
+/* TS_IDX_MAX_BYTES (bytes, with an optional k/m/g suffix), else 16 GiB. */
+static uint64_t idx_max_bytes(void) {
+    const char *v = getenv("TS_IDX_MAX_BYTES");
+    if (!v || !*v) return IDX_MAX_BYTES_DEFAULT;
+    char *end = NULL;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end == v) return IDX_MAX_BYTES_DEFAULT;
+    int sh = (*end == 'k' || *end == 'K') ? 10 : (*end == 'm' || *end == 'M') ? 20 : (*end == 'g' || *end == 'G') ? 30 : 0;
+    uint64_t b = x > ((1ull << 48) >> sh) ? 1ull << 48 : (uint64_t)x << sh; /* at most 2^48: no wrap below */
+    return b;
+}
 
 /* Reads up to n bytes. Returns the count read (< n at end of data) and sets
  * *gzerr to a zlib message when the stream is corrupt (NULL otherwise). A gzip
@@ -52,19 +73,15 @@ ts_status ts_idx_read(const char *path, int expect_ndim, ts_tensor **out) {
     TS_ARG(path && out, "ts_idx_read: NULL argument");
     TS_ARG(expect_ndim >= 0 && expect_ndim <= 4, "ts_idx_read: expect_ndim %d is out of range [0, 4]", expect_ndim);
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return ts_error(TS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (S_ISDIR(sb.st_mode)) {
-        close(fd);
-        return ts_error(TS_ERR_IO, "%s: is a directory, expected an IDX file", path);
-    }
-    if (S_ISREG(sb.st_mode) && sb.st_size == 0) {
+    int fd = -1;
+    uint64_t size = 0;
+    TS_TRY(ts__open_regular(path, "an IDX file", &fd, &size));
+    return ts__idx_read_fd(fd, size, path, expect_ndim, out);
+}
+
+ts_status ts__idx_read_fd(int fd, uint64_t size, const char *path, int expect_ndim, ts_tensor **out) {
+    *out = NULL;
+    if (size == 0) {
         close(fd);
         return ts_error(TS_ERR_FORMAT, "%s: empty file (0 bytes), expected an IDX header", path);
     }
@@ -117,15 +134,40 @@ ts_status ts_idx_read(const char *path, int expect_ndim, ts_tensor **out) {
         goto fail;
     }
     int64_t shape[4];
-    uint64_t total = 1;
+    uint64_t total = 1, hdr_bytes = 4 + 4 * (uint64_t)ndim, limit = idx_max_bytes();
+    char dims[64] = "";
+    bool over = false;
     for (int i = 0; i < ndim; i++) {
         shape[i] = be32(hdr + 4 + 4 * i);
-        total *= (uint64_t)shape[i];
-        if (total > IDX_MAX_BYTES) {
-            st = ts_error(TS_ERR_FORMAT, "%s: dimensions promise more than %llu bytes", path,
-                          (unsigned long long)IDX_MAX_BYTES);
+        over |= __builtin_mul_overflow(total, (uint64_t)shape[i], &total);
+        size_t dl = strlen(dims);
+        snprintf(dims + dl, sizeof dims - dl, "%s%lld", i ? " x " : "", (long long)shape[i]);
+    }
+    if (over || total > limit) {
+        st = ts_error(TS_ERR_FORMAT, "%s: the header's dimensions %s promise more than %llu bytes (TS_IDX_MAX_BYTES)",
+                      path, dims, (unsigned long long)limit);
+        goto fail;
+    }
+    /* before allocating: what the file can hold */
+    if (gzdirect(gz)) {
+        if (hdr_bytes + total > size) {
+            st = ts_error(TS_ERR_FORMAT, "%s: truncated: expected %llu bytes of %s, got %llu (dimensions %s)", path,
+                          (unsigned long long)total, payload_name(ndim), (unsigned long long)(size - hdr_bytes), dims);
             goto fail;
         }
+        if (hdr_bytes + total < size) {
+            st = ts_error(TS_ERR_FORMAT, "%s: trailing data: more than the %llu bytes of %s the header promises "
+                                         "(%s); the file has %llu after the %llu-byte header",
+                          path, (unsigned long long)total, payload_name(ndim), dims,
+                          (unsigned long long)(size - hdr_bytes), (unsigned long long)hdr_bytes);
+            goto fail;
+        }
+    } else if (total / IDX_GZ_MAX_RATIO > size) {
+        st = ts_error(TS_ERR_FORMAT, "%s: the header promises %llu bytes of %s (%s), more than a %llu-byte gzip "
+                                     "file can hold (deflate expands at most %u:1): corrupt or truncated",
+                      path, (unsigned long long)total, payload_name(ndim), dims, (unsigned long long)size,
+                      IDX_GZ_MAX_RATIO);
+        goto fail;
     }
     TS_CHECK_GOTO(ts__new(ts_device_cpu(), TS_U8, ndim, shape, &t));
     got = read_full(gz, ts__ptr(t), total, &zerr);

@@ -8,13 +8,26 @@
  * against the header before any record is parsed, and the whole-file CRC is
  * compared at the end. When a record is malformed the CRC of the whole file is
  * computed first, so a flipped byte reads as "checksum mismatch" wherever it is.
+ *
+ * Hostile files: only regular files are opened (ts__open_regular: a FIFO or a
+ * device is refused, never waited on); every size is checked against the bytes
+ * left before anything is allocated (a tensor's non-zero dimensions multiply to
+ * at most the bytes left, so shapes and strides cannot overflow); duplicate names
+ * are found by sorting once the records are read (not a quadratic scan); names
+ * are printed through ts__printable. Saving replaces only a regular file (a
+ * device such as /dev/full, a FIFO or a socket at the path is refused) and first
+ * removes "<name>.tmp.<pid>" files that writers killed mid-save left next to it.
  */
 #include "tensor/tensor.h"
 #include "tessera/ckpt.h"
 
+#include "io/ckpt_internal.h"
+
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -340,11 +353,97 @@ static void sync_dir(const char *path) {
     free(copy);
 }
 
+/* Splits path into its directory and file name (both malloc'ed; NULL when out of memory). */
+static bool split_path(const char *path, char **dir, char **base) {
+    char *a = ts__strdup(path), *b = ts__strdup(path);
+    *dir = *base = NULL;
+    if (a && b) {
+        *dir = ts__strdup(dirname(a));
+        *base = ts__strdup(basename(b));
+    }
+    free(a);
+    free(b);
+    if (*dir && *base) return true;
+    free(*dir);
+    free(*base);
+    *dir = *base = NULL;
+    return false;
+}
+
+/* Removes "<base>.tmp.<pid>" regular files next to path whose writer is gone (a save killed
+ * with SIGKILL cannot clean up): pid is not ours and kill(pid, 0) says no such process. A pid
+ * reused by a live process keeps its file (harmless: the next save after it dies removes it). */
+static void remove_stale_temps(const char *path) {
+    char *dir = NULL, *base = NULL;
+    if (!split_path(path, &dir, &base)) return;
+    size_t bl = strlen(base);
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *n = e->d_name;
+        if (strncmp(n, base, bl) != 0 || strncmp(n + bl, ".tmp.", 5) != 0) continue;
+        const char *digits = n + bl + 5;
+        char *end = NULL;
+        errno = 0;
+        long pid = strtol(digits, &end, 10);
+        if (digits[0] < '1' || digits[0] > '9' || *end || errno || pid <= 0 || pid > INT32_MAX) continue;
+        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        struct stat sb;
+        if (fstatat(dirfd(d), n, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode)) continue;
+        if (unlinkat(dirfd(d), n, 0) == 0)
+            ts_log(TS_LOG_INFO, "checkpoint: removed %s/%s, left by process %ld that died while saving", dir, n, pid);
+    }
+    if (d) closedir(d);
+    free(dir);
+    free(base);
+}
+
+static ts_status temp_name(const char *path, char *tmp, size_t cap) {
+    if ((size_t)snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid()) >= cap)
+        return ts_error(TS_ERR_INVALID_ARG, "%.200s...: checkpoint path is too long (%zu bytes)", path, strlen(path));
+    return TS_OK;
+}
+
+/* Creates the temporary file exclusively (never through a symbolic link or into an existing file). */
+static int create_temp(const char *tmp) {
+    (void)unlink(tmp); /* ours from an earlier failed attempt, or a dead process's with our pid */
+    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+}
+
+ts_status ts_ckpt_check_writable(const char *path) {
+    TS_ARG(path && path[0], "ts_ckpt_check_writable: empty path");
+    char tmp[4096];
+    TS_TRY(temp_name(path, tmp, sizeof tmp));
+    TS_TRY(ts__check_write_target(path, "a checkpoint"));
+    char *dir = NULL, *base = NULL;
+    if (!split_path(path, &dir, &base)) return TS_ERR_NOMEM;
+    struct stat sb;
+    ts_status st = TS_OK;
+    if (stat(dir, &sb) != 0)
+        st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: directory %s: %s", path, dir, strerror(errno));
+    else if (!S_ISDIR(sb.st_mode))
+        st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: %s is a %s, not a directory", path, dir,
+                      ts__file_type_name((unsigned)sb.st_mode));
+    if (st == TS_OK) {
+        int fd = create_temp(tmp);
+        if (fd < 0)
+            st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: creating %s failed: %s", path, tmp,
+                          strerror(errno));
+        else {
+            close(fd);
+            unlink(tmp);
+        }
+    }
+    free(dir);
+    free(base);
+    return st;
+}
+
 ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {
     TS_ARG(ck && path && path[0], "ts_ckpt_save: NULL argument");
     char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
-        return ts_error(TS_ERR_INVALID_ARG, "ts_ckpt_save: path is too long");
+    TS_TRY(temp_name(path, tmp, sizeof tmp));
+    TS_TRY(ts__check_write_target(path, "a checkpoint"));
+    remove_stale_temps(path);
 
     uint64_t file_size = CK_HEADER_BYTES + 4, payload[CK_NKINDS] = {0};
     uint32_t nsec = 0;
@@ -358,8 +457,14 @@ ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {
     ts_status st = TS_OK;
     ck_writer w = {NULL, crc32(0L, Z_NULL, 0), 0};
     errno = 0;
-    if (!(w.f = fopen(tmp, "wb")))
-        return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
+    int fd = create_temp(tmp);
+    if (fd >= 0 && !(w.f = fdopen(fd, "wb"))) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        errno = e;
+    }
+    if (!w.f) return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
 
     unsigned char hdr[CK_HEADER_BYTES];
     memcpy(hdr, CK_MAGIC, 8);
@@ -500,11 +605,7 @@ static ts_status rd_record(ck_reader *r, ts_ckpt *ck, ts_ckpt_kind k) {
     ts_status st = TS_OK;
     ts_tensor *t = NULL;
     ck_entry *e = NULL;
-    if (find(ck, k, name)) {
-        st = ts_error(TS_ERR_FORMAT, "%s: malformed: duplicate entry '%s'", r->path, name);
-        goto fail;
-    }
-    uint64_t v = 0;
+    uint64_t v = 0; /* duplicate names are looked for once every record is read (check_duplicates) */
     switch (k) {
     case TS_CKPT_I64:
     case TS_CKPT_F64:
@@ -518,8 +619,10 @@ static ts_status rd_record(ck_reader *r, ts_ckpt *ck, ts_ckpt_kind k) {
     case TS_CKPT_BYTES: {
         TS_CHECK_GOTO(rd64(r, &v));
         if (v > r->end - r->pos) {
-            st = ts_error(TS_ERR_FORMAT, "%s: malformed: blob '%s' of %llu bytes runs past the end", r->path, name,
-                          (unsigned long long)v);
+            char nb[128];
+            st = ts_error(TS_ERR_FORMAT, "%s: malformed: blob '%s' at offset %llu claims %llu bytes, %llu are left",
+                          r->path, ts__printable(name, nb, sizeof nb), (unsigned long long)r->pos,
+                          (unsigned long long)v, (unsigned long long)(r->end - r->pos));
             goto fail;
         }
         unsigned char *p = ts__malloc((size_t)v);
@@ -542,26 +645,38 @@ static ts_status rd_record(ck_reader *r, ts_ckpt *ck, ts_ckpt_kind k) {
         TS_CHECK_GOTO(rd32(r, &dt));
         TS_CHECK_GOTO(rd32(r, &nd));
         if (dt >= TS_DTYPE_COUNT || nd > TS_MAX_DIMS) {
-            st = ts_error(TS_ERR_FORMAT, "%s: malformed: tensor '%s' has dtype code %u, ndim %u", r->path, name, dt,
-                          nd);
+            char nb[128];
+            st = ts_error(TS_ERR_FORMAT, "%s: malformed: tensor '%s' at offset %llu has dtype code %u, ndim %u",
+                          r->path, ts__printable(name, nb, sizeof nb), (unsigned long long)r->pos, dt, nd);
             goto fail;
         }
         int64_t shape[TS_MAX_DIMS];
-        uint64_t numel = 1, nbytes = 0, limit = r->end - r->pos;
+        uint64_t prod = 1, nbytes = 0, limit = r->end - r->pos;
+        bool empty = false;
         for (uint32_t d = 0; d < nd; d++) {
             TS_CHECK_GOTO(rd64(r, &v));
             shape[d] = (int64_t)v;
-            if (v > limit || (v && numel > limit / v)) { /* more elements than bytes left */
-                st = ts_error(TS_ERR_FORMAT, "%s: malformed: tensor '%s' has size %llu in dim %u", r->path, name,
-                              (unsigned long long)v, d);
+            /* the non-zero sizes multiply to at most the bytes left: a (0, 2^40, 2^40) tensor is malformed too */
+            uint64_t f = v ? v : 1;
+            if (v > limit || prod > limit / f) {
+                char nb[128];
+                st = ts_error(TS_ERR_FORMAT, "%s: malformed: tensor '%s' has size %llu in dim %u (%llu bytes left)",
+                              r->path, ts__printable(name, nb, sizeof nb), (unsigned long long)v, d,
+                              (unsigned long long)limit);
                 goto fail;
             }
-            numel *= v;
+            prod *= f;
+            empty |= v == 0;
         }
+        uint64_t numel = empty ? 0 : prod;
         TS_CHECK_GOTO(rd64(r, &nbytes));
-        if (numel > limit || nbytes != numel * ts_dtype_size((ts_dtype)dt) || nbytes > r->end - r->pos) {
-            st = ts_error(TS_ERR_FORMAT, "%s: malformed: tensor '%s' claims %llu bytes for %llu elements", r->path,
-                          name, (unsigned long long)nbytes, (unsigned long long)numel);
+        if (nbytes != numel * ts_dtype_size((ts_dtype)dt) || nbytes > r->end - r->pos) {
+            char nb[128];
+            st = ts_error(TS_ERR_FORMAT, "%s: malformed: tensor '%s' at offset %llu claims %llu bytes for %llu "
+                                         "elements (%llu bytes left)",
+                          r->path, ts__printable(name, nb, sizeof nb), (unsigned long long)r->pos,
+                          (unsigned long long)nbytes, (unsigned long long)numel,
+                          (unsigned long long)(r->end - r->pos));
             goto fail;
         }
         TS_CHECK_GOTO(ts__new(ts_device_cpu(), (ts_dtype)dt, (int)nd, shape, &t));
@@ -593,21 +708,37 @@ static bool file_crc(FILE *f, uint64_t n, uLong *out) {
     return true;
 }
 
-ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
-    TS_ARG(path && out, "ts_ckpt_load: NULL argument");
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+static int cmp_entry_name(const void *a, const void *b) {
+    return strcmp((*(const ck_entry *const *)a)->name, (*(const ck_entry *const *)b)->name);
+}
+
+/* Two entries of one kind with the same name: sorted once, O(n log n) for any count. */
+static ts_status check_duplicates(const ts_ckpt *ck, const char *path) {
+    for (int k = 0; k < CK_NKINDS; k++) {
+        if (ck->n[k] < 2) continue;
+        const ck_entry **v = ts__malloc(sizeof *v * (size_t)ck->n[k]);
+        if (!v) return TS_ERR_NOMEM;
+        for (int i = 0; i < ck->n[k]; i++) v[i] = &ck->e[k][i];
+        qsort(v, (size_t)ck->n[k], sizeof *v, cmp_entry_name);
+        ts_status st = TS_OK;
+        for (int i = 1; i < ck->n[k] && st == TS_OK; i++)
+            if (strcmp(v[i - 1]->name, v[i]->name) == 0) {
+                char nb[128];
+                st = ts_error(TS_ERR_FORMAT, "%s: malformed: duplicate %s entry '%s'", path, ck_tags[k],
+                              ts__printable(v[i]->name, nb, sizeof nb));
+            }
+        free(v);
+        if (st != TS_OK) return st;
+    }
+    return TS_OK;
+}
+
+/* Reads a checkpoint of `size` bytes from f (positioned at its start); path names it in messages. */
+static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt **out) {
     ts_status st = TS_OK;
     ts_ckpt *ck = NULL;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = ts_error(TS_ERR_IO, "%s: not a regular file", path);
-        goto fail;
-    }
-    uint64_t size = (uint64_t)sb.st_size;
     unsigned char hdr[CK_HEADER_BYTES];
-    size_t got = fread(hdr, 1, sizeof hdr, f);
+    size_t got = fread(hdr, 1, (size_t)TS_MIN(size, (uint64_t)sizeof hdr), f);
     if (got < sizeof hdr && ferror(f)) {
         st = ts_error(TS_ERR_IO, "%s: read failed: %s", path, strerror(errno));
         goto fail;
@@ -654,12 +785,14 @@ ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
         unsigned char tag[4];
         uint32_t count = 0;
         uint64_t bytes = 0;
+        uint64_t at = r.pos;
         TS_CHECK_GOTO(rd(&r, tag, 4));
         TS_CHECK_GOTO(rd32(&r, &count));
         TS_CHECK_GOTO(rd64(&r, &bytes));
         if (bytes > r.end - r.pos) {
-            st = ts_error(TS_ERR_FORMAT, "%s: malformed: section %u of %llu bytes runs past the end", path, s,
-                          (unsigned long long)bytes);
+            st = ts_error(TS_ERR_FORMAT, "%s: malformed: section %u at offset %llu claims %llu bytes, %llu are left",
+                          path, s, (unsigned long long)at, (unsigned long long)bytes,
+                          (unsigned long long)(r.end - r.pos));
             goto fail;
         }
         int kind = -1;
@@ -672,8 +805,10 @@ ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
         uint64_t start = r.pos;
         for (uint32_t i = 0; i < count; i++) TS_CHECK_GOTO(rd_record(&r, ck, (ts_ckpt_kind)kind));
         if (r.pos - start != bytes) {
-            st = ts_error(TS_ERR_FORMAT, "%s: malformed: section '%.4s' holds %llu bytes, its header says %llu", path,
-                          (const char *)tag, (unsigned long long)(r.pos - start), (unsigned long long)bytes);
+            st = ts_error(TS_ERR_FORMAT, "%s: malformed: section '%.4s' at offset %llu holds %llu bytes, its header "
+                                         "says %llu",
+                          path, ck_tags[kind], (unsigned long long)at, (unsigned long long)(r.pos - start),
+                          (unsigned long long)bytes);
             goto fail;
         }
     }
@@ -692,7 +827,7 @@ ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
                       (uint32_t)r.crc);
         goto fail;
     }
-    fclose(f);
+    TS_CHECK_GOTO(check_duplicates(ck, path));
     *out = ck;
     return TS_OK;
 fail:
@@ -700,11 +835,38 @@ fail:
         /* A malformed record: if the bytes do not match their checksum, say so. */
         uLong c = 0;
         unsigned char tb2[4];
-        if (file_crc(f, size - 4, &c) && fread(tb2, 1, 4, f) == 4 && get32(tb2) != (uint32_t)c)
+        if (size >= 4 && file_crc(f, size - 4, &c) && fread(tb2, 1, 4, f) == 4 && get32(tb2) != (uint32_t)c)
             st = ts_error(TS_ERR_FORMAT, "%s: checksum mismatch (stored 0x%08x, computed 0x%08x)", path, get32(tb2),
                           (uint32_t)c);
     }
-    fclose(f);
     ts_ckpt_free(ck);
+    return st;
+}
+
+ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
+    TS_ARG(path && out, "ts_ckpt_load: NULL argument");
+    *out = NULL;
+    int fd = -1;
+    uint64_t size = 0;
+    TS_TRY(ts__open_regular(path, "a checkpoint file", &fd, &size));
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    ts_status st = load_stream(f, size, path, out);
+    fclose(f);
+    return st;
+}
+
+ts_status ts__ckpt_load_mem(const void *buf, size_t n, const char *name, ts_ckpt **out) {
+    TS_ARG((buf || n == 0) && out, "ts__ckpt_load_mem: NULL argument");
+    *out = NULL;
+    static unsigned char none[1];
+    FILE *f = fmemopen(n ? (void *)buf : none, n ? n : 1, "rb");
+    if (!f) return ts_error(TS_ERR_NOMEM, "%s: fmemopen: %s", name ? name : "<buffer>", strerror(errno));
+    ts_status st = load_stream(f, n, name ? name : "<buffer>", out);
+    fclose(f);
     return st;
 }

@@ -403,3 +403,85 @@ done:
     free(idx);
     return st;
 }
+
+/* ---- checking a saved state ------------------------------------------------------------------------- */
+/* A scalar counter read from a checkpoint: one element, integral, in [0, 2^53]. */
+static ts_status state_count(const char *fn, const char *key, const ts_tensor *t, int64_t *out) {
+    double v = ts_tensor_numel(t) == 1 ? ts_tensor_item(t, 0) : NAN;
+    if (!(v >= 0 && v <= 9007199254740992.0 && v == floor(v)))
+        return ts_error(TS_ERR_FORMAT, "%s: '%s' is %g, not a step count (an integer in [0, 2^53])", fn, key, v);
+    *out = (int64_t)v;
+    return TS_OK;
+}
+
+ts_status ts_optimizer_check_state(const ts_optimizer *o, const ts_tensor_list *sl) {
+    TS_ARG(o && sl, "ts_optimizer_check_state: NULL argument");
+    const char *fn = "optimizer state";
+    int (*idx)[S_COUNT + 1] = ts__calloc((size_t)(o->n ? o->n : 1), sizeof *idx);
+    if (!idx) return TS_ERR_NOMEM;
+    for (int i = 0; i < o->n; i++)
+        for (int k = 0; k <= S_COUNT; k++) idx[i][k] = -1;
+    ts_status st = TS_OK;
+    int64_t steps = 0, pstep = 0;
+    char a[96], b[96];
+    for (int e = 0; e < sl->n && st == TS_OK; e++) {
+        const char *key = sl->names[e];
+        const ts_tensor *t = sl->tensors[e];
+        int pi, ki;
+        if (strcmp(key, "step") == 0) {
+            st = state_count(fn, key, t, &steps);
+        } else if (strcmp(key, "lr") == 0) {
+            double lr = ts_tensor_numel(t) == 1 ? ts_tensor_item(t, 0) : NAN;
+            if (!(lr >= 0 && isfinite(lr)))
+                st = ts_error(TS_ERR_FORMAT, "%s: 'lr' is %g, not a learning rate", fn, lr);
+        } else if (!parse_key(o, key, &pi, &ki)) {
+            st = ts_error(TS_ERR_FORMAT, "%s: unexpected key '%s' for this %s optimizer", fn, key,
+                          ts_optimizer_name(o));
+        } else if (idx[pi][ki] >= 0) {
+            st = ts_error(TS_ERR_FORMAT, "%s: '%s' appears twice", fn, key);
+        } else {
+            idx[pi][ki] = e;
+            const ts_tensor *p = o->ps[pi].p;
+            if (ki == S_COUNT) {
+                st = state_count(fn, key, t, &pstep);
+            } else if (!ts__same_shape(t, p) || t->dtype != TS_F32) {
+                st = ts_error(TS_ERR_FORMAT, "%s: '%s' has shape %s %s, the parameter %s float32", fn, key,
+                              ts_shape_str(t->ndim, t->shape, a, sizeof a), ts_dtype_name(t->dtype),
+                              ts_shape_str(p->ndim, p->shape, b, sizeof b));
+            }
+        }
+    }
+    /* After a step, every trainable parameter has the whole state of its optimizer (torch creates it at
+     * the first step with a gradient; Tessera's reference models give every parameter one): a state
+     * with parameters missing would restart their momentum or moments from zero without a word. */
+    for (int i = 0; i < o->n && st == TS_OK; i++) {
+        bool trainable = ts_tensor_requires_grad(o->ps[i].p);
+        int have = 0, need = 0;
+        for (int k = 0; k <= S_COUNT; k++) {
+            if (k < S_COUNT ? !state_used(o, k) : o->kind != OPT_ADAMW) continue;
+            need++;
+            have += idx[i][k] >= 0;
+        }
+        if (have == need || (have == 0 && (steps == 0 || !trainable))) continue;
+        for (int k = 0; k <= S_COUNT; k++) {
+            if (k < S_COUNT ? !state_used(o, k) : o->kind != OPT_ADAMW) continue;
+            if (idx[i][k] >= 0) continue;
+            st = ts_error(TS_ERR_FORMAT, "%s: incomplete: the optimizer took %lld steps but '%s' has no '%s.%s' "
+                                         "(%s keeps %d state entries per parameter)",
+                          fn, (long long)steps, o->ps[i].name, o->ps[i].name, k < S_COUNT ? state_suffix[k] : "step",
+                          ts_optimizer_name(o), need);
+            break;
+        }
+    }
+    /* AdamW's per-parameter step counts bias correction: at least one, at most the optimizer's steps. */
+    for (int i = 0; i < o->n && st == TS_OK; i++) {
+        if (idx[i][S_COUNT] < 0) continue;
+        int64_t ps = 0;
+        st = state_count(fn, sl->names[idx[i][S_COUNT]], sl->tensors[idx[i][S_COUNT]], &ps);
+        if (st == TS_OK && (ps < 1 || ps > steps))
+            st = ts_error(TS_ERR_FORMAT, "%s: '%s' is %lld, outside [1, %lld] (the optimizer's steps)", fn,
+                          sl->names[idx[i][S_COUNT]], (long long)ps, (long long)steps);
+    }
+    free(idx);
+    return st;
+}

@@ -7,6 +7,15 @@
  * truncated file: libjpeg would pad it with gray), is TS_ERR_FORMAT with the
  * file's name and the codec's message. Decoders are not shared between
  * threads: each pipeline worker owns a ts__decoder.
+ *
+ * Bounded work for hostile files: an image whose header promises more than
+ * max_pixels (ts_pipeline_opts.max_pixels, TS_MAX_IMAGE_PIXELS, default 64
+ * Mpixel) is refused before anything is allocated; progressive JPEGs with more
+ * than 500 scans are refused (TurboJPEG's TJFLAG_LIMITSCANS, and the same limit
+ * through a progress monitor on the window path); PNG ancillary chunks may use
+ * at most 8 MiB. A window decode reads only the rows down to the window, so it
+ * also checks that the rest of the entropy-coded data ends with an EOI marker:
+ * a truncated file fails whatever window the seed draws, as a whole decode does.
  */
 #include "pipeline/pipeline_internal.h"
 
@@ -21,7 +30,17 @@
 
 #include <jpeglib.h> /* after stdio.h; libjpeg-turbo's libjpeg API: partial (window) decoding */
 
-#define MAX_PIXELS (1ll << 28) /* refuse absurd headers before allocating (16384 x 16384) */
+#define MAX_PIXELS_DEFAULT (64ll << 20) /* TS_MAX_IMAGE_PIXELS: refuse larger headers before allocating */
+#define MAX_SCANS 500                    /* progressive JPEG scans, as TurboJPEG's TJFLAG_LIMITSCANS */
+
+int64_t ts__image_max_pixels(int64_t opt) {
+    if (opt > 0) return opt;
+    const char *v = getenv("TS_MAX_IMAGE_PIXELS");
+    char *end = NULL;
+    long long x = v && *v ? strtoll(v, &end, 10) : 0;
+    if (x > 0 && end && (*end == 'm' || *end == 'M')) x = x > (1ll << 40) ? 1ll << 60 : x << 20;
+    return x > 0 ? x : MAX_PIXELS_DEFAULT;
+}
 
 /* libjpeg error handling: errors and warnings both end the decode (as TJFLAG_STOPONWARNING). */
 typedef struct jerr {
@@ -40,10 +59,20 @@ static void jerr_emit(j_common_ptr c, int level) {
     if (level < 0) jerr_exit(c); /* a warning: corrupt data */
 }
 
+static void scan_limit(j_common_ptr c) {
+    if (c->is_decompressor && ((j_decompress_ptr)c)->input_scan_number > MAX_SCANS) {
+        jerr *e = (jerr *)c->err;
+        snprintf(e->msg, sizeof e->msg, "progressive JPEG with more than %d scans", MAX_SCANS);
+        longjmp(e->jb, 1);
+    }
+}
+
 struct ts__decoder {
     tjhandle tj;                         /* whole images (TurboJPEG) */
     struct jpeg_decompress_struct dinfo; /* windows (libjpeg API) */
     jerr err;
+    struct jpeg_progress_mgr progress;   /* refuses more than MAX_SCANS scans */
+    int64_t max_pixels;
     bool dinfo_ready;
     JSAMPROW *rows;
     int nrows;
@@ -56,19 +85,24 @@ ts_status ts__decoder_new(ts__decoder **out) {
         free(d);
         return ts_error(TS_ERR_NOMEM, "cannot start a TurboJPEG decompressor: %s", tjGetErrorStr2(NULL));
     }
+    d->max_pixels = ts__image_max_pixels(0);
     d->dinfo.err = jpeg_std_error(&d->err.pub);
     d->err.pub.error_exit = jerr_exit;
     d->err.pub.emit_message = jerr_emit;
+    d->progress.progress_monitor = scan_limit;
     if (setjmp(d->err.jb)) {
         tjDestroy(d->tj);
         free(d);
         return ts_error(TS_ERR_NOMEM, "cannot start a libjpeg decompressor");
     }
     jpeg_create_decompress(&d->dinfo);
+    d->dinfo.progress = &d->progress;
     d->dinfo_ready = true;
     *out = d;
     return TS_OK;
 }
+
+void ts__decoder_set_max_pixels(ts__decoder *d, int64_t max_pixels) { d->max_pixels = ts__image_max_pixels(max_pixels); }
 
 void ts__decoder_free(ts__decoder *d) {
     if (!d) return;
@@ -108,9 +142,13 @@ static ts__fmt sniff(const uint8_t *p, size_t n) {
     return TS__FMT_UNKNOWN;
 }
 
-static ts_status check_size(const char *name, const char *what, int w, int h) {
-    if (w < 1 || h < 1 || (int64_t)w * h > MAX_PIXELS)
-        return ts_error(TS_ERR_FORMAT, "%s: %s of %d x %d pixels is empty or too large", name, what, w, h);
+static ts_status check_size(const char *name, const char *what, int w, int h, int64_t max_pixels) {
+    if (w < 1 || h < 1)
+        return ts_error(TS_ERR_FORMAT, "%s: %s header says %d x %d pixels: an empty image", name, what, w, h);
+    if ((int64_t)w * h > max_pixels)
+        return ts_error(TS_ERR_FORMAT, "%s: %s of %d x %d = %lld pixels is over the limit of %lld pixels "
+                                       "(ts_pipeline_opts.max_pixels or TS_MAX_IMAGE_PIXELS)",
+                        name, what, w, h, (long long)w * h, (long long)max_pixels);
     return TS_OK;
 }
 
@@ -125,7 +163,7 @@ static spng_ctx *png_open(const void *buf, size_t n) {
     spng_ctx *ctx = spng_ctx_new(0);
     if (!ctx) return NULL;
     spng_set_image_limits(ctx, 1u << 16, 1u << 16);
-    spng_set_chunk_limits(ctx, 1u << 26, 1u << 28);
+    spng_set_chunk_limits(ctx, (uint32_t)TS_MIN(n, (size_t)1 << 26), 8u << 20); /* ancillary chunks: 8 MiB */
     if (spng_set_png_buffer(ctx, buf, n) != 0) {
         spng_ctx_free(ctx);
         return NULL;
@@ -133,13 +171,13 @@ static spng_ctx *png_open(const void *buf, size_t n) {
     return ctx;
 }
 
-static ts_status png_header(const void *buf, size_t n, const char *name, struct spng_ihdr *ihdr) {
+static ts_status png_header(const void *buf, size_t n, const char *name, int64_t max_pixels, struct spng_ihdr *ihdr) {
     spng_ctx *ctx = png_open(buf, n);
     if (!ctx) return ts_error(TS_ERR_NOMEM, "%s: cannot start a PNG decoder", name);
     int e = spng_get_ihdr(ctx, ihdr);
     spng_ctx_free(ctx);
     if (e) return ts_error(TS_ERR_FORMAT, "%s: corrupt PNG: %s", name, spng_strerror(e));
-    return check_size(name, "PNG", (int)ihdr->width, (int)ihdr->height);
+    return check_size(name, "PNG", (int)ihdr->width, (int)ihdr->height, max_pixels);
 }
 
 /* Y = 0.299 R + 0.587 G + 0.114 B with libjpeg's 16-bit fixed-point constants and rounding. */
@@ -152,9 +190,10 @@ static void gray_to_rgb_inplace(uint8_t *p, size_t npix) { /* back to front: p h
     for (size_t i = npix; i-- > 0;) p[3 * i] = p[3 * i + 1] = p[3 * i + 2] = p[i];
 }
 
-static ts_status png_decode(const void *buf, size_t n, ts_color color, const char *name, ts_image *out) {
+static ts_status png_decode(const void *buf, size_t n, ts_color color, const char *name, int64_t max_pixels,
+                            ts_image *out) {
     struct spng_ihdr ihdr;
-    TS_TRY(png_header(buf, n, name, &ihdr));
+    TS_TRY(png_header(buf, n, name, max_pixels, &ihdr));
     int w = (int)ihdr.width, h = (int)ihdr.height;
     size_t npix = (size_t)w * (size_t)h;
     bool gray_src = ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE && ihdr.bit_depth <= 8;
@@ -207,11 +246,11 @@ ts_status ts__decode_header(ts__decoder *d, const void *buf, size_t n, const cha
     if (*fmt == TS__FMT_JPEG) {
         int sub, cs;
         if (tjDecompressHeader3(d->tj, buf, (unsigned long)n, w, h, &sub, &cs) != 0) return jpeg_error(d->tj, name);
-        return check_size(name, "JPEG", *w, *h);
+        return check_size(name, "JPEG", *w, *h, d->max_pixels);
     }
     if (*fmt == TS__FMT_PNG) {
         struct spng_ihdr ihdr;
-        TS_TRY(png_header(buf, n, name, &ihdr));
+        TS_TRY(png_header(buf, n, name, d->max_pixels, &ihdr));
         *w = (int)ihdr.width;
         *h = (int)ihdr.height;
         return TS_OK;
@@ -224,16 +263,16 @@ ts_status ts__decode(ts__decoder *d, const void *buf, size_t n, ts_color color, 
     TS_ARG(color == TS_COLOR_GRAY || color == TS_COLOR_RGB, "ts_image_decode: color %d is not gray or RGB",
            (int)color);
     ts__fmt fmt = sniff(buf, n);
-    if (fmt == TS__FMT_PNG) return png_decode(buf, n, color, name, out);
+    if (fmt == TS__FMT_PNG) return png_decode(buf, n, color, name, d->max_pixels, out);
     if (fmt != TS__FMT_JPEG) return unknown_format(name, buf, n);
     int w, h, sub, cs;
     if (tjDecompressHeader3(d->tj, buf, (unsigned long)n, &w, &h, &sub, &cs) != 0) return jpeg_error(d->tj, name);
-    TS_TRY(check_size(name, "JPEG", w, h));
+    TS_TRY(check_size(name, "JPEG", w, h, d->max_pixels));
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) denom = 1;
     int sw = (w + denom - 1) / denom, sh = (h + denom - 1) / denom; /* TJSCALED(w, {1, denom}) */
     TS_TRY(ts_image_alloc(out, sw, sh, (int)color));
     int pf = color == TS_COLOR_RGB ? TJPF_RGB : TJPF_GRAY;
-    if (tjDecompress2(d->tj, buf, (unsigned long)n, out->data, sw, 0, sh, pf, TJFLAG_STOPONWARNING) != 0)
+    if (tjDecompress2(d->tj, buf, (unsigned long)n, out->data, sw, 0, sh, pf, TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS) != 0)
         return jpeg_error(d->tj, name);
     return TS_OK;
 }
@@ -260,7 +299,8 @@ static ts_status window_decode(ts__decoder *d, const window_args *a) {
     ts_status st;
     jpeg_mem_src(c, a->buf, (unsigned long)a->n);
     jpeg_read_header(c, TRUE);
-    if ((st = check_size(a->name, "JPEG", (int)c->image_width, (int)c->image_height)) != TS_OK) return st;
+    if ((st = check_size(a->name, "JPEG", (int)c->image_width, (int)c->image_height, d->max_pixels)) != TS_OK)
+        return st;
     if (a->choose) {
         a->choose(a->ctx, (int)c->image_width, (int)c->image_height, &chosen, &denom);
         if (denom != 2 && denom != 4 && denom != 8) denom = 1;
@@ -288,6 +328,24 @@ static ts_status window_decode(ts__decoder *d, const window_args *a) {
         JSAMPROW r = a->out->data + stride * (size_t)((int)c->output_scanline - y0);
         if (jpeg_read_scanlines(c, &r, 1) != 1)
             return ts_error(TS_ERR_FORMAT, "%s: corrupt JPEG: no data at row %d", a->name, (int)c->output_scanline);
+    }
+    /* The rows below the window are never decoded: a file cut there must still fail, as it does in a
+     * whole decode ("Premature end of JPEG file"). The rest of the data is entropy-coded bytes (0xFF is
+     * stuffed as FF 00; restart markers are FF D0..D7), further scans, then FF D9: an EOI after the
+     * decoder's position means the file is whole. */
+    if (!jpeg_input_complete(c) && c->unread_marker != 0xd9) { /* EOI not reached, nor read by the entropy decoder */
+        const uint8_t *p = c->src->next_input_byte, *base = a->buf;
+        size_t left = c->src->bytes_in_buffer;
+        bool eoi = false;
+        if (p >= base && p <= base + a->n && left <= (size_t)(base + a->n - p)) {
+            for (const uint8_t *q = p, *end = p + left; !eoi && (q = memchr(q, 0xff, (size_t)(end - q))) && q + 1 < end;
+                 q++)
+                eoi = q[1] == 0xd9;
+        }
+        if (!eoi)
+            return ts_error(TS_ERR_FORMAT, "%s: corrupt JPEG: Premature end of JPEG file (no end-of-image marker after "
+                                           "offset %zu of %zu bytes)",
+                            a->name, (size_t)(p >= base && p <= base + a->n ? p - base : 0), a->n);
     }
     a->roi->x = x0 - (int)xoff;
     a->roi->y = 0;
@@ -330,7 +388,7 @@ ts_status ts_image_decode(const void *buf, size_t n, ts_color color, const char 
         if (sniff(buf, n) == TS__FMT_PNG) {
             TS_ARG(color == TS_COLOR_GRAY || color == TS_COLOR_RGB, "ts_image_decode: color %d is not gray or RGB",
                    (int)color);
-            return png_decode(buf, n, color, name, out);
+            return png_decode(buf, n, color, name, ts__image_max_pixels(0), out);
         }
         return unknown_format(name, buf, n);
     }
@@ -342,20 +400,18 @@ ts_status ts_image_decode(const void *buf, size_t n, ts_color color, const char 
 }
 
 /* ---- files ------------------------------------------------------------------------------------------- */
+#define MAX_FILE_BYTES ((uint64_t)1 << 30) /* no image file we can decode within max_pixels is larger */
+
 ts_status ts__read_file(const char *path, uint8_t **buf, size_t *cap, size_t *n) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
+    int fd = -1;
+    uint64_t size = 0;
+    TS_TRY(ts__open_regular(path, "an image file", &fd, &size));
+    if (size > MAX_FILE_BYTES) {
         close(fd);
-        return ts_error(TS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+        return ts_error(TS_ERR_FORMAT, "%s: %llu bytes, more than the %llu an image file may have", path,
+                        (unsigned long long)size, (unsigned long long)MAX_FILE_BYTES);
     }
-    if (S_ISDIR(sb.st_mode)) {
-        close(fd);
-        return ts_error(TS_ERR_IO, "%s: is a directory, expected an image file", path);
-    }
-    size_t want = (size_t)sb.st_size, got = 0;
+    size_t want = (size_t)size, got = 0;
     if (want + 1 > *cap) {
         size_t c = want + 1 > 2 * *cap ? want + 1 : 2 * *cap;
         uint8_t *p = realloc(*buf, c);

@@ -347,6 +347,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
            "ts_pipeline_new: random resized crop scale (%g, %g) / ratio (%g, %g) out of range", o->rrc_scale[0],
            o->rrc_scale[1], o->rrc_ratio[0], o->rrc_ratio[1]);
     TS_ARG(o->flip_prob >= 0 && o->flip_prob <= 1, "ts_pipeline_new: flip_prob %g is not in [0, 1]", o->flip_prob);
+    TS_ARG(o->max_pixels >= 0, "ts_pipeline_new: max_pixels %lld is negative", (long long)o->max_pixels);
     for (int c = 0; c < (int)o->color; c++)
         TS_ARG(o->std[c] != 0 && isfinite(o->std[c]) && isfinite(o->mean[c]), "ts_pipeline_new: bad mean %g / std %g",
                o->mean[c], o->std[c]);
@@ -405,6 +406,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     for (int i = 0; i < p->nworkers; i++) {
         p->workers[i].p = p;
         TS_CHECK_GOTO(ts__decoder_new(&p->workers[i].dec));
+        ts__decoder_set_max_pixels(p->workers[i].dec, o->max_pixels);
     }
     pthread_mutex_lock(&p->mu);
     plan_locked(p);

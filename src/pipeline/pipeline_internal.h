@@ -45,6 +45,11 @@ typedef enum { TS__FMT_UNKNOWN = 0, TS__FMT_JPEG, TS__FMT_PNG } ts__fmt;
 typedef struct ts__decoder ts__decoder;
 ts_status ts__decoder_new(ts__decoder **out);
 void ts__decoder_free(ts__decoder *d);
+/* The pixel limit of a decoder: images whose header promises more are TS_ERR_FORMAT before any
+ * allocation. ts__image_max_pixels(v): v when > 0, else TS_MAX_IMAGE_PIXELS (pixels, or with an M
+ * suffix Mpixels) when set, else 64 Mpixel. New decoders start at ts__image_max_pixels(0). */
+int64_t ts__image_max_pixels(int64_t v);
+void ts__decoder_set_max_pixels(ts__decoder *d, int64_t max_pixels);
 /* Format and size from the header alone. */
 ts_status ts__decode_header(ts__decoder *d, const void *buf, size_t n, const char *name, ts__fmt *fmt, int *w,
                             int *h);

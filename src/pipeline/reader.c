@@ -226,8 +226,14 @@ static ts_status list_root(ts_reader *r) {
  * it less the whitespace in between; blank lines are skipped. */
 static ts_status list_file_list(ts_reader *r) {
     const char *path = r->o.file_list;
-    FILE *f = fopen(path, "r");
-    if (!f) return ts_error(TS_ERR_IO, "%s: cannot open file list: %s", path, strerror(errno));
+    int fd = -1;
+    TS_TRY(ts__open_regular(path, "a file list", &fd, NULL)); /* a FIFO is refused, not waited on */
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return ts_error(TS_ERR_IO, "%s: cannot open file list: %s", path, strerror(e));
+    }
     char *root = NULL;
     if (r->o.file_root) {
         root = ts__strdup(r->o.file_root);

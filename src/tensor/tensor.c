@@ -56,8 +56,14 @@ static ts_status check_shape(const char *fn, int ndim, const int64_t *shape) {
     if (ndim < 0 || ndim > TS_MAX_DIMS)
         return ts_error(TS_ERR_SHAPE, "%s: ndim %d is out of range [0, %d]", fn, ndim, TS_MAX_DIMS);
     if (ndim > 0 && !shape) return ts_error(TS_ERR_INVALID_ARG, "%s: NULL shape", fn);
-    for (int i = 0; i < ndim; i++)
+    int64_t prod = 1; /* of the non-zero sizes: strides and element counts must fit int64 */
+    for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) return ts_error(TS_ERR_SHAPE, "%s: negative size %lld in dim %d", fn, (long long)shape[i], i);
+        if (shape[i] > 1 && prod > (INT64_MAX / 16) / shape[i])
+            return ts_error(TS_ERR_SHAPE, "%s: size %lld in dim %d makes more than 2^59 elements", fn,
+                            (long long)shape[i], i);
+        if (shape[i] > 1) prod *= shape[i];
+    }
     return TS_OK;
 }
 

@@ -2,6 +2,12 @@
  * train/data.c — ts_data_open: the training and evaluation sources behind
  * `tessera train --data PATH` (MNIST-style IDX files, or an image folder / file
  * list read by the DALI-style pipeline as the reference models' 1x28x28 input).
+ *
+ * Both sets are checked before training: an empty training or test set is an
+ * error naming it (not "0 steps" and "0.00%"), a test label that is no class of
+ * the training set (IDX: at least its largest label + 1; image folders: test/'s
+ * class folders must be train/'s, in the same order, since a label is a
+ * folder's position) is an error naming the sample.
  */
 #include "core/internal.h"
 #include "train/source.h"
@@ -53,9 +59,28 @@ static ts_status eval_source(ts_dataset *ds, const ts_data_opts *o, ts_batch_sou
     return ts__batch_source_dataset(ds, true, &so, out);
 }
 
+/* Every label of the evaluation set ds is below `classes`, the training set's class count. */
+static ts_status check_eval_labels(ts_dataset *ds, int64_t classes, const char *what, const char *train_what) {
+    ts_tensor *y = NULL;
+    if (ts_dataset_tensors(ds, NULL, &y) != TS_OK || !y) return TS_OK;
+    const int64_t *lab = ts_tensor_data(y);
+    for (int64_t i = 0; i < ts_tensor_numel(y); i++)
+        if (lab[i] < 0 || lab[i] >= classes)
+            return ts_error(TS_ERR_FORMAT, "%s: sample %lld has label %lld, but %s has %lld classes (labels 0..%lld)",
+                            what, (long long)i, (long long)lab[i], train_what, (long long)classes,
+                            (long long)classes - 1);
+    return TS_OK;
+}
+
 static ts_status open_idx(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
     ts_dataset *ds = NULL;
+    char what[4200];
     TS_TRY(ts_dataset_load_mnist(o->path, "train", &ds));
+    int64_t classes = ts_dataset_num_classes(ds);
+    if (ts_dataset_size(ds) == 0) {
+        ts_dataset_free(ds);
+        return ts_error(TS_ERR_FORMAT, "%s: the training set (train-images-idx3-ubyte) is empty: 0 samples", o->path);
+    }
     ts_dataset_source_opts so = TS_DATASET_SOURCE_OPTS_INIT;
     so.batch_size = o->batch_size;
     so.seed = o->seed;
@@ -64,11 +89,42 @@ static ts_status open_idx(const ts_data_opts *o, ts_batch_source **train, ts_bat
     TS_TRY(ts__batch_source_dataset(ds, true, &so, train));
     if (!eval) return TS_OK;
     ts_status st = ts_dataset_load_mnist(o->path, "test", &ds);
-    if (st == TS_OK) st = eval_source(ds, o, eval);
+    snprintf(what, sizeof what, "%s/t10k-labels-idx1-ubyte", o->path);
+    if (st == TS_OK && ts_dataset_size(ds) == 0)
+        st = ts_error(TS_ERR_FORMAT, "%s: the test set (t10k-images-idx3-ubyte) is empty: 0 samples", o->path);
+    if (st == TS_OK) st = check_eval_labels(ds, classes, what, "the training set");
+    if (st == TS_OK) {
+        st = eval_source(ds, o, eval); /* owns ds from here on, also on failure */
+        ds = NULL;
+    }
     if (st != TS_OK) {
+        ts_dataset_free(ds);
         ts_batch_source_free(*train);
         *train = NULL;
     }
+    return st;
+}
+
+/* A test folder's classes are the training folder's: label k is folder k of each, so a test folder
+ * with other class folders (or the same ones missing one in the middle) would mislabel its samples. */
+static ts_status check_eval_classes(const ts_reader *tr, const ts_reader_opts *eval_opts, const char *test_dir,
+                                    const char *train_dir) {
+    ts_reader *er = NULL;
+    ts_reader_opts ro = *eval_opts;
+    ro.random_shuffle = ro.shuffle_after_epoch = ro.pad_last_batch = false;
+    TS_TRY(ts_reader_new(&ro, &er));
+    ts_status st = TS_OK;
+    int64_t ne = ts_reader_num_classes(er), nt = ts_reader_num_classes(tr);
+    for (int64_t k = 0; k < ne && st == TS_OK; k++) {
+        const char *a = ts_reader_class_name(er, k), *b = k < nt ? ts_reader_class_name(tr, k) : NULL;
+        if (a && b && strcmp(a, b) == 0) continue;
+        char ea[256], eb[256];
+        st = ts_error(TS_ERR_FORMAT, "%s: class folder %lld is '%s', but %s's is %s%s%s (%lld classes): the test "
+                                     "folder's classes must be the training folder's, in the same order",
+                      test_dir, (long long)k, ts__printable(a ? a : "?", ea, sizeof ea), train_dir, b ? "'" : "",
+                      b ? ts__printable(b, eb, sizeof eb) : "missing", b ? "'" : "", (long long)nt);
+    }
+    ts_reader_free(er);
     return st;
 }
 
@@ -104,9 +160,19 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
         if (stat(testbuf, &sb) == 0 && S_ISDIR(sb.st_mode)) eo.reader.file_root = testbuf;
     }
     ts_dataset *ds = NULL;
-    ts_status st = ts_dataset_load_images(&eo, &ds);
-    if (st == TS_OK) st = eval_source(ds, o, eval);
+    ts_status st = TS_OK;
+    if (eo.reader.file_root == testbuf)
+        st = check_eval_classes(ts_pipeline_reader(p), &eo.reader, testbuf, trainbuf);
+    if (st == TS_OK) st = ts_dataset_load_images(&eo, &ds);
+    if (st == TS_OK)
+        st = check_eval_labels(ds, ts_reader_num_classes(ts_pipeline_reader(p)),
+                               eo.reader.file_list ? eo.reader.file_list : eo.reader.file_root, "the training set");
+    if (st == TS_OK) {
+        st = eval_source(ds, o, eval);
+        ds = NULL;
+    }
     if (st != TS_OK) {
+        ts_dataset_free(ds);
         ts_batch_source_free(*train);
         *train = NULL;
     }

@@ -65,6 +65,8 @@ ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out) {
         out->samples += b.real;
     }
     ts_grad_set_enabled(prev);
+    if (st == TS_OK && out->samples == 0) /* not an accuracy of 0.00% */
+        st = ts_error(TS_ERR_INVALID_ARG, "evaluation: the evaluation source has no samples");
     out->accuracy = out->samples ? (double)out->correct / (double)out->samples : NAN;
     out->loss = out->samples ? loss_sum / (double)out->samples : NAN;
     return st;

@@ -14,6 +14,12 @@
  *   optim.<name>        the optimizer's state
  *   train.epoch/.batch/.step   the position       train.seed, train.batch_size, train.world_size
  *   train.loss          the latest step's loss   train.model, train.optimizer (bytes), train.rng (bytes)
+ *
+ * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
+ * (so the loop's additions cannot overflow), every floating-point tensor is
+ * finite, the optimizer state is complete for the optimizer
+ * (ts_optimizer_check_state), and names from the file are printed escaped —
+ * all before anything is loaded.
  */
 #include "train/strategy.h"
 
@@ -151,8 +157,19 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     TS_ARG(o->epochs >= 1, "ts_trainer_new: epochs is %lld; it must be at least 1", (long long)o->epochs);
     TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0 && o->keep >= 0,
            "ts_trainer_new: max_steps, checkpoint_every, batch_size and keep must be >= 0");
+    TS_ARG(o->epochs <= TS_TRAIN_MAX_COUNT && o->max_steps <= TS_TRAIN_MAX_COUNT &&
+               o->checkpoint_every <= TS_TRAIN_MAX_COUNT && o->batch_size <= TS_TRAIN_MAX_COUNT,
+           "ts_trainer_new: epochs %lld, max_steps %lld, checkpoint_every %lld or batch_size %lld is above 2^40",
+           (long long)o->epochs, (long long)o->max_steps, (long long)o->checkpoint_every, (long long)o->batch_size);
     if (o->checkpoint_dir && ts_strategy_rank(s) == 0) TS_TRY(make_checkpoint_dir(o->checkpoint_dir));
     if (o->schedule) TS_TRY(ts_lr_schedule_check(o->schedule));
+    if (ts_batch_source_num_samples(train) <= 0)
+        return ts_error(TS_ERR_INVALID_ARG, "ts_trainer_new: the training source has no samples");
+    /* a checkpoint path that cannot work fails now, not at the end of the first epoch (rank 0 saves) */
+    if (o->checkpoint && ts_strategy_rank(s) == 0) {
+        ts_status st = ts_ckpt_check_writable(o->checkpoint);
+        if (st != TS_OK) return ts__error_prefix(st, "checkpoint");
+    }
     ts_trainer *t = ts__calloc(1, sizeof *t);
     if (!t) return TS_ERR_NOMEM;
     t->s = s;
@@ -222,11 +239,24 @@ fail:
     return st;
 }
 
+/* A name blob (model, optimizer) as printable text: other bytes become \xNN escapes. */
 static void get_name(const ts_ckpt *ck, const char *key, char *buf, size_t n) {
     const void *p;
     size_t len;
     buf[0] = '\0';
-    if (ts_ckpt_get_bytes(ck, key, &p, &len) == TS_OK) snprintf(buf, n, "%.*s", (int)len, (const char *)p);
+    if (ts_ckpt_get_bytes(ck, key, &p, &len) != TS_OK) return;
+    char raw[256];
+    size_t k = 0;
+    for (size_t i = 0; i < len && k + 1 < sizeof raw; i++) raw[k++] = ((const char *)p)[i] ? ((const char *)p)[i] : '\x01';
+    raw[k] = '\0';
+    ts__printable(raw, buf, n);
+}
+
+/* A position or size from the file must be in [lo, TS_TRAIN_MAX_COUNT]: the loop adds to it. */
+static ts_status check_range(const char *path, const char *key, int64_t v, int64_t lo) {
+    if (v < lo || v > TS_TRAIN_MAX_COUNT)
+        return ts_error(TS_ERR_FORMAT, "%s: %s is %lld, outside [%lld, 2^40]", path, key, (long long)v, (long long)lo);
+    return TS_OK;
 }
 
 static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpoint_info *out) {
@@ -236,12 +266,14 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpo
     for (size_t i = 0; i < TS_ARRAY_LEN(required); i++)
         if (ts_ckpt_get_i64(ck, required[i], dst[i]) != TS_OK)
             return ts_error(TS_ERR_FORMAT, "%s is not a training checkpoint (no %s)", path, required[i]);
-    if (out->epoch < 0 || out->batch < 0 || out->step < 0)
-        return ts_error(TS_ERR_FORMAT, "%s: negative position (epoch %lld, batch %lld, step %lld)", path,
-                        (long long)out->epoch, (long long)out->batch, (long long)out->step);
+    TS_TRY(check_range(path, CK_EPOCH, out->epoch, 0));
+    TS_TRY(check_range(path, CK_BATCH, out->batch, 0));
+    TS_TRY(check_range(path, CK_STEP, out->step, 0));
     out->world_size = 1; /* absent in single-process checkpoints of old */
     ts_ckpt_get_i64(ck, CK_WORLD, &out->world_size);
     ts_ckpt_get_i64(ck, CK_BATCH_SIZE, &out->batch_size);
+    TS_TRY(check_range(path, CK_WORLD, out->world_size, 1));
+    TS_TRY(check_range(path, CK_BATCH_SIZE, out->batch_size, 0));
     out->loss = NAN;
     ts_ckpt_get_f64(ck, CK_LOSS, &out->loss);
     get_name(ck, CK_MODEL, out->model, sizeof out->model);
@@ -290,6 +322,37 @@ static ts_status check_same_run(const ts_trainer *t, const ts_train_checkpoint_i
     return TS_OK;
 }
 
+/* Every floating-point tensor of the checkpoint is finite: NaN or infinite weights or state would
+ * resume "successfully" and poison every later step. */
+static ts_status check_finite(const ts_ckpt *ck, const char *path) {
+    for (int i = 0; i < ts_ckpt_count(ck, TS_CKPT_TENSOR); i++) {
+        const char *name = ts_ckpt_name(ck, TS_CKPT_TENSOR, i);
+        ts_tensor *t = ts_ckpt_find_tensor(ck, name);
+        ts_dtype dt = ts_tensor_dtype(t);
+        if (dt != TS_F32 && dt != TS_F16 && dt != TS_BF16) continue;
+        const unsigned char *p = ts_tensor_data(t); /* loaded checkpoints hold contiguous CPU tensors */
+        for (int64_t j = 0; j < ts_tensor_numel(t); j++) {
+            bool bad;
+            if (dt == TS_F32) {
+                uint32_t u;
+                memcpy(&u, p + 4 * j, 4);
+                bad = (u & 0x7f800000u) == 0x7f800000u;
+            } else {
+                uint16_t u;
+                memcpy(&u, p + 2 * j, 2);
+                bad = dt == TS_F16 ? (u & 0x7c00u) == 0x7c00u : (u & 0x7f80u) == 0x7f80u;
+            }
+            if (bad) {
+                char nb[160];
+                return ts_error(TS_ERR_FORMAT, "%s: tensor '%s' holds a NaN or infinite value at element %lld of %lld",
+                                path, ts__printable(name, nb, sizeof nb), (long long)j,
+                                (long long)ts_tensor_numel(t));
+            }
+        }
+    }
+    return TS_OK;
+}
+
 ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
     TS_ARG(t && path, "ts_trainer_resume: NULL argument");
     ts_ckpt *ck = NULL;
@@ -305,8 +368,13 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
         st = ts_error(TS_ERR_FORMAT, "%s: %s holds %zu bytes, not a generator state", path, CK_RNG, rn);
         goto fail;
     }
+    TS_CHECK_GOTO(check_finite(ck, path));
     TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "model.", &sd));
     TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "optim.", &os));
+    if ((st = ts_optimizer_check_state(t->opt, &os)) != TS_OK) {
+        ts__error_prefix(st, "%s", path);
+        goto fail;
+    }
     /* each load checks everything before it changes anything */
     if ((st = ts_module_load_state_dict(ts_strategy_model(t->s), &sd, true)) != TS_OK ||
         (st = ts_optimizer_load_state(t->opt, &os)) != TS_OK) {
@@ -314,7 +382,8 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
         goto fail;
     }
     if (t->o.rng && rb) memcpy(t->o.rng, rb, sizeof *t->o.rng);
-    TS_CHECK_GOTO(ts_batch_source_seek(t->train, in.epoch, in.batch));
+    /* a run already past its last epoch trains no more (walking a pipeline's order to a far epoch is slow) */
+    if (in.epoch < t->o.epochs) TS_CHECK_GOTO(ts_batch_source_seek(t->train, in.epoch, in.batch));
     t->epoch = in.epoch;
     t->batch = in.batch;
     t->step = in.step;

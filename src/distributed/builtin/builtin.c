@@ -9,7 +9,12 @@
  * same host talks through shared memory (shm.c), other pairs through TCP
  * (tcp.c); TS_DIST_TRANSPORT=tcp forces TCP for every pair. Keys live under
  * "builtin/<n>/" where n counts how often this rank joined a group of this
- * name, so a store can host successive groups with one name.
+ * name, so a store can host successive groups with one name. Shared memory
+ * is reserved up front (shm_setup): the host's first rank picks a ring size
+ * that lets every rank of the host fit in the segment directory and publishes
+ * it ("shmring/<rank>"); each rank publishes its segment's name, or "-" when
+ * it could not reserve one (a full /dev/shm), and a pair where either side has
+ * no segment uses TCP instead, with a warning.
  *
  * ---- Framing and checks -----------------------------------------------------------------------
  * The first bytes a rank sends to a peer in each operation are a 24-byte
@@ -523,11 +528,60 @@ static ts_status key_get_str(ts_store *s, const char *key, char *out, size_t cap
     return TS_OK;
 }
 
+/* Shared memory for the same-host peers (shm[j]): reserves this rank's segment (one slot per rank of
+ * the host) and publishes its name or "-"; then every pair in which a side has no segment goes to
+ * TCP (shm[j] = false). Leaves b->seg NULL when no pair uses it. */
+static ts_status shm_setup(builtin *b, ts_store *store, const char *pre, bool *shm, int *nshm,
+                           int *ntcp) {
+    int n = b->world, r = b->rank, nlocal = 1, leader = r;
+    char key[128], val[256];
+    for (int j = 0; j < n; j++)
+        if (j != r && shm[j]) {
+            nlocal++;
+            leader = TS_MIN(leader, j);
+        }
+    size_t want = TS_MAX(env_bytes("TS_DIST_SHM_BYTES", 1u << 20), (size_t)64 << 10), ring = want;
+    snprintf(key, sizeof key, "%s/shmring/%d", pre, leader);
+    if (leader == r) { /* one decision per host: ranks deciding on their own would see others' segments */
+        ring = ts__shm_pick_ring(nlocal, want);
+        snprintf(val, sizeof val, "%zu", ring);
+        TS_TRY(ts_store_set(store, key, val, strlen(val)));
+    } else {
+        TS_TRY(key_get_str(store, key, val, sizeof val));
+        unsigned long long v = strtoull(val, NULL, 10);
+        ring = v >= (64u << 10) && v <= ((uint64_t)1 << 32) ? (size_t)v : want;
+    }
+    const char *name = "-";
+    if (ts__shm_seg_create(r, nlocal, ring, &b->seg, &name) != TS_OK) {
+        ts_log(TS_LOG_WARN, "rank %d: %s; it talks to its %d peers on this host over TCP", r, ts_last_error(),
+               nlocal - 1);
+        b->seg = NULL;
+        name = "-";
+    }
+    snprintf(key, sizeof key, "%s/shm/%d", pre, r);
+    TS_TRY(ts_store_set(store, key, name, strlen(name)));
+    for (int j = 0; j < n; j++) {
+        if (j == r || !shm[j]) continue;
+        snprintf(key, sizeof key, "%s/shm/%d", pre, j);
+        TS_TRY(key_get_str(store, key, val, sizeof val));
+        if (b->seg && strcmp(val, "-") != 0) continue;
+        shm[j] = false; /* this pair talks over TCP */
+        (*nshm)--;
+        (*ntcp)++;
+    }
+    if (*nshm == 0 && b->seg) {
+        ts__shm_seg_release(b->seg); /* unlinks it */
+        b->seg = NULL;
+    }
+    return TS_OK;
+}
+
 static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     ts_status st = TS_OK;
     int n = b->world, r = b->rank, listen_fd = -1;
     char key[128], pre[64], val[256], host[256] = "localhost", hint[64] = "";
     bool *shm = NULL, *expect = NULL;
+    int *slot = NULL;
     ts__link **in = NULL;
     ts__auth auth = {0};
     int64_t gen = 0;
@@ -545,26 +599,23 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     snprintf(key, sizeof key, "%s/host/%d", pre, r);
     TS_CHECK_GOTO(ts_store_set(ctx->store, key, host, strlen(host)));
     shm = ts__calloc((size_t)n, sizeof *shm);
-    if (!shm) {
+    slot = ts__calloc((size_t)n, sizeof *slot);
+    if (!shm || !slot) {
         st = TS_ERR_NOMEM;
         goto fail;
     }
-    int nshm = 0, ntcp = 0;
+    int nshm = 0, ntcp = 0, nlocal = 0;
     for (int j = 0; j < n; j++) {
-        if (j == r) continue;
-        snprintf(key, sizeof key, "%s/host/%d", pre, j);
-        TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
-        shm[j] = !force_tcp && strcmp(val, host) == 0;
-        nshm += shm[j];
-        ntcp += !shm[j];
+        if (j != r) {
+            snprintf(key, sizeof key, "%s/host/%d", pre, j);
+            TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
+            shm[j] = !force_tcp && strcmp(val, host) == 0;
+            nshm += shm[j];
+            ntcp += !shm[j];
+        }
+        slot[j] = j == r || shm[j] ? nlocal++ : -1;
     }
-    if (nshm) {
-        const char *name = NULL;
-        size_t ring_bytes = TS_MAX(env_bytes("TS_DIST_SHM_BYTES", 1u << 20), (size_t)64 << 10);
-        TS_CHECK_GOTO(ts__shm_seg_create(r, n, ring_bytes, &b->seg, &name));
-        snprintf(key, sizeof key, "%s/shm/%d", pre, r);
-        TS_CHECK_GOTO(ts_store_set(ctx->store, key, name, strlen(name)));
-    }
+    if (nshm) TS_CHECK_GOTO(shm_setup(b, ctx->store, pre, shm, &nshm, &ntcp));
     if (ntcp) {
         TS_CHECK_GOTO(ts__tcp_job_auth(ctx->store, &auth, hint, sizeof hint));
         TS_CHECK_GOTO(ts__tcp_listen(hint, &listen_fd, val, sizeof val));
@@ -577,7 +628,7 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
         TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
         ts__shm_seg *theirs = NULL;
         TS_CHECK_GOTO(ts__shm_seg_open(val, j, &theirs));
-        st = ts__shm_link_new(b->seg, theirs, r, j, &b->peers[j].link);
+        st = ts__shm_link_new(b->seg, theirs, slot[r], slot[j], j, &b->peers[j].link);
         ts__shm_seg_release(theirs);
         if (st != TS_OK) goto fail;
     }
@@ -625,6 +676,7 @@ fail:
     free(in);
     free(expect);
     free(shm);
+    free(slot);
     return st;
 }
 

@@ -51,18 +51,30 @@ struct ts__link {
 void ts__reduce_f32(float *dst, const void *src, size_t n, ts__rop op, float scale);
 
 /* ---- shared memory (shm.c) ---------------------------------------------------------------- */
-/* A segment holds this rank's incoming rings, one per same-host peer; peers
- * map it and write into their ring. */
+/* A segment holds this rank's incoming rings, one per rank of its host (slot =
+ * that rank's position among the host's ranks); peers map it and write into
+ * their ring. Segments are files in ts__shm_dir(): TS_SHM_DIR, else /dev/shm. */
 typedef struct ts__shm_seg ts__shm_seg;
-/* Creates (and maps) this rank's segment with rings of ring_bytes for world
- * peers; *name receives its shm name (static storage inside the segment object). */
-ts_status ts__shm_seg_create(int rank, int world, size_t ring_bytes, ts__shm_seg **out, const char **name);
-/* Maps a peer's segment by name. */
+const char *ts__shm_dir(void);
+/* Bytes of a segment of `slots` rings of ring_bytes (rounded up to 4 KiB). */
+size_t ts__shm_seg_bytes(int slots, size_t ring_bytes);
+/* The ring size for nlocal ranks sharing the segment directory: `want` (rounded up to 4 KiB, at
+ * least 64 KiB), halved until nlocal segments fit in 90% of its free space, not below 64 KiB;
+ * logs a warning naming the free and the needed space when it shrinks or nothing fits. */
+size_t ts__shm_pick_ring(int nlocal, size_t want);
+/* Creates, reserves (posix_fallocate: TS_ERR_NOMEM naming the directory's free space and the size
+ * needed when it is full) and maps this rank's segment with `slots` rings of ring_bytes; *name
+ * receives its name (storage inside the segment object). Until ts__shm_seg_unlink, a SIGTERM,
+ * SIGINT or SIGHUP unlinks it before the signal takes its course. */
+ts_status ts__shm_seg_create(int rank, int slots, size_t ring_bytes, ts__shm_seg **out, const char **name);
+/* Maps a peer's segment by name (a name from the store: "tessera-...", checked). */
 ts_status ts__shm_seg_open(const char *name, int owner_rank, ts__shm_seg **out);
 void ts__shm_seg_unlink(ts__shm_seg *s); /* removes the name (once every peer has mapped it) */
 void ts__shm_seg_release(ts__shm_seg *s); /* unmaps; the last link using it also releases */
-/* A link to peer: receives from mine (slot peer), sends into theirs (slot rank). Retains both segments. */
-ts_status ts__shm_link_new(ts__shm_seg *mine, ts__shm_seg *theirs, int rank, int peer, ts__link **out);
+/* A link to rank `peer`: receives from mine (slot peer_slot), sends into theirs (slot my_slot).
+ * Retains both segments. */
+ts_status ts__shm_link_new(ts__shm_seg *mine, ts__shm_seg *theirs, int my_slot, int peer_slot, int peer,
+                           ts__link **out);
 
 /* ---- TCP (tcp.c) -------------------------------------------------------------------------- */
 /* The token that authenticates the group's TCP links (the store's when it is a TCP

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Hostile inputs from the command line (issue 10): checkpoint paths that are devices, FIFOs or in
+# missing folders fail at once with exit 2 (and /dev/full stays a device); FIFOs given as checkpoint or
+# IDX file never hang; `ckpt show/diff` print names with escape sequences escaped; empty data sets and
+# test labels outside the training classes are errors naming the set; `bench allreduce` explains bad
+# sizes. (Run by ctest as: bash cli_hardening.sh /path/to/tessera.)
+set -u
+TS=${1:?usage: cli_hardening.sh path/to/tessera}
+SRC=$(cd "$(dirname "$0")" && pwd)
+DATA=/usr/share/datasets/fashion-mnist
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+ok()  { echo "ok: $1"; }
+bad() { fails=$((fails+1)); echo "FAIL: $1"; }
+
+# expect_exit CODE NEEDLE CMD...: exit status CODE within 60 s and output mentioning NEEDLE
+expect_exit() {
+  local want=$1 needle=$2; shift 2
+  local out rc
+  out=$(timeout 60 "$@" 2>&1); rc=$?
+  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $(tail -c 600 <<<"$out")"; return; fi
+  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
+  ok "$* -> $rc"
+}
+
+# ckpt show / diff: a name holding ESC [ 3 1 m and a tab is printed escaped, never raw
+seed="$SRC/fuzz/corpus/ckpt/dtypes"
+out=$("$TS" ckpt show "$seed" 2>&1); rc=$?
+if [ $rc -ne 0 ]; then bad "ckpt show $seed exited $rc: $out"
+elif grep -q $'\x1b' <<<"$out" || grep -q $'\t' <<<"$out"; then bad "ckpt show printed raw control bytes"
+elif ! grep -qF 'name\x09with\x1b[31mescapes' <<<"$out"; then bad "ckpt show lacks the escaped name: $out"
+else ok "ckpt show escapes names"; fi
+out=$("$TS" ckpt diff "$seed" "$SRC/fuzz/corpus/ckpt/kinds" 2>&1)
+if grep -q $'\x1b' <<<"$out" || ! grep -qF 'name\x09with\x1b[31mescapes  only in A' <<<"$out"; then
+  bad "ckpt diff does not escape names: $out"
+else ok "ckpt diff escapes names"; fi
+
+# FIFOs and devices as checkpoints
+mkfifo "$T/fifo.ckpt"
+expect_exit 2 "is a FIFO" "$TS" ckpt show "$T/fifo.ckpt"
+expect_exit 2 "is a character device" "$TS" ckpt show /dev/zero
+
+# bench allreduce: sizes it cannot run are explained
+expect_exit 2 "--max-bytes 1000000000000000: 2 ranks would allocate" "$TS" bench allreduce --max-bytes 1e15
+expect_exit 2 "--max-bytes '12q' is not a byte count" "$TS" bench allreduce --max-bytes 12q
+expect_exit 2 "--step 3: expected 2 or 4" "$TS" bench allreduce --step 3
+
+if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+  echo "skip: no $DATA (the training checks need it)"
+  [ $fails -eq 0 ] || exit 1
+  exit 0
+fi
+TRAIN=("$TS" train --model mlp --epochs 1 --max-steps 2 --quiet --threads 1)
+
+# checkpoint paths that cannot work fail before training, with exit 2
+if [ -c /dev/full ]; then
+  expect_exit 2 "--checkpoint: /dev/full: is a character device; refusing to replace it" "${TRAIN[@]}" --checkpoint /dev/full
+  [ -c /dev/full ] && ok "/dev/full is still a character device" || bad "/dev/full was replaced"
+fi
+expect_exit 2 "--checkpoint: $T/no/dir/x.ckpt: cannot save a checkpoint there: directory $T/no/dir: No such file" \
+  "${TRAIN[@]}" --checkpoint "$T/no/dir/x.ckpt"
+expect_exit 2 "is a FIFO" "${TRAIN[@]}" --checkpoint "$T/fifo.ckpt"
+expect_exit 2 "--resume: $T/fifo.ckpt: is a FIFO" "${TRAIN[@]}" --resume "$T/fifo.ckpt"
+
+# a FIFO as an IDX file
+mkdir "$T/fifodata"
+mkfifo "$T/fifodata/train-images-idx3-ubyte"
+cp "$DATA/train-labels-idx1-ubyte.gz" "$T/fifodata/"
+expect_exit 2 "train-images-idx3-ubyte: is a FIFO" "${TRAIN[@]}" --data "$T/fifodata"
+
+# an empty training set; test labels that are no training class
+python3 - "$T" <<'PY' || { bad "python3 could not write the IDX files"; }
+import gzip, struct, sys
+t = sys.argv[1]
+def idx(path, magic, dims, data):
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + bytes(data))
+import os
+for d in ("empty", "labels"):
+    os.mkdir(f"{t}/{d}")
+idx(f"{t}/empty/train-images-idx3-ubyte.gz", 0x803, (0, 28, 28), [])
+idx(f"{t}/empty/train-labels-idx1-ubyte.gz", 0x801, (0,), [])
+idx(f"{t}/empty/t10k-images-idx3-ubyte.gz", 0x803, (2, 28, 28), [7] * 1568)
+idx(f"{t}/empty/t10k-labels-idx1-ubyte.gz", 0x801, (2,), [0, 1])
+idx(f"{t}/labels/train-images-idx3-ubyte.gz", 0x803, (4, 28, 28), [9] * 3136)
+idx(f"{t}/labels/train-labels-idx1-ubyte.gz", 0x801, (4,), [0, 1, 2, 1])
+idx(f"{t}/labels/t10k-images-idx3-ubyte.gz", 0x803, (3, 28, 28), [5] * 2352)
+idx(f"{t}/labels/t10k-labels-idx1-ubyte.gz", 0x801, (3,), [0, 2, 7])
+PY
+expect_exit 2 "the training set (train-images-idx3-ubyte) is empty: 0 samples" "${TRAIN[@]}" --data "$T/empty"
+expect_exit 2 "t10k-labels-idx1-ubyte: sample 2 has label 7, but the training set has 3 classes" "${TRAIN[@]}" --data "$T/labels"
+
+# a training run that works still works, and its checkpoint shows
+expect_exit 0 "done: 2 steps" "${TRAIN[@]}" --checkpoint "$T/ok.ckpt"
+expect_exit 0 "train.step" "$TS" ckpt show "$T/ok.ckpt"
+
+echo "$fails failure(s)"
+[ $fails -eq 0 ]
