@@ -520,17 +520,17 @@ ts_status ts__dist_env_read(ts_dist_env *out, unsigned flags) {
         e.world_size = c->world;
         e.local_rank = c->lrank;
         e.local_world_size = c->lworld;
-        const char *as = env_get("TORCHELASTIC_USE_AGENT_STORE");
-        e.torch_agent_store = as && (strcmp(as, "True") == 0 || strcmp(as, "true") == 0 || strcmp(as, "1") == 0);
-        int rc;
-        TS_TRY(env_int("TORCHELASTIC_RESTART_COUNT", 0, INT_MAX, false, &rc));
-        e.restart_count = rc < 0 ? 0 : rc;
     } else if (flags & TS__ENV_NEED_RANK) {
         return ts_error(TS_ERR_INVALID_ARG,
                         "no launch environment: RANK is not set (nor OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID "
                         "in an srun step); run under torchrun, tessera run, mpirun or srun, or set RANK, WORLD_SIZE, "
                         "MASTER_ADDR and MASTER_PORT");
     }
+    const char *as = env_get("TORCHELASTIC_USE_AGENT_STORE");
+    e.torch_agent_store = as && (strcmp(as, "True") == 0 || strcmp(as, "true") == 0 || strcmp(as, "1") == 0);
+    int restarts;
+    TS_TRY(env_int("TORCHELASTIC_RESTART_COUNT", 0, INT_MAX, false, &restarts));
+    e.restart_count = restarts < 0 ? 0 : restarts;
     TS_TRY(read_master(&e, chosen < 0 ? L_COUNT : (lk)chosen));
     if (!e.master_addr[0] && (flags & TS__ENV_NEED_MASTER)) {
         if (chosen == L_MPIRUN || chosen == L_HYDRA)
