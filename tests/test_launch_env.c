@@ -333,6 +333,9 @@ static void test_hydra_and_pmix(void) {
     env_clear();
     set("PMIX_RANK", "3");
     CHECK_DETECT_FAILS("PMIX_RANK=3", "no world size");
+    set("PMIX_RANK", "0"); /* an MPI singleton (Open MPI's MPI_Init sets it) */
+    CHECK_OK(ts_dist_env_detect(&e, &in_job));
+    CHECK(!in_job && strcmp(e.source, "none") == 0);
     set("PMIX_RANK", "x3");
     CHECK_DETECT_FAILS("PMIX_RANK='x3'", "not a non-negative integer");
     env_clear();

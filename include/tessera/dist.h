@@ -102,7 +102,7 @@ void ts_store_set_timeout(ts_store *s, double timeout_s);
  *   "srun"       a task of a Slurm job step (SLURM_STEP_ID set): SLURM_PROCID, SLURM_STEP_NUM_TASKS
  *                (else SLURM_NTASKS), SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE/SLURM_TASKS_PER_NODE at
  *                SLURM_NODEID. An sbatch script or salloc shell is not a step: one process.
- * PMIX_RANK (PMIx launchers) must agree with the launcher that gives the size.
+ * PMIX_RANK (PMIx launchers) must agree with the launcher that gives the size (alone, 0 is a singleton).
  * MASTER_ADDR/MASTER_PORT win when set; otherwise srun gives the first host of
  * SLURM_STEP_NODELIST / SLURM_JOB_NODELIST ("node[01-03,07]" -> node01) and port
  * 10000 + SLURM_JOB_ID % 20000; mpirun and hydra give 127.0.0.1 when every rank

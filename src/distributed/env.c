@@ -10,7 +10,8 @@
  *                  (set by hand, Kubernetes, a job script)
  *     mpirun       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE            (Open MPI)
  *     hydra        PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS  (MPICH/Intel mpiexec, srun --mpi=pmi2)
- *     pmix         PMIX_RANK                     (a rank only: PMIx keeps the size out of the environment)
+ *     pmix         PMIX_RANK                     (a rank only: PMIx keeps the size out of the environment;
+ *                  alone, PMIX_RANK=0 is an MPI singleton, world of one, and any other rank an error)
  *     srun         SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), SLURM_LOCALID, and this
  *                  node's count in SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE /
  *                  SLURM_NTASKS_PER_NODE ("2(x3),1") at index SLURM_NODEID.
@@ -503,7 +504,10 @@ ts_status ts__dist_env_read(ts_dist_env *out, unsigned flags) {
         TS_TRY(check_complete(&L[i]));
         chosen = i;
     }
-    if (chosen < 0 && rank_only >= 0) TS_TRY(check_complete(&L[rank_only])); /* the error naming what is missing */
+    /* A rank alone is an error naming what is missing, except PMIX_RANK=0: an MPI
+     * singleton (Open MPI sets it in MPI_Init), or rank 0 of a size nobody told us. */
+    if (chosen < 0 && rank_only >= 0 && !(rank_only == L_PMIX && L[rank_only].rank == 0))
+        TS_TRY(check_complete(&L[rank_only]));
     if (chosen >= 0) {
         const lpos *c = &L[chosen];
         if (rank_only >= 0) TS_TRY(check_agree(&L[rank_only], c));
