@@ -70,7 +70,9 @@ static void test_nodelist(void) {
     }
     CHECK_OK(ts__slurm_nodelist_host("L", "c[1-1000]", 0, NULL, 0, &n)); /* counting only */
     CHECK(n == 1000);
-    static const char *const bad[] = {"", "n[1-", "n[3-1]", "n[a]", "n[]", "n]1", "a,,b", "a,", "n[1,]", "n[1-]"};
+    static const char *const bad[] = {"",     "n[1-", "n[3-1]", "n[a]",  "n[]",
+                                      "n]1",  "a,,b", "a,",     "n[1,]", "n[1-]",
+                                      "n[99999999999999999999]", "n[1-99999999999999999999]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECK_STATUS(ts__slurm_nodelist_host("SLURM_JOB_NODELIST", bad[i], 0, h, sizeof h, NULL), TS_ERR_INVALID_ARG);
         CHECK_ERR_MENTIONS("SLURM_JOB_NODELIST=");
@@ -137,6 +139,10 @@ static void test_torchrun(void) {
     set("TS_LAUNCHED_BY", "tessera-run");
     CHECK_OK(ts_dist_env_detect(&e, &in_job));
     CHECK(e.rank == 3 && strcmp(e.source, "tessera-run") == 0);
+    set("TORCHELASTIC_RUN_ID", "none"); /* tessera run under torchrun: tessera run's children, tessera's store */
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+    CHECK_OK(ts_dist_env_detect(&e, &in_job));
+    CHECK(strcmp(e.source, "tessera-run") == 0 && !e.torch_agent_store);
     set("TORCHELASTIC_RESTART_COUNT", "x");
     CHECK_DETECT_FAILS("TORCHELASTIC_RESTART_COUNT", "'x'");
     env_clear();

@@ -7,7 +7,9 @@
  * inherits the outer one's variables, which then describe the launcher, not us):
  *     RANK family  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE. source "torchrun" when
  *                  TORCHELASTIC_RUN_ID is set, "tessera-run" when TS_LAUNCHED_BY is, else "env"
- *                  (set by hand, Kubernetes, a job script)
+ *                  (set by hand, Kubernetes, a job script). TS_LAUNCHED_BY wins over
+ *                  TORCHELASTIC_RUN_ID (`tessera train --nproc 2` relaunched under torchrun),
+ *                  and a tessera run child never uses torchrun's agent store.
  *     mpirun       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE            (Open MPI)
  *     hydra        PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS  (MPICH/Intel mpiexec, srun --mpi=pmi2)
  *     pmix         PMIX_RANK                     (a rank only: PMIx keeps the size out of the environment;
@@ -106,7 +108,7 @@ static bool nl_group_count(nl_group *g, const char **why) {
     while (p < end) {
         const char *q = p;
         long lo = 0, hi;
-        while (q < end && *q >= '0' && *q <= '9') lo = lo * 10 + (*q++ - '0'), lo = lo > NL_MAX_HOSTS ? NL_MAX_HOSTS : lo;
+        while (q < end && *q >= '0' && *q <= '9' && q - p < 10) lo = lo * 10 + (*q++ - '0');
         if (q == p) {
             *why = "a range that is not a number";
             return false;
@@ -115,11 +117,15 @@ static bool nl_group_count(nl_group *g, const char **why) {
         if (q < end && *q == '-') {
             const char *r = ++q;
             hi = 0;
-            while (q < end && *q >= '0' && *q <= '9') hi = hi * 10 + (*q++ - '0'), hi = hi > NL_MAX_HOSTS ? NL_MAX_HOSTS : hi;
+            while (q < end && *q >= '0' && *q <= '9' && q - r < 10) hi = hi * 10 + (*q++ - '0');
             if (q == r) {
                 *why = "a range without an upper bound";
                 return false;
             }
+        }
+        if (q < end && *q >= '0' && *q <= '9') {
+            *why = "a number of more than 10 digits";
+            return false;
         }
         if (hi < lo) {
             *why = "a range whose upper bound is below its lower bound";
@@ -314,8 +320,8 @@ typedef struct lpos {
 
 static ts_status read_rankvars(lpos *l) {
     *l = (lpos){"env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", -1, -1, -1, -1, false};
-    if (env_get("TORCHELASTIC_RUN_ID")) l->source = "torchrun";
-    else if (env_get("TS_LAUNCHED_BY")) l->source = "tessera-run";
+    if (env_get("TS_LAUNCHED_BY")) l->source = "tessera-run"; /* tessera train --nproc under torchrun: innermost */
+    else if (env_get("TORCHELASTIC_RUN_ID")) l->source = "torchrun";
     l->present = env_get("RANK") || env_get("WORLD_SIZE");
     if (!l->present) return TS_OK;
     TS_TRY(env_int("RANK", 0, INT_MAX - 1, false, &l->rank));
@@ -531,7 +537,8 @@ ts_status ts__dist_env_read(ts_dist_env *out, unsigned flags) {
                         "MASTER_ADDR and MASTER_PORT");
     }
     const char *as = env_get("TORCHELASTIC_USE_AGENT_STORE");
-    e.torch_agent_store = as && (strcmp(as, "True") == 0 || strcmp(as, "true") == 0 || strcmp(as, "1") == 0);
+    e.torch_agent_store = as && (strcmp(as, "True") == 0 || strcmp(as, "true") == 0 || strcmp(as, "1") == 0) &&
+                          strcmp(e.source, "tessera-run") != 0; /* inherited from a torchrun around tessera run */
     int restarts;
     TS_TRY(env_int("TORCHELASTIC_RESTART_COUNT", 0, INT_MAX, false, &restarts));
     e.restart_count = restarts < 0 ? 0 : restarts;
