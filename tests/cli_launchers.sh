@@ -19,6 +19,8 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy
 export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
 export OMPI_MCA_rmaps_base_oversubscribe=1
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAUNCHED_BY
+# other launchers set no job token: give the ranks one, as a job script would (see README)
+export TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

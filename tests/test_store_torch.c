@@ -60,7 +60,8 @@ static void test_no_torch_server(void) {
     ts_store *ours = NULL;
     CHECK_OK(ts_store_tcp_new("127.0.0.1", 0, true, 5.0, &ours));
     if (ours) {
-        CHECK_STATUS(ts_store_torch_new("127.0.0.1", ts_store_tcp_port(ours), 0.5, &s), TS_ERR_TIMEOUT);
+        ts_status st = ts_store_torch_new("127.0.0.1", ts_store_tcp_port(ours), 0.5, &s);
+        CHECK(st == TS_ERR_TIMEOUT || st == TS_ERR_REMOTE); /* silence, or an answer no TCPStore gives */
         CHECK_ERR_MENTIONS("PyTorch TCPStore");
         ts_store_release(ours);
     }
