@@ -144,12 +144,12 @@ static int run_with_torch(void) {
     CHECK_OK(ts_store_get(s, "from_python", &v, &n)); /* Python's store.set("from_python") */
     CHECK(v && n == 5 && memcmp(v, "hello", 6) == 0);
     free(v);
-    CHECK_OK(ts_store_set(s, "from_c", "bin\0ary", 7));
     int64_t c = 0;
     CHECK_OK(ts_store_add(s, "counter", 3, &c));
     CHECK(c == 3);
     CHECK_OK(ts_store_add(s, "counter", 4, &c));
     CHECK(c == 7);
+    CHECK_OK(ts_store_set(s, "from_c", "bin\0ary", 7)); /* last: Python waits for it, then reads the counter */
     bool ex = true;
     CHECK_OK(ts_store_check(s, "no/such/key", &ex));
     CHECK(!ex);
