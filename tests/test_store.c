@@ -405,6 +405,8 @@ static const char *env_names[] = {"RANK",
                                   "SLURM_LOCALID",
                                   "SLURM_NTASKS_PER_NODE",
                                   "SLURM_TASKS_PER_NODE",
+                                  "SLURM_STEP_ID",
+                                  "TORCHELASTIC_RUN_ID",
                                   "TS_DIST_TIMEOUT"};
 
 static void env_clear(void) {
@@ -423,7 +425,8 @@ static void test_env(void) {
     setenv("LOCAL_WORLD_SIZE", "2", 1);
     setenv("MASTER_ADDR", "node0.example", 1);
     setenv("MASTER_PORT", "29500", 1);
-    setenv("OMPI_COMM_WORLD_RANK", "7", 1); /* ignored: torchrun names come first */
+    setenv("TORCHELASTIC_RUN_ID", "none", 1);
+    setenv("OMPI_COMM_WORLD_RANK", "7", 1); /* ignored: torchrun names come first (test_launch_env.c has more) */
     CHECK_OK(ts_dist_env_read(&e));
     CHECK(e.rank == 3 && e.world_size == 8 && e.local_rank == 1 && e.local_world_size == 2);
     CHECK(strcmp(e.master_addr, "node0.example") == 0 && e.master_port == 29500);
@@ -485,6 +488,7 @@ static void test_env(void) {
     /* srun */
     env_clear();
     setenv("SLURM_PROCID", "4", 1);
+    setenv("SLURM_STEP_ID", "0", 1);
     setenv("SLURM_NTASKS", "6", 1);
     setenv("SLURM_LOCALID", "0", 1);
     setenv("SLURM_NTASKS_PER_NODE", "2(x3)", 1);

@@ -6,7 +6,10 @@
  *
  * Without a launcher this is the world of one (the distributed sampler's order
  * for rank 0 of 1), so `--batch-size 64` here and `--nproc 2 --batch-size 32`
- * train on the same samples in every step.
+ * train on the same samples in every step. Under a launcher whose world has more
+ * than one process (ts_dist_env_detect: torchrun, tessera run, mpirun, srun,
+ * mpiexec) every process is one DDP rank of that job, whatever --backend; rank 0
+ * alone evaluates, prints and writes checkpoints.
  */
 #include "cli.h"
 #include "commands.h"
@@ -204,14 +207,12 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
     return to;
 }
 
-/* The process group when a launcher started this process (WORLD_SIZE, or mpirun's
- * OMPI_COMM_WORLD_SIZE for the MPI backend), with the cores shared between local ranks. */
-static ts_status join_group(const train_args *a, ts_process_group **pg) {
-    bool mpi = strcmp(a->backend, "mpi") == 0;
-    const char *lws = getenv("LOCAL_WORLD_SIZE");
-    if (!lws && mpi) lws = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN), local = lws ? atol(lws) : 1;
-    if (a->threads == 0) ts_set_num_threads((int)(local > 0 && cores / local > 0 ? cores / local : 1));
+/* The process group when a launcher started this process as one rank of a larger
+ * job (ts_dist_env_detect: torchrun, tessera run, mpirun, srun, ...), with the
+ * cores shared between the ranks on this host. */
+static ts_status join_group(const train_args *a, const ts_dist_env *env, ts_process_group **pg) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), local = env->local_world_size > 0 ? env->local_world_size : 1;
+    if (a->threads == 0) ts_set_num_threads((int)(cores / local > 0 ? cores / local : 1));
     ts_pg_options po = TS_PG_OPTIONS_INIT;
     po.timeout_s = a->timeout;
     po.backend = a->backend;
@@ -291,12 +292,16 @@ int ts_cmd_train(int argc, char **argv) {
     if (rc) return rc == 1 ? 0 : rc;
     if ((rc = check_names(&cmd, &a)) != 0) return rc;
     bool mpi = strcmp(a.backend, "mpi") == 0;
-    const char *ws = getenv("WORLD_SIZE");
-    if (!ws && mpi) ws = getenv("OMPI_COMM_WORLD_SIZE"); /* plain mpirun sets no WORLD_SIZE */
+    ts_dist_env env; /* launched by torchrun, tessera run, mpirun, srun...? (--nproc is ignored then) */
+    bool in_job = false;
+    if (ts_dist_env_detect(&env, &in_job) != TS_OK) {
+        fprintf(stderr, "tessera train: %s\n", ts_last_error());
+        return CLI_EXIT_USAGE;
+    }
     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
     ts_device *devs[TS_MAX_CPU_DEVICES + 1];
-    if ((rc = parse_strategy(&cmd, &a, ws || a.nproc > 1, &so, devs, TS_MAX_CPU_DEVICES + 1)) != 0) return rc;
-    if (a.nproc > 1 && !ws) return relaunch(argc, argv, a.nproc, mpi);
+    if ((rc = parse_strategy(&cmd, &a, in_job || a.nproc > 1, &so, devs, TS_MAX_CPU_DEVICES + 1)) != 0) return rc;
+    if (a.nproc > 1 && !in_job) return relaunch(argc, argv, a.nproc, mpi);
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
     ts_train_checkpoint_info ck; /* resume: the checkpoint's seed decides the data order */
     char latest[4096];
@@ -318,7 +323,7 @@ int ts_cmd_train(int argc, char **argv) {
     ts_lr_schedule sched;
     ts_rng rng;
     ts_rng_seed(&rng, (uint64_t)a.seed);
-    if (ws && join_group(&a, &pg) != TS_OK) {
+    if (in_job && join_group(&a, &env, &pg) != TS_OK) {
         fprintf(stderr, "tessera train: joining the process group: %s\n", ts_last_error());
         return 1;
     }

@@ -68,6 +68,14 @@ ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double
 ts_status ts_store_file_new(const char *path, double timeout_s, ts_store **out);
 /* In-memory store, shared by threads of one process (ranks-as-threads tests). */
 ts_status ts_store_memory_new(ts_store **out);
+/* A client of a PyTorch TCPStore (torch.distributed.TCPStore, torchrun's agent
+ * store) at host:port, speaking its wire protocol: every rank is a client, none
+ * serves. Keys are stored as torch's own client names them ("/" + key), so
+ * Python's store.get("k") reads what ts_store_set(s, "k", ...) wrote. Connecting
+ * is retried until timeout_s; a server that does not answer like a TCPStore is
+ * an error naming host and port. Keys up to 8 KiB, values up to 8 MiB (the
+ * limits of torch's server). */
+ts_status ts_store_torch_new(const char *host, int port, double timeout_s, ts_store **out);
 /* Every key is prefixed with "prefix/" before it reaches base (retained). */
 ts_status ts_store_prefix_new(ts_store *base, const char *prefix, ts_store **out);
 
@@ -85,18 +93,41 @@ ts_status ts_store_check(ts_store *s, const char *key, bool *exists);
 void ts_store_set_timeout(ts_store *s, double timeout_s);
 
 /* ---- launch environment ------------------------------------------------------------------------ */
-/* Where this process sits, read from the environment: torchrun / Kubernetes
- * names (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
- * then mpirun (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE) and srun
- * (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE). */
+/* Where this process sits, read from the variables its launcher set. Launchers,
+ * innermost first (the first one whose variables are set describes this process):
+ *   "torchrun" / "tessera-run" / "env"  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+ *                (torchrun: TORCHELASTIC_RUN_ID is set; tessera run: TS_LAUNCHED_BY; "env": by hand)
+ *   "mpirun"     Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+ *   "hydra"      MPICH / Intel MPI mpiexec, srun --mpi=pmi2: PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+ *   "srun"       a task of a Slurm job step (SLURM_STEP_ID set): SLURM_PROCID, SLURM_STEP_NUM_TASKS
+ *                (else SLURM_NTASKS), SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE/SLURM_TASKS_PER_NODE at
+ *                SLURM_NODEID. An sbatch script or salloc shell is not a step: one process.
+ * PMIX_RANK (PMIx launchers) must agree with the launcher that gives the size (alone, 0 is a singleton).
+ * MASTER_ADDR/MASTER_PORT win when set; otherwise srun gives the first host of
+ * SLURM_STEP_NODELIST / SLURM_JOB_NODELIST ("node[01-03,07]" -> node01) and port
+ * 10000 + SLURM_JOB_ID % 20000; mpirun and hydra give 127.0.0.1 when every rank
+ * is on this host and 10000 + job id % 20000. Partial variables (RANK without
+ * WORLD_SIZE), RANK >= WORLD_SIZE, or RANK set by hand disagreeing with the
+ * launcher around it (SLURM_PROCID, OMPI_COMM_WORLD_RANK) are TS_ERR_INVALID_ARG
+ * naming the variables and their values. */
 typedef struct ts_dist_env {
-    int rank, world_size, local_rank, local_world_size;
+    int rank, world_size, local_rank, local_world_size; /* local ones -1 when the launcher does not say */
     char master_addr[256];
     int master_port; /* 0 when unset */
-    const char *source; /* "torchrun", "mpirun", "srun" (static) */
+    const char *source; /* "none", "torchrun", "tessera-run", "env", "mpirun", "hydra", "srun" (static) */
+    /* The variable master_addr / master_port came from ("MASTER_ADDR", "SLURM_JOB_NODELIST", ...; "" if none). */
+    const char *master_addr_from, *master_port_from;
+    bool torch_agent_store; /* TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent serves a TCPStore on MASTER_PORT */
+    int restart_count;      /* TORCHELASTIC_RESTART_COUNT, else 0 */
 } ts_dist_env;
-/* TS_ERR_INVALID_ARG naming the missing or malformed variable. */
+/* Needs a launcher and MASTER_ADDR: TS_ERR_INVALID_ARG naming the missing or malformed variable. */
 ts_status ts_dist_env_read(ts_dist_env *out);
+/* "Am I one rank of a larger job?" Reads the same variables and requires
+ * nothing: with no launcher, source "none" and rank 0 of 1. *in_job (NULL is
+ * fine) is true when world_size > 1: join the job (ts_pg_new with env://) rather
+ * than run alone. Errors as ts_dist_env_read's for partial or contradictory
+ * variables. */
+ts_status ts_dist_env_detect(ts_dist_env *out, bool *in_job);
 
 /* ---- process groups ------------------------------------------------------------------------------ */
 typedef struct ts_process_group ts_process_group;
@@ -108,8 +139,10 @@ typedef struct ts_pg_options {
     unsigned int magic;   /* TS_PG_OPTIONS_MAGIC */
     unsigned int version; /* TS_PG_OPTIONS_VERSION */
     const char *backend;  /* "builtin" (shared memory + TCP), "mpi"; NULL: builtin */
-    /* Rendezvous: a store (retained), else init_method "env://" (default),
-     * "tcp://host:port" or "file:///path". */
+    /* Rendezvous: a store (retained), else init_method "env://" (default; under
+     * torchrun with TORCHELASTIC_USE_AGENT_STORE=True every rank is a client of the
+     * agent's TCPStore), "tcp://host:port", "torch-tcp://host:port" (a PyTorch
+     * TCPStore someone else serves) or "file:///path". */
     ts_store *store;
     const char *init_method;
     int rank, world_size;             /* -1: from the environment */

@@ -1,7 +1,9 @@
 /*
  * distributed/rendezvous.c — ts__rendezvous: options check, timeout, store creation
- * from an init method, and the join every rank performs (see rendezvous.h for
- * the keys it leaves behind).
+ * from an init method (env:// serves or joins a tessera TCP store at
+ * MASTER_ADDR:MASTER_PORT, or under torchrun's TORCHELASTIC_USE_AGENT_STORE=True
+ * joins the agent's PyTorch TCPStore), and the join every rank performs (see
+ * rendezvous.h for the keys it leaves behind).
  *
  * Join, for rank r of world_size W, in the group's prefix store:
  *   1. add("rank/r/joined", 1) must return 1 (else: rank r joined twice);
@@ -73,9 +75,9 @@ static ts_status resolve_timeout(double opt, double *out) {
     return TS_OK;
 }
 
-/* "host:port" or "[v6addr]:port" after "tcp://". */
+/* "host:port" or "[v6addr]:port" after the scheme ("tcp://", "torch-tcp://"). */
 static ts_status parse_tcp(const char *im, char *host, size_t hostcap, int *port) {
-    const char *p = im + 6, *colon;
+    const char *p = strstr(im, "://") + 3, *colon;
     size_t hl;
     if (*p == '[') {
         const char *close = strchr(p, ']');
@@ -98,7 +100,25 @@ static ts_status parse_tcp(const char *im, char *host, size_t hostcap, int *port
     *port = (int)v;
     return TS_OK;
 bad:
-    return ts_error(TS_ERR_INVALID_ARG, "init_method '%.200s' is not of the form tcp://host:port (port 1..65535)", im);
+    return ts_error(TS_ERR_INVALID_ARG, "init_method '%.200s' is not of the form %.*shost:port (port 1..65535)", im,
+                    (int)(strstr(im, "://") + 3 - im), im);
+}
+
+/* torchrun's agent already serves a TCPStore on MASTER_PORT: every rank, rank 0
+ * too, is a client of it (serving one ourselves fails: the port is taken). Our
+ * keys go under "tessera/attempt_<restart>", as torch's workers put theirs under
+ * "/worker/attempt_<restart>": a restarted attempt never meets the last one's. */
+static ts_status agent_store(const ts_dist_env *env, double timeout, ts_store **base) {
+    ts_store *t = NULL;
+    ts_status st = ts_store_torch_new(env->master_addr, env->master_port, timeout, &t);
+    if (st != TS_OK)
+        return ts__error_prefix(st, "torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_ADDR=%s, "
+                                    "MASTER_PORT=%d)", env->master_addr, env->master_port);
+    char prefix[48];
+    snprintf(prefix, sizeof prefix, "tessera/attempt_%d", env->restart_count);
+    st = ts_store_prefix_new(t, prefix, base);
+    ts_store_release(t);
+    return st;
 }
 
 /* Builds the base store from the options (and environment); fills in what the environment knows. */
@@ -123,13 +143,14 @@ static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **b
         TS_TRY(ts__dist_env_read(&env, TS__ENV_NEED_MASTER | (need_rank ? TS__ENV_NEED_RANK : 0)));
         if (env.master_port == 0)
             return ts_error(TS_ERR_INVALID_ARG, "MASTER_PORT is not set (env:// needs MASTER_ADDR and MASTER_PORT)");
-    } else if (strncmp(im, "tcp://", 6) == 0 || strncmp(im, "file://", 7) == 0) {
+    } else if (strncmp(im, "tcp://", 6) == 0 || strncmp(im, "torch-tcp://", 12) == 0 ||
+               strncmp(im, "file://", 7) == 0) {
         TS_TRY(ts__dist_env_read(&env, 0));
     } else {
         const char *sep = strstr(im, "://");
         return ts_error(TS_ERR_INVALID_ARG,
-                        "unknown init_method scheme '%.*s' in '%.200s' (expected env://, tcp://host:port or "
-                        "file:///path)",
+                        "unknown init_method scheme '%.*s' in '%.200s' (expected env://, tcp://host:port, "
+                        "torch-tcp://host:port or file:///path)",
                         sep ? (int)TS_MIN(sep - im + 3, 64) : (int)TS_MIN(strlen(im), 64u), im, im);
     }
     if (*r < 0) *r = env.rank;
@@ -142,8 +163,15 @@ static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **b
                         "WORLD_SIZE",
                         im);
     if (*r >= *w) return ts_error(TS_ERR_INVALID_ARG, "rank %d is not less than world size %d", *r, *w);
-    if (strncmp(im, "env://", 6) == 0) {
+    if (strncmp(im, "env://", 6) == 0 && env.torch_agent_store) {
+        TS_TRY(agent_store(&env, timeout, base));
+    } else if (strncmp(im, "env://", 6) == 0) {
         TS_TRY(ts_store_tcp_new(env.master_addr, env.master_port, *r == 0, timeout, base));
+    } else if (strncmp(im, "torch-tcp://", 12) == 0) {
+        char host[256];
+        int port = 0;
+        TS_TRY(parse_tcp(im, host, sizeof host, &port));
+        TS_TRY(ts_store_torch_new(host, port, timeout, base));
     } else if (im[0] == 't') {
         char host[256];
         int port = 0;

@@ -24,10 +24,19 @@
  * TS__ENV_NEED_RANK), master_port 0, source "none". Malformed values are always errors. */
 ts_status ts__dist_env_read(ts_dist_env *out, unsigned flags);
 
+/* Slurm's host-list syntax ("node[01-03,07],gpu[1-2]-ib"): *count (NULL is fine)
+ * gets the number of hosts and out (NULL is fine) the index-th, zero-padded like
+ * its range ("node01"). TS_ERR_INVALID_ARG naming var and the list when it is
+ * malformed or has no host index. Brackets may repeat in one name (the last
+ * varies fastest); no nesting. */
+ts_status ts__slurm_nodelist_host(const char *var, const char *list, int index, char *out, size_t cap, int *count);
+
 /* Validates opts (NULL: TS_PG_OPTIONS_INIT), resolves the timeout (opts->timeout_s > 0,
  * else TS_DIST_TIMEOUT, else TS_DIST_DEFAULT_TIMEOUT_S), builds the store (opts->store
- * retained, else from init_method: "env://" (default), "tcp://host:port",
- * "file:///path"), wraps it in a prefix store "<group_name or default>" whose timeout
+ * retained, else from init_method: "env://" (default; a client of torchrun's
+ * agent store under TORCHELASTIC_USE_AGENT_STORE=True, its keys under
+ * "tessera/attempt_<TORCHELASTIC_RESTART_COUNT>"), "tcp://host:port",
+ * "torch-tcp://host:port", "file:///path"), wraps it in a prefix store "<group_name or default>" whose timeout
  * is the resolved one, and joins: blocks until all world_size ranks arrived
  * (TS_ERR_TIMEOUT saying how many of how many arrived and which ranks are missing).
  * local_rank/local_world_size come from opts, else the environment, else the ranks'

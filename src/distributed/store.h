@@ -2,7 +2,7 @@
  * distributed/store.h — the rendezvous store's internal interface (gloo's design): a
  * tiny key-value table behind a vtable, with TCP (store_tcp.c), file
  * (store_file.c), in-memory (store_memory.c) and prefix (store_prefix.c)
- * implementations. store.c holds the public ts_store_* dispatch, the refcount,
+ * implementations, and a client of PyTorch's TCPStore (store_torch.c). store.c holds the public ts_store_* dispatch, the refcount,
  * and a small hash map (ts__kv) that the implementations share.
  *
  * Semantics every implementation follows:
@@ -26,7 +26,7 @@
 #include <stdatomic.h>
 
 typedef struct ts_store_vtable {
-    const char *kind; /* "tcp", "file", "memory", "prefix" */
+    const char *kind; /* "tcp", "file", "memory", "prefix", "torch" */
     /* Copies value (len bytes) into the store under key. */
     ts_status (*set)(ts_store *s, const char *key, const void *value, size_t len, double timeout_s);
     /* Waits for key; *value is malloc'd with a NUL past len (caller frees). */
@@ -52,7 +52,7 @@ struct ts_store {
 void ts__store_init(ts_store *s, const ts_store_vtable *vt, double timeout_s);
 /* The store's current timeout in seconds. */
 double ts__store_timeout(const ts_store *s);
-/* "tcp", "file", "memory" or "prefix". */
+/* "tcp", "file", "memory", "prefix" or "torch". */
 const char *ts__store_kind(const ts_store *s);
 /* ts_store_get with an explicit timeout (timeout_s < 0: the store's). */
 ts_status ts__store_get_timeout(ts_store *s, const char *key, double timeout_s, void **value, size_t *len);

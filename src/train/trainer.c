@@ -51,6 +51,7 @@ struct ts_trainer {
     bool has_sched;
     int64_t epoch, batch, step; /* where the run goes on */
     double last_loss;
+    bool follower; /* not rank 0: never evaluates or writes checkpoints (see leader_of) */
 };
 
 /* ---- checkpoint folders: step-<step>.ckpt, the newest `keep` kept ------------------------------------ */
@@ -148,6 +149,24 @@ ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool
     return TS_OK;
 }
 
+/* Rank 0 alone evaluates and writes checkpoints: rank 0 of the strategy's group
+ * and, for a strategy without one, rank 0 of the job the launch environment
+ * describes (a process a launcher started as rank 1 of 2 that trains on its own
+ * must not overwrite rank 0's checkpoint). */
+static bool leader_of(const ts_strategy *s) {
+    if (ts_strategy_rank(s) != 0) return false;
+    if (ts_strategy_world_size(s) > 1) return true;
+    ts_dist_env env;
+    bool in_job = false;
+    if (ts_dist_env_detect(&env, &in_job) != TS_OK) return true; /* unreadable: as before, the command reports it */
+    if (in_job && env.rank != 0)
+        ts_log(TS_LOG_WARN, "trainer: the launch environment says this process is rank %d of %d (%s) but its "
+                            "strategy is not distributed: it trains alone and leaves evaluation and checkpoints to "
+                            "rank 0 (join a process group and use the DDP strategy to train as one job)",
+               env.rank, env.world_size, env.source);
+    return !(in_job && env.rank != 0);
+}
+
 ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
                          ts_trainer **out) {
     TS_ARG(s && opt && train && o && out, "ts_trainer_new: NULL argument");
@@ -193,6 +212,7 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     t->o.model_name = t->model_name;
     t->o.optimizer_name = t->optimizer_name;
     t->o.schedule = NULL;
+    t->follower = !leader_of(s);
     *out = t;
     return TS_OK;
 }
@@ -475,7 +495,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     r.final_loss = t->last_loss;
     r.eval.accuracy = r.eval.loss = NAN;
     const int rank = ts_strategy_rank(t->s);
-    const bool leader = rank == 0;
+    const bool leader = rank == 0 && !t->follower;
     bool stopped = false, evaluated = false;
     ts_status st = TS_OK;
     while (st == TS_OK && !stopped && t->epoch < t->o.epochs) {

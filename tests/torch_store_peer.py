@@ -1,0 +1,37 @@
+"""tests/torch_store_peer.py — the PyTorch side of tests/test_store_torch.c.
+
+Serves a real torch.distributed.TCPStore (is_master=True) on a free port, prints
+the port, and checks what tessera's client (src/distributed/store_torch.c) does
+against it: keys it set are visible to torch under the same names, counters it
+added read back, and the rendezvous keys its process groups left. Exits 0 when
+all is as expected, 1 with the reason otherwise.
+"""
+import datetime
+import sys
+
+import torch.distributed as dist
+
+
+def fail(msg):
+    print("torch peer: FAIL: " + msg, flush=True)
+    sys.exit(1)
+
+
+T = datetime.timedelta(seconds=120)
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T)
+store.set("from_python", b"hello")
+print(store.port, flush=True)
+
+store.wait(["from_c"])  # set by tessera
+if store.get("from_c") != b"bin\x00ary":
+    fail("from_c is %r" % store.get("from_c"))
+if store.get("counter") != b"7":  # 3, then 4, added by tessera
+    fail("counter is %r" % store.get("counter"))
+store.set("py_checked", b"1")
+
+store.wait(["c_done"])  # tessera's process groups have come and gone
+for key, want in (("default/joined", b"2"), ("tessera/attempt_0/agent/joined", b"2")):
+    got = store.get(key) if store.check([key]) else None
+    if got != want:
+        fail("rendezvous key %s is %r, expected %r" % (key, got, want))
+print("torch peer: ok (torch %s)" % __import__("torch").__version__, flush=True)
