@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include "core/internal.h"
+#include "store_server.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -114,15 +115,15 @@ static void run_threads(int world, double timeout, body_fn fn, void *arg) {
 }
 
 /* ---- ranks as processes ------------------------------------------------------------------------------------ */
-/* The test process serves a TCP store on a free port; each child is one rank.
+/* A child process serves a TCP store on a free port (tests/store_server.h: the
+ * test stays single-threaded while it forks); each other child is one rank.
  * Children exit with their failure count; `expect_killed` is a rank that
  * kills itself (-1: none). Returns after all children exited (killing
  * stragglers after 60 s). */
 static void run_procs(int world, double timeout, bool tcp, int expect_killed, body_fn fn, void *arg) {
-    ts_store *server = NULL;
-    CHECK_OK(ts_store_tcp_new("127.0.0.1", 0, true, 30.0, &server));
-    if (!server) return;
-    int port = ts_store_tcp_port(server);
+    tu_store_server server;
+    if (!tu_store_server_start(&server)) return;
+    int port = server.port;
     char group[32];
     snprintf(group, sizeof group, "p%d", atomic_fetch_add(&g_group, 1));
     if (tcp) setenv("TS_DIST_TRANSPORT", "tcp", 1);
@@ -175,7 +176,7 @@ static void run_procs(int world, double timeout, bool tcp, int expect_killed, bo
             tu_failures++;
         }
     }
-    ts_store_release(server);
+    tu_store_server_stop(&server);
 }
 
 /* ---- the collectives ------------------------------------------------------------------------------------------- */

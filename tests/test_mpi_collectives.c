@@ -6,8 +6,11 @@
  * lowered so that 2^20 + 3 elements take 1049 calls), size mismatches
  * (send/recv; collectives under TS_MPI_CHECK=1), a rank that skips a
  * collective (the others get TS_ERR_TIMEOUT within the 1 s timeout, it gets
- * TS_ERR_REMOTE), ts_pg_abort, a rank that never creates the group, and a
- * rank/world that disagrees with MPI's.
+ * TS_ERR_REMOTE), ts_pg_abort, a rank that never creates the group, a
+ * rank/world that disagrees with MPI's, and heartbeats without a store (rank
+ * 1 pauses its heartbeat thread and stays away from a barrier: the others
+ * fail within the 1.5 s heartbeat timeout, not the 60 s collective timeout,
+ * naming it).
  *
  * Three ways to run it:
  *   test_mpi_collectives               one process: MPI singleton, world size 1
@@ -31,6 +34,7 @@
 
 #include "core/internal.h"
 #include "distributed/backend.h"
+#include "distributed/pg.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -478,6 +482,43 @@ static void test_work_timeout(void) {
     ts_pg_free(pg);
 }
 
+/* Heartbeats under plain mpirun (no store: addresses exchanged by the backend): rank 1 goes
+ * silent and skips a barrier; the others fail within the heartbeat timeout naming it. */
+static void test_heartbeat(void) {
+    ts_pg_options o = TS_PG_OPTIONS_INIT;
+    o.backend = "mpi";
+    o.group_name = "heartbeat";
+    o.timeout_s = 60;
+    o.heartbeat_timeout_s = 1.5;
+    ts_process_group *pg = NULL;
+    ROK(ts_pg_new(&o, &pg));
+    if (!pg) return;
+    RC(ts_pg_heartbeat_timeout(pg) == (g_world > 1 ? 1.5 : 0.0));
+    ROK(ts_barrier(pg, NULL));
+    if (g_world < 2) {
+        ts_pg_free(pg);
+        return;
+    }
+    if (g_rank == 1) {
+        usleep(300 * 1000); /* heartbeats saying the barrier is done */
+        ts__pg_heartbeat_pause(pg, true);
+        usleep(4000 * 1000);
+        ts__pg_heartbeat_pause(pg, false);
+        ts_barrier(pg, NULL); /* may match the others' abandoned one, or see their notices */
+    } else {
+        double t0 = ts_time_now();
+        ts_status st = ts_barrier(pg, NULL);
+        double dt = ts_time_now() - t0;
+        /* the first to notice says TIMEOUT; another may get its abort notice first */
+        RC(st == TS_ERR_TIMEOUT || (st == TS_ERR_REMOTE && g_world > 2));
+        RMSG("rank 1 (host ");
+        RMSG("has not been heard from for");
+        if (st == TS_ERR_TIMEOUT) RMSG("waiting in collective #2 barrier");
+        RC(dt > 1.0 && dt < 5.0);
+    }
+    ts_pg_free(pg);
+}
+
 /* Positions that disagree with MPI's are refused before any communication. */
 static void test_rank_mismatch(void) {
     ts_store *s = NULL;
@@ -605,7 +646,7 @@ int main(int argc, char **argv) {
     const tu_test tests[] = {T(test_collectives),      T(test_pieces),  T(test_aliasing),
                              T(test_p2p_mismatch),     T(test_timeout), T(test_abort),
                              T(test_work_timeout),     T(test_checked_mismatch), T(test_rank_mismatch),
-                             T(test_init_timeout)};
+                             T(test_heartbeat),        T(test_init_timeout)};
     int failed = 0;
     for (size_t i = 0; i < TS_ARRAY_LEN(tests); i++) {
         int before = tu_failures;

@@ -22,9 +22,20 @@
  *    SIGKILL; ranks still alive --grace seconds after the first are killed too.
  *    After cleanup the launcher dies of the signal it got (status 128+sig).
  *  - Failure: the first rank to exit non-zero or die of a signal is reported
- *    ("rank R (pid P) exited with status S"), every group gets SIGTERM, then
- *    SIGKILL after --grace seconds, and the launcher exits with that status
- *    (128+sig for a signal).
+ *    ("rank R (pid P) exited with status S"), every group gets SIGTERM (and
+ *    SIGCONT, so that stopped processes act on it), then SIGKILL after --grace
+ *    seconds, and the launcher exits with that status (128+sig for a signal).
+ *  - Liveness verdict: ranks get TS_RUN_DIR, a directory of this run (the
+ *    caller's TS_RUN_DIR, else a fresh one under TMPDIR, removed at the end)
+ *    where a process group that fails writes failure-<group>-rank<R>.txt
+ *    (src/distributed/flight.c). When the first failing rank exited (not by a
+ *    signal), the reports decide whom to blame: the rank that the most
+ *    reports say was silent (heartbeat), else a local rank that is stopped
+ *    (state T in /proc), else the rank the most reports say had not started
+ *    the collective that timed out. That rank is named first ("rank R (pid P
+ *    on H) stopped responding: rank Q waited for it in collective #S ...")
+ *    and, when it is ours, gets SIGKILL at once (a stopped process acts on
+ *    nothing else).
  *  - No orphans: exited ranks are left as zombies (detected with waitid
  *    WNOWAIT) until the end, so their pids, which are their process group ids,
  *    cannot be reused and kill(-pgid) only ever reaches our processes. At the
@@ -39,6 +50,7 @@
 #include "distributed/auth.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -94,6 +106,10 @@ static void print_help(FILE *f) {
             "ranks (a second one kills them). When a rank fails the others get SIGTERM, then\n"
             "SIGKILL after --grace seconds, and tessera run exits with the failing rank's\n"
             "status (128+signal if it was killed). Ranks read stdin from /dev/null.\n"
+            "\nWhen ranks fail because another rank stopped responding (its heartbeats stopped:\n"
+            "SIGSTOP, a debugger, a frozen host; TS_HEARTBEAT_TIMEOUT seconds, default 30), tessera\n"
+            "run names that rank and the collective the others waited in, and kills it. Ranks\n"
+            "report failures in TS_RUN_DIR (a temporary directory unless set).\n"
             "\nflags:\n"
             "  -n, --nproc-per-node N   processes on this node, 1..%d (default 1)\n"
             "  --nnodes M               nodes in the job (default 1)\n"
@@ -323,6 +339,8 @@ typedef struct rank_proc {
 
 typedef struct launcher {
     run_opts o;
+    char run_dir[PATH_MAX]; /* TS_RUN_DIR of the ranks ("" if none could be made) */
+    bool own_run_dir;       /* made by us: removed at the end */
     int port;
     char job_token[TS__JOB_TOKEN_CHARS + 1]; /* generated for the ranks; "" when TS_JOB_TOKEN was set or nnodes > 1 */
     int n;
@@ -481,6 +499,7 @@ static void exec_rank(launcher *L, int local_rank, int rank, int out_w, int err_
     set_env_int("MASTER_PORT", L->port);
     setenv("TS_LAUNCHED_BY", "tessera-run", 1);
     if (L->job_token[0]) setenv("TS_JOB_TOKEN", L->job_token, 1);
+    if (L->run_dir[0]) setenv("TS_RUN_DIR", L->run_dir, 1);
     execvp(L->o.prog_argv[0], L->o.prog_argv);
     int e = errno;
     dprintf(STDERR_FILENO, "tessera run: rank %d: cannot run '%s': %s\n", rank, L->o.prog_argv[0], strerror(e));
@@ -527,6 +546,177 @@ static int spawn_rank(launcher *L, int i) {
     return 0;
 }
 
+/* ---- the liveness verdict ------------------------------------------------------------------------- */
+
+/* One failure report (see src/distributed/flight.c for the format). */
+typedef struct report {
+    int rank, pid, blame_rank, blame_pid;
+    double silent_s, op_for_s;
+    char cause[16], host[64], blame_host[64], op[200], blame_pos[96];
+    int behind[64], nbehind;
+} report;
+
+static void parse_report(FILE *f, report *r) {
+    memset(r, 0, sizeof *r);
+    r->rank = r->blame_rank = -1;
+    char line[1200];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *v = strchr(line, '=');
+        if (!v) continue;
+        *v++ = 0;
+        if (strcmp(line, "rank") == 0) r->rank = atoi(v);
+        else if (strcmp(line, "pid") == 0) r->pid = atoi(v);
+        else if (strcmp(line, "blame_rank") == 0) r->blame_rank = atoi(v);
+        else if (strcmp(line, "blame_pid") == 0) r->blame_pid = atoi(v);
+        else if (strcmp(line, "silent_s") == 0) r->silent_s = atof(v);
+        else if (strcmp(line, "op_for_s") == 0) r->op_for_s = atof(v);
+        else if (strcmp(line, "cause") == 0) snprintf(r->cause, sizeof r->cause, "%s", v);
+        else if (strcmp(line, "host") == 0) snprintf(r->host, sizeof r->host, "%s", v);
+        else if (strcmp(line, "blame_host") == 0) snprintf(r->blame_host, sizeof r->blame_host, "%s", v);
+        else if (strcmp(line, "blame_position") == 0) snprintf(r->blame_pos, sizeof r->blame_pos, "%s", v);
+        else if (strcmp(line, "op") == 0) snprintf(r->op, sizeof r->op, "%s", v);
+        else if (strcmp(line, "behind") == 0)
+            for (char *t = strtok(v, ","); t && r->nbehind < 64; t = strtok(NULL, ",")) r->behind[r->nbehind++] = atoi(t);
+    }
+}
+
+/* Every report in the run directory (at most cap). */
+static int read_reports(const launcher *L, report *out, int cap) {
+    int n = 0;
+    DIR *d = L->run_dir[0] ? opendir(L->run_dir) : NULL;
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "failure-", 8) != 0 || len < 4 || strcmp(e->d_name + len - 4, ".txt") != 0) continue;
+        char path[PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s/%s", L->run_dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        parse_report(f, &out[n]);
+        fclose(f);
+        if (out[n].rank >= 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The scheduler state of a process ('R', 'S', 'T' stopped, 't' traced, 'Z', ...), 0 if unknown. */
+static char proc_state(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+static rank_proc *local_rank(launcher *L, int rank) {
+    for (int i = 0; i < L->n; i++)
+        if (L->ranks[i].rank == rank) return &L->ranks[i];
+    return NULL;
+}
+
+/* The rank named most often in votes[0..n) (ties: the lowest), or -1. */
+static int most_named(const int *votes, int n) {
+    int best = -1, best_count = 0;
+    for (int i = 0; i < n; i++) {
+        int c = 0;
+        for (int j = 0; j < n; j++) c += votes[j] == votes[i];
+        if (c > best_count || (c == best_count && votes[i] < best)) best = votes[i], best_count = c;
+    }
+    return best;
+}
+
+/* What we can see of a rank: "; it is stopped (...)", "; it is still running (...)", "; it is on another
+ * node", or "" (it exited, or /proc cannot tell). */
+static void local_state(launcher *L, int rank, char *buf, size_t n) {
+    rank_proc *p = local_rank(L, rank);
+    buf[0] = 0;
+    if (!p) {
+        snprintf(buf, n, "; it is on another node");
+        return;
+    }
+    if (p->exited) return;
+    char st = proc_state(p->pid);
+    if (st == 'T') snprintf(buf, n, "; it is stopped (SIGSTOP or job control)");
+    else if (st == 't') snprintf(buf, n, "; it is stopped by a debugger (traced)");
+    else if (st) snprintf(buf, n, "; it is still running (state %c: hung?)", st);
+}
+
+/* Whom the failure of culprit (which exited non-zero) is really about: prints
+ * the verdict and returns that global rank, or -1 when the reports and the
+ * process table name nobody else. */
+static int liveness_verdict(launcher *L, rank_proc *culprit) {
+    report *rep = calloc(256, sizeof *rep);
+    int nrep = rep ? read_reports(L, rep, 256) : 0, votes[256], nv = 0, blamed = -1;
+    char state[96];
+    /* 1. heartbeats: the rank that reports say was silent while they waited on it (reports of
+     *    ranks that gave up on it first; else of ranks that failed otherwise while it was silent) */
+    for (int pass = 0; pass < 2 && blamed < 0; pass++) {
+        bool hb_only = pass == 0;
+        nv = 0;
+        for (int i = 0; i < nrep; i++)
+            if (rep[i].blame_rank >= 0 && (strcmp(rep[i].cause, "heartbeat") == 0) == hb_only)
+                votes[nv++] = rep[i].blame_rank;
+        if ((blamed = most_named(votes, nv)) < 0) continue;
+        const report *ex = NULL;
+        char others[128] = "";
+        for (int i = 0; i < nrep; i++)
+            if (rep[i].blame_rank == blamed && (strcmp(rep[i].cause, "heartbeat") == 0) == hb_only &&
+                (!ex || rep[i].rank == culprit->rank))
+                ex = &rep[i];
+        for (int i = 0; i < nrep; i++)
+            if (&rep[i] != ex && rep[i].blame_rank == blamed && strlen(others) < sizeof others - 16)
+                snprintf(others + strlen(others), sizeof others - strlen(others), "%s%d", others[0] ? ", " : "",
+                         rep[i].rank);
+        local_state(L, blamed, state, sizeof state);
+        fprintf(stderr,
+                "tessera run: rank %d (pid %d on %s) stopped responding: rank %d %s %s and had not heard from it "
+                "for %.1f s%s%s%s%s%s%s\n",
+                blamed, ex->blame_pid, ex->blame_host, ex->rank, hb_only ? "waited for it in" : "failed in", ex->op,
+                ex->silent_s, others[0] ? " (nor had rank " : "", others, others[0] ? ")" : "",
+                ex->blame_pos[0] ? "; its last heartbeat: " : "", ex->blame_pos, state);
+    }
+    /* 2. a local rank that is stopped */
+    if (blamed < 0) {
+        for (int i = 0; i < L->n && blamed < 0; i++) {
+            rank_proc *p = &L->ranks[i];
+            char st = p->exited ? 0 : proc_state(p->pid);
+            if (st == 'T' || st == 't') {
+                blamed = p->rank;
+                const report *own = NULL; /* what the failing rank was in, if it said */
+                for (int k = 0; k < nrep; k++)
+                    if (rep[k].rank == culprit->rank && strcmp(rep[k].op, "none") != 0) own = &rep[k];
+                fprintf(stderr, "tessera run: rank %d (pid %d) is stopped%s; rank %d failed%s%s%s\n", p->rank,
+                        (int)p->pid, st == 't' ? " by a debugger" : " (SIGSTOP or job control)", culprit->rank,
+                        own ? " in " : "", own ? own->op : "", own ? "" : " meanwhile");
+            }
+        }
+    }
+    /* 3. a collective timed out: the rank(s) that had not started it */
+    if (blamed < 0) {
+        nv = 0;
+        const report *ex = NULL;
+        for (int i = 0; i < nrep; i++) {
+            if (strcmp(rep[i].cause, "timeout") != 0) continue;
+            for (int k = 0; k < rep[i].nbehind && nv < 256; k++) votes[nv++] = rep[i].behind[k];
+            if (rep[i].nbehind && (!ex || rep[i].rank == culprit->rank)) ex = &rep[i];
+        }
+        if ((blamed = most_named(votes, nv)) >= 0 && ex) {
+            local_state(L, blamed, state, sizeof state);
+            fprintf(stderr, "tessera run: rank %d never reached %s, which rank %d waited in for %.1f s%s\n", blamed,
+                    ex->op, ex->rank, ex->op_for_s, state);
+        }
+    }
+    free(rep);
+    return blamed;
+}
+
 /* ---- supervision ------------------------------------------------------------------------------ */
 
 /* Notices ranks that exited (leaving them zombies) and reports the first
@@ -553,17 +743,27 @@ static void check_exits(launcher *L) {
     }
     if (!culprit || L->failed || L->got_signal) return;
     char b[16];
+    int blamed = culprit->signal ? -1 : liveness_verdict(L, culprit);
     if (culprit->signal)
         fprintf(stderr, "tessera run: rank %d (pid %d) was killed by signal %s\n", culprit->rank, (int)culprit->pid,
                 signal_name(culprit->signal, b, sizeof b));
+    else if (blamed >= 0)
+        fprintf(stderr, "tessera run: rank %d (pid %d) exited with status %d after waiting for rank %d\n",
+                culprit->rank, (int)culprit->pid, culprit->status, blamed);
     else
         fprintf(stderr, "tessera run: rank %d (pid %d) exited with status %d\n", culprit->rank, (int)culprit->pid,
                 culprit->status);
     L->failed = true;
     L->fail_status = culprit->status;
-    if (L->nexited < L->n)
+    rank_proc *hung = blamed >= 0 ? local_rank(L, blamed) : NULL;
+    if (hung && !hung->exited) {
+        fprintf(stderr, "tessera run: killing rank %d (pid %d, SIGKILL)\n", hung->rank, (int)hung->pid);
+        kill(-hung->pid, SIGKILL);
+    }
+    if (L->nexited < L->n && L->nexited + (hung && !hung->exited) < L->n)
         fprintf(stderr, "tessera run: stopping the other ranks (SIGTERM, then SIGKILL after %gs)\n", L->o.grace);
     signal_all(L, SIGTERM);
+    signal_all(L, SIGCONT); /* a stopped process acts on SIGTERM only once it runs */
     L->deadline = now_s() + L->o.grace;
 }
 
@@ -651,6 +851,39 @@ static void supervise(launcher *L, struct pollfd *pfds) {
 
 /* ---- entry point ------------------------------------------------------------------------------ */
 
+static void remove_reports(const launcher *L) {
+    DIR *d = L->run_dir[0] ? opendir(L->run_dir) : NULL;
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "failure-", 8) != 0) continue;
+        char path[PATH_MAX + 256];
+        snprintf(path, sizeof path, "%s/%s", L->run_dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
+/* TS_RUN_DIR for the ranks: the caller's (its old failure reports removed), else a new one. */
+static void make_run_dir(launcher *L) {
+    const char *given = getenv("TS_RUN_DIR");
+    if (given && *given) {
+        snprintf(L->run_dir, sizeof L->run_dir, "%s", given);
+        mkdir(L->run_dir, 0777);
+        remove_reports(L);
+        return;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(L->run_dir, sizeof L->run_dir, "%s/tessera-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(L->run_dir)) {
+        fprintf(stderr, "tessera run: cannot make a run directory (%s): %s; ranks that hang will not be named\n",
+                L->run_dir, strerror(errno));
+        L->run_dir[0] = 0;
+        return;
+    }
+    L->own_run_dir = true;
+}
+
 static void launcher_free(launcher *L) {
     if (L->ranks) {
         for (int i = 0; i < L->n; i++) {
@@ -666,6 +899,10 @@ static void launcher_free(launcher *L) {
     free(L->outbuf);
     if (L->devnull >= 0) close(L->devnull);
     if (L->sig_r >= 0) close(L->sig_r);
+    if (L->own_run_dir) { /* our ranks' reports only: anything else keeps it (and tells of it) */
+        remove_reports(L);
+        if (rmdir(L->run_dir) != 0) fprintf(stderr, "tessera run: left %s: %s\n", L->run_dir, strerror(errno));
+    }
     if (sig_pipe_w >= 0) close(sig_pipe_w);
     sig_pipe_w = -1;
     for (int k = 0; k < NHANDLED; k++) sigaction(handled_sigs[k], &L->old_act[k], NULL);
@@ -718,6 +955,7 @@ int ts_cmd_run(int argc, char **argv) {
     L.sig_r = sp[0];
     sig_pipe_w = sp[1];
     L.devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    make_run_dir(&L);
     for (int i = 0; i < L.n; i++) {
         L.ranks[i].rank = (int)(L.o.node_rank * L.o.nproc) + i;
         L.ranks[i].out = (stream){.fd = -1, .out_fd = STDOUT_FILENO};

@@ -10,7 +10,9 @@
  * Errors never hang silently: every blocking call honours the group's timeout
  * (default 1800 s, TS_DIST_TIMEOUT seconds in the environment, or the options)
  * and a peer that dies makes the others return TS_ERR_REMOTE / TS_ERR_TIMEOUT
- * with a message naming the rank.
+ * with a message naming the rank. A peer that stops (SIGSTOP, a debugger, a
+ * hung host) is named within the heartbeat timeout (default 30 s), whatever
+ * the collective timeout: see "liveness" below.
  */
 #ifndef TESSERA_DIST_H
 #define TESSERA_DIST_H
@@ -149,12 +151,17 @@ typedef struct ts_pg_options {
     int local_rank, local_world_size; /* -1: from the environment, else derived from host names */
     double timeout_s;                 /* <= 0: TS_DIST_TIMEOUT or TS_DIST_DEFAULT_TIMEOUT_S */
     const char *group_name;           /* key prefix in the store; NULL: "default" */
+    /* Seconds without a heartbeat from a peer after which a collective waiting
+     * on it fails (see "liveness" below). 0: TS_HEARTBEAT_TIMEOUT, else
+     * TS_HEARTBEAT_DEFAULT_TIMEOUT_S; < 0: no heartbeats. */
+    double heartbeat_timeout_s;
 } ts_pg_options;
 
 #define TS_PG_OPTIONS_MAGIC 0x7e5a9001u
 #define TS_PG_OPTIONS_VERSION 1u
 #define TS_PG_OPTIONS_INIT \
-    ((ts_pg_options){sizeof(ts_pg_options), TS_PG_OPTIONS_MAGIC, TS_PG_OPTIONS_VERSION, NULL, NULL, NULL, -1, -1, -1, -1, 0.0, NULL})
+    ((ts_pg_options){sizeof(ts_pg_options), TS_PG_OPTIONS_MAGIC, TS_PG_OPTIONS_VERSION, NULL, NULL, NULL, -1, -1, -1, -1, 0.0, NULL, \
+                     0.0})
 
 /* Joins the group (blocks until every rank has arrived or the timeout). */
 ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out);
@@ -167,6 +174,62 @@ const char *ts_pg_backend_name(const ts_process_group *pg);
 double ts_pg_timeout(const ts_process_group *pg);
 /* Aborts: every pending and later call fails fast; peers see this rank as gone. */
 void ts_pg_abort(ts_process_group *pg, const char *reason);
+
+/* ---- liveness: heartbeats and the flight recorder ------------------------------------------------------------ */
+/* Heartbeats. Every group of more than one rank that has a shared store runs a
+ * heartbeat thread of its own (not the thread that calls collectives, not the
+ * communication thread): it sends every peer a small UDP datagram every
+ * TS_HEARTBEAT_INTERVAL seconds (default: timeout / 10, at most 1 s) carrying
+ * this rank's position (the last collective started and completed) and notes
+ * when it last heard from each peer. A rank that waits in a collective (or a
+ * send/recv: in its peer) while a peer has not been heard from for the
+ * heartbeat timeout aborts the group: the pending and every later call fail
+ * with TS_ERR_TIMEOUT and "rank R (host H, pid P) has not been heard from for
+ * N s (stopped or hung?) while this rank (Q) was waiting in collective #S op
+ * (...)". A rank that computes for a long time between collectives keeps
+ * beating and is never failed by this; a process that is stopped or frozen
+ * cannot beat. Addresses are exchanged through the rendezvous store, or under
+ * plain mpirun (backend "mpi", no store) through one MPI all_gather. A peer
+ * is judged only once one of its datagrams arrived (where UDP is blocked
+ * between two hosts, one warning, and their stalls end at the collective
+ * timeout, whose message then names the ranks that had not started it). */
+#define TS_HEARTBEAT_DEFAULT_TIMEOUT_S 30.0
+/* The group's heartbeat timeout in seconds; 0 when it has no heartbeats. */
+double ts_pg_heartbeat_timeout(const ts_process_group *pg);
+
+/* Flight recorder: every group keeps its last TS_PG_FLIGHT_RECORDER_SIZE
+ * operations. On its first failure (a backend error, a timeout, a silent peer,
+ * an abort) each rank logs the last 8 at TS_LOG_ERROR, writes all of them to
+ * $TS_FLIGHT_RECORDER_DIR/flight-<group>-rank<R>-pid<P>.txt when that is set,
+ * and writes a failure report to $TS_RUN_DIR/failure-<group>-rank<R>.txt (set
+ * by `tessera run`), which the launcher reads to name the rank the others
+ * waited for. */
+#define TS_PG_FLIGHT_RECORDER_SIZE 32
+typedef enum ts_pg_op_state {
+    TS_PG_OP_ISSUED = 0, /* called; queued behind earlier work */
+    TS_PG_OP_STARTED,    /* the backend is running it */
+    TS_PG_OP_COMPLETED,
+    TS_PG_OP_FAILED,
+} ts_pg_op_state;
+typedef struct ts_pg_op_record {
+    uint64_t seq;        /* collectives: 1, 2, ... in call order (equal on every rank that calls the same
+                            collectives); send and recv: their own count, 1, 2, ... */
+    const char *op;      /* "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier",
+                            "send", "recv" (static); "init": the group's setup (seq 0, the first record) */
+    ts_dtype dtype;
+    int reduce_op;       /* the ts_reduce_op of all_reduce / reduce / reduce_scatter, else -1 */
+    size_t count;        /* elements of this rank's buffer (all_gather: its input; reduce_scatter: its output) */
+    size_t bytes;        /* count x element size */
+    int peer;            /* the root of broadcast / reduce, the peer of send / recv, else -1 */
+    bool async;          /* called with a ts_work handle */
+    ts_pg_op_state state;
+    double issued_s, started_s, ended_s; /* ts_time_now() when it got there; 0 if it did not */
+} ts_pg_op_record;
+/* Copies the group's last operations, oldest first, into out[0 .. cap) (at most
+ * TS_PG_FLIGHT_RECORDER_SIZE); *n receives how many. Any thread, any time. */
+ts_status ts_pg_flight_recorder(const ts_process_group *pg, ts_pg_op_record *out, int cap, int *n);
+/* "issued", "started", "completed", "failed" (static). */
+const char *ts_pg_op_state_name(ts_pg_op_state s);
 
 /* Asynchronous work: collectives run in issue order on the group's
  * communication thread. */

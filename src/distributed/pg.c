@@ -20,6 +20,16 @@
  * that expires does the same with TS_ERR_TIMEOUT naming the op and seconds.
  * Argument errors are found before anything is queued and abort nothing.
  *
+ * Liveness. Each group records its operations in a flight recorder
+ * (flight.c: issued when called, started when the backend takes it, completed
+ * or failed) and, with more than one rank and a shared store, runs a
+ * heartbeat thread (heartbeat.c, started before the backend connects) that
+ * aborts the group when a peer the running operation waits on has been silent
+ * for the heartbeat timeout. The first abort of a group, whatever its cause,
+ * writes the failure report for the launcher (TS_RUN_DIR) and logs the flight
+ * recorder before it sets the abort flag and tells the backend, so that by the
+ * time a peer can see this rank fail, its report is on disk.
+ *
  * Rendezvous under mpirun. Backend "mpi" with no store, init_method NULL or
  * "env://" and no MASTER_ADDR in the environment (plain `mpirun -n N prog`)
  * skips the store-based join: the MPI backend never uses the store, and MPI
@@ -34,6 +44,8 @@
 #include "distributed/pg.h"
 
 #include "core/internal.h"
+#include "distributed/flight.h"
+#include "distributed/heartbeat.h"
 #include "distributed/rendezvous.h"
 
 #include <math.h>
@@ -41,6 +53,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 
 static const ts__backend_ops *const backends[] = {
     &ts__builtin_backend,
@@ -52,6 +65,7 @@ static const ts__backend_ops *const backends[] = {
 typedef enum wkind { W_ALL_REDUCE, W_BROADCAST, W_REDUCE, W_ALL_GATHER, W_REDUCE_SCATTER, W_BARRIER, W_SEND, W_RECV } wkind;
 static const char *const wnames[] = {"all_reduce",     "broadcast", "reduce", "all_gather",
                                      "reduce_scatter", "barrier",   "send",   "recv"};
+#define MAX_BEHIND 64 /* ranks a failure report lists as behind */
 
 struct ts_work {
     atomic_int refs; /* the caller's handle + the queue */
@@ -66,6 +80,7 @@ struct ts_work {
     int tag;
     ts_tensor *hold[2]; /* kept alive until completion */
     uint64_t id;
+    uint64_t fid; /* its flight recorder entry */
     ts_work *next;
 
     pthread_mutex_t mu;
@@ -86,8 +101,14 @@ struct ts_process_group {
 
     atomic_int aborted;
     pthread_mutex_t abort_mu;
+    bool failing; /* an abort is being reported (under abort_mu) */
     ts_status abort_status;
-    char abort_reason[512];
+    char abort_reason[1024];
+
+    ts__flight fr;
+    ts__heartbeat *hb;
+    double hb_timeout_s; /* 0: no heartbeats */
+    char host[64];
 
     pthread_mutex_t mu; /* the queue */
     pthread_cond_t cv;
@@ -96,6 +117,9 @@ struct ts_process_group {
     pthread_t thread;
     uint64_t next_id;
 };
+
+static void heartbeat_failed(void *user, ts_status st, const char *reason, const ts__hb_blame *blame);
+static ts_status aborted_error(ts_process_group *pg, const char *what);
 
 /* ---- group lifetime --------------------------------------------------------------------------- */
 static ts_status find_backend(const char *name, const ts__backend_ops **out) {
@@ -152,23 +176,54 @@ static ts_status mpi_rendezvous(const ts_pg_options *opts, ts_process_group *pg)
     return TS_OK;
 }
 
+/* Heartbeats for a group without a shared store: every rank's address through
+ * one all_gather of the connected backend. A rank that cannot open its socket
+ * still takes part (an empty entry: its peers never judge it). */
+static ts_status heartbeat_by_backend(ts_process_group *pg, double timeout_s) {
+    ts__heartbeat *hb = NULL;
+    char mine[TS__HB_ADDR_BYTES] = "";
+    if (ts__heartbeat_new(pg->rank, pg->world, timeout_s, &pg->fr, heartbeat_failed, pg, &hb) == TS_OK)
+        snprintf(mine, sizeof mine, "%s", ts__heartbeat_address(hb));
+    else
+        ts_log(TS_LOG_WARN, "process group '%s', rank %d: no heartbeats: %s", pg->name, pg->rank, ts_last_error());
+    char *all = ts__calloc((size_t)pg->world, TS__HB_ADDR_BYTES);
+    ts_status st = all ? pg->be->all_gather(pg->be_state, all, mine, TS__HB_ADDR_BYTES, TS_U8) : TS_ERR_NOMEM;
+    if (st == TS_OK && hb) {
+        ts__heartbeat_peers_from_table(hb, all);
+        st = ts__heartbeat_run(hb);
+    }
+    free(all);
+    if (st != TS_OK || !hb) {
+        ts__heartbeat_stop(hb);
+        return st == TS_OK ? TS_OK : ts__error_prefix(st, "exchanging heartbeat addresses");
+    }
+    pg->hb = hb;
+    pg->hb_timeout_s = timeout_s;
+    return TS_OK;
+}
+
 ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
     TS_ARG(out, "ts_pg_new: out is NULL");
     *out = NULL;
     const ts__backend_ops *be = NULL;
     bool opts_ok = opts && opts->size >= sizeof(ts_pg_options) && opts->magic == TS_PG_OPTIONS_MAGIC;
     TS_TRY(find_backend(opts_ok ? opts->backend : NULL, &be));
+    double hb_timeout = 0;
+    TS_TRY(ts__heartbeat_resolve_timeout(opts_ok ? opts->heartbeat_timeout_s : 0.0, &hb_timeout));
 
     ts_process_group *pg = ts__calloc(1, sizeof *pg);
     if (!pg) return TS_ERR_NOMEM;
-    ts_status st = opts_ok && mpi_without_store(opts, be)
-                       ? mpi_rendezvous(opts, pg)
-                       : ts__rendezvous(opts, &pg->store, &pg->rank, &pg->world, &pg->local_rank, &pg->local_world,
-                                        &pg->timeout_s);
+    bool private_store = opts_ok && mpi_without_store(opts, be);
+    ts_status st = private_store ? mpi_rendezvous(opts, pg)
+                                 : ts__rendezvous(opts, &pg->store, &pg->rank, &pg->world, &pg->local_rank,
+                                                  &pg->local_world, &pg->timeout_s);
     if (st != TS_OK) {
         free(pg);
         return st;
     }
+    ts__flight_init(&pg->fr);
+    snprintf(pg->host, sizeof pg->host, "localhost");
+    gethostname(pg->host, sizeof pg->host - 1);
     pg->name = ts__strdup(opts_ok && opts->group_name ? opts->group_name : "default");
     pg->be = be;
     pthread_mutex_init(&pg->mu, NULL);
@@ -184,7 +239,20 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
     if (!pg->name) {
         st = TS_ERR_NOMEM;
     } else {
-        st = be->init(&pg->ctx, &pg->be_state);
+        /* Heartbeats start before the backend connects, through the store (see heartbeat.c) */
+        if (pg->world > 1 && hb_timeout > 0 && !private_store) {
+            st = ts__heartbeat_start(pg->store, pg->rank, pg->world, hb_timeout, &pg->fr, heartbeat_failed, pg,
+                                     &pg->hb);
+            if (st == TS_OK) pg->hb_timeout_s = hb_timeout;
+        }
+        if (st == TS_OK) { /* recorded: a peer that stops while the backend connects is named too */
+            uint64_t fid = ts__flight_issue(&pg->fr, "init", false, TS_U8, -1, 0, -1, false, true);
+            st = be->init(&pg->ctx, &pg->be_state);
+            ts__flight_end(&pg->fr, fid, st == TS_OK);
+            if (st != TS_OK && atomic_load(&pg->aborted)) st = aborted_error(pg, "setup");
+        }
+        /* ... or, with no store to share (plain mpirun), through the backend once it is connected */
+        if (st == TS_OK && pg->world > 1 && hb_timeout > 0 && private_store) st = heartbeat_by_backend(pg, hb_timeout);
         if (st != TS_OK) st = ts__error_prefix(st, "process group '%s' (backend %s)", pg->name, be->name);
     }
     if (st != TS_OK) {
@@ -203,12 +271,15 @@ void ts_pg_free(ts_process_group *pg) {
     pthread_cond_broadcast(&pg->cv);
     bool joinable = pg->has_thread;
     pthread_mutex_unlock(&pg->mu);
-    if (joinable) pthread_join(pg->thread, NULL);
+    if (joinable) pthread_join(pg->thread, NULL); /* queued work waiting on a silent peer still fails */
+    ts__heartbeat_stop(pg->hb);                  /* before the backend goes: it may abort the group */
+    pg->hb = NULL;
     if (pg->be && pg->be_state) pg->be->destroy(pg->be_state);
     ts_store_release(pg->store);
     pthread_cond_destroy(&pg->cv);
     pthread_mutex_destroy(&pg->mu);
     pthread_mutex_destroy(&pg->abort_mu);
+    ts__flight_destroy(&pg->fr);
     free(pg->name);
     free(pg);
 }
@@ -220,25 +291,110 @@ const char *ts_pg_backend_name(const ts_process_group *pg) { return pg && pg->be
 double ts_pg_timeout(const ts_process_group *pg) { return pg ? pg->timeout_s : 0.0; }
 const char *ts__pg_name(const ts_process_group *pg) { return pg ? pg->name : ""; }
 bool ts__pg_aborted(const ts_process_group *pg) { return pg && atomic_load(&pg->aborted); }
+double ts_pg_heartbeat_timeout(const ts_process_group *pg) { return pg ? pg->hb_timeout_s : 0.0; }
+void ts__pg_heartbeat_pause(ts_process_group *pg, bool paused) {
+    if (pg) ts__heartbeat_pause(pg->hb, paused);
+}
 
-void ts__pg_abort_status(ts_process_group *pg, ts_status status, const char *reason) {
-    if (!pg) return;
+ts_status ts_pg_flight_recorder(const ts_process_group *pg, ts_pg_op_record *out, int cap, int *n) {
+    TS_ARG(n, "ts_pg_flight_recorder: n is NULL");
+    *n = 0;
+    TS_ARG(pg, "ts_pg_flight_recorder: process group is NULL");
+    TS_ARG(cap >= 0 && (out || cap == 0), "ts_pg_flight_recorder: out is NULL with cap %d", cap);
+    *n = ts__flight_snapshot((ts__flight *)&pg->fr, out, cap); /* the recorder has its own mutex */
+    return TS_OK;
+}
+
+static bool is_collective(const ts_pg_op_record *op) {
+    return op->seq && strcmp(op->op, "send") != 0 && strcmp(op->op, "recv") != 0; /* "init" has seq 0 */
+}
+
+/* Peers whose last heartbeat said they had not started collective op (none for send/recv). */
+static int behind_of(ts_process_group *pg, const ts_pg_op_record *op, int *behind) {
+    return op && is_collective(op) ? ts__heartbeat_behind(pg->hb, op->seq, behind, MAX_BEHIND) : 0;
+}
+
+/* "; by their last heartbeats rank(s) 1, 3 had not started it", or "". */
+static void behind_note(ts_process_group *pg, const ts_pg_op_record *op, char *buf, size_t n) {
+    int behind[MAX_BEHIND], nb = behind_of(pg, op, behind);
+    buf[0] = 0;
+    for (int i = 0; i < nb && strlen(buf) + 16 < n; i++)
+        snprintf(buf + strlen(buf), n - strlen(buf), "%s%d", i ? ", " : "; by their last heartbeats rank(s) ",
+                 behind[i]);
+    if (nb) snprintf(buf + strlen(buf), n - strlen(buf), " had not started it");
+}
+
+/* The first abort of a group: report (TS_RUN_DIR), log the flight recorder,
+ * then set the flag and tell the backend (so peers learn of it only after the
+ * report exists). Later aborts wait until the first one has set the flag.
+ * op: the operation that failed (NULL: the one running now, if any); blame:
+ * the silent peer, if one is known. */
+static void pg_fail(ts_process_group *pg, ts_status status, const char *reason, const char *cause,
+                    const ts__hb_blame *blame, const ts_pg_op_record *op) {
     pthread_mutex_lock(&pg->abort_mu);
-    if (atomic_load(&pg->aborted)) {
+    if (pg->failing) {
         pthread_mutex_unlock(&pg->abort_mu);
+        while (!atomic_load(&pg->aborted)) { /* the first abort is writing its report: a millisecond */
+            struct timespec ts = {0, 100 * 1000};
+            nanosleep(&ts, NULL);
+        }
         return;
     }
+    pg->failing = true;
     pg->abort_status = status;
     snprintf(pg->abort_reason, sizeof pg->abort_reason, "%s", reason && *reason ? reason : "ts_pg_abort");
-    atomic_store(&pg->aborted, 1);
     pthread_mutex_unlock(&pg->abort_mu);
+
+    ts__fail_info fi;
+    memset(&fi, 0, sizeof fi);
+    fi.group = pg->name;
+    fi.host = pg->host;
+    fi.rank = pg->rank;
+    fi.world = pg->world;
+    fi.pid = (int)getpid();
+    fi.status = status;
+    fi.cause = cause;
+    fi.reason = pg->abort_reason;
+    fi.blame_rank = -1;
+    if (blame) {
+        fi.blame_rank = blame->rank;
+        fi.blame_pid = blame->pid;
+        fi.blame_host = blame->host;
+        fi.silent_s = blame->silent_s;
+        fi.blame_started = blame->started;
+        fi.blame_completed = blame->completed;
+    }
+    ts_pg_op_record cur;
+    if (!op && ts__flight_current(&pg->fr, &cur)) op = &cur;
+    int behind[MAX_BEHIND];
+    fi.op = op;
+    fi.nbehind = behind_of(pg, op, behind);
+    fi.behind = behind;
+    ts__flight_report(&pg->fr, &fi);
+    ts__flight_dump(&pg->fr, &fi);
+
+    atomic_store(&pg->aborted, 1);
     if (pg->be && pg->be_state) pg->be->abort(pg->be_state, pg->abort_reason);
     pthread_mutex_lock(&pg->mu);
     pthread_cond_broadcast(&pg->cv);
     pthread_mutex_unlock(&pg->mu);
 }
 
+void ts__pg_abort_status(ts_process_group *pg, ts_status status, const char *reason) {
+    if (!pg) return;
+    pg_fail(pg, status, reason,
+            status == TS_ERR_TIMEOUT ? "timeout"
+            : status == TS_ERR_STATE ? "abort"
+                                     : "error",
+            NULL, NULL);
+}
+
 void ts_pg_abort(ts_process_group *pg, const char *reason) { ts__pg_abort_status(pg, TS_ERR_STATE, reason); }
+
+/* The heartbeat thread's verdict on a silent peer. */
+static void heartbeat_failed(void *user, ts_status st, const char *reason, const ts__hb_blame *blame) {
+    pg_fail(user, st, reason, "heartbeat", blame, &blame->op);
+}
 
 static ts_status aborted_error(ts_process_group *pg, const char *what) {
     pthread_mutex_lock(&pg->abort_mu);
@@ -254,7 +410,9 @@ static void execute(ts_process_group *pg, ts_work *w) {
     ts_status st;
     if (atomic_load(&pg->aborted)) {
         st = aborted_error(pg, wnames[w->kind]);
+        ts__flight_end(&pg->fr, w->fid, false);
     } else {
+        ts__flight_start(&pg->fr, w->fid); /* a no-op when submit recorded it as started */
         void *s = pg->be_state;
         const ts__backend_ops *be = pg->be;
         switch (w->kind) {
@@ -268,14 +426,23 @@ static void execute(ts_process_group *pg, ts_work *w) {
         case W_RECV: st = be->recv(s, w->buf, w->count, w->dt, w->arg, w->tag); break;
         default: st = ts_error(TS_ERR_INTERNAL, "bad work kind %d", (int)w->kind); break;
         }
+        ts__flight_end(&pg->fr, w->fid, st == TS_OK);
         if (st != TS_OK) {
             if (atomic_load(&pg->aborted)) { /* a consequence of the abort (e.g. our own closed socket) */
                 st = aborted_error(pg, wnames[w->kind]);
             } else {
-                /* Ranks are out of step now: abort so that every later call fails fast. */
-                char reason[512];
+                /* Ranks are out of step now: abort so that every later call fails fast. A peer
+                 * that went away may have given up on a third rank: name it if it is silent. */
+                char reason[1024], note[400] = "";
                 snprintf(reason, sizeof reason, "%s", ts_last_error());
-                ts__pg_abort_status(pg, st, reason);
+                ts__hb_blame b;
+                ts_pg_op_record r;
+                bool have = ts__flight_get(&pg->fr, w->fid, &r);
+                bool suspect = have && st == TS_ERR_REMOTE && ts__heartbeat_suspect(pg->hb, &r, &b, note, sizeof note) >= 0;
+                if (have && st == TS_ERR_TIMEOUT) behind_note(pg, &r, note, sizeof note);
+                snprintf(reason + strlen(reason), sizeof reason - strlen(reason), "%s", note);
+                pg_fail(pg, st, reason, st == TS_ERR_TIMEOUT ? "timeout" : "error", suspect ? &b : NULL,
+                        have ? &r : NULL);
                 ts_error(st, "%s", reason);
             }
         }
@@ -365,12 +532,18 @@ static ts_status wait_done(ts_work *w, double timeout_s) {
         pthread_mutex_unlock(&w->mu);
     }
     if (!atomic_load_explicit(&w->done, memory_order_acquire)) {
-        char reason[256];
-        snprintf(reason, sizeof reason, "%s (work #%llu) did not complete within %g s", wnames[w->kind],
-                 (unsigned long long)w->id, timeout_s);
-        ts__pg_abort_status(w->pg, TS_ERR_TIMEOUT, reason);
-        return ts_error(TS_ERR_TIMEOUT, "%s; process group '%s' aborted (ranks are out of step)", reason,
-                        w->pg->name);
+        char reason[600], what[200] = "", late[300] = "";
+        ts_pg_op_record r;
+        bool have = ts__flight_get(&w->pg->fr, w->fid, &r);
+        if (have) {
+            ts__flight_describe(&r, what, sizeof what);
+            behind_note(w->pg, &r, late, sizeof late);
+        }
+        snprintf(reason, sizeof reason, "%s (work #%llu%s%s) did not complete within %g s%s", wnames[w->kind],
+                 (unsigned long long)w->id, what[0] ? ": " : "", what, timeout_s, late);
+        pg_fail(w->pg, TS_ERR_TIMEOUT, reason, "timeout", NULL, have ? &r : NULL);
+        return ts_error(TS_ERR_TIMEOUT, "%s; process group '%s' aborted (rank %d, host %s, pid %d)", reason,
+                        w->pg->name, w->pg->rank, w->pg->host, (int)getpid());
     }
     if (w->status != TS_OK) return ts_error(w->status, "%s", w->msg);
     return TS_OK;
@@ -385,7 +558,13 @@ static ts_status submit(ts_process_group *pg, ts_work *w, ts_work **work_out) {
     }
     pthread_mutex_lock(&pg->mu);
     w->id = ++pg->next_id;
-    if (!work_out && !pg->head && !pg->running && !pg->stop) { /* idle: run inline */
+    bool inline_run = !work_out && !pg->head && !pg->running && !pg->stop;
+    bool p2p = w->kind == W_SEND || w->kind == W_RECV;
+    bool rooted = p2p || w->kind == W_BROADCAST || w->kind == W_REDUCE;
+    bool reducing = w->kind == W_ALL_REDUCE || w->kind == W_REDUCE || w->kind == W_REDUCE_SCATTER;
+    w->fid = ts__flight_issue(&pg->fr, wnames[w->kind], p2p, w->dt, reducing ? (int)w->op : -1,
+                              w->kind == W_BARRIER ? 0 : w->count, rooted ? w->arg : -1, work_out != NULL, inline_run);
+    if (inline_run) { /* idle: run inline */
         pg->running = true;
         pthread_mutex_unlock(&pg->mu);
         execute(pg, w);
@@ -400,12 +579,14 @@ static ts_status submit(ts_process_group *pg, ts_work *w, ts_work **work_out) {
     }
     if (pg->stop) {
         pthread_mutex_unlock(&pg->mu);
+        ts__flight_end(&pg->fr, w->fid, false);
         work_release(w);
         return ts_error(TS_ERR_STATE, "%s: process group '%s' is being freed", wnames[w->kind], pg->name);
     }
     if (!pg->has_thread) {
         if (pthread_create(&pg->thread, NULL, comm_thread, pg) != 0) {
             pthread_mutex_unlock(&pg->mu);
+            ts__flight_end(&pg->fr, w->fid, false);
             work_release(w);
             return ts_error(TS_ERR_INTERNAL, "could not start the communication thread of process group '%s'",
                             pg->name);

@@ -15,5 +15,7 @@ void ts__pg_abort_status(ts_process_group *pg, ts_status status, const char *rea
 const char *ts__pg_name(const ts_process_group *pg);
 /* Has the group been aborted? */
 bool ts__pg_aborted(const ts_process_group *pg);
+/* Test hook: a paused group sends no heartbeats (its peers see it as stopped). */
+void ts__pg_heartbeat_pause(ts_process_group *pg, bool paused);
 
 #endif /* TS_DIST_PG_H */

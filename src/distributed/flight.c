@@ -1,0 +1,299 @@
+/*
+ * distributed/flight.c — the flight recorder of a process group (see flight.h):
+ * a ring of the last TS_PG_FLIGHT_RECORDER_SIZE operations, the operation
+ * running now, dumps (log and file) and the failure report `tessera run` reads.
+ *
+ * Slots: operation k (k = 1, 2, ... in call order, its "fid") lives in slot
+ * k % SIZE while fid[slot] == k; an update for an operation whose slot was
+ * taken over by a later one (more than SIZE calls queued behind it) only
+ * updates `cur`. The running operation is also copied into `cur`, so the
+ * heartbeat thread can always say what this rank is waiting in.
+ *
+ * Failure report (TS_RUN_DIR/failure-<group>-rank<R>.txt), key=value lines
+ * written to a temporary file and renamed, so a reader sees all or nothing:
+ *     rank, world, pid, host, group, status (TS_ERR_...), cause (heartbeat |
+ *     error | timeout | abort), blame_rank (-1: none), blame_pid, blame_host,
+ *     silent_s, blame_position (what the blamed rank's last heartbeat said:
+ *     "in collective #S", "completed collective #S", ...), op (a description of the operation this rank was in, or
+ *     "none"), op_seq, op_name, op_state, op_for_s (seconds since it started),
+ *     behind (comma-separated ranks whose last heartbeat said they had not
+ *     started that collective; may be empty), reason (one line).
+ * tools/cmd_run.c parses it; keep the two in step.
+ */
+#include "distributed/flight.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SIZE TS_PG_FLIGHT_RECORDER_SIZE
+#define LOG_LINES 8 /* operations a dump logs at ERROR (the file gets all) */
+
+void ts__flight_init(ts__flight *f) {
+    memset(f, 0, sizeof *f);
+    pthread_mutex_init(&f->mu, NULL);
+    atomic_init(&f->coll_started, 0);
+    atomic_init(&f->coll_completed, 0);
+}
+
+void ts__flight_destroy(ts__flight *f) { pthread_mutex_destroy(&f->mu); }
+
+const char *ts_pg_op_state_name(ts_pg_op_state s) {
+    switch (s) {
+    case TS_PG_OP_ISSUED: return "issued";
+    case TS_PG_OP_STARTED: return "started";
+    case TS_PG_OP_COMPLETED: return "completed";
+    case TS_PG_OP_FAILED: return "failed";
+    }
+    return "?";
+}
+
+static bool is_p2p(const ts_pg_op_record *r) { return strcmp(r->op, "send") == 0 || strcmp(r->op, "recv") == 0; }
+
+uint64_t ts__flight_issue(ts__flight *f, const char *op, bool p2p, ts_dtype dt, int reduce_op, size_t count,
+                          int peer, bool async, bool started) {
+    double now = ts_time_now();
+    pthread_mutex_lock(&f->mu);
+    bool setup = strcmp(op, "init") == 0; /* the backend connecting: no number */
+    uint64_t fid = ++f->next_fid, seq = setup ? 0 : p2p ? ++f->p2p_seq : ++f->coll_seq;
+    size_t slot = (size_t)(fid % SIZE);
+    ts_pg_op_record *r = &f->ring[slot];
+    *r = (ts_pg_op_record){seq,  op,    dt, reduce_op, count, count * ts_dtype_size(dt), peer, async,
+                           started ? TS_PG_OP_STARTED : TS_PG_OP_ISSUED, now, started ? now : 0.0, 0.0};
+    f->fid[slot] = fid;
+    if (started) {
+        f->cur_fid = fid;
+        f->cur = *r;
+        if (!p2p && !setup) atomic_store_explicit(&f->coll_started, seq, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&f->mu);
+    return fid;
+}
+
+void ts__flight_start(ts__flight *f, uint64_t fid) {
+    double now = ts_time_now();
+    pthread_mutex_lock(&f->mu);
+    size_t slot = (size_t)(fid % SIZE);
+    if (f->fid[slot] == fid) {
+        ts_pg_op_record *r = &f->ring[slot];
+        r->state = TS_PG_OP_STARTED;
+        r->started_s = now;
+        f->cur = *r;
+        f->cur_fid = fid;
+        if (!is_p2p(r)) atomic_store_explicit(&f->coll_started, r->seq, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+void ts__flight_end(ts__flight *f, uint64_t fid, bool ok) {
+    double now = ts_time_now();
+    pthread_mutex_lock(&f->mu);
+    size_t slot = (size_t)(fid % SIZE);
+    ts_pg_op_record *r = f->fid[slot] == fid ? &f->ring[slot] : f->cur_fid == fid ? &f->cur : NULL;
+    if (r) {
+        r->state = ok ? TS_PG_OP_COMPLETED : TS_PG_OP_FAILED;
+        r->ended_s = now;
+        if (r->started_s == 0) r->started_s = now; /* failed before the backend saw it (aborted group) */
+        if (ok && !is_p2p(r) && r->seq) atomic_store_explicit(&f->coll_completed, r->seq, memory_order_relaxed);
+    }
+    if (f->cur_fid == fid) f->cur_fid = 0;
+    pthread_mutex_unlock(&f->mu);
+}
+
+bool ts__flight_current(ts__flight *f, ts_pg_op_record *out) {
+    pthread_mutex_lock(&f->mu);
+    bool has = f->cur_fid != 0;
+    if (has) *out = f->cur;
+    pthread_mutex_unlock(&f->mu);
+    return has;
+}
+
+bool ts__flight_get(ts__flight *f, uint64_t fid, ts_pg_op_record *out) {
+    pthread_mutex_lock(&f->mu);
+    size_t slot = (size_t)(fid % SIZE);
+    bool has = fid != 0 && f->fid[slot] == fid;
+    if (has) *out = f->ring[slot];
+    else if (fid != 0 && f->cur_fid == fid) *out = f->cur, has = true;
+    pthread_mutex_unlock(&f->mu);
+    return has;
+}
+
+bool ts__flight_last(ts__flight *f, ts_pg_op_record *out) {
+    pthread_mutex_lock(&f->mu);
+    size_t slot = (size_t)(f->next_fid % SIZE);
+    bool has = f->next_fid != 0 && f->fid[slot] == f->next_fid;
+    if (has) *out = f->ring[slot];
+    pthread_mutex_unlock(&f->mu);
+    return has;
+}
+
+int ts__flight_snapshot(ts__flight *f, ts_pg_op_record *out, int cap) {
+    ts_pg_op_record all[SIZE];
+    int n = 0;
+    pthread_mutex_lock(&f->mu);
+    uint64_t first = f->next_fid >= SIZE ? f->next_fid - SIZE + 1 : 1;
+    for (uint64_t k = first; k <= f->next_fid; k++) {
+        size_t slot = (size_t)(k % SIZE);
+        if (f->fid[slot] == k) all[n++] = f->ring[slot];
+    }
+    pthread_mutex_unlock(&f->mu);
+    int skip = n > cap ? n - cap : 0; /* keep the newest */
+    for (int i = skip; i < n; i++) out[i - skip] = all[i];
+    return n - skip;
+}
+
+static void human_bytes(size_t b, char *buf, size_t n) {
+    if (b < 1024) snprintf(buf, n, "%zu B", b);
+    else if (b < ((size_t)1 << 20)) snprintf(buf, n, "%.4g KiB", (double)b / 1024.0);
+    else if (b < ((size_t)1 << 30)) snprintf(buf, n, "%.4g MiB", (double)b / 1048576.0);
+    else snprintf(buf, n, "%.4g GiB", (double)b / 1073741824.0);
+}
+
+void ts__flight_describe(const ts_pg_op_record *r, char *buf, size_t n) {
+    static const char *const rops[] = {"sum", "avg", "max", "min"};
+    char bytes[32], extra[48] = "";
+    human_bytes(r->bytes, bytes, sizeof bytes);
+    bool p2p = is_p2p(r);
+    if (r->reduce_op >= 0 && r->reduce_op < 4) snprintf(extra, sizeof extra, ", %s", rops[r->reduce_op]);
+    if (r->peer >= 0)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", %s rank %d",
+                 p2p ? (r->op[0] == 's' ? "to" : "from") : "root", r->peer);
+    if (strcmp(r->op, "init") == 0)
+        snprintf(buf, n, "the process group's setup (the backend connecting to every rank)");
+    else if (strcmp(r->op, "barrier") == 0)
+        snprintf(buf, n, "collective #%llu barrier", (unsigned long long)r->seq);
+    else
+        snprintf(buf, n, "%s #%llu %s (%s x %zu, %s%s)", p2p ? "p2p" : "collective", (unsigned long long)r->seq,
+                 r->op, (unsigned)r->dtype < TS_DTYPE_COUNT ? ts_dtype_name(r->dtype) : "?", r->count, bytes, extra);
+}
+
+/* One dump line: the description, the state and its times relative to now. */
+static void dump_line(const ts_pg_op_record *r, double now, char *buf, size_t n) {
+    char d[200];
+    ts__flight_describe(r, d, sizeof d);
+    int k = snprintf(buf, n, "  %s%s: %s", d, r->async ? " async" : "", ts_pg_op_state_name(r->state));
+    if (k < 0 || (size_t)k >= n) return;
+    char *p = buf + k;
+    size_t left = n - (size_t)k;
+    switch (r->state) {
+    case TS_PG_OP_ISSUED: snprintf(p, left, ", queued %.3f s ago", now - r->issued_s); break;
+    case TS_PG_OP_STARTED:
+        snprintf(p, left, " %.3f s ago (issued %.3f s ago), still running", now - r->started_s, now - r->issued_s);
+        break;
+    default:
+        snprintf(p, left, " %.3f s ago after %.3f s (issued %.3f s ago)", now - r->ended_s, r->ended_s - r->started_s,
+                 now - r->issued_s);
+        break;
+    }
+}
+
+/* A name safe in a file name: [A-Za-z0-9._-], anything else '_'. */
+static void safe_name(const char *s, char *out, size_t n) {
+    size_t i = 0;
+    for (; s && s[i] && i + 1 < n && i < 64; i++) {
+        char c = s[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                  c == '_';
+        out[i] = ok && !(i == 0 && c == '.') ? c : '_';
+    }
+    out[i] = 0;
+}
+
+static void header(const ts__fail_info *fi, int nrec, char *buf, size_t n) {
+    char what[48] = "no operations yet";
+    if (nrec) snprintf(what, sizeof what, "the last %d operation%s, oldest first", nrec, nrec == 1 ? "" : "s");
+    size_t rl = strlen(fi->reason);
+    snprintf(buf, n, "flight recorder of rank %d of %d (host %s, pid %d), process group '%s', %s (%s: %.500s%s)",
+             fi->rank, fi->world, fi->host, fi->pid, fi->group, what, fi->cause, fi->reason, rl > 500 ? "..." : "");
+}
+
+void ts__flight_dump(ts__flight *f, const ts__fail_info *fi) {
+    ts_pg_op_record rec[SIZE];
+    int k = ts__flight_snapshot(f, rec, SIZE);
+    double now = ts_time_now();
+    char line[768], msg[2048];
+    /* One log call (several lines): dumps of ranks sharing a process do not interleave. */
+    header(fi, k, msg, sizeof msg);
+    int from = k > LOG_LINES ? k - LOG_LINES : 0;
+    if (from)
+        snprintf(msg + strlen(msg), sizeof msg - strlen(msg),
+                 "\n  ... %d older operation%s (ts_pg_flight_recorder, TS_FLIGHT_RECORDER_DIR)", from,
+                 from == 1 ? "" : "s");
+    for (int i = from; i < k; i++) {
+        dump_line(&rec[i], now, line, sizeof line);
+        snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "\n%s", line);
+    }
+    ts_log(TS_LOG_ERROR, "%s", msg);
+
+    const char *dir = getenv("TS_FLIGHT_RECORDER_DIR");
+    if (!dir || !*dir) return;
+    char g[80], path[1024];
+    safe_name(fi->group, g, sizeof g);
+    snprintf(path, sizeof path, "%s/flight-%s-rank%d-pid%d.txt", dir, g, fi->rank, fi->pid);
+    mkdir(dir, 0777); /* may exist already */
+    FILE *fp = fopen(path, "w");
+    if (!fp) {
+        ts_log(TS_LOG_WARN, "TS_FLIGHT_RECORDER_DIR: cannot write %s: %s", path, strerror(errno));
+        return;
+    }
+    header(fi, k, line, sizeof line);
+    fprintf(fp, "%s\n", line);
+    for (int i = 0; i < k; i++) {
+        dump_line(&rec[i], now, line, sizeof line);
+        fprintf(fp, "%s\n", line);
+    }
+    fclose(fp);
+}
+
+/* Writes s on one line: newlines and other control characters become spaces. */
+static void put_line(FILE *fp, const char *key, const char *s) {
+    fprintf(fp, "%s=", key);
+    for (; s && *s; s++) fputc((unsigned char)*s < 0x20 ? ' ' : *s, fp);
+    fputc('\n', fp);
+}
+
+void ts__flight_report(ts__flight *f, const ts__fail_info *fi) {
+    const char *dir = getenv("TS_RUN_DIR");
+    if (!dir || !*dir) return;
+    char g[80], path[1024], tmp[1100];
+    safe_name(fi->group, g, sizeof g);
+    snprintf(path, sizeof path, "%s/failure-%s-rank%d.txt", dir, g, fi->rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, fi->pid);
+    FILE *fp = fopen(tmp, "w");
+    if (!fp) {
+        ts_log(TS_LOG_WARN, "TS_RUN_DIR: cannot write %s: %s", tmp, strerror(errno));
+        return;
+    }
+    ts_pg_op_record r;
+    bool in_op = fi->op ? (r = *fi->op, true) : ts__flight_last(f, &r);
+    char d[200] = "none";
+    if (in_op) ts__flight_describe(&r, d, sizeof d);
+    fprintf(fp, "rank=%d\nworld=%d\npid=%d\n", fi->rank, fi->world, fi->pid);
+    put_line(fp, "host", fi->host);
+    put_line(fp, "group", fi->group);
+    fprintf(fp, "status=%s\ncause=%s\nblame_rank=%d\nblame_pid=%d\n", ts_status_name(fi->status), fi->cause,
+            fi->blame_rank, fi->blame_pid);
+    put_line(fp, "blame_host", fi->blame_host ? fi->blame_host : "");
+    fprintf(fp, "silent_s=%.1f\n", fi->silent_s);
+    if (fi->blame_rank >= 0 && fi->blame_started == 0)
+        fprintf(fp, "blame_position=no collective started yet\n");
+    else if (fi->blame_rank >= 0 && fi->blame_completed >= fi->blame_started)
+        fprintf(fp, "blame_position=completed collective #%llu\n", (unsigned long long)fi->blame_completed);
+    else if (fi->blame_rank >= 0)
+        fprintf(fp, "blame_position=in collective #%llu\n", (unsigned long long)fi->blame_started);
+    put_line(fp, "op", d);
+    fprintf(fp, "op_seq=%llu\nop_name=%s\nop_state=%s\nop_for_s=%.1f\n", in_op ? (unsigned long long)r.seq : 0ull,
+            in_op ? r.op : "none", in_op ? ts_pg_op_state_name(r.state) : "none",
+            in_op && r.started_s > 0 ? (r.ended_s > 0 ? r.ended_s : ts_time_now()) - r.started_s : 0.0);
+    fprintf(fp, "behind=");
+    for (int i = 0; i < fi->nbehind; i++) fprintf(fp, "%s%d", i ? "," : "", fi->behind[i]);
+    fprintf(fp, "\n");
+    put_line(fp, "reason", fi->reason);
+    bool ok = fflush(fp) == 0;
+    ok &= fclose(fp) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        ts_log(TS_LOG_WARN, "TS_RUN_DIR: cannot write %s: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+}

@@ -1,0 +1,528 @@
+/*
+ * distributed/heartbeat.c — heartbeats between the ranks of a process group, on
+ * a thread of their own, so that a peer that is stopped (SIGSTOP, a debugger,
+ * a frozen host) is named within seconds instead of at the collective timeout.
+ *
+ * ---- Why a side channel ------------------------------------------------------------------------
+ * A stopped process sends nothing, and a busy one (a long evaluation between
+ * collectives) sends nothing on its collective links either; only a thread
+ * that never waits for the training thread can tell the two apart. Each group
+ * has one such thread per rank. Its traffic does not touch the backend's links
+ * (shared memory rings, TCP streams, MPI), so it works under every backend and
+ * while a collective holds the links.
+ *
+ * ---- Setup ----------------------------------------------------------------------------------------
+ * Through the group's prefix store, before the backend connects:
+ *   gen = add("hb/join/<rank>", 1)       (successive groups of one name on one store)
+ *   set("hb/<gen>/<rank>", "<ip> <port> <pid> <nonce> <host>")
+ *   get("hb/<gen>/<peer>") for every peer
+ * Without a shared store (the mpi backend under plain mpirun) pg.c exchanges
+ * the same strings with the backend's all_gather once it is connected
+ * (ts__heartbeat_peers_from_table); a rank whose entry is empty (it could not
+ * set up heartbeats) is never judged.
+ * The socket is UDP, bound to every interface on a free port; the address
+ * published is TS_DIST_IFADDR, else the interface that routes to MASTER_ADDR,
+ * else 127.0.0.1 (the same choice as the TCP transport's). The nonce is random
+ * per rank and group: a datagram is accepted only from a (rank, nonce) that
+ * was published, so strays and older groups are ignored.
+ *
+ * ---- Datagrams (48 bytes, big-endian) ----------------------------------------------------------
+ *   u32 magic "TSHB" | u32 kind (1 beat, 2 bye) | u32 rank | u32 0 | u64 nonce | u64 count
+ *   | u64 last collective started | u64 last collective completed
+ * The first beat leaves from ts__heartbeat_run itself (so a process stopped
+ * before its thread first runs has still been heard once); then, every
+ * interval (TS_HEARTBEAT_INTERVAL seconds; default timeout / 10, between 0.05
+ * and 1 s), the thread sends a beat to every peer, reads what arrived and
+ * notes, per peer, when it last heard from it and its position. A position is
+ * up to one interval old: it says where the peer was, not where it stopped.
+ * ts__heartbeat_stop sends "bye" twice: a peer that left is never waited for.
+ *
+ * ---- Judging a peer ------------------------------------------------------------------------------
+ * After every round the thread asks the flight recorder what this rank is
+ * waiting in. Nothing: no judgement (a peer may be stopped in a debugger while
+ * this rank computes). A collective: every peer counts; send/recv: its peer.
+ * A counted peer last heard from more than `timeout` ago fails the group once
+ * (fail callback: TS_ERR_TIMEOUT, "rank R (host H, pid P) has not been heard
+ * from for N s (stopped or hung?) while this rank (Q) was waiting in ...").
+ * pg.c also asks (ts__heartbeat_suspect) when a collective failed because a
+ * peer went away: over TCP a rank that gave up on a silent third rank only
+ * closes its connections, and the silent one is the news.
+ * Safeguards against blaming the innocent:
+ *   - a peer is judged only after its first beat arrived (a network that
+ *     drops UDP between two hosts turns their checks off, with one warning,
+ *     instead of failing every collective);
+ *   - when this thread itself did not run for max(3 intervals, timeout / 2)
+ *     (this process was stopped or starved), every peer's silence restarts:
+ *     the beats that did not arrive meanwhile are ours to miss.
+ */
+#include "distributed/heartbeat.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HB_MAGIC 0x54534842u /* "TSHB" */
+#define HB_BEAT 1u
+#define HB_BYE 2u
+#define HB_BYTES 48
+
+typedef struct hb_peer {
+    struct sockaddr_in addr;
+    uint64_t nonce;
+    int pid;
+    char host[64];
+    double last_heard; /* ts_time_now() of its last datagram */
+    bool heard, left, warned;
+    uint64_t started, completed; /* its position, from its last beat */
+} hb_peer;
+
+struct ts__heartbeat {
+    int rank, world;
+    double timeout_s, interval_s, t0;
+    int fd, wake_r, wake_w;
+    uint64_t nonce, count;
+    ts__flight *fr;
+    ts__hb_fail_fn fail;
+    void *user;
+    pthread_t thread;
+    bool has_thread;
+    atomic_bool stop, paused, fired;
+    pthread_mutex_t mu; /* peers[] */
+    hb_peer *peers;
+    char address[TS__HB_ADDR_BYTES]; /* what peers need: "<ip> <port> <pid> <nonce> <host>" */
+};
+
+/* ---- configuration ------------------------------------------------------------------------------ */
+static ts_status env_seconds(const char *name, double *out, bool *set) {
+    const char *e = getenv(name);
+    *set = false;
+    if (!e || !*e) return TS_OK;
+    *set = true;
+    if (strcmp(e, "off") == 0) {
+        *out = 0;
+        return TS_OK;
+    }
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(e, &end);
+    while (end && (*end == ' ' || *end == '\n')) end++;
+    if (errno || end == e || *end || !(v >= 0) || !isfinite(v))
+        return ts_error(TS_ERR_INVALID_ARG,
+                        "environment variable %s='%.100s' is not a number of seconds >= 0 (0 or off: no heartbeats)",
+                        name, e);
+    *out = v;
+    return TS_OK;
+}
+
+ts_status ts__heartbeat_resolve_timeout(double opt, double *out) {
+    if (isnan(opt)) return ts_error(TS_ERR_INVALID_ARG, "ts_pg_options.heartbeat_timeout_s is NaN");
+    if (opt != 0) {
+        *out = opt > 0 ? opt : 0;
+        return TS_OK;
+    }
+    bool set = false;
+    double v = TS_HEARTBEAT_DEFAULT_TIMEOUT_S;
+    TS_TRY(env_seconds("TS_HEARTBEAT_TIMEOUT", &v, &set));
+    *out = v;
+    return TS_OK;
+}
+
+/* ---- wire --------------------------------------------------------------------------------------- */
+static void put_be(unsigned char *p, uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
+}
+
+static uint64_t get_be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = v << 8 | p[i];
+    return v;
+}
+
+static void send_all(ts__heartbeat *hb, uint32_t kind) {
+    unsigned char m[HB_BYTES] = {0};
+    put_be(m, HB_MAGIC, 4);
+    put_be(m + 4, kind, 4);
+    put_be(m + 8, (uint64_t)hb->rank, 4);
+    put_be(m + 16, hb->nonce, 8);
+    put_be(m + 24, ++hb->count, 8);
+    put_be(m + 32, atomic_load_explicit(&hb->fr->coll_started, memory_order_relaxed), 8);
+    put_be(m + 40, atomic_load_explicit(&hb->fr->coll_completed, memory_order_relaxed), 8);
+    for (int p = 0; p < hb->world; p++) {
+        if (p == hb->rank) continue;
+        /* peers[p].addr is written once before the thread starts: no lock needed */
+        (void)sendto(hb->fd, m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL, (const struct sockaddr *)&hb->peers[p].addr,
+                     sizeof hb->peers[p].addr);
+    }
+}
+
+static void receive_all(ts__heartbeat *hb) {
+    unsigned char m[HB_BYTES + 16];
+    for (;;) {
+        ssize_t r = recv(hb->fd, m, sizeof m, MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return; /* EAGAIN, or an error a datagram socket may report: nothing to read now */
+        }
+        if (r != HB_BYTES || get_be(m, 4) != HB_MAGIC) continue;
+        uint32_t kind = (uint32_t)get_be(m + 4, 4);
+        uint64_t peer = get_be(m + 8, 4), nonce = get_be(m + 16, 8);
+        if (peer >= (uint64_t)hb->world || (int)peer == hb->rank) continue;
+        pthread_mutex_lock(&hb->mu);
+        hb_peer *p = &hb->peers[peer];
+        if (p->nonce == nonce) {
+            p->last_heard = ts_time_now();
+            p->heard = true;
+            if (kind == HB_BYE) p->left = true;
+            p->started = get_be(m + 32, 8);
+            p->completed = get_be(m + 40, 8);
+        }
+        pthread_mutex_unlock(&hb->mu);
+    }
+}
+
+/* ---- judging ------------------------------------------------------------------------------------ */
+static bool is_p2p(const ts_pg_op_record *r) { return strcmp(r->op, "send") == 0 || strcmp(r->op, "recv") == 0; }
+
+/* The peer op waits on that has been silent longest, if over min_silence: its
+ * rank with *b filled (b->op = op), else -1. Warns once about peers never heard. */
+static int suspect(ts__heartbeat *hb, const ts_pg_op_record *op, double now, double min_silence, ts__hb_blame *b) {
+    bool p2p = is_p2p(op);
+    int worst = -1;
+    double silent = 0;
+    pthread_mutex_lock(&hb->mu);
+    for (int p = 0; p < hb->world; p++) {
+        hb_peer *q = &hb->peers[p];
+        if (p == hb->rank || q->left || (p2p && p != op->peer)) continue;
+        if (!q->heard) {
+            if (!q->warned && now - hb->t0 > hb->timeout_s) {
+                q->warned = true;
+                ts_log(TS_LOG_WARN,
+                       "rank %d: no heartbeat from rank %d (host %s, pid %d) in %.0f s since the group started: are "
+                       "UDP datagrams to port %d blocked? Liveness checks of rank %d are off until one arrives",
+                       hb->rank, p, q->host, q->pid, now - hb->t0, (int)ntohs(hb->peers[hb->rank].addr.sin_port), p);
+            }
+            continue;
+        }
+        if (now - q->last_heard > silent) {
+            silent = now - q->last_heard;
+            worst = p;
+        }
+    }
+    if (worst < 0 || silent <= min_silence) {
+        pthread_mutex_unlock(&hb->mu);
+        return -1;
+    }
+    const hb_peer *q = &hb->peers[worst];
+    memset(b, 0, sizeof *b);
+    b->rank = worst;
+    b->pid = q->pid;
+    snprintf(b->host, sizeof b->host, "%s", q->host);
+    b->silent_s = silent;
+    b->started = q->started;
+    b->completed = q->completed;
+    b->op = *op;
+    pthread_mutex_unlock(&hb->mu);
+    return worst;
+}
+
+/* "; its last heartbeat (N s ago) said it had completed collective #S" for collectives, else "". */
+static void position(const ts__hb_blame *b, char *pos, size_t n) {
+    pos[0] = 0;
+    if (is_p2p(&b->op)) return;
+    int k = snprintf(pos, n, "; its last heartbeat (%.1f s ago) said it ", b->silent_s);
+    if (k < 0 || (size_t)k >= n) return;
+    if (b->started >= b->op.seq)
+        snprintf(pos + k, n - (size_t)k, "had started collective #%llu too", (unsigned long long)b->started);
+    else if (b->started == 0)
+        snprintf(pos + k, n - (size_t)k, "had not started any collective");
+    else if (b->completed >= b->started)
+        snprintf(pos + k, n - (size_t)k, "had completed collective #%llu", (unsigned long long)b->completed);
+    else
+        snprintf(pos + k, n - (size_t)k, "was in collective #%llu", (unsigned long long)b->started);
+}
+
+static void check(ts__heartbeat *hb, double now) {
+    if (atomic_load(&hb->fired)) return;
+    ts_pg_op_record op;
+    ts__hb_blame b;
+    if (!ts__flight_current(hb->fr, &op) || suspect(hb, &op, now, hb->timeout_s, &b) < 0) return;
+    char what[200], pos[200], reason[900];
+    ts__flight_describe(&op, what, sizeof what);
+    position(&b, pos, sizeof pos);
+    snprintf(reason, sizeof reason,
+             "rank %d (host %s, pid %d) has not been heard from for %.1f s (stopped or hung?) while this rank (%d) "
+             "was waiting in %s for %.1f s%s (heartbeat timeout %g s: TS_HEARTBEAT_TIMEOUT)",
+             b.rank, b.host, b.pid, b.silent_s, hb->rank, what, op.started_s > 0 ? now - op.started_s : 0.0, pos,
+             hb->timeout_s);
+    atomic_store(&hb->fired, true);
+    hb->fail(hb->user, TS_ERR_TIMEOUT, reason, &b);
+}
+
+int ts__heartbeat_suspect(ts__heartbeat *hb, const ts_pg_op_record *op, ts__hb_blame *b, char *note, size_t n) {
+    if (!hb) return -1;
+    double now = ts_time_now();
+    int r = suspect(hb, op, now, fmax(2.5 * hb->interval_s, hb->timeout_s / 4), b);
+    if (r < 0) return -1;
+    char pos[200];
+    position(b, pos, sizeof pos);
+    snprintf(note, n, "; rank %d (host %s, pid %d) has not been heard from for %.1f s either (stopped or hung?)%s",
+             b->rank, b->host, b->pid, b->silent_s, pos);
+    return r;
+}
+
+static void *hb_main(void *arg) {
+    ts__heartbeat *hb = arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the application's business */
+    double stall = fmax(3 * hb->interval_s, hb->timeout_s / 2), last = ts_time_now();
+    double next_send = last + hb->interval_s; /* ts__heartbeat_start sent the first */
+    while (!atomic_load(&hb->stop)) {
+        double now = ts_time_now();
+        if (now >= next_send) {
+            if (!atomic_load(&hb->paused)) send_all(hb, HB_BEAT);
+            next_send = now + hb->interval_s;
+        }
+        struct pollfd pf[2] = {{hb->fd, POLLIN, 0}, {hb->wake_r, POLLIN, 0}};
+        int ms = (int)ceil((next_send - now) * 1000.0);
+        poll(pf, 2, ms < 1 ? 1 : ms > 1000 ? 1000 : ms);
+        if (pf[1].revents) {
+            char b[16];
+            while (read(hb->wake_r, b, sizeof b) > 0) {
+            }
+        }
+        receive_all(hb);
+        now = ts_time_now();
+        if (now - last > stall) {
+            ts_log(TS_LOG_WARN,
+                   "rank %d: the heartbeat thread did not run for %.1f s (was this process stopped or starved?); "
+                   "peers' silence is counted afresh",
+                   hb->rank, now - last);
+            pthread_mutex_lock(&hb->mu);
+            for (int p = 0; p < hb->world; p++) hb->peers[p].last_heard = now;
+            pthread_mutex_unlock(&hb->mu);
+        }
+        last = now;
+        check(hb, now);
+    }
+    if (!atomic_load(&hb->paused)) {
+        send_all(hb, HB_BYE);
+        send_all(hb, HB_BYE);
+    }
+    return NULL;
+}
+
+/* ---- setup ------------------------------------------------------------------------------------------ */
+/* TS_DIST_IFADDR, else the interface that routes to MASTER_ADDR, else 127.0.0.1 (as tcp.c). */
+static void local_ip(char *ip, size_t n) {
+    snprintf(ip, n, "127.0.0.1");
+    const char *ifaddr = getenv("TS_DIST_IFADDR"), *master = getenv("MASTER_ADDR");
+    if (ifaddr && *ifaddr) {
+        snprintf(ip, n, "%s", ifaddr);
+        return;
+    }
+    if (!master || !*master) return;
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_DGRAM;
+    if (getaddrinfo(master, "9", &hints, &res) != 0 || !res) return;
+    int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in me;
+    memset(&me, 0, sizeof me);
+    socklen_t ml = sizeof me;
+    if (u >= 0 && connect(u, res->ai_addr, res->ai_addrlen) == 0 && getsockname(u, (struct sockaddr *)&me, &ml) == 0)
+        inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)n);
+    if (u >= 0) close(u);
+    freeaddrinfo(res);
+}
+
+static uint64_t random_nonce(int rank) {
+    static _Atomic uint64_t counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 17) ^ (uint64_t)rank;
+    x += atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull;
+    x ^= x >> 33; /* splitmix finaliser */
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x ? x : 1;
+}
+
+static void hb_free(ts__heartbeat *hb) {
+    if (hb->fd >= 0) close(hb->fd);
+    if (hb->wake_r >= 0) close(hb->wake_r);
+    if (hb->wake_w >= 0) close(hb->wake_w);
+    pthread_mutex_destroy(&hb->mu);
+    free(hb->peers);
+    free(hb);
+}
+
+static ts_status parse_peer(const char *v, int peer, hb_peer *p) {
+    char ip[64] = "", host[64] = "";
+    int port = 0, pid = 0;
+    unsigned long long nonce = 0;
+    int k = sscanf(v, "%63s %d %d %llx %63s", ip, &port, &pid, &nonce, host);
+    memset(&p->addr, 0, sizeof p->addr);
+    p->addr.sin_family = AF_INET;
+    p->addr.sin_port = htons((uint16_t)port);
+    if (k != 5 || port <= 0 || port > 65535 || inet_pton(AF_INET, ip, &p->addr.sin_addr) != 1)
+        return ts_error(TS_ERR_FORMAT, "heartbeat: rank %d published a bad address '%.100s'", peer, v);
+    p->nonce = nonce;
+    p->pid = pid;
+    snprintf(p->host, sizeof p->host, "%s", host);
+    return TS_OK;
+}
+
+ts_status ts__heartbeat_new(int rank, int world, double timeout_s, ts__flight *fr, ts__hb_fail_fn fail, void *user,
+                            ts__heartbeat **out) {
+    *out = NULL;
+    ts__heartbeat *hb = ts__calloc(1, sizeof *hb);
+    if (!hb) return TS_ERR_NOMEM;
+    hb->fd = hb->wake_r = hb->wake_w = -1;
+    pthread_mutex_init(&hb->mu, NULL);
+    hb->rank = rank;
+    hb->world = world;
+    hb->timeout_s = timeout_s;
+    hb->fr = fr;
+    hb->fail = fail;
+    hb->user = user;
+    atomic_init(&hb->stop, false);
+    atomic_init(&hb->paused, false);
+    atomic_init(&hb->fired, false);
+    ts_status st = TS_OK;
+    bool set = false;
+    double iv = fmin(fmax(timeout_s / 10, 0.05), 1.0);
+    TS_CHECK_GOTO(env_seconds("TS_HEARTBEAT_INTERVAL", &iv, &set));
+    hb->interval_s = fmax(iv, 0.01);
+    hb->peers = ts__calloc((size_t)world, sizeof *hb->peers);
+    if (!hb->peers) {
+        st = TS_ERR_NOMEM;
+        goto fail;
+    }
+    int wp[2];
+    hb->fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (hb->fd < 0 || pipe2(wp, O_CLOEXEC | O_NONBLOCK) != 0) {
+        st = ts_error(TS_ERR_IO, "heartbeat: socket: %s", strerror(errno));
+        goto fail;
+    }
+    hb->wake_r = wp[0];
+    hb->wake_w = wp[1];
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t sl = sizeof sa;
+    if (bind(hb->fd, (struct sockaddr *)&sa, sizeof sa) != 0 || getsockname(hb->fd, (struct sockaddr *)&sa, &sl) != 0) {
+        st = ts_error(TS_ERR_IO, "heartbeat: binding a UDP socket: %s", strerror(errno));
+        goto fail;
+    }
+    char ip[64], host[64] = "localhost";
+    local_ip(ip, sizeof ip);
+    gethostname(host, sizeof host - 1);
+    for (char *c = host; *c; c++)
+        if (*c == ' ') *c = '_';
+    hb->nonce = random_nonce(rank);
+    snprintf(hb->address, sizeof hb->address, "%s %d %d %llx %s", ip, (int)ntohs(sa.sin_port), (int)getpid(),
+             (unsigned long long)hb->nonce, host);
+    *out = hb;
+    return TS_OK;
+fail:
+    hb_free(hb);
+    return ts__error_prefix(st, "rank %d: setting up heartbeats", rank);
+}
+
+const char *ts__heartbeat_address(const ts__heartbeat *hb) { return hb->address; }
+
+ts_status ts__heartbeat_peers_from_store(ts__heartbeat *hb, ts_store *store) {
+    char key[96];
+    int64_t gen = 0;
+    snprintf(key, sizeof key, "hb/join/%d", hb->rank);
+    TS_TRY(ts_store_add(store, key, 1, &gen));
+    snprintf(key, sizeof key, "hb/%lld/%d", (long long)gen, hb->rank);
+    TS_TRY(ts_store_set(store, key, hb->address, strlen(hb->address)));
+    for (int p = 0; p < hb->world; p++) {
+        snprintf(key, sizeof key, "hb/%lld/%d", (long long)gen, p);
+        void *v = NULL;
+        size_t len = 0;
+        TS_TRY(ts_store_get(store, key, &v, &len));
+        ts_status st = parse_peer(v, p, &hb->peers[p]);
+        free(v);
+        TS_TRY(st);
+    }
+    return TS_OK;
+}
+
+void ts__heartbeat_peers_from_table(ts__heartbeat *hb, const char *table) {
+    for (int p = 0; p < hb->world; p++) {
+        char v[TS__HB_ADDR_BYTES];
+        memcpy(v, table + (size_t)p * TS__HB_ADDR_BYTES, sizeof v);
+        v[sizeof v - 1] = 0;
+        if (p != hb->rank && parse_peer(v, p, &hb->peers[p]) != TS_OK) {
+            hb->peers[p].left = true; /* never judged */
+            ts_log(TS_LOG_WARN, "rank %d: rank %d has no heartbeats (%s); a stop there ends at the collective timeout",
+                   hb->rank, p, v[0] ? ts_last_error() : "it could not set them up");
+        }
+    }
+}
+
+ts_status ts__heartbeat_run(ts__heartbeat *hb) {
+    hb->t0 = ts_time_now();
+    for (int p = 0; p < hb->world; p++) hb->peers[p].last_heard = hb->t0;
+    /* The first beat from this thread: every peer has bound its socket (it published after binding),
+     * so each hears of us even if this process stops before the thread first runs. */
+    send_all(hb, HB_BEAT);
+    if (pthread_create(&hb->thread, NULL, hb_main, hb) != 0)
+        return ts_error(TS_ERR_INTERNAL, "rank %d: cannot start the heartbeat thread", hb->rank);
+    hb->has_thread = true;
+    return TS_OK;
+}
+
+ts_status ts__heartbeat_start(ts_store *store, int rank, int world, double timeout_s, ts__flight *fr,
+                              ts__hb_fail_fn fail, void *user, ts__heartbeat **out) {
+    ts__heartbeat *hb = NULL;
+    TS_TRY(ts__heartbeat_new(rank, world, timeout_s, fr, fail, user, &hb));
+    ts_status st = ts__heartbeat_peers_from_store(hb, store);
+    if (st == TS_OK) st = ts__heartbeat_run(hb);
+    if (st != TS_OK) {
+        hb_free(hb);
+        return ts__error_prefix(st, "rank %d: setting up heartbeats", rank);
+    }
+    *out = hb;
+    return TS_OK;
+}
+
+void ts__heartbeat_stop(ts__heartbeat *hb) {
+    if (!hb) return;
+    atomic_store(&hb->stop, true);
+    ssize_t w = write(hb->wake_w, "x", 1);
+    (void)w;
+    if (hb->has_thread) pthread_join(hb->thread, NULL);
+    hb_free(hb);
+}
+
+void ts__heartbeat_pause(ts__heartbeat *hb, bool paused) {
+    if (hb) atomic_store(&hb->paused, paused);
+}
+
+int ts__heartbeat_behind(ts__heartbeat *hb, uint64_t seq, int *ranks, int cap) {
+    int n = 0;
+    if (!hb || seq == 0) return 0;
+    pthread_mutex_lock(&hb->mu);
+    for (int p = 0; p < hb->world && n < cap; p++)
+        if (p != hb->rank && hb->peers[p].heard && !hb->peers[p].left && hb->peers[p].started < seq) ranks[n++] = p;
+    pthread_mutex_unlock(&hb->mu);
+    return n;
+}
