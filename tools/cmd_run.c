@@ -2,7 +2,8 @@
  * tools/cmd_run.c — `tessera run`: the launcher (torchrun's static launch).
  *
  *   tessera run -n N [--nnodes M] [--node-rank R] [--master-addr A]
- *               [--master-port P] [--no-prefix] [--grace S] PROGRAM [ARGS...]
+ *               [--master-port P] [--max-restarts K] [--no-prefix]
+ *               [--grace S] PROGRAM [ARGS...]
  *
  * Starts N local ranks of PROGRAM, each with RANK, WORLD_SIZE, LOCAL_RANK,
  * LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and TS_LAUNCHED_BY in
@@ -36,6 +37,12 @@
  *    on H) stopped responding: rank Q waited for it in collective #S ...")
  *    and, when it is ours, gets SIGKILL at once (a stopped process acts on
  *    nothing else).
+ *  - Restarts (--max-restarts N, torchrun's): after a failure, once every
+ *    rank of the attempt is gone, the whole group is started again, up to N
+ *    times, with TORCHELASTIC_RESTART_COUNT = the attempt number (0 first)
+ *    and TORCHELASTIC_MAX_RESTARTS = N; a fresh port when none was given and
+ *    the old reports removed. A signal to the launcher is never followed by a
+ *    restart. The program resumes itself (tessera train --checkpoint-dir).
  *  - No orphans: exited ranks are left as zombies (detected with waitid
  *    WNOWAIT) until the end, so their pids, which are their process group ids,
  *    cannot be reused and kill(-pgid) only ever reaches our processes. At the
@@ -82,7 +89,7 @@
 /* ---- options ----------------------------------------------------------------------------- */
 
 typedef struct run_opts {
-    int64_t nproc, nnodes, node_rank, master_port;
+    int64_t nproc, nnodes, node_rank, master_port, max_restarts;
     double grace;
     const char *master_addr;
     bool no_prefix;
@@ -91,7 +98,7 @@ typedef struct run_opts {
 
 static const char run_usage[] =
     "usage: tessera run -n N [--nnodes M] [--node-rank R] [--master-addr A] [--master-port P]\n"
-    "                   [--no-prefix] [--grace SECONDS] PROGRAM [ARGS...]\n";
+    "                   [--max-restarts K] [--no-prefix] [--grace SECONDS] PROGRAM [ARGS...]\n";
 
 static void print_help(FILE *f) {
     fprintf(f, "%s", run_usage);
@@ -110,6 +117,10 @@ static void print_help(FILE *f) {
             "SIGSTOP, a debugger, a frozen host; TS_HEARTBEAT_TIMEOUT seconds, default 30), tessera\n"
             "run names that rank and the collective the others waited in, and kills it. Ranks\n"
             "report failures in TS_RUN_DIR (a temporary directory unless set).\n"
+            "\nWith --max-restarts K a failed group is started again, all ranks, up to K times\n"
+            "(torchrun's restarts: TORCHELASTIC_RESTART_COUNT tells the ranks the attempt);\n"
+            "programs resume themselves, e.g. tessera train --checkpoint-dir DIR. A signal to\n"
+            "tessera run stops everything without a restart.\n"
             "\nflags:\n"
             "  -n, --nproc-per-node N   processes on this node, 1..%d (default 1)\n"
             "  --nnodes M               nodes in the job (default 1)\n"
@@ -117,6 +128,7 @@ static void print_help(FILE *f) {
             "  --master-addr A          address of rank 0's node (default 127.0.0.1)\n"
             "  --master-port P          port of the rendezvous on it (default with --nnodes 1:\n"
             "                           a free local port; required with --nnodes > 1)\n"
+            "  --max-restarts K         start the ranks again after a failure, up to K times (default 0)\n"
             "  --no-prefix              pass the ranks' output through unchanged\n"
             "  --grace SECONDS          how long ranks get between SIGTERM and SIGKILL (default 10)\n"
             "  --help                   show this help\n"
@@ -181,8 +193,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             o->no_prefix = true;
             continue;
         }
-        static const char *const valued[] = {"-n",          "--nproc-per-node", "--nnodes", "--node-rank",
-                                             "--master-addr", "--master-port",  "--grace"};
+        static const char *const valued[] = {"-n",          "--nproc-per-node", "--nnodes",       "--node-rank",
+                                             "--master-addr", "--master-port",  "--max-restarts", "--grace"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= strcmp(name, valued[k]) == 0;
         if (!known) return run_error("unknown flag '%s'", name);
@@ -200,6 +212,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         } else if (strcmp(name, "--master-port") == 0) {
             rc = parse_int_flag(name, v, 1, 65535, &o->master_port);
             port_seen = true;
+        } else if (strcmp(name, "--max-restarts") == 0) {
+            rc = parse_int_flag(name, v, 0, 1000000, &o->max_restarts);
         } else if (strcmp(name, "--master-addr") == 0) {
             if (!*v) return run_error("--master-addr expects a non-empty value");
             o->master_addr = v;
@@ -342,6 +356,8 @@ typedef struct launcher {
     char run_dir[PATH_MAX]; /* TS_RUN_DIR of the ranks ("" if none could be made) */
     bool own_run_dir;       /* made by us: removed at the end */
     int port;
+    bool auto_port; /* chosen by us: a fresh one for each attempt */
+    int attempt;    /* 0, then 1.. after restarts */
     char job_token[TS__JOB_TOKEN_CHARS + 1]; /* generated for the ranks; "" when TS_JOB_TOKEN was set or nnodes > 1 */
     int n;
     rank_proc *ranks;
@@ -351,6 +367,7 @@ typedef struct launcher {
     int devnull;       /* the ranks' stdin */
     bool failed;       /* a rank failed first */
     int fail_status;
+    int culprit_rank;  /* the rank that failed first, -1: none */
     int got_signal;    /* the first terminating signal received first, else 0 */
     int nsignals;
     bool killed;       /* SIGKILL sent to everyone */
@@ -500,6 +517,8 @@ static void exec_rank(launcher *L, int local_rank, int rank, int out_w, int err_
     setenv("TS_LAUNCHED_BY", "tessera-run", 1);
     if (L->job_token[0]) setenv("TS_JOB_TOKEN", L->job_token, 1);
     if (L->run_dir[0]) setenv("TS_RUN_DIR", L->run_dir, 1);
+    set_env_int("TORCHELASTIC_RESTART_COUNT", L->attempt);
+    set_env_int("TORCHELASTIC_MAX_RESTARTS", L->o.max_restarts);
     execvp(L->o.prog_argv[0], L->o.prog_argv);
     int e = errno;
     dprintf(STDERR_FILENO, "tessera run: rank %d: cannot run '%s': %s\n", rank, L->o.prog_argv[0], strerror(e));
@@ -755,6 +774,7 @@ static void check_exits(launcher *L) {
                 culprit->status);
     L->failed = true;
     L->fail_status = culprit->status;
+    L->culprit_rank = culprit->rank;
     rank_proc *hung = blamed >= 0 ? local_rank(L, blamed) : NULL;
     if (hung && !hung->exited) {
         fprintf(stderr, "tessera run: killing rank %d (pid %d, SIGKILL)\n", hung->rank, (int)hung->pid);
@@ -884,6 +904,55 @@ static void make_run_dir(launcher *L) {
     L->own_run_dir = true;
 }
 
+/* Starts every rank of this attempt. false (the started ones killed) if one could not be. */
+static bool spawn_all(launcher *L) {
+    for (int i = 0; i < L->n; i++) {
+        if (spawn_rank(L, i) == 0) continue;
+        fprintf(stderr, "tessera run: cannot start rank %d: %s\n", L->ranks[i].rank, strerror(errno));
+        signal_all(L, SIGKILL);
+        L->killed = true;
+        L->failed = true;
+        L->fail_status = 1;
+        L->n = i; /* supervise only those that were started */
+        return false;
+    }
+    return true;
+}
+
+/* After a failed attempt (every rank gone, pipes closed): reaps the ranks and
+ * readies the next attempt. false when there is none to make: no restarts
+ * left, or a signal came in meanwhile. */
+static bool next_attempt(launcher *L, int culprit_rank) {
+    for (int i = 0; i < L->n; i++) {
+        rank_proc *r = &L->ranks[i];
+        if (r->pid > 0) waitpid(r->pid, NULL, 0);
+        r->pid = 0;
+    }
+    handle_signals(L); /* one that came after the last poll round */
+    if (L->got_signal || L->nsignals || L->attempt >= L->o.max_restarts) return false;
+    int port = L->port;
+    if (L->auto_port && (port = pick_free_port()) <= 0) {
+        fprintf(stderr, "tessera run: cannot find a free port on 127.0.0.1 for the restart: %s\n", strerror(errno));
+        return false;
+    }
+    L->attempt++;
+    fprintf(stderr, "tessera run: restarting all %d ranks (restart %d of %lld) after rank %d failed with status %d\n",
+            L->n, L->attempt, (long long)L->o.max_restarts, culprit_rank, L->fail_status);
+    L->port = port;
+    remove_reports(L);
+    for (int i = 0; i < L->n; i++) {
+        rank_proc *r = &L->ranks[i];
+        r->exited = false;
+        r->status = r->signal = 0;
+    }
+    L->nexited = 0;
+    L->failed = L->killed = false;
+    L->fail_status = 0;
+    L->culprit_rank = -1;
+    L->deadline = -1;
+    return true;
+}
+
 static void launcher_free(launcher *L) {
     if (L->ranks) {
         for (int i = 0; i < L->n; i++) {
@@ -924,6 +993,8 @@ int ts_cmd_run(int argc, char **argv) {
         return CLI_EXIT_USAGE;
     }
     L.port = (int)L.o.master_port;
+    L.auto_port = L.port == 0;
+    L.culprit_rank = -1;
     if (L.port == 0 && (L.port = pick_free_port()) <= 0) {
         fprintf(stderr, "tessera run: cannot find a free port on 127.0.0.1: %s (give --master-port)\n",
                 strerror(errno));
@@ -977,18 +1048,14 @@ int ts_cmd_run(int argc, char **argv) {
     }
 
     int status = 0;
-    for (int i = 0; i < L.n; i++) {
-        if (spawn_rank(&L, i) != 0) {
-            fprintf(stderr, "tessera run: cannot start rank %d: %s\n", L.ranks[i].rank, strerror(errno));
-            signal_all(&L, SIGKILL);
-            L.killed = true;
-            L.failed = true;
-            L.fail_status = 1;
-            L.n = i; /* supervise only those that were started */
-            break;
-        }
+    for (;;) {
+        bool started = spawn_all(&L);
+        supervise(&L, pfds);
+        if (!started || !L.failed || L.got_signal || !next_attempt(&L, L.culprit_rank)) break;
     }
-    supervise(&L, pfds);
+    if (L.failed && L.o.max_restarts > 0 && L.attempt == L.o.max_restarts && !L.got_signal)
+        fprintf(stderr, "tessera run: rank %d failed again; no restarts left (--max-restarts %lld)\n", L.culprit_rank,
+                (long long)L.o.max_restarts);
     free(pfds);
     if (L.failed) status = L.fail_status;
     int sig = L.got_signal;
