@@ -4,6 +4,9 @@
 # TORCHELASTIC_USE_AGENT_STORE=True) starting two `tessera train` ranks: they join
 # the agent's store as clients (no "Address already in use"), form one 2-rank job
 # and end with the parameters of `tessera train --nproc 2` (ckpt diff --tol 1e-5).
+# Then torchrun --max-restarts 1 with rank 1 SIGKILLed on attempt 0 once a checkpoint
+# exists: attempt 1 (its keys under tessera/attempt_1 in the agent's store) resumes
+# from --checkpoint-dir and ends equal to an uninterrupted `tessera run -n 2` run.
 # Skips (77) without python3 + torch: CI does not install torch.
 set -u
 TS=${1:?usage: cli_torchrun.sh path/to/tessera}
@@ -34,6 +37,29 @@ grep -q "Address already in use" "$T/torchrun.log" && bad "a rank tried to serve
   || bad "checkpoint lines: $(cat "$T/torchrun.log")"
 out=$("$TS" ckpt diff "$T/ref.ckpt" "$T/torchrun.ckpt" --tol 1e-5 2>&1) \
   && ok "torchrun run equals --nproc 2 ($(tail -1 <<<"$out"))" || bad "checkpoints differ: $out"
+
+# torchrun's restarts: a killed rank, attempt 1 resumes from the checkpoint folder
+long=(train --model mlp --batch-size 32 --seed 7 --quiet --threads 1 --timeout 60 --max-steps 200 --checkpoint-every 10 --keep 2)
+"$TS" run -n 2 "$TS" "${long[@]}" --checkpoint-dir "$T/ref_dir" > "$T/ref_dir.log" 2>&1 || bad "tessera run -n 2: $(cat "$T/ref_dir.log")"
+cat > "$T/kill1.sh" <<EOF
+#!/bin/sh
+if [ "\$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "\$RANK" = 1 ]; then
+  ( while ! ls "$T/k"/step-*.ckpt > /dev/null 2>&1; do sleep 0.01; done; kill -KILL \$\$ ) &
+fi
+exec "$TS" ${long[*]} --checkpoint-dir "$T/k"
+EOF
+chmod +x "$T/kill1.sh"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n') timeout 300 python3 -m torch.distributed.run \
+  --nproc-per-node 2 --max-restarts 1 --master-addr 127.0.0.1 --master-port "$port" --no-python "$T/kill1.sh" \
+  > "$T/restart.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && ok "torchrun --max-restarts 1: finished after a killed rank" \
+  || bad "torchrun --max-restarts (exit $rc): $(cat "$T/restart.log")"
+grep -q "resumed from $T/k/step-" "$T/restart.log" && ok "attempt 1 resumed from the checkpoint folder" \
+  || bad "no resume: $(cat "$T/restart.log")"
+out=$("$TS" ckpt diff "$T/ref_dir/step-000000000200.ckpt" "$T/k/step-000000000200.ckpt" --tol 1e-5 2>&1) \
+  && ok "restarted torchrun run equals an uninterrupted one ($(tail -1 <<<"$out"))" || bad "restart: $out"
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
