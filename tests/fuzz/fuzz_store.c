@@ -19,6 +19,7 @@
 #include "tessera.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdint.h>
@@ -57,6 +58,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static void put32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24), p[1] = (uint8_t)(v >> 16), p[2] = (uint8_t)(v >> 8), p[3] = (uint8_t)v;
 }
+/* connect(), finished when a signal (libFuzzer's timers) interrupts it: the
+ * connection then completes in the background, so wait for it and read its error. */
+static int connect_loopback(int fd, const struct sockaddr_in *sa) {
+    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0) return 0;
+    if (errno != EINTR) return -1;
+    struct pollfd pf = {fd, POLLOUT, 0};
+    int r;
+    while ((r = poll(&pf, 1, 5000)) < 0 && errno == EINTR) {}
+    if (r <= 0) return -1;
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return -1;
+    errno = err;
+    return err ? -1 : 0;
+}
+
 static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
 
 /* SETs the keys a GET (2) or WAIT (5) body asks for, when it is well formed. */
@@ -127,7 +144,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)port);
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    if (fd < 0 || connect_loopback(fd, &sa) != 0) {
         perror("fuzz_store: connect");
         abort();
     }
