@@ -327,7 +327,8 @@ static void test_owner_hooks(void) {
 
 /* Parameter and buffer slots are bounded: the slot past TS_MODULE_MAX_SLOTS is an error, not an overflow. */
 static void test_slot_bounds(void) {
-    static const char *names[TS_MODULE_MAX_SLOTS + 1] = {"a", "b", "c", "d", "e"};
+    static const char *names[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q"};
+    _Static_assert(sizeof names / sizeof names[0] > TS_MODULE_MAX_SLOTS, "names for every slot and one more");
     ts_module *m = NULL;
     CHECK_OK(ts__module_new(&custom_vt, 0, &m));
     for (int i = 0; i <= TS_MODULE_MAX_SLOTS; i++) {
@@ -340,7 +341,7 @@ static void test_slot_bounds(void) {
         } else {
             CHECK(sp == TS_ERR_INVALID_ARG);
             CHECK_ERR_MENTIONS("Custom");
-            CHECK_ERR_MENTIONS("'e'");
+            CHECK(strstr(ts_last_error(), names[TS_MODULE_MAX_SLOTS]) != NULL);
         }
         ts_status sb = ts__module_add_buffer(m, names[i], b);
         CHECK(sb == (i < TS_MODULE_MAX_SLOTS ? TS_OK : TS_ERR_INVALID_ARG));
@@ -356,7 +357,7 @@ static void test_slot_bounds(void) {
     /* a NULL slot counts too (Linear without bias) */
     CHECK_OK(ts__module_new(&custom_vt, 0, &m));
     for (int i = 0; i < TS_MODULE_MAX_SLOTS; i++) CHECK_OK(ts__module_add_param(m, names[i], NULL));
-    CHECK_STATUS(ts__module_add_param(m, names[4], NULL), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts__module_add_param(m, names[TS_MODULE_MAX_SLOTS], NULL), TS_ERR_INVALID_ARG);
     ts_module_free(m);
 }
 

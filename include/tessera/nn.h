@@ -74,6 +74,7 @@ typedef enum ts_module_kind_id {
     TS_MODULE_PIPELINE_PARALLEL,    /* ts_nn_pipeline_parallel_new */
     TS_MODULE_TILE_PARALLEL,        /* ts_nn_tile_parallel_new */
     TS_MODULE_TO_DEVICE,            /* ts_nn_to_device_new */
+    TS_MODULE_BOTTLENECK,           /* ts_nn_bottleneck_new */
     TS_MODULE_KIND_COUNT            /* number of kinds, not a kind */
 } ts_module_kind_id;
 
@@ -125,6 +126,53 @@ ts_status ts_nn_sequential_add(ts_module *seq, const char *name, ts_module *chil
 /* Number of children of seq. */
 int ts_nn_sequential_len(const ts_module *seq);
 
+/* ---- modules of your own (PyTorch's nn.Module subclass) ---------------------------------------------- */
+/* A module whose forward is your function: residual blocks, branches, shared
+ * layers and any composition of ops are ordinary C. Register parameters,
+ * buffers and children on it; they get PyTorch's dotted names and order like
+ * every module's (state dicts, checkpoints, DDP, optimizers see them), and
+ * ts_module_train / ts_module_to / ts_replicate handle them.
+ *
+ * The forward function gets the module itself (`self`) and must read its
+ * tensors through it on every call — ts_module_param(self, "weight"),
+ * ts_module_call(self, "conv1", x, &y) — never through pointers kept in ctx:
+ * ts_module_to replaces the slots' tensors, and DataParallel runs the same
+ * function on replicas whose slots hold other tensors. It returns a new
+ * reference in *out (TS_OK) or a status with ts_last_error() set (*out is
+ * then released if set). ts_module_is_training(self) says train or eval.
+ *
+ * Strategies: DDP, DataParallel, checkpoints and resume work with any custom
+ * module. Model and pipeline parallelism split a Sequential's children between
+ * devices, so a custom module is one stage's layer (wrap your blocks in a
+ * Sequential to split them); tile parallelism refuses a custom module by name
+ * (it cannot know the module's spatial reach).
+ *
+ * type_name (copied; NULL: "Module") is what messages and ts_module_type_name
+ * print. ctx is yours: free_ctx (may be NULL) runs on it when the module is
+ * freed (also when this call fails). The module's kind is TS_MODULE_CUSTOM. */
+typedef ts_status (*ts_module_forward_fn)(ts_module *self, const ts_tensor *x, ts_tensor **out);
+ts_status ts_nn_module_new(const char *type_name, ts_module_forward_fn forward, void *ctx, void (*free_ctx)(void *ctx),
+                           ts_module **out);
+/* The ctx given to ts_nn_module_new (NULL for other modules). Replicas share it. */
+void *ts_module_ctx(const ts_module *m);
+/* Registers a parameter (a float32 tensor; it becomes a leaf with requires_grad),
+ * a buffer (running statistics and other state without gradients) or a child
+ * module under a local name (no '.'; unique among m's parameters, buffers and
+ * children; a NULL child name means its index, "0", "1", ...). m must have come
+ * from ts_nn_module_new. Each takes ownership of the reference t / of child, also
+ * on failure. At most 8 parameters and 8 buffers per module (children: any
+ * number). t may be NULL (an absent optional tensor, skipped by every walk as
+ * PyTorch skips a parameter registered as None). */
+ts_status ts_module_add_parameter(ts_module *m, const char *name, ts_tensor *t);
+ts_status ts_module_add_buffer(ts_module *m, const char *name, ts_tensor *t);
+ts_status ts_module_add_child(ts_module *m, const char *name, ts_module *child);
+/* m's own parameter / buffer called `name` (any module type), or NULL. Borrowed. */
+ts_tensor *ts_module_param(const ts_module *m, const char *name);
+ts_tensor *ts_module_buffer(const ts_module *m, const char *name);
+/* Runs the descendant at dotted `path` (ts_module_child) on x: the usual call
+ * inside a forward function. Errors name the child. */
+ts_status ts_module_call(ts_module *m, const char *path, const ts_tensor *x, ts_tensor **out);
+
 /* ---- layers (each *out is a new module owned by the caller) ----------------------------------------- */
 /* y = x W^T + b. x: (N, in) -> (N, out). Parameters "weight" (out, in), "bias" (out). */
 ts_status ts_nn_linear_new(int64_t in_features, int64_t out_features, bool bias, ts_rng *rng, ts_module **out);
@@ -158,6 +206,12 @@ ts_status ts_nn_embedding_new(int64_t num_embeddings, int64_t dim, ts_rng *rng, 
  * conv1, bn1, conv2, bn2[, downsample.0, downsample.1]. */
 ts_status ts_nn_residual_block_new(int64_t in_channels, int64_t out_channels, int stride, ts_rng *rng,
                                    ts_module **out);
+/* torchvision's ResNet Bottleneck (v1.5: the stride on the 3x3): conv1x1(in -> width)-BN-ReLU-
+ * conv3x3(width, stride)-BN-ReLU-conv1x1(width -> out)-BN, plus the identity or "downsample" =
+ * Sequential(conv1x1(stride), BN) when stride != 1 or in != out; then ReLU. No conv bias. Children:
+ * conv1, bn1, conv2, bn2, conv3, bn3[, downsample.0, downsample.1]. */
+ts_status ts_nn_bottleneck_new(int64_t in_channels, int64_t width, int64_t out_channels, int stride, ts_rng *rng,
+                               ts_module **out);
 
 /* ---- typed configuration accessors ------------------------------------------------------------------ */
 /* Each reads the configuration a layer was built with (not its tensors) into
@@ -193,7 +247,33 @@ ts_status ts_embedding_get_config(const ts_module *m, int64_t *num_embeddings, i
 ts_status ts_model_reference_cnn(ts_rng *rng, ts_module **out);
 /* nn.Sequential(nn.Flatten(), nn.Linear(784,256), nn.ReLU(), nn.Linear(256,10)). */
 ts_status ts_model_mlp(ts_rng *rng, ts_module **out);
-/* "cnn" or "mlp"; an unknown name is TS_ERR_INVALID_ARG naming it. */
+/* torchvision.models.resnet<depth>(num_classes=...) (depth 18, 34, 50, 101 or 152): the same
+ * state-dict keys and shapes (conv1, bn1, layer1.0.conv1, ..., layer4.1.downsample.0, fc), as a
+ * Sequential named conv1, bn1, relu, maxpool, layer1..layer4 (Sequentials of BasicBlock / Bottleneck),
+ * avgpool (AdaptiveAvgPool2d(1)), flatten, fc — so model and pipeline parallelism can split it.
+ * torchvision's initialisation: convolutions kaiming_normal_(fan_out, relu), BatchNorm weight 1 and
+ * bias 0, fc Linear's default. Input (N, 3, H, W) with H, W >= 32 (224 for ImageNet; any size works,
+ * the pooling is adaptive) -> (N, num_classes) logits. */
+ts_status ts_model_resnet(int depth, int64_t num_classes, ts_rng *rng, ts_module **out);
+
+/* What the zoo knows about a model: its default class count and its input. */
+typedef struct ts_model_desc {
+    const char *name;    /* static */
+    int64_t num_classes; /* default: 10 (cnn, mlp), 1000 (ResNets) */
+    int in_channels;     /* 1 (cnn, mlp: gray) or 3 (RGB) */
+    int image_size;      /* the input's side: 28 (fixed for cnn and mlp) or 224 (ResNets' default) */
+    bool fixed_size;     /* true when the model takes only image_size x image_size inputs */
+} ts_model_desc;
+
+/* The zoo: "cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152".
+ * ts_model_info fills *out (may be NULL) and returns true for a known name;
+ * ts_model_name_at(i) lists the names (NULL past the end). */
+bool ts_model_info(const char *name, ts_model_desc *out);
+const char *ts_model_name_at(int i);
+/* Builds the zoo model `name` with num_classes outputs (<= 0: its default). An
+ * unknown name is TS_ERR_INVALID_ARG naming it and listing the known ones. */
+ts_status ts_model_new(const char *name, int64_t num_classes, ts_rng *rng, ts_module **out);
+/* ts_model_new(name, 0, rng, out). */
 ts_status ts_model_by_name(const char *name, ts_rng *rng, ts_module **out);
 
 #ifdef __cplusplus

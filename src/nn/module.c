@@ -170,6 +170,7 @@ const char *ts_module_kind_name(ts_module_kind_id kind) {
         [TS_MODULE_PIPELINE_PARALLEL] = "PipelineParallel",
         [TS_MODULE_TILE_PARALLEL] = "TileParallel",
         [TS_MODULE_TO_DEVICE] = "ToDevice",
+        [TS_MODULE_BOTTLENECK] = "Bottleneck",
     };
     if ((int)kind < 0 || (int)kind >= TS_MODULE_KIND_COUNT || !names[kind]) return "?";
     return names[kind];

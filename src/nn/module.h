@@ -16,7 +16,7 @@
 #include "tensor/tensor.h"
 #include "tessera/nn.h"
 
-#define TS_MODULE_MAX_SLOTS 4
+#define TS_MODULE_MAX_SLOTS 8
 
 /* A module type. Initialise with designated initialisers; kind left out is
  * TS_MODULE_CUSTOM. Every type Tessera defines has its own kind, and code that
@@ -38,7 +38,7 @@ struct ts_module {
     bool training;
 
     int nparams, nbuffers;
-    const char *param_names[TS_MODULE_MAX_SLOTS];  /* static strings */
+    const char *param_names[TS_MODULE_MAX_SLOTS];  /* static strings, or owned by impl (ts_nn_module_new) */
     ts_tensor *params[TS_MODULE_MAX_SLOTS];        /* owned references or NULL */
     const char *buffer_names[TS_MODULE_MAX_SLOTS];
     ts_tensor *buffers[TS_MODULE_MAX_SLOTS];
