@@ -195,8 +195,8 @@ static void cs_destroy(void *impl) {
     ts_tensor_release(c->y);
     free(c);
 }
-static const ts_batch_source_ops cs_ops = {cs_nb, cs_ns, cs_seek, cs_next, NULL, cs_destroy};
-static const ts_batch_source_ops cs_bad_ops = {cs_nb, cs_ns, NULL, cs_next, NULL, cs_destroy};
+static const ts_batch_source_ops cs_ops = {cs_nb, cs_ns, cs_seek, cs_next, NULL, cs_destroy, NULL, NULL};
+static const ts_batch_source_ops cs_bad_ops = {cs_nb, cs_ns, NULL, cs_next, NULL, cs_destroy, NULL, NULL};
 
 static void test_custom_source(void) {
     int destroyed = 0;

@@ -134,3 +134,28 @@ void cli_progress_update(cli_progress *p, const char *prefix, int64_t done, int6
             suffix, (final || !p->tty) ? "\n" : "\033[K");
     fflush(stderr);
 }
+
+const char *cli_printable(const char *s, char *buf, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t k = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (k + 8 > cap) {
+            memcpy(buf + k, "...", 3);
+            k += 3;
+            break;
+        }
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            buf[k++] = (char)*p;
+        } else if (*p == '\\') {
+            buf[k++] = '\\';
+            buf[k++] = '\\';
+        } else {
+            buf[k++] = '\\';
+            buf[k++] = 'x';
+            buf[k++] = hex[*p >> 4];
+            buf[k++] = hex[*p & 15];
+        }
+    }
+    buf[k] = '\0';
+    return buf;
+}

@@ -36,6 +36,9 @@ typedef struct cli_command {
  * printed (exit 0), or CLI_EXIT_USAGE after printing an error. */
 int cli_parse(const cli_command *cmd, int argc, char **argv, const char **pos, int maxpos, int *npos);
 void cli_print_help(const cli_command *cmd, FILE *f);
+/* s with bytes outside printable ASCII (and '\\') as \xNN / \\\\, cut with "..." to fit buf (cap >= 16):
+ * names read from files never reach the terminal raw. Returns buf. */
+const char *cli_printable(const char *s, char *buf, size_t cap);
 /* Prints "tessera CMD: msg" to stderr and returns CLI_EXIT_USAGE. */
 int cli_usage_error(const cli_command *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "tessera CMD: error: <ts_last_error()>" and returns 1. */

@@ -27,6 +27,7 @@ typedef struct train_args {
     const char *checkpoint, *checkpoint_dir, *resume, *metrics_json;
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
     int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep;
+    int64_t image_size; /* --image-size: 0 is the model's default */
     double lr, momentum, weight_decay, label_smoothing, timeout;
     bool quiet, sync_bn;
     const char *strategy, *devices, *pp_schedule; /* one process, many devices */
@@ -131,9 +132,11 @@ static ts_status on_event(const ts_train_event *ev, void *user) {
             cli_progress_update(&v->bar, prefix, ev->batch, ev->num_batches, suffix, true);
         }
         if (ev->eval)
-            printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%% (%lld images), %.1f s, %.0f images/s\n",
+            printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%%, top-5 %.2f%%, test loss %.4f (%lld "
+                   "images), %.1f s, %.0f images/s\n",
                    (long long)ev->epoch + 1, (long long)ev->epochs, ev->mean_loss, 100.0 * ev->eval->accuracy,
-                   (long long)ev->eval->samples, ev->epoch_seconds, ips);
+                   100.0 * ev->eval->top5_accuracy, ev->eval->loss, (long long)ev->eval->samples, ev->epoch_seconds,
+                   ips);
     } else if (ev->kind == TS_TRAIN_CHECKPOINT) {
         printf("saved checkpoint to %s (epoch %lld, step %lld)\n", ev->checkpoint, (long long)ev->epoch + 1,
                (long long)ev->step);
@@ -234,8 +237,16 @@ static int find_restart(train_args *a, char *buf, size_t n) {
 /* The names given to --model, --optimizer, --lr-schedule and --backend, and --data's path. */
 static int check_names(const cli_command *cmd, const train_args *a) {
     ts_lr_schedule sched;
-    if (strcmp(a->model, "cnn") != 0 && strcmp(a->model, "mlp") != 0)
-        return cli_usage_error(cmd, "unknown --model '%s' (expected cnn or mlp)", a->model);
+    ts_model_desc md;
+    if (!ts_model_info(a->model, &md)) {
+        char known[256] = "";
+        for (int i = 0; ts_model_name_at(i); i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", ts_model_name_at(i));
+        return cli_usage_error(cmd, "unknown --model '%s' (expected one of %s)", a->model, known);
+    }
+    if (md.fixed_size && a->image_size && a->image_size != md.image_size)
+        return cli_usage_error(cmd, "--image-size %lld: --model %s takes %dx%d images only", (long long)a->image_size,
+                               a->model, md.image_size, md.image_size);
     if (strcmp(a->optimizer, "sgd") != 0 && strcmp(a->optimizer, "adamw") != 0)
         return cli_usage_error(cmd, "unknown --optimizer '%s' (expected sgd or adamw)", a->optimizer);
     if (ts_lr_schedule_by_name(a->schedule, a->lr, 1, 1, &sched) != TS_OK)
@@ -252,9 +263,10 @@ int ts_cmd_train(int argc, char **argv) {
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
                     .backend = "builtin"};
     const cli_flag flags[] = {
-        {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and test/), or a \"path label\" list", 1, 0},
+        {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
-        {"model", CLI_STRING, &a.model, "cnn (the reference CNN) or mlp", 1, 0},
+        {"model", CLI_STRING, &a.model, "cnn (the reference CNN), mlp, resnet18, resnet34, resnet50, resnet101 or resnet152 (torchvision's)", 1, 0},
+        {"image-size", CLI_INT, &a.image_size, "ResNets: train on RGB crops of this side (64, 112, 224: the default); cnn and mlp take 28", 0, 4096},
         {"epochs", CLI_INT, &a.epochs, "number of epochs", 1, 1e6},
         {"max-steps", CLI_INT, &a.max_steps, "stop after this many optimizer steps in all (0: no limit)", 0, 1e12},
         {"batch-size", CLI_INT, &a.batch_size, "images per step (per rank with --nproc)", 1, 1 << 20},
@@ -285,8 +297,10 @@ int ts_cmd_train(int argc, char **argv) {
     const cli_command cmd = {
         "train", "tessera train [flags]",
         "Trains a model on Fashion-MNIST (or any MNIST-format IDX data set, or an image folder), prints\n"
-        "the test accuracy after every epoch and saves checkpoints. The reference CNN is\n"
-        "conv(1->32,3x3)-BN-ReLU-maxpool -> conv(32->64,3x3)-BN-ReLU-maxpool -> linear(3136->128)-ReLU -> linear(128->10).",
+        "the test accuracy (top-1, top-5) after every epoch and saves checkpoints. The reference CNN is\n"
+        "conv(1->32,3x3)-BN-ReLU-maxpool -> conv(32->64,3x3)-BN-ReLU-maxpool -> linear(3136->128)-ReLU -> linear(128->10).\n"
+        "ResNets read RGB images at --image-size: random-resized-crop + flip for training, the central 0.875\n"
+        "window for evaluation, ImageNet's normalisation; the output layer has one class per sub-folder.",
         flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
@@ -340,6 +354,9 @@ int ts_cmd_train(int argc, char **argv) {
     d.rank = rank;
     d.world_size = pg ? ts_pg_size(pg) : 1;
     d.threads = (int)a.data_threads;
+    ts_model_desc md;
+    ts_model_info(a.model, &md);
+    d.image_size = md.fixed_size ? 0 : (int)(a.image_size ? a.image_size : md.image_size);
     if (ts_data_open(&d, &train, rank == 0 ? &test : NULL) != TS_OK) {
         fprintf(stderr, "tessera train: --data %s: %s\n", a.data, ts_last_error());
         status = CLI_EXIT_USAGE;
@@ -349,7 +366,9 @@ int ts_cmd_train(int argc, char **argv) {
     so.sync_bn = a.sync_bn;
     so.sample_ndim = ts_batch_source_sample_shape(train, so.sample_shape);
     int64_t nb = ts_batch_source_num_batches(train, 0);
-    if (ts_model_by_name(a.model, &rng, &model) != TS_OK || ts_strategy_new(model, &so, &s) != TS_OK ||
+    /* the output layer follows the data's classes (an image folder's sub-folders) */
+    if (ts_model_new(a.model, ts_batch_source_num_classes(train), &rng, &model) != TS_OK ||
+        ts_strategy_new(model, &so, &s) != TS_OK ||
         ts_module_parameters(ts_strategy_model(s), &params) != TS_OK ||
         ts_optimizer_by_name(a.optimizer, &params, a.lr, a.momentum, a.weight_decay, &opt) != TS_OK ||
         ts_lr_schedule_by_name(a.schedule, a.lr, a.epochs * nb, nb, &sched) != TS_OK)

@@ -14,5 +14,8 @@ int ts_cmd_run(int argc, char **argv);
 int ts_cmd_data(int argc, char **argv);
 /* `tessera bench loader`: argv[0] is "loader" (tools/cmd_bench_loader.c). */
 int ts_bench_loader(int argc, char **argv);
+/* `tessera eval` and `tessera predict` (tools/cmd_eval.c). */
+int ts_cmd_eval(int argc, char **argv);
+int ts_cmd_predict(int argc, char **argv);
 
 #endif

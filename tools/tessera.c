@@ -16,7 +16,9 @@ typedef struct {
 } subcommand;
 
 static const subcommand subcommands[] = {
-    {"train", ts_cmd_train, "train a model on Fashion-MNIST/MNIST (IDX files)"},
+    {"train", ts_cmd_train, "train a model (cnn, mlp, ResNets) on IDX files or an image folder"},
+    {"eval", ts_cmd_eval, "accuracy, top-5, loss and confusion matrix of a checkpoint on a data set"},
+    {"predict", ts_cmd_predict, "top classes of image files from a checkpoint"},
     {"bench", ts_cmd_bench, "measure training throughput (images/s)"},
     {"ckpt", ts_cmd_ckpt, "inspect and compare checkpoints (show, diff)"},
     {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},

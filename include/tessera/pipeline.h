@@ -76,6 +76,10 @@ typedef struct ts_roi {
  * is placed uniformly; after 10 misses, the central window of the clamped ratio. */
 ts_roi ts_random_resized_crop_roi(ts_rng *r, int width, int height, const float scale[2], const float ratio[2]);
 
+/* The central window torchvision's Resize(min(out_w, out_h) / fraction) + CenterCrop((out_h, out_w))
+ * keeps of a width x height image (fraction 0.875: ImageNet's evaluation crop), in source pixels. */
+ts_roi ts_center_crop_roi(int width, int height, int out_w, int out_h, float fraction);
+
 /* Bilinear resize to out_w x out_h: half-pixel centres (OpenCV's INTER_LINEAR,
  * PyTorch's align_corners=False) when enlarging; when shrinking, the triangle
  * filter widened by the scale (antialiasing, like PIL's BILINEAR and DALI's
@@ -185,11 +189,14 @@ typedef struct ts_pipeline_opts {
     int64_t max_pixels;       /* images whose header promises more pixels are corrupt (TS_ERR_FORMAT, or
                                  skipped with skip_corrupt) before any allocation; 0: TS_MAX_IMAGE_PIXELS from
                                  the environment (pixels, or Mpixels with an M suffix), else 64 Mpixel */
+    float center_crop;        /* without random_resized_crop: > 0 takes the central window torchvision's
+                                 Resize(min(out) / center_crop) + CenterCrop(out) keeps (0.875 = 224/256, the
+                                 ImageNet evaluation transform), resized to the output; 0: the whole image */
 } ts_pipeline_opts;
 
 #define TS_PIPELINE_OPTS_INIT                                                                                  \
     ((ts_pipeline_opts){TS_READER_OPTS_INIT, 64, 2, 2, NULL, TS_COLOR_RGB, false, 0, 0, false, {0.08f, 1.0f},  \
-                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0})
+                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0, 0.0f})
 
 typedef struct ts_pipeline ts_pipeline;
 

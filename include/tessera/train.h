@@ -74,6 +74,10 @@ typedef struct ts_batch_source_ops {
     int (*sample_shape)(void *impl, int64_t *shape);
     /* Optional: releases impl. */
     void (*destroy)(void *impl);
+    /* Optional: the number of classes (labels 0..n-1), and the name of class `label` (borrowed; NULL
+     * when unnamed, e.g. IDX files). */
+    int64_t (*num_classes)(void *impl);
+    const char *(*class_name)(void *impl, int64_t label);
 } ts_batch_source_ops;
 
 /* Wraps an implementation. ops is borrowed (usually a static table); impl is
@@ -111,6 +115,10 @@ ts_status ts_batch_source_pipeline(ts_pipeline *p, ts_batch_source **out);
 /* Batches of `epoch`, and samples in the whole data set. */
 int64_t ts_batch_source_num_batches(const ts_batch_source *s, int64_t epoch);
 int64_t ts_batch_source_num_samples(const ts_batch_source *s);
+/* The classes of the data (image folders: one per sub-folder; IDX: the largest label + 1), 0 when
+ * unknown; the name of class `label` (an image folder's sub-folder name, borrowed), NULL when unnamed. */
+int64_t ts_batch_source_num_classes(const ts_batch_source *s);
+const char *ts_batch_source_class_name(const ts_batch_source *s, int64_t label);
 /* One sample's shape into shape (TS_MAX_DIMS entries); returns its ndim, 0 when unknown. */
 int ts_batch_source_sample_shape(const ts_batch_source *s, int64_t *shape);
 /* Positions the source at batch `batch` of `epoch` (set_epoch: batch 0). */
@@ -125,10 +133,10 @@ int64_t ts_batch_source_batch_index(const ts_batch_source *s);
 
 /* What `tessera train --data PATH` opens: MNIST-style IDX files in a folder
  * ({train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]), or images: a folder
- * with one sub-folder per class (or its train/ and test/ sub-folders: the
- * layout `tessera data export` writes) or a file of "path label" lines, read
- * by the DALI-style pipeline as gray 28x28 images normalised as Fashion-MNIST
- * (the reference models' input). */
+ * with one sub-folder per class (or its train/ and val/ sub-folders: ImageNet's
+ * and torchvision's ImageFolder layout; test/ instead of val/ is the layout
+ * `tessera data export` writes) or a file of "path label" lines, read by the
+ * DALI-style pipeline (image_size below). */
 typedef struct ts_data_opts {
     const char *path;       /* required; copied */
     int64_t batch_size;     /* rows per training batch on this rank (64) */
@@ -136,19 +144,30 @@ typedef struct ts_data_opts {
     uint64_t seed;          /* shuffling (0) */
     int rank, world_size;   /* this rank's share of the training data (0, 1) */
     int threads;            /* images: decoding workers (2) */
+    int image_size;         /* images: 0 reads them as the reference models' input (gray 28x28, Fashion-MNIST's
+                               normalisation); > 0 as RGB image_size x image_size with ImageNet's normalisation:
+                               training random-resized-crop (scale 0.08-1) + horizontal flip, evaluation the
+                               central 0.875 window (Resize(S/0.875) + CenterCrop(S)), streamed (0) */
 } ts_data_opts;
 
-#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2})
+#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0})
 
 /* Opens the training source (shuffled; this rank's share: the distributed
  * sampler's for IDX files, the reader's shard with pad_last_batch for images)
  * and, when eval is not NULL, the evaluation source (the whole test split in
- * order: t10k-* files, the test/ folder, or the training images when there is
- * no test/). Each source owns what it read. Errors name the path. An empty
+ * order: t10k-* files, the val/ or test/ folder, or the training images when
+ * there is neither). Each source owns what it read. Errors name the path. An empty
  * training or test set is TS_ERR_FORMAT naming it, and so is a test label that
  * is no class of the training set (IDX: above the training labels' largest;
  * images: test/'s class folders must be train/'s, in the same order). */
 ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval);
+/* The evaluation window's share of the shorter side (torchvision's Resize(256) + CenterCrop(224)). */
+#define TS_EVAL_CENTER_CROP 0.875f
+/* One decoded image as ts_data_open's evaluation source presents it (for predictions on single files):
+ * image_size 0: a gray image resized to 28x28 and normalised as Fashion-MNIST (1 x 28 x 28 floats);
+ * > 0: an RGB image's central TS_EVAL_CENTER_CROP window resized to image_size and normalised as
+ * ImageNet (3 x image_size x image_size floats, CHW). The wrong channel count is TS_ERR_INVALID_ARG. */
+ts_status ts_data_preprocess(const ts_image *im, int image_size, float *out);
 /* True when path names images rather than IDX files (how ts_data_open decides):
  * a file (a "path label" list), or a folder with sub-folders and without
  * train-images-idx3-ubyte[.gz]. */
@@ -262,6 +281,9 @@ typedef struct ts_eval_result {
     int64_t correct;     /* rows whose largest logit is the label (top-1) */
     double accuracy;     /* correct / samples (NaN when no sample) */
     double loss;         /* mean cross-entropy over the samples */
+    int64_t correct_top5; /* rows whose label is among the 5 largest logits (all of them below 5 classes;
+                             equal logits rank the lower class first) */
+    double top5_accuracy; /* correct_top5 / samples */
 } ts_eval_result;
 
 /* Evaluates m (e.g. ts_strategy_module) over one whole epoch of src (from
@@ -270,6 +292,10 @@ typedef struct ts_eval_result {
  * naming the row; a source without samples is TS_ERR_INVALID_ARG (an empty
  * test set is not an accuracy of 0%). */
 ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out);
+/* ts_evaluate that also counts confusion[label * classes + prediction] (classes x classes int64,
+ * zeroed first; the model's classes must be at most `classes`). */
+ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *confusion, int64_t classes,
+                                ts_eval_result *out);
 
 /* ---- optimizer and schedule by name ----------------------------------------------------------------- */
 /* "sgd" (momentum, L2 weight decay) or "adamw" (decoupled weight decay; momentum unused) over params. */

@@ -122,6 +122,25 @@ static void choose_window(void *vctx, int w, int h, ts_roi *win, int *denom) {
     *denom = d;
 }
 
+ts_roi ts_center_crop_roi(int width, int height, int out_w, int out_h, float fraction) {
+    /* source pixels per output pixel after the resize */
+    double shorter = width < height ? width : height, out_shorter = out_w < out_h ? out_w : out_h;
+    double scale = fraction * shorter / out_shorter;
+    int cw = (int)lround(out_w * scale), ch = (int)lround(out_h * scale);
+    cw = cw > width ? width : cw < 1 ? 1 : cw;
+    ch = ch > height ? height : ch < 1 ? 1 : ch;
+    return (ts_roi){(int)lround((width - cw) / 2.0), (int)lround((height - ch) / 2.0), cw, ch};
+}
+
+/* The window of a w x h source that becomes the output: a random resized crop, the central window
+ * (center_crop: torchvision's Resize(shorter side -> min(out) / center_crop) + CenterCrop(out)), or
+ * the whole image. */
+static ts_roi base_window(const ts_pipeline *p, ts_rng *rng, int w, int h) {
+    if (p->o.random_resized_crop) return ts_random_resized_crop_roi(rng, w, h, p->o.rrc_scale, p->o.rrc_ratio);
+    if (p->o.center_crop <= 0) return (ts_roi){0, 0, w, h};
+    return ts_center_crop_roi(w, h, p->W, p->H, p->o.center_crop);
+}
+
 /* Reads, decodes and augments sample `pos` of slot s into its batch memory. */
 static ts_status process(worker *wk, slot *s, int64_t pos) {
     ts_pipeline *p = wk->p;
@@ -156,8 +175,7 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
         }
         TS_TRY(ts__decode_header(wk->dec, wk->file, n, path, &fmt, &w, &h));
         /* the window is drawn on the full-size image so the draws do not depend on the decoder */
-        ts_roi roi = p->o.random_resized_crop ? ts_random_resized_crop_roi(&rng, w, h, p->o.rrc_scale, p->o.rrc_ratio)
-                                              : (ts_roi){0, 0, w, h};
+        ts_roi roi = base_window(p, &rng, w, h);
         bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
         int denom = 1;
         if (fmt == TS__FMT_JPEG && p->o.jpeg_scaled_decode)
@@ -170,8 +188,7 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
         }
         return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
     }
-    ts_roi roi = p->o.random_resized_crop ? ts_random_resized_crop_roi(&rng, w, h, p->o.rrc_scale, p->o.rrc_ratio)
-                                          : (ts_roi){0, 0, w, h};
+    ts_roi roi = base_window(p, &rng, w, h);
     bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
     return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
 }
@@ -347,6 +364,8 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
            "ts_pipeline_new: random resized crop scale (%g, %g) / ratio (%g, %g) out of range", o->rrc_scale[0],
            o->rrc_scale[1], o->rrc_ratio[0], o->rrc_ratio[1]);
     TS_ARG(o->flip_prob >= 0 && o->flip_prob <= 1, "ts_pipeline_new: flip_prob %g is not in [0, 1]", o->flip_prob);
+    TS_ARG(o->center_crop >= 0 && o->center_crop <= 1, "ts_pipeline_new: center_crop %g is not in [0, 1]",
+           o->center_crop);
     TS_ARG(o->max_pixels >= 0, "ts_pipeline_new: max_pixels %lld is negative", (long long)o->max_pixels);
     for (int c = 0; c < (int)o->color; c++)
         TS_ARG(o->std[c] != 0 && isfinite(o->std[c]) && isfinite(o->mean[c]), "ts_pipeline_new: bad mean %g / std %g",

@@ -128,13 +128,57 @@ static ts_status check_eval_classes(const ts_reader *tr, const ts_reader_opts *e
     return st;
 }
 
+/* ImageNet's per-channel mean and std (torchvision's references), in [0, 1] units. */
+static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f}, imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+
+ts_status ts_data_preprocess(const ts_image *im, int image_size, float *out) {
+    TS_ARG(im && out && im->data, "ts_data_preprocess: NULL argument");
+    TS_ARG(image_size >= 0 && image_size <= 4096, "ts_data_preprocess: image_size %d", image_size);
+    TS_ARG(im->channels == (image_size > 0 ? 3 : 1), "ts_data_preprocess: a %d-channel image for image_size %d "
+           "(want %s)", im->channels, image_size, image_size > 0 ? "RGB" : "gray");
+    float mean[3], std[3];
+    if (image_size == 0) {
+        mean[0] = TS_FASHION_MNIST_MEAN * 255.0f;
+        std[0] = TS_FASHION_MNIST_STD * 255.0f;
+        ts_roi all = {0, 0, im->width, im->height};
+        return ts_image_crop_resize_normalize(im, &all, 28, 28, false, mean, std, out);
+    }
+    for (int c = 0; c < 3; c++) {
+        mean[c] = imagenet_mean[c] * 255.0f;
+        std[c] = imagenet_std[c] * 255.0f;
+    }
+    ts_roi roi = ts_center_crop_roi(im->width, im->height, image_size, image_size, TS_EVAL_CENTER_CROP);
+    return ts_image_crop_resize_normalize(im, &roi, image_size, image_size, false, mean, std, out);
+}
+
+/* The evaluation folder of an image folder with a train/ sub-folder: val/ (ImageNet's and torchvision's
+ * name), else test/ (what `tessera data export` writes); false when there is neither. */
+static bool eval_folder(const char *path, char *buf, size_t n) {
+    static const char *const names[] = {"val", "test"};
+    for (int i = 0; i < 2; i++) {
+        struct stat sb;
+        snprintf(buf, n, "%s/%s", path, names[i]);
+        if (stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode)) return true;
+    }
+    return false;
+}
+
 /* Images: the training pipeline reads shard `rank` of `world_size` (pad_last_batch
- * when distributed, so every rank runs the same number of steps); the evaluation
- * set is decoded into memory once. */
+ * when distributed, so every rank runs the same number of steps). The reference
+ * input (image_size 0): gray 28x28 normalised as Fashion-MNIST, the evaluation set
+ * decoded into memory once. RGB (image_size > 0): random resized crop + flip for
+ * training, the central 0.875 window for evaluation, ImageNet's normalisation, and
+ * the evaluation set streamed by its own pipeline (ImageNet's is 50,000 photos). */
 static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
     char trainbuf[4096], testbuf[4096];
     ts_pipeline_opts po = TS_PIPELINE_OPTS_INIT;
-    bool split = ts_data_reader_opts(o->path, "train", &po.reader, trainbuf, sizeof trainbuf);
+    bool idx = !ts_data_is_images(o->path), split = false; /* IDX files as RGB images (image_size > 0) */
+    if (idx) {
+        po.reader.idx_dir = o->path;
+        po.reader.idx_split = "train";
+    } else {
+        split = ts_data_reader_opts(o->path, "train", &po.reader, trainbuf, sizeof trainbuf);
+    }
     po.reader.random_shuffle = true;
     po.reader.seed = (int64_t)o->seed;
     po.reader.shard_id = o->rank;
@@ -142,10 +186,21 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
     po.reader.pad_last_batch = o->world_size > 1;
     po.batch_size = o->batch_size;
     po.num_threads = o->threads;
-    po.color = TS_COLOR_GRAY;
-    po.out_width = po.out_height = 28;
-    po.mean[0] = TS_FASHION_MNIST_MEAN * 255.0f;
-    po.std[0] = TS_FASHION_MNIST_STD * 255.0f;
+    if (o->image_size > 0) {
+        po.color = TS_COLOR_RGB;
+        po.out_width = po.out_height = o->image_size;
+        po.random_resized_crop = true;
+        po.flip_prob = 0.5f;
+        for (int c = 0; c < 3; c++) {
+            po.mean[c] = imagenet_mean[c] * 255.0f;
+            po.std[c] = imagenet_std[c] * 255.0f;
+        }
+    } else {
+        po.color = TS_COLOR_GRAY;
+        po.out_width = po.out_height = 28;
+        po.mean[0] = TS_FASHION_MNIST_MEAN * 255.0f;
+        po.std[0] = TS_FASHION_MNIST_STD * 255.0f;
+    }
     ts_pipeline *p = NULL;
     TS_TRY(ts_pipeline_new(&po, &p));
     TS_TRY(ts_batch_source_pipeline(p, train));
@@ -154,22 +209,41 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
     eo.reader.shard_id = 0;
     eo.reader.num_shards = 1;
     eo.reader.pad_last_batch = false;
-    if (split) {
-        snprintf(testbuf, sizeof testbuf, "%s/test", o->path);
-        struct stat sb;
-        if (stat(testbuf, &sb) == 0 && S_ISDIR(sb.st_mode)) eo.reader.file_root = testbuf;
+    eo.reader.random_shuffle = false;
+    eo.random_resized_crop = false;
+    eo.flip_prob = 0;
+    if (idx) eo.reader.idx_split = "test";
+    if (o->image_size > 0) {
+        eo.center_crop = TS_EVAL_CENTER_CROP;
+        eo.batch_size = o->eval_batch_size;
     }
+    if (split && eval_folder(o->path, testbuf, sizeof testbuf)) eo.reader.file_root = testbuf;
     ts_dataset *ds = NULL;
+    ts_pipeline *ep = NULL;
     ts_status st = TS_OK;
     if (eo.reader.file_root == testbuf)
         st = check_eval_classes(ts_pipeline_reader(p), &eo.reader, testbuf, trainbuf);
-    if (st == TS_OK) st = ts_dataset_load_images(&eo, &ds);
-    if (st == TS_OK)
-        st = check_eval_labels(ds, ts_reader_num_classes(ts_pipeline_reader(p)),
-                               eo.reader.file_list ? eo.reader.file_list : eo.reader.file_root, "the training set");
-    if (st == TS_OK) {
-        st = eval_source(ds, o, eval);
-        ds = NULL;
+    if (o->image_size > 0) {
+        if (st == TS_OK) st = ts_pipeline_new(&eo, &ep);
+        if (st == TS_OK && ts_reader_num_classes(ts_pipeline_reader(ep)) > ts_reader_num_classes(ts_pipeline_reader(p)))
+            st = ts_error(TS_ERR_FORMAT, "%s: %lld classes, but the training set has %lld",
+                          idx ? o->path : eo.reader.file_list ? eo.reader.file_list : eo.reader.file_root,
+                          (long long)ts_reader_num_classes(ts_pipeline_reader(ep)),
+                          (long long)ts_reader_num_classes(ts_pipeline_reader(p)));
+        if (st == TS_OK) {
+            st = ts_batch_source_pipeline(ep, eval); /* owns ep from here on, also on failure */
+            ep = NULL;
+        }
+        ts_pipeline_free(ep);
+    } else {
+        if (st == TS_OK) st = ts_dataset_load_images(&eo, &ds);
+        if (st == TS_OK)
+            st = check_eval_labels(ds, ts_reader_num_classes(ts_pipeline_reader(p)),
+                                   eo.reader.file_list ? eo.reader.file_list : eo.reader.file_root, "the training set");
+        if (st == TS_OK) {
+            st = eval_source(ds, o, eval);
+            ds = NULL;
+        }
     }
     if (st != TS_OK) {
         ts_dataset_free(ds);
@@ -192,5 +266,7 @@ ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_
         return ts_error(TS_ERR_IO, "%s: %s", o->path, strerror(errno));
     if (!S_ISDIR(sb.st_mode) && !S_ISREG(sb.st_mode))
         return ts_error(TS_ERR_IO, "%s: not a directory or a file list", o->path);
-    return ts_data_is_images(o->path) ? open_images(o, train, eval) : open_idx(o, train, eval);
+    TS_ARG(o->image_size >= 0 && o->image_size <= 4096, "ts_data_open: image_size %d is not in [0, 4096]",
+           o->image_size);
+    return ts_data_is_images(o->path) || o->image_size > 0 ? open_images(o, train, eval) : open_idx(o, train, eval);
 }

@@ -53,6 +53,14 @@ int64_t ts_batch_source_num_batches(const ts_batch_source *s, int64_t epoch) {
 
 int64_t ts_batch_source_num_samples(const ts_batch_source *s) { return s ? s->ops->num_samples(s->impl) : 0; }
 
+int64_t ts_batch_source_num_classes(const ts_batch_source *s) {
+    return s && s->ops->num_classes ? s->ops->num_classes(s->impl) : 0;
+}
+
+const char *ts_batch_source_class_name(const ts_batch_source *s, int64_t label) {
+    return s && s->ops->class_name ? s->ops->class_name(s->impl, label) : NULL;
+}
+
 int ts_batch_source_sample_shape(const ts_batch_source *s, int64_t *shape) {
     return s && shape && s->ops->sample_shape ? s->ops->sample_shape(s->impl, shape) : 0;
 }
@@ -145,8 +153,10 @@ static void ds_destroy(void *impl) {
     free(d);
 }
 
-static const ts_batch_source_ops ds_ops = {ds_num_batches, ds_num_samples, ds_seek, ds_next, ds_sample_shape,
-                                           ds_destroy};
+static int64_t ds_num_classes(void *impl) { return ts_dataset_num_classes(((const ds_source *)impl)->ds); }
+
+static const ts_batch_source_ops ds_ops = {ds_num_batches, ds_num_samples, ds_seek,       ds_next,
+                                           ds_sample_shape, ds_destroy,    ds_num_classes, NULL};
 
 ts_status ts__batch_source_dataset(ts_dataset *ds, bool own, const ts_dataset_source_opts *o,
                                    ts_batch_source **out) {
@@ -221,8 +231,13 @@ static ts_status pl_next(void *impl, ts_batch *out) {
 static int pl_sample_shape(void *impl, int64_t *shape) { return ts_pipeline_sample_shape(impl, shape); }
 static void pl_destroy(void *impl) { ts_pipeline_free(impl); }
 
-static const ts_batch_source_ops pl_ops = {pl_num_batches, pl_num_samples, pl_seek, pl_next, pl_sample_shape,
-                                           pl_destroy};
+static int64_t pl_num_classes(void *impl) { return ts_reader_num_classes(ts_pipeline_reader(impl)); }
+static const char *pl_class_name(void *impl, int64_t label) {
+    return ts_reader_class_name(ts_pipeline_reader(impl), label);
+}
+
+static const ts_batch_source_ops pl_ops = {pl_num_batches, pl_num_samples, pl_seek,        pl_next,
+                                           pl_sample_shape, pl_destroy,    pl_num_classes, pl_class_name};
 
 ts_status ts_batch_source_pipeline(ts_pipeline *p, ts_batch_source **out) {
     if (!p || !out) {

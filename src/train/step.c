@@ -16,11 +16,16 @@ ts_status ts_train_step(ts_strategy *s, ts_optimizer *opt, const ts_tensor *x, c
     return st;
 }
 
-/* Top-1 hits and the summed cross-entropy of the first `real` rows of logits (n, c) on the host. */
-static ts_status score_rows(ts_tensor *logits, const ts_batch *b, int64_t *correct, double *loss_sum) {
+/* Scores the first `real` rows of logits (n, c) on the host: top-1 and top-5 hits, the summed
+ * cross-entropy and (confusion != NULL, classes x classes, row = label, column = prediction) counts. */
+static ts_status score_rows(ts_tensor *logits, const ts_batch *b, ts_eval_result *r, double *loss_sum,
+                            int64_t *confusion, int64_t classes) {
     const float *p = ts_tensor_data_f32(logits);
     const int64_t *lab = ts_tensor_data(b->y);
     int64_t c = ts_tensor_dim(logits, 1);
+    if (confusion && c > classes)
+        return ts_error(TS_ERR_SHAPE, "evaluation: the model has %lld classes, the confusion matrix %lld",
+                        (long long)c, (long long)classes);
     for (int64_t i = 0; i < b->real; i++) {
         const float *row = p + i * c;
         if (lab[i] < 0 || lab[i] >= c)
@@ -28,22 +33,33 @@ static ts_status score_rows(ts_tensor *logits, const ts_batch *b, int64_t *corre
                                            "model has %lld classes",
                             (long long)(b->samples ? b->samples[i] : i), (long long)i, (long long)b->index,
                             (long long)lab[i], (long long)c);
-        int64_t best = 0;
-        float mx = row[0];
+        int64_t best = 0, above = 0; /* above: classes ranked before the label (ties: the lower index first) */
         for (int64_t k = 1; k < c; k++)
             if (row[k] > row[best]) best = k;
-        mx = row[best];
+        float mx = row[best], v = row[lab[i]];
         double se = 0.0;
-        for (int64_t k = 0; k < c; k++) se += exp((double)row[k] - (double)mx);
-        *loss_sum += log(se) + (double)mx - (double)row[lab[i]];
-        *correct += best == lab[i];
+        for (int64_t k = 0; k < c; k++) {
+            se += exp((double)row[k] - (double)mx);
+            above += row[k] > v || (row[k] == v && k < lab[i]);
+        }
+        *loss_sum += log(se) + (double)mx - (double)v;
+        r->correct += best == lab[i];
+        r->correct_top5 += above < 5;
+        if (confusion) confusion[lab[i] * classes + best]++;
     }
     return TS_OK;
 }
 
 ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out) {
+    return ts_evaluate_confusion(m, src, NULL, 0, out);
+}
+
+ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *confusion, int64_t classes,
+                                ts_eval_result *out) {
     TS_ARG(m && src && out, "ts_evaluate: NULL argument");
+    TS_ARG(!confusion || classes >= 1, "ts_evaluate_confusion: %lld classes", (long long)classes);
     memset(out, 0, sizeof *out);
+    if (confusion) memset(confusion, 0, sizeof *confusion * (size_t)(classes * classes));
     TS_TRY(ts_batch_source_seek(src, 0, 0));
     ts_module_train(m, false);
     bool prev = ts_grad_set_enabled(false);
@@ -58,7 +74,7 @@ ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out) {
             st = ts_error(TS_ERR_SHAPE, "evaluation: the model's output has %d dimensions; want (batch, classes)",
                           ts_tensor_ndim(logits));
         if (st == TS_OK) st = ts_to_device(logits, ts_device_cpu(), &host);
-        if (st == TS_OK) st = score_rows(host, &b, &out->correct, &loss_sum);
+        if (st == TS_OK) st = score_rows(host, &b, out, &loss_sum, confusion, classes);
         ts_tensor_release(host);
         ts_tensor_release(logits);
         if (st != TS_OK) break;
@@ -68,6 +84,7 @@ ts_status ts_evaluate(ts_module *m, ts_batch_source *src, ts_eval_result *out) {
     if (st == TS_OK && out->samples == 0) /* not an accuracy of 0.00% */
         st = ts_error(TS_ERR_INVALID_ARG, "evaluation: the evaluation source has no samples");
     out->accuracy = out->samples ? (double)out->correct / (double)out->samples : NAN;
+    out->top5_accuracy = out->samples ? (double)out->correct_top5 / (double)out->samples : NAN;
     out->loss = out->samples ? loss_sum / (double)out->samples : NAN;
     return st;
 }

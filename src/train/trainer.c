@@ -14,6 +14,8 @@
  *   optim.<name>        the optimizer's state
  *   train.epoch/.batch/.step   the position       train.seed, train.batch_size, train.world_size
  *   train.loss          the latest step's loss   train.model, train.optimizer (bytes), train.rng (bytes)
+ *   data.channels/.height/.width  one sample's shape    data.num_classes  the training source's classes
+ *   data.classes        class names, one per line (image folders; what `tessera predict` prints)
  *
  * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
  * (so the loop's additions cannot overflow), every floating-point tensor is
@@ -40,6 +42,11 @@
 #define CK_MODEL "train.model"
 #define CK_OPTIM "train.optimizer"
 #define CK_RNG "train.rng"
+#define CK_DATA_C "data.channels"
+#define CK_DATA_H "data.height"
+#define CK_DATA_W "data.width"
+#define CK_DATA_CLASSES "data.num_classes"
+#define CK_DATA_NAMES "data.classes"
 
 struct ts_trainer {
     ts_strategy *s;
@@ -230,6 +237,39 @@ int64_t ts_trainer_step(const ts_trainer *t) { return t ? t->step : 0; }
 int64_t ts_trainer_epoch(const ts_trainer *t) { return t ? t->epoch : 0; }
 
 /* ---- checkpoints ---------------------------------------------------------------------------------- */
+/* What the data looked like (for `tessera eval` and `tessera predict`): the sample shape, the class
+ * count and the class names when the source has them. */
+static ts_status save_data_info(ts_ckpt *ck, const ts_batch_source *src) {
+    int64_t shape[TS_MAX_DIMS];
+    int nd = ts_batch_source_sample_shape(src, shape);
+    if (nd == 3) {
+        TS_TRY(ts_ckpt_set_i64(ck, CK_DATA_C, shape[0]));
+        TS_TRY(ts_ckpt_set_i64(ck, CK_DATA_H, shape[1]));
+        TS_TRY(ts_ckpt_set_i64(ck, CK_DATA_W, shape[2]));
+    }
+    int64_t classes = ts_batch_source_num_classes(src);
+    if (classes <= 0) return TS_OK;
+    TS_TRY(ts_ckpt_set_i64(ck, CK_DATA_CLASSES, classes));
+    size_t len = 0;
+    for (int64_t k = 0; k < classes; k++) {
+        const char *nm = ts_batch_source_class_name(src, k);
+        if (!nm || strchr(nm, '\n')) return TS_OK; /* unnamed (IDX) */
+        len += strlen(nm) + 1;
+    }
+    char *buf = ts__malloc(len), *w = buf;
+    if (!buf) return ts_error(TS_ERR_NOMEM, "ts_trainer_save: out of memory");
+    for (int64_t k = 0; k < classes; k++) {
+        const char *nm = ts_batch_source_class_name(src, k);
+        size_t n = strlen(nm);
+        memcpy(w, nm, n);
+        w[n] = '\n';
+        w += n + 1;
+    }
+    ts_status st = ts_ckpt_set_bytes(ck, CK_DATA_NAMES, buf, len);
+    free(buf);
+    return st;
+}
+
 ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     TS_ARG(t && path, "ts_trainer_save: NULL argument");
     ts_status st = TS_OK;
@@ -251,6 +291,7 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     if (t->optimizer_name)
         TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, t->optimizer_name, strlen(t->optimizer_name)));
     if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, t->o.rng, sizeof *t->o.rng));
+    TS_CHECK_GOTO(save_data_info(ck, t->train));
     TS_CHECK_GOTO(ts_ckpt_save(ck, path));
 fail:
     ts_tensor_list_clear(&sd);
