@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The users' own networks from the command line: examples/custom_resnet.c (a hand-written residual
+# network) trained with DDP over 2 ranks and reloaded from its checkpoint; `tessera train --model
+# resnet18 --image-size 32` on an image folder with train/ and val/; `tessera eval` printing the
+# accuracy the training printed; `tessera predict` naming classes; and the errors (unknown model,
+# --image-size for a fixed-size model, folders without classes, val/ classes that differ, a data
+# set with other classes than the checkpoint's). Seconds, not minutes; no timing is checked.
+set -u
+TS=${1:?usage: cli_zoo.sh path/to/tessera}
+BIN=$(dirname "$TS")
+DATA=/usr/share/datasets/fashion-mnist
+[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0; passes=0
+ok()   { passes=$((passes+1)); echo "ok: $1"; }
+bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+expect_exit() {
+  local want=$1 needle=$2; shift 2
+  local out rc
+  out=$("$@" 2>&1); rc=$?
+  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
+  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
+  ok "$* -> $rc"
+}
+export OMP_NUM_THREADS=1
+
+# ---- a network of your own, DDP over 2 ranks, checkpoint reloaded ------------------------------------
+if [ -x "$BIN/example_custom_resnet" ]; then
+  "$TS" run -n 2 -- "$BIN/example_custom_resnet" --max-steps 20 --batch 16 --checkpoint "$T/cr.ckpt" >"$T/cr.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && ok "custom ResNet trained on 2 ranks" || bad "custom ResNet exited $rc: $(tail -5 "$T/cr.log")"
+  grep -q "custom ResNet: .* 2 rank(s)" "$T/cr.log" && ok "DDP over 2 ranks" || bad "not 2 ranks: $(cat "$T/cr.log")"
+  grep -q "reloaded $T/cr.ckpt: .* differ by at most 0$" "$T/cr.log" && ok "its checkpoint loads back (same logits)" \
+    || bad "reload: $(cat "$T/cr.log")"
+  grep -q "\[rank 1\] .*reloaded" "$T/cr.log" && bad "rank 1 reloaded" || ok "only rank 0 saves and reloads"
+else
+  bad "no $BIN/example_custom_resnet"
+fi
+
+# ---- ResNet-18 on an image folder (train/ and val/) ----------------------------------------------------
+"$TS" data export fashion-mnist --format png --limit 120 --out "$T/fm" >/dev/null 2>&1 || bad "export"
+mv "$T/fm/test" "$T/fm/val"
+"$TS" train --model resnet18 --data "$T/fm" --image-size 32 --max-steps 6 --batch-size 16 --quiet \
+  --checkpoint "$T/r18.ckpt" >"$T/train.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && ok "resnet18 trained on the folder" || bad "resnet18 train exited $rc: $(cat "$T/train.log")"
+grep -q "training resnet18 on $T/fm: 120 images" "$T/train.log" && ok "reads train/" || bad "banner: $(cat "$T/train.log")"
+grep -q "test accuracy .*top-5 .*(120 images)" "$T/train.log" && ok "evaluates on val/ with top-5" \
+  || bad "no val/ evaluation: $(cat "$T/train.log")"
+acc=$(sed -n 's/^epoch 1\/[0-9]*: .*test accuracy \([0-9.]*\)%, top-5 \([0-9.]*\)%.*/\1 \2/p' "$T/train.log")
+"$TS" ckpt show "$T/r18.ckpt" >"$T/show.log" 2>&1
+grep -q "model.fc.weight .*\[10, 512\]" "$T/show.log" && ok "fc has one row per class folder" \
+  || bad "fc: $(grep fc.weight "$T/show.log")"
+grep -q "data.classes" "$T/show.log" && ok "checkpoint records the class names" || bad "no data.classes"
+out=$("$TS" eval --checkpoint "$T/r18.ckpt" --data "$T/fm" --confusion 1 2>&1); rc=$?
+[ $rc -eq 0 ] && ok "tessera eval runs" || bad "eval exited $rc: $out"
+eacc=$(sed -n 's/.* images, accuracy \([0-9.]*\)% .*top-5 \([0-9.]*\)%.*/\1 \2/p' <<<"$out")
+[ -n "$acc" ] && [ "$acc" = "$eacc" ] && ok "eval prints the training's accuracy and top-5 ($acc)" \
+  || bad "eval '$eacc' vs training '$acc': $out"
+grep -q "^ *1_trouser " <<<"$out" && ok "confusion matrix names the classes" || bad "no confusion matrix: $out"
+rows=$(grep -cE "^ *[0-9]_[a-z_]+ +[0-9]" <<<"$out")
+[ "$rows" -eq 10 ] && ok "10 matrix rows" || bad "matrix rows: $rows"
+out=$("$TS" predict --checkpoint "$T/r18.ckpt" --top 3 "$T/fm/val/8_bag/"*.png 2>&1); rc=$?
+n=$(grep -c "^$T/fm/val/8_bag/[0-9]*.png: [0-9]_[a-z_]* [0-9.]*%, [0-9]_[a-z_]* [0-9.]*%, [0-9]_[a-z_]* [0-9.]*%$" <<<"$out")
+[ $rc -eq 0 ] && [ "$n" -eq "$(ls "$T/fm/val/8_bag" | wc -l)" ] && ok "predict: 3 named classes per file" \
+  || bad "predict ($rc): $out"
+
+# ---- the same network on IDX files through the pipeline (RGB crops of 28x28 gray images) ------------
+"$TS" train --model resnet18 --image-size 32 --max-steps 2 --batch-size 8 --quiet --data "$DATA" \
+  --checkpoint "$T/idx.ckpt" >"$T/idx.log" 2>&1 && ok "resnet18 on IDX files" || bad "IDX: $(cat "$T/idx.log")"
+
+# ---- errors -----------------------------------------------------------------------------------------
+expect_exit 2 "unknown --model 'resnet19' (expected one of cnn, mlp, resnet18" "$TS" train --model resnet19
+expect_exit 2 "--model cnn takes 28x28 images only" "$TS" train --model cnn --image-size 64
+mkdir -p "$T/empty/train" "$T/empty/val"
+expect_exit 2 "$T/empty/train" "$TS" train --model resnet18 --image-size 32 --data "$T/empty"
+cp -r "$T/fm" "$T/odd" && mv "$T/odd/val/3_dress" "$T/odd/val/3_gown"
+expect_exit 2 "$T/odd/val: class folder 3 is '3_gown'" "$TS" train --model resnet18 --image-size 32 --data "$T/odd"
+expect_exit 2 "class 3 is '3_gown', the checkpoint's is '3_dress'" "$TS" eval --checkpoint "$T/r18.ckpt" --data "$T/odd/val"
+mkdir -p "$T/five" && for c in 0_tshirt_top 1_trouser 2_pullover; do cp -r "$T/fm/val/$c" "$T/five/"; done
+expect_exit 0 "accuracy" "$TS" eval --checkpoint "$T/r18.ckpt" --data "$T/five" --confusion 0
+expect_exit 2 "--checkpoint is required" "$TS" eval
+expect_exit 2 "no image files given" "$TS" predict --checkpoint "$T/r18.ckpt"
+expect_exit 1 "$T/nope.png" "$TS" predict --checkpoint "$T/r18.ckpt" "$T/nope.png"
+expect_exit 2 "records no model name" "$TS" eval --checkpoint "$T/cr.ckpt"
+expect_exit 2 "do not fit --model mlp" "$TS" eval --checkpoint "$T/r18.ckpt" --model mlp
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]
