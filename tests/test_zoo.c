@@ -198,6 +198,9 @@ static void test_zoo_lookup(void) {
     CHECK(m && strcmp(ts_module_type_name(ts_module_child(m, "layer1.0")), "Bottleneck") == 0);
     CHECK(m && ts_module_num_parameters(m) == 25557032); /* torchvision resnet50()'s count */
     ts_module_free(m);
+    CHECK_OK(ts_model_new("resnet101", 0, NULL, &m));
+    CHECK(m && ts_module_num_parameters(m) == 44549160); /* torchvision resnet101()'s */
+    ts_module_free(m);
 }
 
 /* ---- a module of your own: the residual block written by hand ---------------------------------- */
