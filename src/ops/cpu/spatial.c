@@ -76,8 +76,9 @@ static void valid_range(int64_t n, int64_t nout, int s, int64_t off, int64_t *o0
     *o1 = hi;
 }
 
-/* col: (Cg*kh*kw, OH*OW) <- x: (Cg, H, W), zero outside the input. */
-static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *col) {
+/* col: (Cg*kh*kw, OH*OW) <- x: (Cg, H, W), zero outside the input; col's rows are ld floats apart
+ * (ld >= OH*OW: the batched path puts several images' columns side by side). */
+static void im2col_ld(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *col, int64_t ld) {
     const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, OHW = OH * OW;
     for (int ki = 0; ki < g->kh; ki++) {
         int64_t ioff = (int64_t)ki * g->dh - g->ph, oh0, oh1;
@@ -86,7 +87,7 @@ static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *c
             int64_t joff = (int64_t)kj * g->dw - g->pw, ow0, ow1;
             valid_range(W, OW, g->sw, joff, &ow0, &ow1);
             for (int64_t c = 0; c < Cg; c++) {
-                float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
+                float *row = col + ((c * g->kh + ki) * g->kw + kj) * ld;
                 const float *xc = x + c * H * W;
                 if (g->sh == 1 && g->sw == 1 && OW == W) {
                     /* rows of x and col have one length: the valid rows are one shifted copy,
@@ -119,10 +120,14 @@ static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *c
     }
 }
 
-/* x: (Cg, H, W) += col: (Cg*kh*kw, OH*OW) scattered back (the adjoint of im2col).
- * col is scratch: entries that map to padding may be overwritten with zeros. */
-static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, float *col, float *x) {
-    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, OHW = OH * OW;
+static void im2col(const ts_conv2d_geom *g, int64_t Cg, const float *x, float *col) {
+    im2col_ld(g, Cg, x, col, g->OH * g->OW);
+}
+
+/* x: (Cg, H, W) += col: (Cg*kh*kw, OH*OW) scattered back (the adjoint of im2col); col's rows are ld
+ * floats apart. col is scratch: entries that map to padding may be overwritten with zeros. */
+static void col2im_add_ld(const ts_conv2d_geom *g, int64_t Cg, float *col, int64_t ld, float *x) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;
     for (int64_t c = 0; c < Cg; c++) {
         float *xc = x + c * H * W;
         for (int ki = 0; ki < g->kh; ki++) {
@@ -131,7 +136,7 @@ static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, float *col, float *x
             for (int kj = 0; kj < g->kw; kj++) {
                 int64_t joff = (int64_t)kj * g->dw - g->pw, ow0, ow1;
                 valid_range(W, OW, g->sw, joff, &ow0, &ow1);
-                float *row = col + ((c * g->kh + ki) * g->kw + kj) * OHW;
+                float *row = col + ((c * g->kh + ki) * g->kw + kj) * ld;
                 if (g->sh == 1 && g->sw == 1 && OW == W) { /* as in im2col: one shifted span */
                     const int64_t shift = ioff * W + joff;
                     for (int64_t oh = oh0; oh < oh1; oh++) {
@@ -155,6 +160,10 @@ static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, float *col, float *x
     }
 }
 
+static void col2im_add(const ts_conv2d_geom *g, int64_t Cg, float *col, float *x) {
+    col2im_add_ld(g, Cg, col, g->OH * g->OW, x);
+}
+
 /* 1x1, stride 1, no padding: the input plane is its own im2col matrix. */
 static bool conv_is_pointwise(const ts_conv2d_geom *g) {
     return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
@@ -165,13 +174,150 @@ static bool conv_par(const ts_conv2d_geom *g, int nthr) {
     return nthr > 1 && g->N >= nthr && g->N * g->K * g->OH * g->OW >= PAR_MIN;
 }
 
+
+/* ---- batched images: small output planes -------------------------------------------------------
+ * Deep layers have small planes (ResNet-18's layer4 at 64x64 input: 2x2 = 4 columns), where a sgemm
+ * per image spends its time packing. Below CONV_BATCH_COLS columns, images go in blocks of nb whose
+ * im2col matrices sit side by side — (CKK, nb*OHW) — so one sgemm covers the block. Blocks run in
+ * parallel when there are at least as many as threads; otherwise one after another, each sgemm split
+ * between the threads by the blas kernel. */
+#define CONV_BATCH_COLS 512
+
+static int64_t conv_block_images(const ts_conv2d_geom *g) {
+    const int64_t OHW = g->OH * g->OW, CKK = (g->C / g->groups) * g->kh * g->kw;
+    if (OHW >= CONV_BATCH_COLS || CKK == 0 || g->N < 2) return 1;
+    int64_t nb = (CONV_BATCH_COLS + OHW - 1) / OHW;
+    return nb < g->N ? nb : g->N;
+}
+
+// out: (N, K, OH, OW): per block of nb images and group, tmp: (Kg, nb*OHW) = w_g @ [im2col(x[n]) ...]
+static ts_status conv2d_blocked(const ts_conv2d_geom *g, int64_t nb, ts_tensor *out, const ts_tensor *x,
+                                const ts_tensor *w, const ts_tensor *b) {
+    ts_device *dev = x->storage->device;
+    const struct ts_kernels_blas *blas = dev->k_blas;
+    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
+    const int64_t CKK = Cg * g->kh * g->kw, LD = nb * OHW, nblocks = (g->N + nb - 1) / nb;
+    const int nthr = omp_get_max_threads();
+    const bool par = nthr > 1 && nblocks >= nthr;
+    const int64_t per = CKK * LD + Kg * LD;
+    ts_tensor *buf = NULL;
+    TS_TRY(scratch(dev, (par ? nthr : 1) * per, &buf));
+    const float *px = ts__f32(x), *pw = ts__f32(w), *pb = b ? ts__f32(b) : NULL;
+    float *po = ts__f32(out);
+#pragma omp parallel if (par)
+    {
+        float *col = ts__f32(buf) + (int64_t)omp_get_thread_num() * per, *tmp = col + CKK * LD;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            const int64_t n0 = blk * nb, m = TS_MIN(nb, g->N - n0), cols = m * OHW;
+            for (int64_t gr = 0; gr < G; gr++) {
+                for (int64_t j = 0; j < m; j++)
+                    im2col_ld(g, Cg, px + ((n0 + j) * g->C + gr * Cg) * HW, col + j * OHW, cols);
+                blas->sgemm(dev, false, false, Kg, cols, CKK, 1.0f, pw + gr * Kg * CKK, CKK, col, cols, 0.0f, tmp,
+                            cols);
+                for (int64_t j = 0; j < m; j++)
+                    for (int64_t k = 0; k < Kg; k++) {
+                        float *o = po + ((n0 + j) * g->K + gr * Kg + k) * OHW;
+                        const float *t = tmp + k * cols + j * OHW;
+                        const float bv = pb ? pb[gr * Kg + k] : 0.0f;
+                        for (int64_t i = 0; i < OHW; i++) o[i] = t[i] + bv;
+                    }
+            }
+        }
+    }
+    ts_tensor_release(buf);
+    return TS_OK;
+}
+
+/* The backward of conv2d_blocked: per block and group, goc: (Kg, nb*OHW) gathers gout's planes;
+ * gw_g += goc @ [im2col(x[n]) ...]^T; [colg ...] = w_g^T @ goc, scattered back by col2im per image. */
+static ts_status conv2d_backward_blocked(const ts_conv2d_geom *g, int64_t nb, const ts_tensor *gout,
+                                         const ts_tensor *x, const ts_tensor *w, ts_tensor *gx, ts_tensor *gw,
+                                         ts_tensor *gb) {
+    ts_device *dev = x->storage->device;
+    const struct ts_kernels_blas *blas = dev->k_blas;
+    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
+    const int64_t CKK = Cg * g->kh * g->kw, WN = g->K * CKK, LD = nb * OHW, nblocks = (g->N + nb - 1) / nb;
+    const int nthr = omp_get_max_threads();
+    const bool par = nthr > 1 && nblocks >= nthr;
+    const int nbuf = par ? nthr : 1;
+    const int64_t colsz = CKK * LD;
+    const int64_t per = Kg * LD + (gw ? colsz : 0) + (gx ? colsz : 0) + (gw ? WN : 0) + (gb ? g->K : 0);
+    ts_tensor *buf = NULL;
+    TS_TRY(scratch(dev, nbuf * per, &buf));
+    const float *px = ts__f32(x), *pw = ts__f32(w), *pg = ts__f32(gout);
+    float *pgx = gx ? ts__f32(gx) : NULL;
+#pragma omp parallel if (par)
+    {
+        float *mine = ts__f32(buf) + (int64_t)omp_get_thread_num() * per;
+        float *goc = mine, *colx = NULL, *colg = NULL, *gwt = NULL, *gbt = NULL;
+        mine += Kg * LD;
+        if (gw) colx = mine, mine += colsz;
+        if (gx) colg = mine, mine += colsz;
+        if (gw) gwt = mine, mine += WN;
+        if (gb) gbt = mine;
+        if (gwt) memset(gwt, 0, sizeof(float) * (size_t)WN);
+        if (gbt) memset(gbt, 0, sizeof(float) * (size_t)g->K);
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            const int64_t n0 = blk * nb, m = TS_MIN(nb, g->N - n0), cols = m * OHW;
+            for (int64_t gr = 0; gr < G; gr++) {
+                const float *wg = pw + gr * Kg * CKK;
+                for (int64_t j = 0; j < m; j++)
+                    for (int64_t k = 0; k < Kg; k++) {
+                        const float *src = pg + ((n0 + j) * g->K + gr * Kg + k) * OHW;
+                        memcpy(goc + k * cols + j * OHW, src, sizeof(float) * (size_t)OHW);
+                        if (gbt) gbt[gr * Kg + k] += (float)plane_sum(src, OHW);
+                    }
+                if (gwt) {
+                    for (int64_t j = 0; j < m; j++)
+                        im2col_ld(g, Cg, px + ((n0 + j) * g->C + gr * Cg) * HW, colx + j * OHW, cols);
+                    // gw_g: (Kg, CKK) += goc: (Kg, cols) @ colx^T: (cols, CKK)
+                    blas->sgemm(dev, false, true, Kg, CKK, cols, 1.0f, goc, cols, colx, cols, 1.0f,
+                                gwt + gr * Kg * CKK, CKK);
+                }
+                if (pgx) {
+                    // colg: (CKK, cols) = w_g^T: (CKK, Kg) @ goc: (Kg, cols)
+                    blas->sgemm(dev, true, false, CKK, cols, Kg, 1.0f, wg, CKK, goc, cols, 0.0f, colg, cols);
+                    for (int64_t j = 0; j < m; j++) {
+                        float *gxin = pgx + ((n0 + j) * g->C + gr * Cg) * HW;
+                        memset(gxin, 0, sizeof(float) * (size_t)(Cg * HW));
+                        col2im_add_ld(g, Cg, colg + j * OHW, cols, gxin);
+                    }
+                }
+            }
+        }
+    }
+    const float *base = ts__f32(buf);
+    const int64_t woff = Kg * LD + (gw ? colsz : 0) + (gx ? colsz : 0), boff = woff + (gw ? WN : 0);
+    if (gw) {
+        float *o = ts__f32(gw);
+        memcpy(o, base + woff, sizeof(float) * (size_t)WN);
+        for (int t = 1; t < nbuf; t++) {
+            const float *sp = base + t * per + woff;
+            for (int64_t i = 0; i < WN; i++) o[i] += sp[i];
+        }
+    }
+    if (gb) {
+        float *o = ts__f32(gb);
+        memcpy(o, base + boff, sizeof(float) * (size_t)g->K);
+        for (int t = 1; t < nbuf; t++) {
+            const float *sp = base + t * per + boff;
+            for (int64_t i = 0; i < g->K; i++) o[i] += sp[i];
+        }
+    }
+    ts_tensor_release(buf);
+    return TS_OK;
+}
+
 // out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image and group, + b
 static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                             const ts_tensor *b) {
     ts_device *dev = x->storage->device;
     const struct ts_kernels_blas *blas = dev->k_blas;
     const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
-    const int64_t CKK = Cg * g->kh * g->kw;
+    const int64_t CKK = Cg * g->kh * g->kw, nb = conv_block_images(g);
+    if (nb > 1) return conv2d_blocked(g, nb, out, x, w, b);
     const bool pointwise = conv_is_pointwise(g);
     const int nthr = omp_get_max_threads();
     const bool par = conv_par(g, nthr);
@@ -216,7 +362,8 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
     ts_device *dev = x->storage->device;
     const struct ts_kernels_blas *blas = dev->k_blas;
     const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
-    const int64_t CKK = Cg * g->kh * g->kw, WN = g->K * CKK;
+    const int64_t CKK = Cg * g->kh * g->kw, WN = g->K * CKK, nb = conv_block_images(g);
+    if (nb > 1) return conv2d_backward_blocked(g, nb, gout, x, w, gx, gw, gb);
     const bool pointwise = conv_is_pointwise(g);
     const int nthr = omp_get_max_threads();
     const bool par = conv_par(g, nthr);
