@@ -24,7 +24,7 @@
 
 typedef struct train_args {
     const char *data, *model, *optimizer, *schedule;
-    const char *checkpoint, *checkpoint_dir, *resume, *metrics_json;
+    const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from;
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
     int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep;
     double lr, momentum, weight_decay, label_smoothing, timeout;
@@ -271,6 +271,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
         {"checkpoint-every", CLI_INT, &a.checkpoint_every, "also save every this many steps (0: epoch ends only)", 0, 1e12},
         {"resume", CLI_STRING, &a.resume, "continue the run saved in this checkpoint", 1, 0},
+        {"init-from", CLI_STRING, &a.init_from, "start from these weights (safetensors file or checkpoint; strict; step 0, fresh optimizer; ignored when resuming)", 1, 0},
         {"metrics-json", CLI_STRING, &a.metrics_json, "write final metrics to this JSON file", 1, 0},
         {"quiet", CLI_BOOL, &a.quiet, "no progress bar", 1, 0},
         {"nproc", CLI_INT, &a.nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
@@ -349,7 +350,14 @@ int ts_cmd_train(int argc, char **argv) {
     so.sync_bn = a.sync_bn;
     so.sample_ndim = ts_batch_source_sample_shape(train, so.sample_shape);
     int64_t nb = ts_batch_source_num_batches(train, 0);
-    if (ts_model_by_name(a.model, &rng, &model) != TS_OK || ts_strategy_new(model, &so, &s) != TS_OK ||
+    if (ts_model_by_name(a.model, &rng, &model) != TS_OK) goto fail;
+    if (a.init_from && !a.resume && ts_weights_load(model, a.init_from) != TS_OK) {
+        fprintf(stderr, "tessera train: --init-from: %s\n", ts_last_error());
+        ts_module_free(model);
+        status = CLI_EXIT_USAGE;
+        goto done;
+    }
+    if (ts_strategy_new(model, &so, &s) != TS_OK ||
         ts_module_parameters(ts_strategy_model(s), &params) != TS_OK ||
         ts_optimizer_by_name(a.optimizer, &params, a.lr, a.momentum, a.weight_decay, &opt) != TS_OK ||
         ts_lr_schedule_by_name(a.schedule, a.lr, a.epochs * nb, nb, &sched) != TS_OK)

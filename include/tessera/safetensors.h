@@ -29,7 +29,7 @@
 #ifndef TESSERA_SAFETENSORS_H
 #define TESSERA_SAFETENSORS_H
 
-#include "tensor.h"
+#include "ckpt.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,6 +80,15 @@ enum {
  * files are read), TS_ERR_FORMAT (malformed), TS_ERR_UNSUPPORTED (a dtype
  * Tessera cannot hold, more than TS_MAX_DIMS dimensions). */
 ts_status ts_safetensors_load(const char *path, unsigned flags, ts_tensor_list *out, ts_safetensors_meta *meta);
+
+/* Writes the model state dict of the Tessera checkpoint at ckpt_path (its
+ * "model.*" tensors, the prefix stripped: PyTorch's state-dict names, e.g.
+ * "0.weight", "1.num_batches_tracked" as I64) to the safetensors file
+ * out_path, with "__metadata__" {"format": "pt", "producer": "tessera"} plus
+ * "model", "epoch" and "step" when the checkpoint records them (train.*).
+ * *ntensors (may be NULL) gets the number written. A checkpoint without
+ * model.* tensors is TS_ERR_INVALID_ARG naming it. */
+ts_status ts_safetensors_export_ckpt(const char *ckpt_path, const char *out_path, int *ntensors);
 
 /* Whether path starts like a safetensors file (a plausible header length
  * followed by '{'); reads 9 bytes. False for unreadable files. */
