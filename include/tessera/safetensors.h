@@ -90,8 +90,10 @@ ts_status ts_safetensors_load(const char *path, unsigned flags, ts_tensor_list *
  * model.* tensors is TS_ERR_INVALID_ARG naming it. */
 ts_status ts_safetensors_export_ckpt(const char *ckpt_path, const char *out_path, int *ntensors);
 
-/* Whether path starts like a safetensors file (a plausible header length
- * followed by '{'); reads 9 bytes. False for unreadable files. */
+/* Whether path starts like a safetensors file: a header length of 2 to
+ * TS_SAFETENSORS_MAX_HEADER bytes followed by '{' (the file may still be
+ * truncated or malformed: ts_safetensors_load says). Reads 9 bytes; only
+ * regular files. False for unreadable files. */
 bool ts_safetensors_probe(const char *path);
 
 #ifdef __cplusplus
