@@ -395,6 +395,37 @@ static void test_corrupt(void) {
     ts_tensor_list_clear(&good);
 }
 
+/* Many tensors and metadata entries: duplicates are found by sorting, not by a quadratic scan
+ * (50000 of each take milliseconds; a scan would take seconds). */
+static void test_many_entries(void) {
+    const int n = 50000;
+    size_t cap = (size_t)n * 96 + 64, k = 8;
+    char *b = malloc(cap);
+    k += (size_t)snprintf(b + k, cap - k, "{\"__metadata__\":{");
+    for (int i = 0; i < n; i++) k += (size_t)snprintf(b + k, cap - k, "%s\"key%05d\":\"%d\"", i ? "," : "", i, i);
+    k += (size_t)snprintf(b + k, cap - k, "}");
+    for (int i = 0; i < n; i++)
+        k += (size_t)snprintf(b + k, cap - k, ",\"t%d\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}", i);
+    k += (size_t)snprintf(b + k, cap - k, "}");
+    uint64_t hn = k - 8;
+    for (int i = 0; i < 8; i++) b[i] = (char)(unsigned char)(hn >> (8 * i));
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
+    double t0 = ts_time_now();
+    CHECK_OK(ts__safetensors_load_mem(b, k, "many", 0, &l, &m));
+    double secs = ts_time_now() - t0;
+    CHECK(l.n == n && m.n == n);
+    CHECK(m.n == n && strcmp(ts_safetensors_meta_get(&m, "key49999"), "49999") == 0);
+    printf("  %d tensors and %d metadata entries loaded in %.3f s\n", n, n, secs);
+    ts_tensor_list_clear(&l);
+    ts_safetensors_meta_clear(&m);
+    /* one duplicate at the end of each is still found */
+    memcpy(strstr(b + 8, "\"key49999\""), "\"key00001\"", 10);
+    CHECK_STATUS(ts__safetensors_load_mem(b, k, "many", 0, &l, &m), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("duplicate \"__metadata__\" key 'key00001'");
+    free(b);
+}
+
 /* ---- saving refuses ------------------------------------------------------------------------------------ */
 static void test_save_errors(void) {
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
@@ -621,7 +652,7 @@ done:
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--logits") == 0) return logits_main(argc, argv);
-    static const tu_test tests[] = {T(test_round_trip), T(test_read_dtypes), T(test_corrupt), T(test_save_errors),
+    static const tu_test tests[] = {T(test_round_trip), T(test_read_dtypes), T(test_corrupt), T(test_many_entries), T(test_save_errors),
                                     T(test_export_and_weights), T(test_report_bounds)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

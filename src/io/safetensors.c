@@ -436,7 +436,7 @@ typedef struct st_parser {
     uint64_t data_len;
     st_entry *e;
     int ne, cap;
-    ts_safetensors_meta *meta; /* NULL: metadata parsed and dropped */
+    ts_safetensors_meta *meta; /* where "__metadata__" goes (the loader's own map) */
     bool seen_meta;
 } st_parser;
 
@@ -674,7 +674,29 @@ static ts_status skip_value(st_parser *p, int depth) {
     return TS_OK;
 }
 
-/* "__metadata__": null or {"key": "value", ...} (string values only; no duplicate keys). */
+/* Appends (k, v) to m, taking both (freed on failure); no lookup: duplicates are found by sorting. */
+static ts_status meta_push(ts_safetensors_meta *m, char *k, char *v) {
+    if (m->n == m->cap) {
+        int cap = m->cap ? m->cap * 2 : 8;
+        char **nk = ts__realloc(m->keys, sizeof *nk * (size_t)cap);
+        if (nk) m->keys = nk;
+        char **nv = nk ? ts__realloc(m->values, sizeof *nv * (size_t)cap) : NULL;
+        if (nv) m->values = nv;
+        if (!nk || !nv) {
+            free(k);
+            free(v);
+            return TS_ERR_NOMEM;
+        }
+        m->cap = cap;
+    }
+    m->keys[m->n] = k;
+    m->values[m->n++] = v;
+    return TS_OK;
+}
+
+static int cmp_str_ptr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* "__metadata__": null or {"key": "value", ...} (string values only; no duplicate keys) into p->meta. */
 static ts_status parse_meta(st_parser *p) {
     if (p->seen_meta) return syntax(p, "a second \"__metadata__\"");
     p->seen_meta = true;
@@ -685,7 +707,7 @@ static ts_status parse_meta(st_parser *p) {
     }
     if (!eat(p, '{')) return syntax(p, "\"__metadata__\" is not an object");
     if (eat(p, '}')) return TS_OK;
-    ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
+    ts_safetensors_meta *m = p->meta;
     ts_status st = TS_OK;
     do {
         char *k = NULL, *v = NULL;
@@ -696,20 +718,26 @@ static ts_status parse_meta(st_parser *p) {
             if (p->pos >= p->n || p->s[p->pos] != '"') st = syntax(p, "a \"__metadata__\" value is not a string");
         }
         if (st == TS_OK) st = parse_string(p, &v);
-        if (st == TS_OK && ts_safetensors_meta_get(&m, k)) {
-            char nb[128];
-            st = ts_error(TS_ERR_FORMAT, "%s: malformed header: duplicate \"__metadata__\" key '%s'", p->path,
-                          ts__printable(k, nb, sizeof nb));
+        if (st == TS_OK) {
+            st = meta_push(m, k, v);
+        } else {
+            free(k);
+            free(v);
         }
-        if (st == TS_OK) st = ts_safetensors_meta_set(&m, k, v);
-        free(k);
-        free(v);
     } while (st == TS_OK && eat(p, ','));
     if (st == TS_OK && !eat(p, '}')) st = syntax(p, "expected ',' or '}' in \"__metadata__\"");
-    if (st == TS_OK && p->meta) {
-        for (int i = 0; i < m.n && st == TS_OK; i++) st = ts_safetensors_meta_set(p->meta, m.keys[i], m.values[i]);
-    }
-    ts_safetensors_meta_clear(&m);
+    if (st != TS_OK || m->n < 2) return st;
+    char **keys = ts__malloc(sizeof *keys * (size_t)m->n);
+    if (!keys) return TS_ERR_NOMEM;
+    memcpy(keys, m->keys, sizeof *keys * (size_t)m->n);
+    qsort(keys, (size_t)m->n, sizeof *keys, cmp_str_ptr);
+    for (int i = 1; i < m->n && st == TS_OK; i++)
+        if (strcmp(keys[i - 1], keys[i]) == 0) {
+            char nb[128];
+            st = ts_error(TS_ERR_FORMAT, "%s: malformed header: duplicate \"__metadata__\" key '%s'", p->path,
+                          ts__printable(keys[i], nb, sizeof nb));
+        }
+    free(keys);
     return st;
 }
 
@@ -1062,7 +1090,7 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, unsigned 
                         path, (unsigned long long)hn, (unsigned long long)(size - 8));
     ts_status st = TS_OK;
     ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
-    st_parser p = {NULL, (size_t)hn, 0, path, size - 8 - hn, NULL, 0, 0, meta ? &m : NULL, false};
+    st_parser p = {NULL, (size_t)hn, 0, path, size - 8 - hn, NULL, 0, 0, &m, false};
     st_entry **sorted = NULL;
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
     unsigned char *chunk = NULL;
@@ -1101,6 +1129,11 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, unsigned 
     /* hand over: nothing is appended to out or meta before this point */
     int n0 = out->n;
     for (int i = 0; i < l.n && st == TS_OK; i++) st = ts_tensor_list_append(out, l.names[i], l.tensors[i]);
+    if (meta && meta->n == 0 && st == TS_OK) { /* the usual case: hand the map over */
+        ts_safetensors_meta_clear(meta);
+        *meta = m;
+        m = TS_SAFETENSORS_META_INIT;
+    }
     for (int i = 0; meta && i < m.n && st == TS_OK; i++) st = ts_safetensors_meta_set(meta, m.keys[i], m.values[i]);
     if (st != TS_OK) { /* out of memory: undo */
         for (int i = n0; i < out->n; i++) {
