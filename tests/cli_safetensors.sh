@@ -4,9 +4,10 @@
 #      equivalent torch nn.Sequential (strict) -> its logits equal Tessera's on the same input
 #      (<= 1e-4; Tessera's from `test_safetensors --logits`, next to the tessera binary), and the file's
 #      header and data are what the Python library writes for the same tensors;
-#   2. a torch state dict saved with safetensors.torch.save_file -> `tessera ckpt import` and
-#      `tessera train --init-from` (from the safetensors file and from the imported checkpoint): the
-#      weights Tessera holds equal torch's (--lr 0, so the steps do not move the parameters);
+#   2. a torch state dict saved with safetensors.torch.save_file -> `tessera ckpt import` (and export
+#      again: the same header entries and data bytes) and `tessera train --init-from` (from the
+#      safetensors file and from the imported checkpoint): the weights Tessera holds equal torch's
+#      (--lr 0, so the steps do not move the parameters), F16 files load as float32;
 #   3. files with a missing, an extra and a wrongly shaped tensor, a truncated file, bad usage: exit 2,
 #      every tensor named.
 # Skips (77) when python3 lacks torch, safetensors or numpy, or Fashion-MNIST is not installed.
@@ -160,6 +161,12 @@ for k in t:
         assert f[k].item() == t[k].item() + 2, (k, f[k], t[k])  # 3 from torch, then 2 steps
     else:
         assert torch.equal(t[k], f[k]), k  # --lr 0: the parameters are torch's
+# torch's file -> import -> export: the same header (but for the metadata) and the same data bytes
+tn, th, td = split(open('t.safetensors', 'rb').read())
+un, uh, ud = split(open('t2.safetensors', 'rb').read())
+a, b = json.loads(th), json.loads(uh)
+a.pop('__metadata__'); b.pop('__metadata__')
+assert list(a.items()) == list(b.items()) and td == ud, 'import + export changed the file'
 print('init-from ok')
 EOF
 expect_rc 0 $? "--init-from loads torch's weights (py3.log)"

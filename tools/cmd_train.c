@@ -357,6 +357,7 @@ int ts_cmd_train(int argc, char **argv) {
         status = CLI_EXIT_USAGE;
         goto done;
     }
+    if (a.init_from && !a.resume && rank == 0) printf("initialised %s from %s\n", a.model, a.init_from);
     if (ts_strategy_new(model, &so, &s) != TS_OK ||
         ts_module_parameters(ts_strategy_model(s), &params) != TS_OK ||
         ts_optimizer_by_name(a.optimizer, &params, a.lr, a.momentum, a.weight_decay, &opt) != TS_OK ||
