@@ -610,7 +610,7 @@ static ts_status parse_uint(st_parser *p, const char *what, uint64_t *v) {
             p->pos++;
         }
     }
-    if (p->pos == start || (p->pos < p->n && strchr(".eE0123456789-+", p->s[p->pos]) && p->s[p->pos])) {
+    if (p->pos == start || (p->pos < p->n && memchr(".eE0123456789-+", p->s[p->pos], 15))) {
         char msg[96];
         snprintf(msg, sizeof msg, "expected a non-negative integer in %s", what);
         p->pos = start;

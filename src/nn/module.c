@@ -284,8 +284,9 @@ void ts_module_zero_grad(ts_module *m) {
  * none (strict) or only missing/unexpected ones (not strict) does pass 2 copy. The error message
  * lists every problem as torch's does, within the thread's message buffer: at most
  * LOAD_LIST_MAX names per kind, and "... and N more" past that or past the kind's share of the
- * buffer. */
+ * buffer (less room for a caller's prefix, such as the file's name). */
 #define LOAD_LIST_MAX 20
+#define LOAD_MSG_MAX (TS_ERRMSG_MAX - 192) /* room for callers' context ("FILE: ...") in the message */
 
 typedef struct load_problems {
     char **missing; /* model keys (copies) */
@@ -390,26 +391,44 @@ static ts_status report_problems(const load_problems *pb, const ts_tensor_list *
     if (!unexpected) return TS_ERR_NOMEM;
     for (int i = 0, k = 0; i < sd->n; i++)
         if (!seen[i]) unexpected[k++] = sd->names[i];
-    char msg[TS_ERRMSG_MAX];
-    size_t len = (size_t)snprintf(msg, sizeof msg, "load_state_dict: %d problem%s:",
-                                  pb->nmissing + nunexpected + pb->nmismatch,
-                                  pb->nmissing + nunexpected + pb->nmismatch == 1 ? "" : "s");
-    int kinds = (pb->nmissing > 0) + (nunexpected > 0) + (pb->nmismatch > 0);
-    char head[96];
+    /* the kinds present: head, items, count, quoted, separator */
+    struct {
+        char head[96];
+        char **items;
+        int n;
+        bool quote;
+        const char *sep;
+    } kind[3];
+    int nk = 0;
     if (pb->nmissing) {
-        snprintf(head, sizeof head, " %d missing key%s in the state dict: ", pb->nmissing, pb->nmissing == 1 ? "" : "s");
-        list_problems(msg, &len, sizeof msg, (sizeof msg - 1 - len) / (size_t)kinds--, head, pb->missing, pb->nmissing,
-                      true, ", ");
+        snprintf(kind[nk].head, sizeof kind[nk].head, " %d missing key%s in the state dict: ", pb->nmissing,
+                 pb->nmissing == 1 ? "" : "s");
+        kind[nk].items = pb->missing, kind[nk].n = pb->nmissing, kind[nk].quote = true, kind[nk++].sep = ", ";
     }
     if (nunexpected) {
-        snprintf(head, sizeof head, "%s %d unexpected key%s in the state dict: ", pb->nmissing ? ";" : "", nunexpected,
-                 nunexpected == 1 ? "" : "s");
-        list_problems(msg, &len, sizeof msg, (sizeof msg - 1 - len) / (size_t)kinds--, head, unexpected, nunexpected,
-                      true, ", ");
+        snprintf(kind[nk].head, sizeof kind[nk].head, "%s %d unexpected key%s in the state dict: ", nk ? ";" : "",
+                 nunexpected, nunexpected == 1 ? "" : "s");
+        kind[nk].items = unexpected, kind[nk].n = nunexpected, kind[nk].quote = true, kind[nk++].sep = ", ";
     }
     if (pb->nmismatch) {
-        snprintf(head, sizeof head, "%s ", pb->nmissing || nunexpected ? ";" : "");
-        list_problems(msg, &len, sizeof msg, sizeof msg - 1 - len, head, pb->mismatch, pb->nmismatch, false, "; ");
+        snprintf(kind[nk].head, sizeof kind[nk].head, "%s ", nk ? ";" : "");
+        kind[nk].items = pb->mismatch, kind[nk].n = pb->nmismatch, kind[nk].quote = false, kind[nk++].sep = "; ";
+    }
+    char msg[LOAD_MSG_MAX], scratch[LOAD_MSG_MAX];
+    size_t need[3];
+    for (int k = 0; k < nk; k++) { /* each kind's length on its own (at most LOAD_LIST_MAX names) */
+        need[k] = 0;
+        list_problems(scratch, &need[k], sizeof scratch, sizeof scratch - 1, kind[k].head, kind[k].items, kind[k].n,
+                      kind[k].quote, kind[k].sep);
+    }
+    int total = pb->nmissing + nunexpected + pb->nmismatch;
+    size_t len = (size_t)snprintf(msg, sizeof msg, "load_state_dict: %d problem%s:", total, total == 1 ? "" : "s");
+    for (int k = 0; k < nk; k++) {
+        /* leave the later kinds what they need, or an equal share of the room when that is less */
+        size_t room = sizeof msg - 1 - len, later = 0;
+        for (int j = k + 1; j < nk; j++) later += TS_MIN(need[j], room / (size_t)(nk - k));
+        list_problems(msg, &len, sizeof msg, room - TS_MIN(later, room), kind[k].head, kind[k].items, kind[k].n,
+                      kind[k].quote, kind[k].sep);
     }
     free(unexpected);
     ts_status s = pb->nshape ? TS_ERR_SHAPE : pb->ndtype ? TS_ERR_DTYPE : TS_ERR_INVALID_ARG;
