@@ -5,7 +5,9 @@
  * safetensors/src/tensor.rs: `prepare` sorts by dtype, largest first, then by name) lays it
  * out — "__metadata__" first, then the tensors in data order, no spaces, serde_json's string
  * escapes, spaces up to a multiple of 8 — then streams the tensors through the atomic writer
- * ts_ckpt_save uses (io/ckpt_internal.h).
+ * ts_ckpt_save uses (io/ckpt_internal.h). Files re-saved from what safetensors 0.8 wrote are
+ * byte-identical to it (names with control characters, quotes, UTF-8; metadata with one key: the
+ * library orders several keys by a HashMap, so its own files differ from run to run there).
  *
  * Reading under hostile input, in this order, before any tensor is allocated:
  *   1. the 8-byte length N: at most TS_SAFETENSORS_MAX_HEADER and within the file;
