@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # bench/fuzz.sh [BUILD] [RUNS] [TARGET...] — long libFuzzer runs of the parsers' targets (tests/fuzz/).
 #
-#   bench/fuzz.sh                         # build/, 1000000 inputs for each of ckpt idx image store
+#   bench/fuzz.sh                         # build/, 1000000 inputs for each of ckpt idx image store safetensors
 #   bench/fuzz.sh build 5000000 image     # one target, longer
 #   TS_FUZZ_SECONDS=600 bench/fuzz.sh     # a time budget per target instead (-max_total_time)
 #
 # Needs clang with libFuzzer (`TS_WITH_FUZZ=1 scripts/install-deps`) and a non-sanitizer build (the
 # targets carry their own ASan/UBSan). Each target keeps the inputs it found in BUILD/fuzz/corpus_<t>
 # (seeded from tests/fuzz/corpus/<t>; copy small, interesting ones there to keep them) and writes a
-# crashing input to BUILD/fuzz/<t>-crash-*: rerun it with `BUILD/fuzz/fuzz_<t> FILE`. Prints, per
+# crashing input to BUILD/fuzz/<t>-crash-*: rerun it with `BUILD/fuzz/fuzz_<t> FILE`. tests/fuzz/<t>.dict,
+# when present, is the target's libFuzzer dictionary (tests/fuzz/run.sh uses it too). Prints, per
 # target, the inputs executed, the rate, the coverage and the crashes found; exits 1 if any crashed.
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +17,7 @@ BUILD=${1:-build}
 RUNS=${2:-1000000}
 shift $(( $# > 2 ? 2 : $# ))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(ckpt idx image store)
+[ ${#targets[@]} -gt 0 ] || targets=(ckpt idx image store safetensors)
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" --target fuzz >/dev/null || {
   echo "bench/fuzz.sh: no fuzz targets in $BUILD (clang with libFuzzer missing, or a sanitizer build?)" >&2
@@ -31,8 +32,10 @@ for t in "${targets[@]}"; do
   [ -x "$bin" ] || { echo "bench/fuzz.sh: $bin is missing" >&2; status=2; continue; }
   mkdir -p "$BUILD/fuzz/corpus_$t"
   log=$BUILD/fuzz/$t.log
+  dict=()
+  [ -f "$SRC/tests/fuzz/$t.dict" ] && dict=(-dict="$SRC/tests/fuzz/$t.dict")
   t0=$(date +%s)
-  "$bin" "${limit[@]}" -max_len=4096 -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
+  "$bin" "${limit[@]}" "${dict[@]}" -max_len=4096 -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
     -artifact_prefix="$BUILD/fuzz/$t-" "$BUILD/fuzz/corpus_$t" "$SRC/tests/fuzz/corpus/$t" >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))

@@ -12,6 +12,7 @@
 #include "tessera/data.h"
 #include "tessera/pipeline.h"
 #include "tessera/ckpt.h"
+#include "tessera/safetensors.h"
 #include "tessera/dist.h"
 #include "tessera/ddp.h"
 #include "tessera/parallel.h"

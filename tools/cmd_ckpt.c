@@ -1,17 +1,28 @@
 /*
- * tools/cmd_ckpt.c — `tessera ckpt show FILE` and `tessera ckpt diff A B [--tol X]`.
+ * tools/cmd_ckpt.c — `tessera ckpt show FILE`, `tessera ckpt diff A B [--tol X]`,
+ * `tessera ckpt export CKPT --out FILE.safetensors` and `tessera ckpt import
+ * FILE --model NAME --out CKPT`.
  *
  * show: the file's metadata (int64, float64, byte blobs) and one aligned row per
  * tensor: name, dtype, shape, L2 norm. diff: per tensor the largest absolute
  * difference, tensors present in one file only or with different shapes/dtypes,
- * and a final line with the overall maximum. Exit status: 0 ok / no difference
- * over the tolerance, 1 differences, 2 usage error or unreadable file.
+ * and a final line with the overall maximum. show and diff read safetensors files
+ * too (told by their first bytes): their tensors as they are read (tessera/
+ * safetensors.h's dtype table), their "__metadata__" as byte blobs. export: the
+ * checkpoint's model state dict as safetensors (ts_safetensors_export_ckpt).
+ * import: builds the model, loads a safetensors file or checkpoint into it
+ * strictly (ts_weights_load) and saves its state dict as a checkpoint (model.*,
+ * train.model) that --init-from, show and diff read. Exit status: 0 ok / no
+ * difference over the tolerance, 1 differences, 2 usage error, unreadable file
+ * or weights that do not fit the model.
  *
  * Names come from the file and may hold any byte but NUL: every name is printed
  * through esc(), which turns bytes outside printable ASCII (and '\') into \xNN,
  * so a checkpoint cannot send escape sequences to the terminal.
  */
 #include "cmd_ckpt.h"
+
+#include "cli.h"
 
 #include "tessera.h"
 
@@ -26,12 +37,17 @@
 #define CKPT_USAGE                                                                              \
     "usage: tessera ckpt show FILE\n"                                                           \
     "       tessera ckpt diff A B [--tol X]\n"                                                  \
+    "       tessera ckpt export CKPT [--format safetensors] --out FILE\n"                       \
+    "       tessera ckpt import FILE --model NAME [--num-classes N] --out CKPT\n"                                 \
     "\n"                                                                                        \
-    "  show   list a checkpoint's metadata and tensors (name, dtype, shape, L2 norm)\n"         \
-    "  diff   compare the tensors of two checkpoints; exit 1 if any differs by more than\n"     \
-    "         the tolerance or the tensor sets differ, 0 otherwise\n"                           \
+    "  show    list a checkpoint's metadata and tensors (name, dtype, shape, L2 norm)\n"        \
+    "  diff    compare the tensors of two checkpoints; exit 1 if any differs by more than\n"    \
+    "          the tolerance or the tensor sets differ, 0 otherwise\n"                          \
+    "  export  write a checkpoint's model state dict as a safetensors file (PyTorch names)\n"   \
+    "  import  load a safetensors file into a model and save it as a checkpoint\n"              \
+    "show and diff also read safetensors files.\n"                                              \
     "\n"                                                                                        \
-    "Run 'tessera ckpt show --help' or 'tessera ckpt diff --help' for details.\n"
+    "Run 'tessera ckpt SUBCOMMAND --help' for details.\n"
 
 #define SHOW_USAGE                                                                              \
     "usage: tessera ckpt show FILE\n"                                                           \
@@ -112,9 +128,27 @@ static double l2_norm(ts_tensor *t) {
     return sqrt(s);
 }
 
+/* A safetensors file as a checkpoint: its tensors, and its metadata as byte blobs. */
+static ts_status load_safetensors(const char *path, ts_ckpt **out) {
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
+    ts_ckpt *ck = ts_ckpt_new();
+    ts_status st = ck ? ts_safetensors_load(path, 0, &l, &m) : TS_ERR_NOMEM;
+    if (st == TS_OK) st = ts_ckpt_add_tensors(ck, NULL, &l);
+    for (int i = 0; i < m.n && st == TS_OK; i++) st = ts_ckpt_set_bytes(ck, m.keys[i], m.values[i], strlen(m.values[i]));
+    ts_tensor_list_clear(&l);
+    ts_safetensors_meta_clear(&m);
+    if (st != TS_OK) {
+        ts_ckpt_free(ck);
+        return st;
+    }
+    *out = ck;
+    return TS_OK;
+}
+
 static ts_ckpt *load_or_complain(const char *path) {
     ts_ckpt *ck = NULL;
-    if (ts_ckpt_load(path, &ck) != TS_OK) {
+    if ((ts_safetensors_probe(path) ? load_safetensors(path, &ck) : ts_ckpt_load(path, &ck)) != TS_OK) {
         const char *msg = ts_last_error();
         /* library messages already start with the path */
         if (strncmp(msg, path, strlen(path)) == 0)
@@ -162,7 +196,10 @@ static int cmd_show(int argc, char **argv) {
     long size = -1;
     if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
     if (f) fclose(f);
-    printf("%s: Tessera checkpoint, format version %u, %ld bytes\n", path, ts_ckpt_version(ck), size);
+    if (ts_safetensors_probe(path))
+        printf("%s: safetensors file, %ld bytes\n", path, size);
+    else
+        printf("%s: Tessera checkpoint, format version %u, %ld bytes\n", path, ts_ckpt_version(ck), size);
 
     int w = width_of(ck, TS_CKPT_I64, 4);
     w = CK_MAX(w, width_of(ck, TS_CKPT_F64, 4));
@@ -348,6 +385,97 @@ static int cmd_diff(int argc, char **argv) {
     return (over || mismatched) ? 1 : 0;
 }
 
+/* Prints a library error; messages that start with the path already name the file. */
+static int complain(const char *cmd, const char *path) {
+    const char *msg = ts_last_error();
+    if (path && strncmp(msg, path, strlen(path)) == 0)
+        fprintf(stderr, "tessera ckpt %s: %s\n", cmd, msg);
+    else
+        fprintf(stderr, "tessera ckpt %s: %s%s%s\n", cmd, path ? path : "", path ? ": " : "", msg);
+    return CLI_EXIT_USAGE;
+}
+
+static int cmd_export(int argc, char **argv) {
+    const char *format = "safetensors", *out = NULL, *pos[2];
+    int npos = 0;
+    const cli_flag flags[] = {
+        {"format", CLI_STRING, &format, "output format: safetensors", 1, 0},
+        {"out", CLI_STRING, &out, "the file to write (replaced atomically)", 1, 0},
+    };
+    const cli_command cmd = {
+        "ckpt export", "tessera ckpt export CKPT [--format safetensors] --out FILE",
+        "Writes the model state dict of a Tessera checkpoint (its model.* tensors, the prefix stripped:\n"
+        "PyTorch's state-dict names) as a safetensors file, with metadata format=pt, producer=tessera and\n"
+        "the checkpoint's model, epoch and step. In Python:\n"
+        "  model.load_state_dict(safetensors.torch.load_file(FILE))\n"
+        "Exit status: 0 written, 2 bad usage or an unreadable checkpoint.",
+        flags, (int)(sizeof flags / sizeof flags[0])};
+    int rc = cli_parse(&cmd, argc, argv, pos, 2, &npos);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (npos != 1) return cli_usage_error(&cmd, "expected one checkpoint file, got %d", npos);
+    if (strcmp(format, "safetensors") != 0) return cli_usage_error(&cmd, "unknown --format '%s' (expected safetensors)", format);
+    if (!out) return cli_usage_error(&cmd, "--out FILE is required");
+    int n = 0;
+    if (ts_safetensors_export_ckpt(pos[0], out, &n) != TS_OK) return complain("export", pos[0]);
+    printf("wrote %d tensors of %s to %s\n", n, pos[0], out);
+    return 0;
+}
+
+static int cmd_import(int argc, char **argv) {
+    const char *model_name = NULL, *out = NULL, *pos[2];
+    int64_t classes = 0, image_size = 0;
+    int npos = 0;
+    const cli_flag flags[] = {
+        {"model", CLI_STRING, &model_name, "the model the weights are for (as tessera train --model)", 1, 0},
+        {"out", CLI_STRING, &out, "the checkpoint to write (replaced atomically)", 1, 0},
+        {"num-classes", CLI_INT, &classes, "the model's classes (0: its default, 1000 for ResNets)", 0, 1 << 24},
+        {"image-size", CLI_INT, &image_size, "the input side recorded for tessera eval/predict (0: the model's default)", 0, 4096},
+    };
+    const cli_command cmd = {
+        "ckpt import", "tessera ckpt import FILE --model NAME [--num-classes N] [--image-size S] --out CKPT",
+        "Builds the model NAME, loads FILE into it (a safetensors file, e.g. from\n"
+        "safetensors.torch.save_file(model.state_dict(), FILE), or a checkpoint) and writes its state dict\n"
+        "as a Tessera checkpoint (model.*, train.model) for tessera train --init-from, ckpt show and diff.\n"
+        "Loading is strict: every missing, unexpected or wrongly shaped tensor is named, and nothing is\n"
+        "written unless all fit. F16, BF16 and F64 tensors are read as float32.\n"
+        "Exit status: 0 written, 2 bad usage, an unreadable file or weights that do not fit the model.",
+        flags, (int)(sizeof flags / sizeof flags[0])};
+    int rc = cli_parse(&cmd, argc, argv, pos, 2, &npos);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (npos != 1) return cli_usage_error(&cmd, "expected one weights file, got %d", npos);
+    if (!model_name || !out) return cli_usage_error(&cmd, "--model NAME and --out CKPT are required");
+    ts_module *m = NULL;
+    ts_ckpt *ck = NULL;
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+    ts_rng rng;
+    ts_rng_seed(&rng, 0);
+    ts_model_desc md;
+    if (ts_model_new(model_name, classes, &rng, &m) != TS_OK || !ts_model_info(model_name, &md)) {
+        rc = cli_usage_error(&cmd, "--model: %s", ts_last_error());
+        goto done;
+    }
+    if (!image_size || md.fixed_size) image_size = md.image_size;
+    if (ts_weights_load(m, pos[0]) != TS_OK) {
+        rc = complain("import", pos[0]);
+        goto done;
+    }
+    if (!(ck = ts_ckpt_new()) || ts_module_state_dict(m, &sd) != TS_OK || ts_ckpt_add_tensors(ck, "model.", &sd) != TS_OK ||
+        ts_ckpt_set_bytes(ck, "train.model", model_name, strlen(model_name)) != TS_OK ||
+        ts_ckpt_set_i64(ck, "data.num_classes", classes ? classes : md.num_classes) != TS_OK ||
+        ts_ckpt_set_i64(ck, "data.channels", md.in_channels) != TS_OK ||
+        ts_ckpt_set_i64(ck, "data.height", image_size) != TS_OK || ts_ckpt_set_i64(ck, "data.width", image_size) != TS_OK ||
+        ts_ckpt_save(ck, out) != TS_OK) {
+        rc = complain("import", NULL);
+        goto done;
+    }
+    printf("imported %d tensors of %s into %s (%s)\n", sd.n, pos[0], out, model_name);
+done:
+    ts_tensor_list_clear(&sd);
+    ts_ckpt_free(ck);
+    ts_module_free(m);
+    return rc;
+}
+
 int ts_cmd_ckpt(int argc, char **argv) {
     if (argc < 2) {
         fputs(CKPT_USAGE, stderr);
@@ -359,6 +487,8 @@ int ts_cmd_ckpt(int argc, char **argv) {
     }
     if (strcmp(argv[1], "show") == 0) return cmd_show(argc - 1, argv + 1);
     if (strcmp(argv[1], "diff") == 0) return cmd_diff(argc - 1, argv + 1);
+    if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 1, argv + 1);
+    if (strcmp(argv[1], "import") == 0) return cmd_import(argc - 1, argv + 1);
     fprintf(stderr, "tessera ckpt: unknown subcommand '%s'\n%s", argv[1], CKPT_USAGE);
     return 2;
 }

@@ -24,7 +24,7 @@
 
 typedef struct train_args {
     const char *data, *model, *optimizer, *schedule;
-    const char *checkpoint, *checkpoint_dir, *resume, *metrics_json;
+    const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from, *init_exclude;
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
     int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep;
     int64_t image_size; /* --image-size: 0 is the model's default */
@@ -253,6 +253,7 @@ static int check_names(const cli_command *cmd, const train_args *a) {
         return cli_usage_error(cmd, "unknown --lr-schedule '%s' (expected none, step or cosine)", a->schedule);
     if (strcmp(a->backend, "builtin") != 0 && strcmp(a->backend, "mpi") != 0)
         return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
+    if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
     if (access(a->data, R_OK) != 0) return cli_usage_error(cmd, "--data %s: %s", a->data, strerror(errno));
     return 0;
 }
@@ -283,6 +284,8 @@ int ts_cmd_train(int argc, char **argv) {
         {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
         {"checkpoint-every", CLI_INT, &a.checkpoint_every, "also save every this many steps (0: epoch ends only)", 0, 1e12},
         {"resume", CLI_STRING, &a.resume, "continue the run saved in this checkpoint", 1, 0},
+        {"init-from", CLI_STRING, &a.init_from, "start from these weights (safetensors file or checkpoint; strict; step 0, fresh optimizer; ignored when resuming)", 1, 0},
+        {"init-exclude", CLI_STRING, &a.init_exclude, "--init-from: keep the fresh weights under these comma-separated prefixes (e.g. fc: a new classifier)", 1, 0},
         {"metrics-json", CLI_STRING, &a.metrics_json, "write final metrics to this JSON file", 1, 0},
         {"quiet", CLI_BOOL, &a.quiet, "no progress bar", 1, 0},
         {"nproc", CLI_INT, &a.nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
@@ -367,8 +370,17 @@ int ts_cmd_train(int argc, char **argv) {
     so.sample_ndim = ts_batch_source_sample_shape(train, so.sample_shape);
     int64_t nb = ts_batch_source_num_batches(train, 0);
     /* the output layer follows the data's classes (an image folder's sub-folders) */
-    if (ts_model_new(a.model, ts_batch_source_num_classes(train), &rng, &model) != TS_OK ||
-        ts_strategy_new(model, &so, &s) != TS_OK ||
+    if (ts_model_new(a.model, ts_batch_source_num_classes(train), &rng, &model) != TS_OK) goto fail;
+    if (a.init_from && !a.resume && ts_weights_load_except(model, a.init_from, a.init_exclude) != TS_OK) {
+        fprintf(stderr, "tessera train: --init-from: %s\n", ts_last_error());
+        ts_module_free(model);
+        status = CLI_EXIT_USAGE;
+        goto done;
+    }
+    if (a.init_from && !a.resume && rank == 0)
+        printf("initialised %s from %s%s%s\n", a.model, a.init_from, a.init_exclude ? " except " : "",
+               a.init_exclude ? a.init_exclude : "");
+    if (ts_strategy_new(model, &so, &s) != TS_OK ||
         ts_module_parameters(ts_strategy_model(s), &params) != TS_OK ||
         ts_optimizer_by_name(a.optimizer, &params, a.lr, a.momentum, a.weight_decay, &opt) != TS_OK ||
         ts_lr_schedule_by_name(a.schedule, a.lr, a.epochs * nb, nb, &sched) != TS_OK)

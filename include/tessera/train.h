@@ -38,6 +38,7 @@
 #include "optim.h"
 #include "parallel.h"
 #include "pipeline.h"
+#include "safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -304,6 +305,28 @@ ts_status ts_optimizer_by_name(const char *name, const ts_tensor_list *params, d
 /* "none" (constant), "step" (x0.1 every steps_per_epoch steps) or "cosine" (to 0 over total_steps). */
 ts_status ts_lr_schedule_by_name(const char *name, double lr, int64_t total_steps, int64_t steps_per_epoch,
                                  ts_lr_schedule *out);
+
+/* ---- weights in and out ------------------------------------------------------------------------------ */
+/* Appends the state dict stored at path to *out: a safetensors file (any
+ * producer; F16, BF16 and F64 tensors read as float32, the other dtypes as
+ * tessera/safetensors.h says) or a Tessera checkpoint's model.* tensors (the
+ * prefix stripped). The format is told by the file's first bytes; *format (may
+ * be NULL) gets "safetensors" or "checkpoint" (static). A checkpoint without
+ * model.* tensors is TS_ERR_INVALID_ARG; a file that is neither is
+ * TS_ERR_FORMAT. */
+ts_status ts_weights_read(const char *path, ts_tensor_list *out, const char **format);
+/* ts_weights_read, then a strict ts_module_load_state_dict into model: every
+ * missing, unexpected, wrongly shaped or typed tensor is named (the message
+ * starts with path) and nothing is copied unless all fit. What `tessera train
+ * --init-from` and `tessera ckpt import` do (fine-tuning, not resuming: no
+ * optimizer state or position is read). */
+ts_status ts_weights_load(ts_module *model, const char *path);
+/* ts_weights_load keeping the model's own tensors under the comma-separated prefixes `exclude`
+ * ("fc": fc.weight and fc.bias; NULL: none) and ignoring the file's there: fine-tuning with a new
+ * classifier (`tessera train --init-from torchvision.safetensors --init-exclude fc` on 10 classes).
+ * Everything else is strict as in ts_weights_load; a prefix that matches none of the model's
+ * tensors is TS_ERR_INVALID_ARG. */
+ts_status ts_weights_load_except(ts_module *model, const char *path, const char *exclude);
 
 /* ---- the trainer -------------------------------------------------------------------------------------- */
 typedef enum ts_train_event_kind {

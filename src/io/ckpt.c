@@ -438,13 +438,44 @@ ts_status ts_ckpt_check_writable(const char *path) {
     return st;
 }
 
+/* Atomic writing (io/ckpt_internal.h), shared with ts_safetensors_save. */
+ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t cap, FILE **f) {
+    TS_ARG(path && path[0] && tmp && f, "ts__atomic_open: NULL argument");
+    *f = NULL;
+    TS_TRY(temp_name(path, tmp, cap));
+    TS_TRY(ts__check_write_target(path, what));
+    remove_stale_temps(path);
+    errno = 0;
+    int fd = create_temp(tmp);
+    if (fd >= 0 && !(*f = fdopen(fd, "wb"))) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        errno = e;
+    }
+    if (!*f) return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
+    return TS_OK;
+}
+
+ts_status ts__atomic_close(const char *path, const char *tmp, FILE *f, ts_status st, int werr) {
+    if (st == TS_OK && !werr && fflush(f) != 0) werr = errno ? errno : EIO;
+    if (st == TS_OK && !werr && fsync(fileno(f)) != 0) werr = errno;
+    int cerr = fclose(f) != 0 ? errno : 0;
+    if (!werr && cerr) werr = cerr;
+    if (st == TS_OK && werr) st = ts_error(TS_ERR_IO, "%s: writing %s failed: %s", path, tmp, strerror(werr));
+    if (st == TS_OK && rename(tmp, path) != 0)
+        st = ts_error(TS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
+    if (st != TS_OK) {
+        unlink(tmp);
+        return st;
+    }
+    sync_dir(path);
+    return TS_OK;
+}
+
 ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {
     TS_ARG(ck && path && path[0], "ts_ckpt_save: NULL argument");
     char tmp[4096];
-    TS_TRY(temp_name(path, tmp, sizeof tmp));
-    TS_TRY(ts__check_write_target(path, "a checkpoint"));
-    remove_stale_temps(path);
-
     uint64_t file_size = CK_HEADER_BYTES + 4, payload[CK_NKINDS] = {0};
     uint32_t nsec = 0;
     for (int k = 0; k < CK_NKINDS; k++) {
@@ -456,15 +487,7 @@ ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {
 
     ts_status st = TS_OK;
     ck_writer w = {NULL, crc32(0L, Z_NULL, 0), 0};
-    errno = 0;
-    int fd = create_temp(tmp);
-    if (fd >= 0 && !(w.f = fdopen(fd, "wb"))) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        errno = e;
-    }
-    if (!w.f) return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
+    TS_TRY(ts__atomic_open(path, "a checkpoint", tmp, sizeof tmp, &w.f));
 
     unsigned char hdr[CK_HEADER_BYTES];
     memcpy(hdr, CK_MAGIC, 8);
@@ -511,20 +534,8 @@ ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {
         unsigned char b[4];
         put32(b, (uint32_t)w.crc);
         wr(&w, b, 4);
-        if (!w.err && fflush(w.f) != 0) w.err = errno ? errno : EIO;
-        if (!w.err && fsync(fileno(w.f)) != 0) w.err = errno;
     }
-    int cerr = fclose(w.f) != 0 ? errno : 0;
-    if (!w.err && cerr) w.err = cerr;
-    if (st == TS_OK && w.err) st = ts_error(TS_ERR_IO, "%s: writing %s failed: %s", path, tmp, strerror(w.err));
-    if (st == TS_OK && rename(tmp, path) != 0)
-        st = ts_error(TS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st != TS_OK) {
-        unlink(tmp);
-        return st;
-    }
-    sync_dir(path);
-    return TS_OK;
+    return ts__atomic_close(path, tmp, w.f, st, w.err);
 }
 
 /* ---- load ------------------------------------------------------------------------------------------- */

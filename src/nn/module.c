@@ -279,11 +279,29 @@ void ts_module_zero_grad(ts_module *m) {
     if (m) walk_root(m, WALK_PARAMS, zero_grad_fn, NULL);
 }
 
-/* ---- load_state_dict ----------------------------------------------------------------------- */
+/* ---- load_state_dict -----------------------------------------------------------------------
+ * Pass 1 walks the model and records every problem — each key of the model missing from sd,
+ * each shape or dtype mismatch — then lists sd's keys the model does not have; only when there is
+ * none (strict) or only missing/unexpected ones (not strict) does pass 2 copy. The error message
+ * lists every problem as torch's does, within the thread's message buffer: at most
+ * LOAD_LIST_MAX names per kind, and "... and N more" past that or past the kind's share of the
+ * buffer (less room for a caller's prefix, such as the file's name). */
+#define LOAD_LIST_MAX 20
+#define LOAD_MSG_MAX (TS_ERRMSG_MAX - 192) /* room for callers' context ("FILE: ...") in the message */
+
+typedef struct load_problems {
+    char **missing; /* model keys (copies) */
+    int nmissing, cap_missing;
+    char **mismatch; /* "size mismatch for 'k': ..." / "dtype mismatch ..." lines (copies) */
+    int nmismatch, cap_mismatch;
+    int nshape, ndtype;
+} load_problems;
+
 typedef struct load_ctx {
     const ts_tensor_list *sd;
     bool strict, copy;
     unsigned char *seen; /* per sd entry */
+    load_problems *pb;
 } load_ctx;
 
 static int find_index(const ts_tensor_list *l, const char *name) {
@@ -292,51 +310,156 @@ static int find_index(const ts_tensor_list *l, const char *name) {
     return -1;
 }
 
+static ts_status push_str(char ***v, int *n, int *cap, const char *s) {
+    if (*n == *cap) {
+        int nc = *cap ? *cap * 2 : 16;
+        char **nv = ts__realloc(*v, sizeof *nv * (size_t)nc);
+        if (!nv) return TS_ERR_NOMEM;
+        *v = nv;
+        *cap = nc;
+    }
+    char *c = ts__strdup(s);
+    if (!c) return TS_ERR_NOMEM;
+    (*v)[(*n)++] = c;
+    return TS_OK;
+}
+
 static ts_status load_fn(void *vctx, const char *name, ts_tensor **slot, bool is_param) {
     load_ctx *c = vctx;
     int i = find_index(c->sd, name);
     if (i < 0) {
-        if (c->strict) return ts_error(TS_ERR_INVALID_ARG, "load_state_dict: missing key '%s' in the state dict", name);
+        if (c->strict) return push_str(&c->pb->missing, &c->pb->nmissing, &c->pb->cap_missing, name);
         return TS_OK;
     }
     c->seen[i] = 1;
     ts_tensor *src = c->sd->tensors[i], *dst = *slot;
     if (!c->copy) {
-        char a[128], b[128];
-        if (!ts__same_shape(src, dst))
-            return ts_error(TS_ERR_SHAPE,
-                            "load_state_dict: size mismatch for '%s': the state dict has shape %s, the model has shape %s",
-                            name, ts_shape_str(src->ndim, src->shape, a, sizeof a),
-                            ts_shape_str(dst->ndim, dst->shape, b, sizeof b));
-        if (src->dtype != dst->dtype)
-            return ts_error(TS_ERR_DTYPE, "load_state_dict: dtype mismatch for '%s': the state dict has %s, the model has %s",
-                            name, ts_dtype_name(src->dtype), ts_dtype_name(dst->dtype));
-        return TS_OK;
+        char a[128], b[128], nb[160], line[600];
+        ts__printable(name, nb, sizeof nb);
+        if (!ts__same_shape(src, dst)) {
+            snprintf(line, sizeof line, "size mismatch for '%s': the state dict has shape %s, the model has shape %s",
+                     nb, ts_shape_str(src->ndim, src->shape, a, sizeof a),
+                     ts_shape_str(dst->ndim, dst->shape, b, sizeof b));
+            c->pb->nshape++;
+        } else if (src->dtype != dst->dtype) {
+            snprintf(line, sizeof line, "dtype mismatch for '%s': the state dict has %s, the model has %s", nb,
+                     ts_dtype_name(src->dtype), ts_dtype_name(dst->dtype));
+            c->pb->ndtype++;
+        } else {
+            return TS_OK;
+        }
+        return push_str(&c->pb->mismatch, &c->pb->nmismatch, &c->pb->cap_mismatch, line);
     }
     ts_status st = ts_tensor_copy_(dst, src);
     if (st != TS_OK) return ts__error_prefix(st, "load_state_dict: '%s'", name);
     return TS_OK;
 }
 
+/* Appends "<head>item, item, ... and N more" to buf (len, cap) using at most `budget` bytes. */
+static void list_problems(char *buf, size_t *len, size_t cap, size_t budget, const char *head, char **items, int n,
+                          bool quote, const char *sep) {
+    size_t start = *len, end = TS_MIN(cap - 1, start + budget);
+    char more[48];
+    int shown = 0;
+    size_t k = *len;
+    int w = snprintf(buf + k, end > k ? end - k + 1 : 0, "%s", head);
+    if (w < 0 || k + (size_t)w > end) {
+        buf[*len] = '\0';
+        return;
+    }
+    k += (size_t)w;
+    for (; shown < n && shown < LOAD_LIST_MAX; shown++) {
+        char nb[600];
+        const char *item = quote ? ts__printable(items[shown], nb, sizeof nb) : items[shown];
+        size_t need = strlen(item) + (quote ? 2 : 0) + (shown ? strlen(sep) : 0);
+        size_t reserve = shown + 1 < n ? sizeof more : 0; /* room to say how many are left */
+        if (k + need + reserve > end) break;
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s%s%s", shown ? sep : "", quote ? "'" : "", item, quote ? "'" : "");
+    }
+    if (shown < n) {
+        snprintf(more, sizeof more, "%s... and %d more", shown ? sep : "", n - shown);
+        if (k + strlen(more) <= end) k += (size_t)snprintf(buf + k, cap - k, "%s", more);
+    }
+    *len = k;
+}
+
+/* The message for every problem found, and its status: TS_ERR_SHAPE when a shape differs, else
+ * TS_ERR_DTYPE when a dtype does, else TS_ERR_INVALID_ARG (missing or unexpected keys). */
+static ts_status report_problems(const load_problems *pb, const ts_tensor_list *sd, const unsigned char *seen) {
+    int nunexpected = 0;
+    for (int i = 0; i < sd->n; i++) nunexpected += !seen[i];
+    char **unexpected = ts__malloc(sizeof *unexpected * (size_t)(nunexpected ? nunexpected : 1));
+    if (!unexpected) return TS_ERR_NOMEM;
+    for (int i = 0, k = 0; i < sd->n; i++)
+        if (!seen[i]) unexpected[k++] = sd->names[i];
+    /* the kinds present: head, items, count, quoted, separator */
+    struct {
+        char head[96];
+        char **items;
+        int n;
+        bool quote;
+        const char *sep;
+    } kind[3];
+    int nk = 0;
+    if (pb->nmissing) {
+        snprintf(kind[nk].head, sizeof kind[nk].head, " %d missing key%s in the state dict: ", pb->nmissing,
+                 pb->nmissing == 1 ? "" : "s");
+        kind[nk].items = pb->missing, kind[nk].n = pb->nmissing, kind[nk].quote = true, kind[nk++].sep = ", ";
+    }
+    if (nunexpected) {
+        snprintf(kind[nk].head, sizeof kind[nk].head, "%s %d unexpected key%s in the state dict: ", nk ? ";" : "",
+                 nunexpected, nunexpected == 1 ? "" : "s");
+        kind[nk].items = unexpected, kind[nk].n = nunexpected, kind[nk].quote = true, kind[nk++].sep = ", ";
+    }
+    if (pb->nmismatch) {
+        snprintf(kind[nk].head, sizeof kind[nk].head, "%s ", nk ? ";" : "");
+        kind[nk].items = pb->mismatch, kind[nk].n = pb->nmismatch, kind[nk].quote = false, kind[nk++].sep = "; ";
+    }
+    char msg[LOAD_MSG_MAX], scratch[LOAD_MSG_MAX];
+    size_t need[3];
+    for (int k = 0; k < nk; k++) { /* each kind's length on its own (at most LOAD_LIST_MAX names) */
+        need[k] = 0;
+        list_problems(scratch, &need[k], sizeof scratch, sizeof scratch - 1, kind[k].head, kind[k].items, kind[k].n,
+                      kind[k].quote, kind[k].sep);
+    }
+    int total = pb->nmissing + nunexpected + pb->nmismatch;
+    size_t len = (size_t)snprintf(msg, sizeof msg, "load_state_dict: %d problem%s:", total, total == 1 ? "" : "s");
+    for (int k = 0; k < nk; k++) {
+        /* leave the later kinds what they need, or an equal share of the room when that is less */
+        size_t room = sizeof msg - 1 - len, later = 0;
+        for (int j = k + 1; j < nk; j++) later += TS_MIN(need[j], room / (size_t)(nk - k));
+        list_problems(msg, &len, sizeof msg, room - TS_MIN(later, room), kind[k].head, kind[k].items, kind[k].n,
+                      kind[k].quote, kind[k].sep);
+    }
+    free(unexpected);
+    ts_status s = pb->nshape ? TS_ERR_SHAPE : pb->ndtype ? TS_ERR_DTYPE : TS_ERR_INVALID_ARG;
+    return ts_error(s, "%s", msg);
+}
+
 ts_status ts_module_load_state_dict(ts_module *m, const ts_tensor_list *sd, bool strict) {
     TS_ARG(m && sd, "ts_module_load_state_dict: NULL argument");
-    load_ctx c = {sd, strict, false, NULL};
+    load_problems pb = {0};
+    load_ctx c = {sd, strict, false, NULL, &pb};
     c.seen = ts__calloc((size_t)(sd->n ? sd->n : 1), 1);
     if (!c.seen) return TS_ERR_NOMEM;
     /* pass 1: check every key, shape and dtype; pass 2: copy */
     ts_status st = walk_root(m, WALK_PARAMS | WALK_BUFFERS, load_fn, &c);
-    if (st == TS_OK && strict)
-        for (int i = 0; i < sd->n; i++)
-            if (!c.seen[i]) {
-                st = ts_error(TS_ERR_INVALID_ARG, "load_state_dict: unexpected key '%s' in the state dict", sd->names[i]);
-                break;
-            }
+    bool unexpected = false;
+    for (int i = 0; strict && i < sd->n; i++) unexpected |= !c.seen[i];
+    if (st == TS_OK && (pb.nmissing || pb.nmismatch || unexpected)) {
+        if (!strict) memset(c.seen, 1, (size_t)sd->n); /* not strict: only mismatches are reported */
+        st = report_problems(&pb, sd, c.seen);
+    }
     if (st == TS_OK) {
         bool prev = ts_grad_set_enabled(false);
         c.copy = true;
         st = walk_root(m, WALK_PARAMS | WALK_BUFFERS, load_fn, &c);
         ts_grad_set_enabled(prev);
     }
+    for (int i = 0; i < pb.nmissing; i++) free(pb.missing[i]);
+    for (int i = 0; i < pb.nmismatch; i++) free(pb.mismatch[i]);
+    free(pb.missing);
+    free(pb.mismatch);
     free(c.seen);
     return st;
 }

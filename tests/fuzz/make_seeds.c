@@ -6,7 +6,8 @@
  * gzip (two Fashion-MNIST images when the data set is installed); JPEGs
  * (baseline gray/RGB, 4:2:0 and 4:4:4, progressive) and PNGs (gray 1/8/16-bit,
  * RGB, RGBA, palette, interlaced) each behind the image target's 6 parameter
- * bytes; TCP store request streams.
+ * bytes; TCP store request streams; safetensors files (every Tessera dtype written with metadata,
+ * a header with every dtype the reader converts, escapes and skipped fields, an empty file).
  */
 #include "tessera.h"
 
@@ -292,6 +293,63 @@ static void store_seeds(void) {
     put("store", "raw_zero_length", NULL, 0, s, k);
 }
 
+/* safetensors: through ts_safetensors_save, and by hand for the dtypes Tessera reads but never writes. */
+static void st_put(const char *name, const char *header, const void *data, size_t n) {
+    size_t hl = strlen(header), padded = (hl + 7) / 8 * 8;
+    unsigned char *b = calloc(1, 8 + padded + n);
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)padded >> (8 * i));
+    memcpy(b + 8, header, hl);
+    memset(b + 8 + hl, ' ', padded - hl);
+    if (n) memcpy(b + 8 + padded, data, n);
+    put("safetensors", name, NULL, 0, b, 8 + padded + n);
+    free(b);
+}
+
+static void safetensors_seeds(void) {
+    char tmp[2048];
+    snprintf(tmp, sizeof tmp, "%s/tmp.safetensors", root);
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    ts_tensor *ts[] = {tensor(TS_F32, 2, (int64_t[]){2, 3}, 1), tensor(TS_I64, 0, NULL, 2),
+                       tensor(TS_I32, 1, (int64_t[]){2}, 3),     tensor(TS_U8, 1, (int64_t[]){3}, 4),
+                       tensor(TS_F16, 1, (int64_t[]){2}, 5),     tensor(TS_BF16, 2, (int64_t[]){1, 2}, 6),
+                       tensor(TS_F32, 2, (int64_t[]){0, 3}, 7)};
+    const char *names[] = {"0.weight", "1.num_batches_tracked", "idx", "mask", "half", "brain", "empty"};
+    for (int i = 0; i < 7; i++) {
+        TRY(ts_tensor_list_append(&l, names[i], ts[i]));
+        ts_tensor_release(ts[i]);
+    }
+    ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
+    TRY(ts_safetensors_meta_set(&m, "format", "pt"));
+    TRY(ts_safetensors_meta_set(&m, "model", "cnn"));
+    TRY(ts_safetensors_save(tmp, &l, &m));
+    size_t n = 0;
+    unsigned char *b = slurp(tmp, &n);
+    remove(tmp);
+    if (!b) exit(1);
+    put("safetensors", "dtypes", NULL, 0, b, n);
+    free(b);
+    ts_tensor_list_clear(&l);
+    ts_safetensors_meta_clear(&m);
+    unsigned char d[64];
+    for (int i = 0; i < 64; i++) d[i] = (unsigned char)(i * 37 + 1);
+    st_put("converted",
+           "{\"d\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+           "\"b\":{\"dtype\":\"BOOL\",\"shape\":[2],\"data_offsets\":[16,18]},"
+           "\"i8\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[18,20]},"
+           "\"i16\":{\"dtype\":\"I16\",\"shape\":[1],\"data_offsets\":[20,22]},"
+           "\"u16\":{\"dtype\":\"U16\",\"shape\":[1],\"data_offsets\":[22,24]},"
+           "\"u32\":{\"dtype\":\"U32\",\"shape\":[],\"data_offsets\":[24,28]},"
+           "\"u64\":{\"dtype\":\"U64\",\"shape\":[1,1],\"data_offsets\":[28,36]},"
+           "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[36,40]},"
+           "\"bf\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[40,44]}}",
+           d, 44);
+    st_put("syntax",
+           " { \"__metadata__\" : {\"k\\u00e9\":\"v\\n\\\"\"} , \"\\ud83d\\ude00\\t\" : { \"x\" : [1, {\"y\": -2.5e3}, true, "
+           "false, null], \"data_offsets\" : [ 0 , 4 ] , \"dtype\" : \"F32\" , \"shape\" : [ ] } }\n",
+           d, 4);
+    st_put("empty", "{}", NULL, 0);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
@@ -303,6 +361,7 @@ int main(int argc, char **argv) {
     idx_seeds();
     image_seeds();
     store_seeds();
+    safetensors_seeds();
     printf("make_seeds: %d files under %s\n", nfiles, root);
     return 0;
 }

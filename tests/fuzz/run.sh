@@ -14,6 +14,8 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 name=$(basename "$bin")
-"$bin" -runs="$runs" -max_len=4096 -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
+dict=()
+[ -f "$(dirname "$0")/${name#fuzz_}.dict" ] && dict=(-dict="$(dirname "$0")/${name#fuzz_}.dict")
+"$bin" "${dict[@]}" -runs="$runs" -max_len=4096 -timeout=30 -rss_limit_mb=2560 -print_final_stats=1 \
   -artifact_prefix="$PWD/$name-" "$@" "$work" "$corpus" 2>&1 | tail -n 25
 exit "${PIPESTATUS[0]}"
