@@ -190,253 +190,262 @@ static int64_t conv_block_images(const ts_conv2d_geom *g) {
     return nb < g->N ? nb : g->N;
 }
 
-// out: (N, K, OH, OW): per block of nb images and group, tmp: (Kg, nb*OHW) = w_g @ [im2col(x[n]) ...]
-static ts_status conv2d_blocked(const ts_conv2d_geom *g, int64_t nb, ts_tensor *out, const ts_tensor *x,
-                                const ts_tensor *w, const ts_tensor *b) {
-    ts_device *dev = x->storage->device;
-    const struct ts_kernels_blas *blas = dev->k_blas;
-    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
-    const int64_t CKK = Cg * g->kh * g->kw, LD = nb * OHW, nblocks = (g->N + nb - 1) / nb;
-    const int nthr = omp_get_max_threads();
-    const bool par = nthr > 1 && nblocks >= nthr;
-    const int64_t per = CKK * LD + Kg * LD;
-    ts_tensor *buf = NULL;
-    TS_TRY(scratch(dev, (par ? nthr : 1) * per, &buf));
-    const float *px = ts__f32(x), *pw = ts__f32(w), *pb = b ? ts__f32(b) : NULL;
-    float *po = ts__f32(out);
-#pragma omp parallel if (par)
-    {
-        float *col = ts__f32(buf) + (int64_t)omp_get_thread_num() * per, *tmp = col + CKK * LD;
-#pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < nblocks; blk++) {
-            const int64_t n0 = blk * nb, m = TS_MIN(nb, g->N - n0), cols = m * OHW;
-            for (int64_t gr = 0; gr < G; gr++) {
-                for (int64_t j = 0; j < m; j++)
-                    im2col_ld(g, Cg, px + ((n0 + j) * g->C + gr * Cg) * HW, col + j * OHW, cols);
-                blas->sgemm(dev, false, false, Kg, cols, CKK, 1.0f, pw + gr * Kg * CKK, CKK, col, cols, 0.0f, tmp,
-                            cols);
-                for (int64_t j = 0; j < m; j++)
-                    for (int64_t k = 0; k < Kg; k++) {
-                        float *o = po + ((n0 + j) * g->K + gr * Kg + k) * OHW;
-                        const float *t = tmp + k * cols + j * OHW;
-                        const float bv = pb ? pb[gr * Kg + k] : 0.0f;
-                        for (int64_t i = 0; i < OHW; i++) o[i] = t[i] + bv;
-                    }
-            }
-        }
+/* What one conv2d call's work items (an image, or a block of nb images) share. */
+typedef struct conv_job {
+    const ts_conv2d_geom *g;
+    ts_device *dev;
+    const struct ts_kernels_blas *blas;
+    int64_t G, Cg, Kg, OHW, HW, CKK, WN, nb; /* nb: images per item (1: the per-image path) */
+    bool pointwise;
+    const float *px, *pw, *pb, *pg;          /* x, w, bias, gout */
+    float *po, *pgx;                         /* out, gx */
+    float *buf;                              /* per-thread scratch, `per` floats each */
+    int64_t per, colsz;
+    bool gw, gb;                             /* backward: weight / bias gradients wanted */
+} conv_job;
+
+typedef void (*conv_item_fn)(const conv_job *j, float *scratch, int64_t item);
+
+/* Runs fn on items 0..n-1: as an OpenMP team (static schedule, thread t's scratch at buf + t*per) when
+ * par, else on the calling thread outside any parallel region, so the sgemms inside run at top level
+ * and split between the threads themselves (a parallel region nested in even an inactive one gets a
+ * team of fresh threads: with the first team's threads spin-waiting, 2 cores ran ResNet-18 at a third
+ * of the speed). */
+static void conv_for(const conv_job *j, bool par, int64_t n, conv_item_fn fn) {
+    if (!par) {
+        for (int64_t i = 0; i < n; i++) fn(j, j->buf, i);
+        return;
     }
-    ts_tensor_release(buf);
-    return TS_OK;
+#pragma omp parallel
+    {
+        float *mine = j->buf + (int64_t)omp_get_thread_num() * j->per;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++) fn(j, mine, i);
+    }
 }
 
-/* The backward of conv2d_blocked: per block and group, goc: (Kg, nb*OHW) gathers gout's planes;
- * gw_g += goc @ [im2col(x[n]) ...]^T; [colg ...] = w_g^T @ goc, scattered back by col2im per image. */
-static ts_status conv2d_backward_blocked(const ts_conv2d_geom *g, int64_t nb, const ts_tensor *gout,
-                                         const ts_tensor *x, const ts_tensor *w, ts_tensor *gx, ts_tensor *gw,
-                                         ts_tensor *gb) {
-    ts_device *dev = x->storage->device;
-    const struct ts_kernels_blas *blas = dev->k_blas;
-    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
-    const int64_t CKK = Cg * g->kh * g->kw, WN = g->K * CKK, LD = nb * OHW, nblocks = (g->N + nb - 1) / nb;
-    const int nthr = omp_get_max_threads();
-    const bool par = nthr > 1 && nblocks >= nthr;
-    const int nbuf = par ? nthr : 1;
-    const int64_t colsz = CKK * LD;
-    const int64_t per = Kg * LD + (gw ? colsz : 0) + (gx ? colsz : 0) + (gw ? WN : 0) + (gb ? g->K : 0);
-    ts_tensor *buf = NULL;
-    TS_TRY(scratch(dev, nbuf * per, &buf));
-    const float *px = ts__f32(x), *pw = ts__f32(w), *pg = ts__f32(gout);
-    float *pgx = gx ? ts__f32(gx) : NULL;
-#pragma omp parallel if (par)
-    {
-        float *mine = ts__f32(buf) + (int64_t)omp_get_thread_num() * per;
-        float *goc = mine, *colx = NULL, *colg = NULL, *gwt = NULL, *gbt = NULL;
-        mine += Kg * LD;
-        if (gw) colx = mine, mine += colsz;
-        if (gx) colg = mine, mine += colsz;
-        if (gw) gwt = mine, mine += WN;
-        if (gb) gbt = mine;
-        if (gwt) memset(gwt, 0, sizeof(float) * (size_t)WN);
-        if (gbt) memset(gbt, 0, sizeof(float) * (size_t)g->K);
-#pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < nblocks; blk++) {
-            const int64_t n0 = blk * nb, m = TS_MIN(nb, g->N - n0), cols = m * OHW;
-            for (int64_t gr = 0; gr < G; gr++) {
-                const float *wg = pw + gr * Kg * CKK;
-                for (int64_t j = 0; j < m; j++)
-                    for (int64_t k = 0; k < Kg; k++) {
-                        const float *src = pg + ((n0 + j) * g->K + gr * Kg + k) * OHW;
-                        memcpy(goc + k * cols + j * OHW, src, sizeof(float) * (size_t)OHW);
-                        if (gbt) gbt[gr * Kg + k] += (float)plane_sum(src, OHW);
-                    }
-                if (gwt) {
-                    for (int64_t j = 0; j < m; j++)
-                        im2col_ld(g, Cg, px + ((n0 + j) * g->C + gr * Cg) * HW, colx + j * OHW, cols);
-                    // gw_g: (Kg, CKK) += goc: (Kg, cols) @ colx^T: (cols, CKK)
-                    blas->sgemm(dev, false, true, Kg, CKK, cols, 1.0f, goc, cols, colx, cols, 1.0f,
-                                gwt + gr * Kg * CKK, CKK);
-                }
-                if (pgx) {
-                    // colg: (CKK, cols) = w_g^T: (CKK, Kg) @ goc: (Kg, cols)
-                    blas->sgemm(dev, true, false, CKK, cols, Kg, 1.0f, wg, CKK, goc, cols, 0.0f, colg, cols);
-                    for (int64_t j = 0; j < m; j++) {
-                        float *gxin = pgx + ((n0 + j) * g->C + gr * Cg) * HW;
-                        memset(gxin, 0, sizeof(float) * (size_t)(Cg * HW));
-                        col2im_add_ld(g, Cg, colg + j * OHW, cols, gxin);
-                    }
-                }
-            }
-        }
-    }
-    const float *base = ts__f32(buf);
-    const int64_t woff = Kg * LD + (gw ? colsz : 0) + (gx ? colsz : 0), boff = woff + (gw ? WN : 0);
+/* Adds the per-thread accumulators (weight gradient at woff, bias gradient at boff of each thread's
+ * scratch) into gw / gb, thread 0's first, in a fixed order. */
+static void conv_reduce(const conv_job *j, int nbuf, int64_t woff, int64_t boff, ts_tensor *gw, ts_tensor *gb) {
     if (gw) {
         float *o = ts__f32(gw);
-        memcpy(o, base + woff, sizeof(float) * (size_t)WN);
+        memcpy(o, j->buf + woff, sizeof(float) * (size_t)j->WN);
         for (int t = 1; t < nbuf; t++) {
-            const float *sp = base + t * per + woff;
-            for (int64_t i = 0; i < WN; i++) o[i] += sp[i];
+            const float *sp = j->buf + t * j->per + woff;
+            for (int64_t i = 0; i < j->WN; i++) o[i] += sp[i];
         }
     }
     if (gb) {
         float *o = ts__f32(gb);
-        memcpy(o, base + boff, sizeof(float) * (size_t)g->K);
+        memcpy(o, j->buf + boff, sizeof(float) * (size_t)j->g->K);
         for (int t = 1; t < nbuf; t++) {
-            const float *sp = base + t * per + boff;
-            for (int64_t i = 0; i < g->K; i++) o[i] += sp[i];
+            const float *sp = j->buf + t * j->per + boff;
+            for (int64_t i = 0; i < j->g->K; i++) o[i] += sp[i];
         }
     }
-    ts_tensor_release(buf);
-    return TS_OK;
 }
 
-// out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image and group, + b
+static conv_job conv_job_init(const ts_conv2d_geom *g, const ts_tensor *x, const ts_tensor *w) {
+    conv_job j;
+    memset(&j, 0, sizeof j);
+    j.g = g;
+    j.dev = x->storage->device;
+    j.blas = j.dev->k_blas;
+    j.G = g->groups;
+    j.Cg = g->C / j.G;
+    j.Kg = g->K / j.G;
+    j.OHW = g->OH * g->OW;
+    j.HW = g->H * g->W;
+    j.CKK = j.Cg * g->kh * g->kw;
+    j.WN = g->K * j.CKK;
+    j.nb = conv_block_images(g);
+    j.pointwise = j.nb == 1 && conv_is_pointwise(g);
+    j.px = ts__f32(x);
+    j.pw = ts__f32(w);
+    return j;
+}
+
+/* ---- forward ---- */
+// block `blk` of nb images, per group: tmp: (Kg, cols) = w_g @ [im2col(x[n]) ...]: (CKK, cols), then
+// scattered to out: (N, K, OH, OW) with the bias
+static void conv_fwd_block(const conv_job *j, float *scratch, int64_t blk) {
+    const ts_conv2d_geom *g = j->g;
+    float *col = scratch, *tmp = scratch + j->CKK * j->nb * j->OHW;
+    const int64_t n0 = blk * j->nb, m = TS_MIN(j->nb, g->N - n0), cols = m * j->OHW;
+    for (int64_t gr = 0; gr < j->G; gr++) {
+        for (int64_t i = 0; i < m; i++)
+            im2col_ld(g, j->Cg, j->px + ((n0 + i) * g->C + gr * j->Cg) * j->HW, col + i * j->OHW, cols);
+        j->blas->sgemm(j->dev, false, false, j->Kg, cols, j->CKK, 1.0f, j->pw + gr * j->Kg * j->CKK, j->CKK, col,
+                       cols, 0.0f, tmp, cols);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t k = 0; k < j->Kg; k++) {
+                float *o = j->po + ((n0 + i) * g->K + gr * j->Kg + k) * j->OHW;
+                const float *t = tmp + k * cols + i * j->OHW;
+                const float bv = j->pb ? j->pb[gr * j->Kg + k] : 0.0f;
+                for (int64_t q = 0; q < j->OHW; q++) o[q] = t[q] + bv;
+            }
+    }
+}
+
+// image n, per group: out_g: (Kg, OHW) = w_g: (Kg, CKK) @ im2col(x[n]): (CKK, OHW) + b
+static void conv_fwd_image(const conv_job *j, float *col, int64_t n) {
+    const ts_conv2d_geom *g = j->g;
+    for (int64_t gr = 0; gr < j->G; gr++) {
+        const float *xin = j->px + (n * g->C + gr * j->Cg) * j->HW;
+        float *o = j->po + (n * g->K + gr * j->Kg) * j->OHW;
+        const float *B = xin;
+        if (!j->pointwise) {
+            im2col(g, j->Cg, xin, col);
+            B = col;
+        }
+        if (j->pb)
+            for (int64_t k = 0; k < j->Kg; k++) {
+                float bv = j->pb[gr * j->Kg + k];
+                for (int64_t i = 0; i < j->OHW; i++) o[k * j->OHW + i] = bv;
+            }
+        if (j->CKK == 0) {
+            if (!j->pb) memset(o, 0, sizeof(float) * (size_t)(j->Kg * j->OHW));
+            continue;
+        }
+        j->blas->sgemm(j->dev, false, false, j->Kg, j->OHW, j->CKK, 1.0f, j->pw + gr * j->Kg * j->CKK, j->CKK, B,
+                       j->OHW, j->pb ? 1.0f : 0.0f, o, j->OHW);
+    }
+}
+
+// out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image (or block) and group, + b
 static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                             const ts_tensor *b) {
-    ts_device *dev = x->storage->device;
-    const struct ts_kernels_blas *blas = dev->k_blas;
-    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
-    const int64_t CKK = Cg * g->kh * g->kw, nb = conv_block_images(g);
-    if (nb > 1) return conv2d_blocked(g, nb, out, x, w, b);
-    const bool pointwise = conv_is_pointwise(g);
+    conv_job j = conv_job_init(g, x, w);
+    j.pb = b ? ts__f32(b) : NULL;
+    j.po = ts__f32(out);
     const int nthr = omp_get_max_threads();
-    const bool par = conv_par(g, nthr);
-    ts_tensor *colbuf = NULL;
-    if (!pointwise) TS_TRY(scratch(dev, (par ? nthr : 1) * CKK * OHW, &colbuf));
-    const float *px = ts__f32(x), *pw = ts__f32(w), *pb = b ? ts__f32(b) : NULL;
-    float *po = ts__f32(out);
-#pragma omp parallel if (par)
-    {
-        float *col = colbuf ? ts__f32(colbuf) + (int64_t)omp_get_thread_num() * CKK * OHW : NULL;
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < g->N; n++) {
-            for (int64_t gr = 0; gr < G; gr++) {
-                const float *xin = px + (n * g->C + gr * Cg) * HW;
-                float *o = po + (n * g->K + gr * Kg) * OHW;
-                const float *B = xin;
-                if (!pointwise) {
-                    im2col(g, Cg, xin, col);
-                    B = col;
-                }
-                if (pb)
-                    for (int64_t k = 0; k < Kg; k++) {
-                        float bv = pb[gr * Kg + k];
-                        for (int64_t i = 0; i < OHW; i++) o[k * OHW + i] = bv;
-                    }
-                if (CKK == 0) {
-                    if (!pb) memset(o, 0, sizeof(float) * (size_t)(Kg * OHW));
-                    continue;
-                }
-                blas->sgemm(dev, false, false, Kg, OHW, CKK, 1.0f, pw + gr * Kg * CKK, CKK, B, OHW, pb ? 1.0f : 0.0f,
-                            o, OHW);
-            }
-        }
+    const int64_t items = (g->N + j.nb - 1) / j.nb;
+    const bool par = j.nb > 1 ? nthr > 1 && items >= nthr : conv_par(g, nthr);
+    j.per = j.nb > 1 ? (j.CKK + j.Kg) * j.nb * j.OHW : j.pointwise ? 0 : j.CKK * j.OHW;
+    ts_tensor *buf = NULL;
+    if (j.per) {
+        TS_TRY(scratch(j.dev, (par ? nthr : 1) * j.per, &buf));
+        j.buf = ts__f32(buf);
     }
-    ts_tensor_release(colbuf);
+    conv_for(&j, par, items, j.nb > 1 ? conv_fwd_block : conv_fwd_image);
+    ts_tensor_release(buf);
     return TS_OK;
 }
 
-/* gx[n] = col2im(w_g^T (CKK, Kg) @ gout_g (Kg, OHW)); gw += gout_g @ im2col(x[n])^T; gb += row sums of gout */
-static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
-                                     const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
-    ts_device *dev = x->storage->device;
-    const struct ts_kernels_blas *blas = dev->k_blas;
-    const int64_t G = g->groups, Cg = g->C / G, Kg = g->K / G, OHW = g->OH * g->OW, HW = g->H * g->W;
-    const int64_t CKK = Cg * g->kh * g->kw, WN = g->K * CKK, nb = conv_block_images(g);
-    if (nb > 1) return conv2d_backward_blocked(g, nb, gout, x, w, gx, gw, gb);
-    const bool pointwise = conv_is_pointwise(g);
-    const int nthr = omp_get_max_threads();
-    const bool par = conv_par(g, nthr);
-    const int nbuf = par ? nthr : 1;
-    /* per thread: an im2col buffer (for gw), a column-gradient buffer (for gx),
-     * a weight-gradient and a bias-gradient accumulator */
-    const int64_t colsz = pointwise ? 0 : CKK * OHW;
-    const int64_t per = (gw ? colsz : 0) + (gx ? colsz : 0) + (gw ? WN : 0) + (gb ? g->K : 0);
-    ts_tensor *buf = NULL;
-    TS_TRY(scratch(dev, nbuf * per, &buf));
-    const float *px = ts__f32(x), *pw = ts__f32(w), *pg = ts__f32(gout);
-    float *pgx = gx ? ts__f32(gx) : NULL;
-#pragma omp parallel if (par)
-    {
-        float *mine = ts__f32(buf) + (int64_t)omp_get_thread_num() * per;
-        float *colx = NULL, *colg = NULL, *gwt = NULL, *gbt = NULL;
-        if (gw && colsz) colx = mine, mine += colsz;
-        if (gx && colsz) colg = mine, mine += colsz;
-        if (gw) gwt = mine, mine += WN;
-        if (gb) gbt = mine;
-        if (gwt) memset(gwt, 0, sizeof(float) * (size_t)WN);
-        if (gbt) memset(gbt, 0, sizeof(float) * (size_t)g->K);
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < g->N; n++) {
-            for (int64_t gr = 0; gr < G; gr++) {
-                const float *go = pg + (n * g->K + gr * Kg) * OHW;
-                const float *xin = px + (n * g->C + gr * Cg) * HW;
-                const float *wg = pw + gr * Kg * CKK;
-                if (gbt)
-                    for (int64_t k = 0; k < Kg; k++) gbt[gr * Kg + k] += (float)plane_sum(go + k * OHW, OHW);
-                if (CKK == 0) continue;
-                if (gwt) {
-                    const float *B = xin;
-                    if (!pointwise) {
-                        im2col(g, Cg, xin, colx);
-                        B = colx;
-                    }
-                    // gw_g: (Kg, CKK) += gout_g: (Kg, OHW) @ B^T: (OHW, CKK)
-                    blas->sgemm(dev, false, true, Kg, CKK, OHW, 1.0f, go, OHW, B, OHW, 1.0f, gwt + gr * Kg * CKK, CKK);
-                }
-                if (pgx) {
-                    float *gxin = pgx + (n * g->C + gr * Cg) * HW;
-                    // colg: (CKK, OHW) = w_g^T: (CKK, Kg) @ gout_g: (Kg, OHW)
-                    if (pointwise) {
-                        blas->sgemm(dev, true, false, CKK, OHW, Kg, 1.0f, wg, CKK, go, OHW, 0.0f, gxin, OHW);
-                    } else {
-                        blas->sgemm(dev, true, false, CKK, OHW, Kg, 1.0f, wg, CKK, go, OHW, 0.0f, colg, OHW);
-                        memset(gxin, 0, sizeof(float) * (size_t)(Cg * HW));
-                        col2im_add(g, Cg, colg, gxin);
-                    }
-                }
+/* ---- backward ---- */
+/* A thread's scratch: [goc (blocked path)] [colx] [colg] [gw accumulator] [gb accumulator]. */
+typedef struct conv_bwd_layout {
+    int64_t goc, colx, colg, gw, gb, per;
+} conv_bwd_layout;
+
+static conv_bwd_layout conv_bwd_layout_of(const conv_job *j, bool gx) {
+    conv_bwd_layout l;
+    const int64_t colsz = j->pointwise ? 0 : j->CKK * j->nb * j->OHW;
+    l.goc = 0;
+    l.colx = j->nb > 1 ? j->Kg * j->nb * j->OHW : 0;
+    l.colg = l.colx + (j->gw ? colsz : 0);
+    l.gw = l.colg + (gx ? colsz : 0);
+    l.gb = l.gw + (j->gw ? j->WN : 0);
+    l.per = l.gb + (j->gb ? j->g->K : 0);
+    return l;
+}
+
+// block `blk`: goc: (Kg, cols) gathers gout's planes; gw_g += goc @ [im2col(x[n]) ...]^T;
+// [colg ...] = w_g^T @ goc, scattered back by col2im per image
+static void conv_bwd_block(const conv_job *j, float *s, int64_t blk) {
+    const ts_conv2d_geom *g = j->g;
+    const conv_bwd_layout l = conv_bwd_layout_of(j, j->pgx != NULL);
+    float *goc = s + l.goc, *colx = s + l.colx, *colg = s + l.colg;
+    float *gwt = j->gw ? s + l.gw : NULL, *gbt = j->gb ? s + l.gb : NULL;
+    const int64_t n0 = blk * j->nb, m = TS_MIN(j->nb, g->N - n0), cols = m * j->OHW;
+    for (int64_t gr = 0; gr < j->G; gr++) {
+        const float *wg = j->pw + gr * j->Kg * j->CKK;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t k = 0; k < j->Kg; k++) {
+                const float *src = j->pg + ((n0 + i) * g->K + gr * j->Kg + k) * j->OHW;
+                memcpy(goc + k * cols + i * j->OHW, src, sizeof(float) * (size_t)j->OHW);
+                if (gbt) gbt[gr * j->Kg + k] += (float)plane_sum(src, j->OHW);
+            }
+        if (gwt) {
+            for (int64_t i = 0; i < m; i++)
+                im2col_ld(g, j->Cg, j->px + ((n0 + i) * g->C + gr * j->Cg) * j->HW, colx + i * j->OHW, cols);
+            // gw_g: (Kg, CKK) += goc: (Kg, cols) @ colx^T: (cols, CKK)
+            j->blas->sgemm(j->dev, false, true, j->Kg, j->CKK, cols, 1.0f, goc, cols, colx, cols, 1.0f,
+                           gwt + gr * j->Kg * j->CKK, j->CKK);
+        }
+        if (j->pgx) {
+            // colg: (CKK, cols) = w_g^T: (CKK, Kg) @ goc: (Kg, cols)
+            j->blas->sgemm(j->dev, true, false, j->CKK, cols, j->Kg, 1.0f, wg, j->CKK, goc, cols, 0.0f, colg, cols);
+            for (int64_t i = 0; i < m; i++) {
+                float *gxin = j->pgx + ((n0 + i) * g->C + gr * j->Cg) * j->HW;
+                memset(gxin, 0, sizeof(float) * (size_t)(j->Cg * j->HW));
+                col2im_add_ld(g, j->Cg, colg + i * j->OHW, cols, gxin);
             }
         }
     }
-    /* reduce the per-thread accumulators (thread 0's first, in a fixed order) */
-    const float *base = ts__f32(buf);
-    const int64_t woff = (gw ? colsz : 0) + (gx ? colsz : 0), boff = woff + (gw ? WN : 0);
-    if (gw) {
-        float *o = ts__f32(gw);
-        memcpy(o, base + woff, sizeof(float) * (size_t)WN);
-        for (int t = 1; t < nbuf; t++) {
-            const float *s = base + t * per + woff;
-            for (int64_t i = 0; i < WN; i++) o[i] += s[i];
+}
+
+// image n: gx[n] = col2im(w_g^T (CKK, Kg) @ gout_g (Kg, OHW)); gw += gout_g @ im2col(x[n])^T; gb += row sums
+static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
+    const ts_conv2d_geom *g = j->g;
+    const conv_bwd_layout l = conv_bwd_layout_of(j, j->pgx != NULL);
+    float *colx = s + l.colx, *colg = s + l.colg;
+    float *gwt = j->gw ? s + l.gw : NULL, *gbt = j->gb ? s + l.gb : NULL;
+    for (int64_t gr = 0; gr < j->G; gr++) {
+        const float *go = j->pg + (n * g->K + gr * j->Kg) * j->OHW;
+        const float *xin = j->px + (n * g->C + gr * j->Cg) * j->HW;
+        const float *wg = j->pw + gr * j->Kg * j->CKK;
+        if (gbt)
+            for (int64_t k = 0; k < j->Kg; k++) gbt[gr * j->Kg + k] += (float)plane_sum(go + k * j->OHW, j->OHW);
+        if (j->CKK == 0) continue;
+        if (gwt) {
+            const float *B = xin;
+            if (!j->pointwise) {
+                im2col(g, j->Cg, xin, colx);
+                B = colx;
+            }
+            // gw_g: (Kg, CKK) += gout_g: (Kg, OHW) @ B^T: (OHW, CKK)
+            j->blas->sgemm(j->dev, false, true, j->Kg, j->CKK, j->OHW, 1.0f, go, j->OHW, B, j->OHW, 1.0f,
+                           gwt + gr * j->Kg * j->CKK, j->CKK);
+        }
+        if (j->pgx) {
+            float *gxin = j->pgx + (n * g->C + gr * j->Cg) * j->HW;
+            // colg: (CKK, OHW) = w_g^T: (CKK, Kg) @ gout_g: (Kg, OHW)
+            if (j->pointwise) {
+                j->blas->sgemm(j->dev, true, false, j->CKK, j->OHW, j->Kg, 1.0f, wg, j->CKK, go, j->OHW, 0.0f, gxin,
+                               j->OHW);
+            } else {
+                j->blas->sgemm(j->dev, true, false, j->CKK, j->OHW, j->Kg, 1.0f, wg, j->CKK, go, j->OHW, 0.0f, colg,
+                               j->OHW);
+                memset(gxin, 0, sizeof(float) * (size_t)(j->Cg * j->HW));
+                col2im_add(g, j->Cg, colg, gxin);
+            }
         }
     }
-    if (gb) {
-        float *o = ts__f32(gb);
-        memcpy(o, base + boff, sizeof(float) * (size_t)g->K);
-        for (int t = 1; t < nbuf; t++) {
-            const float *s = base + t * per + boff;
-            for (int64_t i = 0; i < g->K; i++) o[i] += s[i];
-        }
+}
+
+static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                     const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+    conv_job j = conv_job_init(g, x, w);
+    j.pg = ts__f32(gout);
+    j.pgx = gx ? ts__f32(gx) : NULL;
+    j.gw = gw != NULL;
+    j.gb = gb != NULL;
+    const int nthr = omp_get_max_threads();
+    const int64_t items = (g->N + j.nb - 1) / j.nb;
+    const bool par = j.nb > 1 ? nthr > 1 && items >= nthr : conv_par(g, nthr);
+    const int nbuf = par ? nthr : 1;
+    const conv_bwd_layout l = conv_bwd_layout_of(&j, gx != NULL);
+    j.per = l.per;
+    ts_tensor *buf = NULL;
+    TS_TRY(scratch(j.dev, nbuf * j.per + 1, &buf));
+    j.buf = ts__f32(buf);
+    for (int t = 0; t < nbuf; t++) { /* the accumulators start at zero */
+        if (gw) memset(j.buf + t * j.per + l.gw, 0, sizeof(float) * (size_t)j.WN);
+        if (gb) memset(j.buf + t * j.per + l.gb, 0, sizeof(float) * (size_t)g->K);
     }
+    conv_for(&j, par, items, j.nb > 1 ? conv_bwd_block : conv_bwd_image);
+    conv_reduce(&j, nbuf, l.gw, l.gb, gw, gb);
     ts_tensor_release(buf);
     return TS_OK;
 }
