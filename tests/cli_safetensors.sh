@@ -10,12 +10,13 @@
 #      (--lr 0, so the steps do not move the parameters), F16 files load as float32;
 #   3. files with a missing, an extra and a wrongly shaped tensor, a truncated file, bad usage: exit 2,
 #      every tensor named.
-# Skips (77) when python3 lacks torch, safetensors or numpy, or Fashion-MNIST is not installed.
+# Skips (77) when no Python has torch, safetensors and numpy (tests/find_python.sh: $TS_PYTHON, the
+# .pyvenv scripts/install-deps makes, python3, /usr/bin/python3), or Fashion-MNIST is not installed.
 set -u
 BIN=${1:?usage: cli_safetensors.sh /path/to/tessera}
 HELPER=$(dirname "$BIN")/test_safetensors
 DATA=/usr/share/datasets/fashion-mnist
-PY=${PYTHON:-python3}
+PY=$(bash "$(dirname "$0")/find_python.sh" torch safetensors.torch numpy) || PY=""
 fail=0
 expect_rc() { # expect_rc WANT GOT DESCRIPTION
     if [ "$2" -ne "$1" ]; then
@@ -31,8 +32,8 @@ expect_in() { # expect_in FILE TEXT DESCRIPTION
     fi
 }
 
-if ! "$PY" -c "import torch, safetensors.torch, numpy" 2>/dev/null; then
-    echo "skipped: $PY lacks torch, safetensors or numpy (pip install torch safetensors numpy)"
+if [ -z "$PY" ]; then
+    echo "skipped: no Python with torch, safetensors and numpy (scripts/install-deps makes .pyvenv/)"
     exit 77
 fi
 if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then

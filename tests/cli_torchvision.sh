@@ -7,15 +7,14 @@
 #    resnet18` (tessera train --init-from; strict: every tensor named when one is missing or misshaped),
 #    and with --init-exclude fc a 1000-class file fine-tunes a 10-class model;
 #  - the same for resnet50 (Bottleneck blocks) without training.
-# Skips (77) when python3 lacks torch, torchvision, safetensors or numpy.
+# Skips (77) when no Python has torch, torchvision, safetensors and numpy (tests/find_python.sh).
 set -u
 TS=${1:?usage: cli_torchvision.sh path/to/tessera}
 BIN=$(dirname "$TS")
-PY=${TS_PYTHON:-python3}
-if ! $PY -c 'import torch, torchvision, safetensors.torch, numpy' 2>/dev/null; then
-  echo "skip: $PY lacks torch, torchvision, safetensors or numpy (pip install torch torchvision safetensors numpy)"
+PY=$(bash "$(dirname "$0")/find_python.sh" torch torchvision safetensors.torch numpy) || {
+  echo "skip: no Python with torch, torchvision, safetensors and numpy (scripts/install-deps makes .pyvenv/)"
   exit 77
-fi
+}
 DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
