@@ -14,5 +14,7 @@ int ts_cmd_run(int argc, char **argv);
 int ts_cmd_data(int argc, char **argv);
 /* `tessera bench loader`: argv[0] is "loader" (tools/cmd_bench_loader.c). */
 int ts_bench_loader(int argc, char **argv);
+/* `tessera export --format onnx` (tools/cmd_export.c). */
+int ts_cmd_export(int argc, char **argv);
 
 #endif
