@@ -97,14 +97,13 @@ const char *ts__printable(const char *s, char *buf, size_t cap) {
 
 /* fsyncs the directory holding path (best effort: some filesystems refuse it). */
 static void sync_parent_dir(const char *path) {
-    char *copy = ts__strdup(path);
-    if (!copy) return;
+    char copy[4096];
+    if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy) return;
     int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
         (void)fsync(fd);
         close(fd);
     }
-    free(copy);
 }
 
 ts_status ts__write_file_atomic(const char *path, const char *what, const void *data, size_t n) {
