@@ -569,6 +569,21 @@ static ts_status outside_view_forward(ts_module *m, const ts_tensor *x, ts_tenso
     ts_tensor_release(alias);
     return st;
 }
+static ts_status clone_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+    ts_tensor *c = NULL;
+    ts_status st = ts_tensor_clone(x, &c); /* a copy no op made: would be a constant */
+    if (st == TS_OK) st = ts_relu(c, out);
+    ts_tensor_release(c);
+    return st;
+}
+static ts_status branch_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+    if (ts_tensor_item(x, 0) > -0.2) return ts_relu(x, out); /* control flow on the input's values */
+    ts_tensor *h = NULL;
+    ts_status st = ts_scale(x, 2.0f, &h);
+    if (st == TS_OK) st = ts_relu(h, out);
+    ts_tensor_release(h);
+    return st;
+}
 static ts_status dead_loss_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *loss = NULL;
     ts_status st = ts_mse_loss(x, x, &loss); /* computed, then dropped: not part of the graph */
@@ -604,6 +619,7 @@ static void expect_failure(ts_status (*fwd)(ts_module *, const ts_tensor *, ts_t
     ts_rng_seed(&r, 9);
     ts_module *m = functional(fwd, 0, NULL, NULL);
     ts_tensor *x = tu_rand(&r, 4, (int64_t[]){2, 3, 4, 4}, -1, 1, false);
+    ts_tensor_data_f32(x)[0] = -0.3f; /* the second input's first value is -0.1 */
     char path[512];
     snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), file);
     CHECK_STATUS(ts_export_onnx(m, x, path, NULL), want);
@@ -621,7 +637,9 @@ static void test_errors(void) {
     expect_failure(loss_forward, "loss.onnx", TS_ERR_UNSUPPORTED, "mse_loss", "no ONNX mapping");
     expect_failure(bn_training_forward, "bn.onnx", TS_ERR_UNSUPPORTED, "batchnorm2d", "batch statistics");
     expect_failure(dropout_training_forward, "dropout.onnx", TS_ERR_UNSUPPORTED, "dropout", "training");
-    expect_failure(outside_view_forward, "view.onnx", TS_ERR_UNSUPPORTED, "shares memory", "input");
+    expect_failure(outside_view_forward, "view.onnx", TS_ERR_UNSUPPORTED, "shares memory", "the input");
+    expect_failure(clone_forward, "clone.onnx", TS_ERR_UNSUPPORTED, "changes with the", "no traced op made");
+    expect_failure(branch_forward, "branch.onnx", TS_ERR_UNSUPPORTED, "depends on the input's values", "ops");
 
     /* a BatchNorm2d without running statistics always normalises with the batch's */
     ts_module *bn = NULL;

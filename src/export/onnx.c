@@ -6,8 +6,16 @@
  *    (kind, inputs, result, attributes). The log retains each input and
  *    result, so no tensor seen during the trace is freed and no address is
  *    reused for another tensor: a tensor's pointer is its identity.
- * 2. Prune. Walking the log backwards from the forward's result marks the
- *    ops it depends on; the rest (an op whose result was dropped) is skipped.
+ * 2. Prune and check. Walking the log backwards from the forward's result
+ *    marks the ops it depends on; the rest (an op whose result was dropped) is
+ *    skipped. A second traced run on another input (values moved, or int64
+ *    rows rolled) must run the same ops, and every tensor that would become a
+ *    constant (read by an op, made by none, not the model's) must hold the
+ *    same values: otherwise the forward branches on the input's values or
+ *    computed something outside the op layer (a clone, another thread), and the
+ *    export fails rather than freeze an input-dependent value into the graph.
+ *    Wrappers that run the model on worker threads (DataParallel, TileParallel,
+ *    PipelineParallel) are refused up front.
  * 3. Name. The example input is the graph input; an op's result is the value
  *    "<op>_<k>" (k: its position in the trace) or, for the forward's result,
  *    the graph output. Any other tensor an op reads is an initializer: a
@@ -230,6 +238,127 @@ static ts_status resolve(exporter *e, const ts_tensor *t, const char **name) {
     TS_TRY(write_tensor(e, state_name, t));
     TS_TRY(add_value(e, t, state_name, false, false));
     *name = e->v[e->nv - 1].name;
+    return TS_OK;
+}
+
+/* ---- checks before writing ------------------------------------------------------------------------- */
+/* Wrappers whose forward runs the model on other threads: the trace (this thread's) would miss it. */
+static ts_status refuse_wrappers(const ts_module *m, const char *path) {
+    ts_module_kind_id k = ts_module_kind(m);
+    if (k == TS_MODULE_DATA_PARALLEL || k == TS_MODULE_TILE_PARALLEL || k == TS_MODULE_PIPELINE_PARALLEL)
+        return ts_error(TS_ERR_UNSUPPORTED,
+                        "module '%s' is a %s, whose forward runs on device worker threads that the trace does not "
+                        "see; export the model it wraps (its child \"module\") instead",
+                        path[0] ? path : "(root)", ts_module_type_name(m));
+    for (int i = 0; i < m->nchildren; i++) {
+        char sub[NAME_MAX_LEN];
+        snprintf(sub, sizeof sub, "%s%s%s", path, path[0] ? "." : "", m->child_names[i]);
+        TS_TRY(refuse_wrappers(m->children[i], sub));
+    }
+    return TS_OK;
+}
+
+static ts_status trace_forward(ts_module *m, const ts_tensor *x, trace_log *L, ts_tensor **y) {
+    TS_TRY(ts__trace_begin(record, L));
+    ts_status st = ts_module_forward(m, x, y);
+    ts__trace_end();
+    return st;
+}
+
+/* A second input unlike x: F32 values moved (0.75 v + 0.125), other dtypes with two or more rows
+ * rolled by one row; *out NULL when neither applies (an int64 batch of one). */
+static ts_status second_input(const ts_tensor *x, ts_tensor **out) {
+    *out = NULL;
+    size_t nb = ts_tensor_nbytes(x);
+    bool f32 = x->dtype == TS_F32, roll = !f32 && x->ndim >= 1 && x->shape[0] >= 2;
+    if (!f32 && !roll) return TS_OK;
+    char *a = ts__malloc(nb ? nb : 1), *b = ts__malloc(nb ? nb : 1);
+    ts_status st = (a && b) ? ts_tensor_to_host(x, a, nb) : ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory");
+    if (st == TS_OK && f32) {
+        for (size_t i = 0; i < nb / sizeof(float); i++) ((float *)b)[i] = 0.75f * ((const float *)a)[i] + 0.125f;
+    } else if (st == TS_OK) {
+        size_t row = nb / (size_t)x->shape[0];
+        memcpy(b, a + row, nb - row);
+        memcpy(b + nb - row, a, row);
+    }
+    if (st == TS_OK) st = ts_tensor_empty(x->storage->device, x->dtype, x->ndim, x->shape, out);
+    if (st == TS_OK) st = ts_tensor_from_host(*out, b, nb);
+    free(a);
+    free(b);
+    return st;
+}
+
+static bool is_state(const ts_tensor_list *s, const ts_tensor *t) {
+    for (int i = 0; i < s->n; i++)
+        if (s->tensors[i] == t || same_view(s->tensors[i], t)) return true;
+    return false;
+}
+
+/* t is the input or the result of an op before record j. */
+static bool made_by_trace(const trace_log *L, int j, const ts_tensor *x, const ts_tensor *t) {
+    if (t == x) return true;
+    for (int k = 0; k < j; k++)
+        if (L->r[k].out == t) return true;
+    return false;
+}
+
+static ts_status equal_values(const ts_tensor *a, const ts_tensor *b, bool *eq) {
+    *eq = false;
+    if (a->dtype != b->dtype || !ts__same_shape(a, b)) return TS_OK;
+    size_t nb = ts_tensor_nbytes(a);
+    char *p = ts__malloc(nb ? nb : 1), *q = ts__malloc(nb ? nb : 1);
+    ts_status st = (p && q) ? ts_tensor_to_host(a, p, nb) : ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory");
+    if (st == TS_OK) st = ts_tensor_to_host(b, q, nb);
+    if (st == TS_OK) *eq = memcmp(p, q, nb) == 0;
+    free(p);
+    free(q);
+    return st;
+}
+
+/* The trace A of the example against the trace B of a second input: the same ops, and every tensor
+ * a live op of A reads that is neither traced nor the model's (what would become a constant) equal
+ * in B. A constant that changes with the input was computed outside the traced ops. */
+static ts_status check_second_run(const trace_log *A, const trace_log *B, const ts_tensor *x,
+                                  const ts_tensor_list *state) {
+    if (A->n != B->n)
+        return ts_error(TS_ERR_UNSUPPORTED,
+                        "the forward ran %d ops on the example input and %d on another input: which ops run depends "
+                        "on the input's values, which a traced graph cannot express",
+                        A->n, B->n);
+    for (int j = 0; j < A->n; j++) {
+        const rec *a = &A->r[j], *b = &B->r[j];
+        if (a->op != b->op || a->nin != b->nin)
+            return ts_error(TS_ERR_UNSUPPORTED,
+                            "op %d is %s on the example input but %s on another input: which ops run depends on the "
+                            "input's values, which a traced graph cannot express",
+                            j, ts__op_name(a->op), ts__op_name(b->op));
+        if (!a->live) continue;
+        for (int i = 0; i < a->nin; i++) {
+            const ts_tensor *t = a->in[i];
+            if (!t || made_by_trace(A, j, x, t) || is_state(state, t)) continue;
+            char sh[96];
+            for (int k = -1; k < j; k++) {
+                const ts_tensor *v = k < 0 ? x : A->r[k].out;
+                if (v->storage != t->storage) continue;
+                char who[64] = "the input";
+                if (k >= 0) snprintf(who, sizeof who, "the result of op %d (%s)", k, ts__op_name(A->r[k].op));
+                return ts_error(TS_ERR_UNSUPPORTED,
+                                "op %d (%s) reads a tensor of shape %s that shares memory with %s but was not made "
+                                "by a traced op (a view made outside the op layer?); use ts_reshape/ts_slice/... so "
+                                "the export can follow it",
+                                j, ts__op_name(a->op), ts_shape_str(t->ndim, t->shape, sh, sizeof sh), who);
+            }
+            bool eq = false;
+            if (b->in[i]) TS_TRY(equal_values(t, b->in[i], &eq));
+            if (!eq) {
+                return ts_error(TS_ERR_UNSUPPORTED,
+                                "op %d (%s) reads a tensor of shape %s that no traced op made, yet it changes with the "
+                                "input: it was computed outside the op layer (a clone or copy, another thread, random "
+                                "values); compute it with ops so the export can follow it",
+                                j, ts__op_name(a->op), ts_shape_str(t->ndim, t->shape, sh, sizeof sh));
+            }
+        }
+    }
     return TS_OK;
 }
 
@@ -594,7 +723,11 @@ static ts_status write_model(exporter *e, const trace_log *L, const ts_tensor *x
         if (st != TS_OK) return ts__error_prefix(st, "ts_export_onnx: op %d (%s)", j, ts__op_name(L->r[j].op));
         produced |= L->r[j].out == y;
     }
-    if (!produced) { /* the forward returned its input, a parameter or a tensor no op made */
+    if (!produced) { /* the forward returned its input or a parameter */
+        if (y != x && !is_state(&e->state, y))
+            return ts_error(TS_ERR_UNSUPPORTED,
+                            "ts_export_onnx: the forward's result was not made by a traced op (computed on another "
+                            "thread or outside the op layer?)");
         const char *src = NULL;
         TS_TRY(resolve(e, y, &src));
         const value *v = find_value(e, y);
@@ -631,24 +764,26 @@ static void restore_flags(ts_module *m, const bool *f, int *k) {
 
 ts_status ts_export_onnx(ts_module *m, const ts_tensor *example_input, const char *path, const ts_onnx_opts *opts) {
     TS_ARG(m && example_input && path && path[0], "ts_export_onnx: NULL argument");
+    TS_TRY(refuse_wrappers(m, ""));
     ts_onnx_opts o = opts ? *opts : TS_ONNX_OPTS_INIT;
     ts_status st = TS_OK;
-    trace_log L = {NULL, 0, 0};
+    trace_log L = {NULL, 0, 0}, L2 = {NULL, 0, 0};
     exporter e = {.pb = TS_PB_INIT, .state = TS_TENSOR_LIST_INIT, .dynamic = o.dynamic_batch};
-    ts_tensor *y = NULL;
+    ts_tensor *y = NULL, *x2 = NULL, *y2 = NULL;
     bool *flags = ts__malloc((size_t)count_modules(m) * sizeof *flags);
     if (!flags) return ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory");
     int k = 0;
     save_flags(m, flags, &k);
 
-    /* 1. trace one forward in eval mode without autograd */
+    /* 1. trace one forward in eval mode without autograd, and one on a second input */
     ts_module_train(m, false);
     bool grad = ts_grad_set_enabled(false);
-    st = ts__trace_begin(record, &L);
-    if (st == TS_OK) {
-        st = ts_module_forward(m, example_input, &y);
-        ts__trace_end();
-        if (st != TS_OK) ts__error_prefix(st, "ts_export_onnx: the traced forward failed");
+    st = trace_forward(m, example_input, &L, &y);
+    if (st != TS_OK) ts__error_prefix(st, "ts_export_onnx: the traced forward failed");
+    if (st == TS_OK) st = second_input(example_input, &x2);
+    if (st == TS_OK && x2) {
+        st = trace_forward(m, x2, &L2, &y2);
+        if (st != TS_OK) ts__error_prefix(st, "ts_export_onnx: the forward on a second input failed");
     }
     ts_grad_set_enabled(grad);
     k = 0;
@@ -656,15 +791,28 @@ ts_status ts_export_onnx(ts_module *m, const ts_tensor *example_input, const cha
     free(flags);
     if (st != TS_OK) goto fail;
 
-    /* 2-5. prune, name, map, encode, write */
+    /* 2. prune, and check against the second run */
     mark_live(&L, y);
     TS_CHECK_GOTO(ts_module_parameters(m, &e.state));
     TS_CHECK_GOTO(ts_module_buffers(m, &e.state));
+    if (x2) {
+        st = check_second_run(&L, &L2, example_input, &e.state);
+        if (st != TS_OK) {
+            ts__error_prefix(st, "ts_export_onnx");
+            goto fail;
+        }
+    }
+    log_free(&L2);
+
+    /* 3-5. name, map, encode, write */
     TS_CHECK_GOTO(write_model(&e, &L, example_input, y, &o));
     TS_CHECK_GOTO(ts__write_file_atomic(path, "an ONNX model", e.pb.buf, e.pb.len));
 fail:
     ts_tensor_release(y);
+    ts_tensor_release(x2);
+    ts_tensor_release(y2);
     log_free(&L);
+    log_free(&L2);
     ts_tensor_list_clear(&e.state);
     for (int i = 0; i < e.nv; i++) free(e.v[i].name);
     free(e.v);
