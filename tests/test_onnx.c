@@ -353,17 +353,24 @@ static ts_module *many_ops_model(ts_rng *r, int64_t F) {
     return m;
 }
 
-/* idx (N, 3) int64 -> embedding (10, 4) -> (N, 12) + mean(table) + sum(bias) (scalars broadcast). */
+/* idx (N, 3) int64 -> embedding (10, 4) -> (N, 12) + mean(table) + sum(bias) + mse(table, table / 2)
+ * (scalars broadcast). */
 static ts_status embedding_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
-    ts_tensor *e = NULL, *f = NULL, *mean = NULL, *sum = NULL, *g = NULL;
+    ts_tensor *e = NULL, *f = NULL, *mean = NULL, *sum = NULL, *g = NULL, *half = NULL, *mse = NULL, *h = NULL;
     ts_status st;
     TRY(ts_embedding(x, m->params[0], &e));
     TRY(ts_flatten(e, 1, &f));
     TRY(ts_mean(m->params[0], &mean));
     TRY(ts_sum(m->params[1], &sum));
+    TRY(ts_scale(m->params[0], 0.5f, &half));
+    TRY(ts_mse_loss(m->params[0], half, &mse));
     TRY(ts_add(f, mean, &g));
-    TRY(ts_add(g, sum, out));
+    TRY(ts_add(g, sum, &h));
+    TRY(ts_add(h, mse, out));
 fail:
+    ts_tensor_release(half);
+    ts_tensor_release(mse);
+    ts_tensor_release(h);
     ts_tensor_release(e);
     ts_tensor_release(f);
     ts_tensor_release(mean);
@@ -550,10 +557,12 @@ static void test_functional_ops(void) {
 }
 
 static ts_status loss_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
-    ts_tensor *h = NULL;
-    ts_status st = ts_relu(x, &h);
-    if (st == TS_OK) st = ts_mse_loss(h, x, out);
+    ts_tensor *h = NULL, *target = NULL;
+    ts_status st = ts_flatten(x, 1, &h);
+    if (st == TS_OK) st = ts_tensor_zeros(ts_device_cpu(), TS_I64, 1, ts_tensor_shape(x), &target);
+    if (st == TS_OK) st = ts_cross_entropy(h, target, 0.0f, out);
     ts_tensor_release(h);
+    ts_tensor_release(target);
     return st;
 }
 static ts_status bn_training_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
@@ -586,7 +595,12 @@ static ts_status branch_forward(ts_module *m, const ts_tensor *x, ts_tensor **ou
 }
 static ts_status dead_loss_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *loss = NULL;
-    ts_status st = ts_mse_loss(x, x, &loss); /* computed, then dropped: not part of the graph */
+    ts_tensor *h = NULL, *target = NULL;
+    ts_status st = ts_flatten(x, 1, &h); /* a loss computed, then dropped: not part of the graph */
+    if (st == TS_OK) st = ts_tensor_zeros(ts_device_cpu(), TS_I64, 1, ts_tensor_shape(x), &target);
+    if (st == TS_OK) st = ts_cross_entropy(h, target, 0.0f, &loss);
+    ts_tensor_release(h);
+    ts_tensor_release(target);
     ts_tensor_release(loss);
     if (st == TS_OK) st = ts_relu(x, out);
     return st;
@@ -634,7 +648,7 @@ static void expect_failure(ts_status (*fwd)(ts_module *, const ts_tensor *, ts_t
 }
 
 static void test_errors(void) {
-    expect_failure(loss_forward, "loss.onnx", TS_ERR_UNSUPPORTED, "mse_loss", "no ONNX mapping");
+    expect_failure(loss_forward, "loss.onnx", TS_ERR_UNSUPPORTED, "cross_entropy", "no ONNX mapping");
     expect_failure(bn_training_forward, "bn.onnx", TS_ERR_UNSUPPORTED, "batchnorm2d", "batch statistics");
     expect_failure(dropout_training_forward, "dropout.onnx", TS_ERR_UNSUPPORTED, "dropout", "training");
     expect_failure(outside_view_forward, "view.onnx", TS_ERR_UNSUPPORTED, "shares memory", "the input");

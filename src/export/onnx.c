@@ -417,6 +417,17 @@ static const char *aux_name(const emit_args *x, const char *what, char *buf, siz
     return buf;
 }
 
+/* A mapping that needs more than one node writes the extra ones with step(): named "<node>/<what>",
+ * computing intermediate values it names with aux_name(x, "<what>", ...); the last node writes x->out.
+ * SiLU, for instance: step(e, x, "sigmoid", "Sigmoid", 1, x->in, aux_name(x, "sigmoid", s, sizeof s), 0,
+ * NULL), then node(e, "Mul", x->node_name, 2, (const char *[]){x->in[0], s}, x->out, 0, NULL). */
+static ts_status step(exporter *e, const emit_args *x, const char *what, const char *op_type, int nin,
+                      const char *const *in, const char *out, int nattr, const attr *at) {
+    char name[NAME_MAX_LEN];
+    snprintf(name, sizeof name, "%.400s/%.100s", x->node_name, what);
+    return node(e, op_type, name, nin, in, out, nattr, at);
+}
+
 /* One node of the table's op type on the inputs present, no attributes (Relu, Add, Identity, ...). */
 static ts_status emit_plain(exporter *e, emit_args *x) {
     int n = x->r->nin;
@@ -583,6 +594,16 @@ static ts_status emit_log_softmax(exporter *e, emit_args *x) {
     return node(e, "LogSoftmax", x->node_name, 1, x->in, x->out, 1, at);
 }
 
+/* mean((pred - target)^2) over all elements -> []. */
+static ts_status emit_mse_loss(exporter *e, emit_args *x) {
+    char d[NAME_MAX_LEN], sq[NAME_MAX_LEN];
+    TS_TRY(step(e, x, "sub", "Sub", 2, x->in, aux_name(x, "diff", d, sizeof d), 0, NULL));
+    TS_TRY(step(e, x, "square", "Mul", 2, (const char *[]){d, d}, aux_name(x, "square", sq, sizeof sq), 0, NULL));
+    attr at[] = {A_INT("keepdims", 0)};
+    x->batch = false;
+    return node(e, "ReduceMean", x->node_name, 1, (const char *[]){sq}, x->out, 1, at);
+}
+
 /* The mapping table: one line per traced op kind; a kind left out has no ONNX mapping.
  * A new elementwise op with a same-named ONNX operator is one line: {emit_plain, "Sigmoid"}. */
 static const struct {
@@ -610,8 +631,9 @@ static const struct {
     [TS_OP_SLICE] = {emit_slice, "Slice"},
     [TS_OP_DROPOUT] = {emit_dropout, "Identity"},
     [TS_OP_LOG_SOFTMAX] = {emit_log_softmax, "LogSoftmax"},
+    [TS_OP_MSE_LOSS] = {emit_mse_loss, "Sub+Mul+ReduceMean"},
     [TS_OP_TO_DEVICE] = {emit_plain, "Identity"},
-    /* no mapping: TS_OP_CROSS_ENTROPY, TS_OP_MSE_LOSS (losses are not part of an inference graph) */
+    /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead) */
 };
 
 /* "conv2d, batchnorm2d, ..." : the ops with a mapping, for messages. */
