@@ -1,7 +1,7 @@
 /*
  * tessera/export.h — exporting a model for inference (ONNX).
  *
- * ts_export_onnx runs the model once on an example input, in eval mode and
+ * ts_export_onnx runs the model on an example input, in eval mode and
  * without autograd, records every op the forward calls (as torch.onnx.export
  * traces) and writes the recorded graph as an ONNX model: IR version 8, opset
  * 17, parameters and buffers as initializers under their state-dict names
@@ -9,12 +9,19 @@
  * symbolic batch "N". Any forward exports — Sequential, residual blocks, a
  * forward calling ops directly — as long as every op it runs has an ONNX
  * mapping and its tensors come from ops, parameters, buffers or constants.
+ * The forward runs twice: a second traced run on an input derived from the
+ * example (float values moved, or integer rows rolled) must run the same ops
+ * and see the same constants, which catches control flow on the input's
+ * values and tensors computed outside the op layer.
  *
  * Errors (the message names the op and its position in the trace):
- *   TS_ERR_UNSUPPORTED  an op without an ONNX mapping (cross_entropy, ...), an
- *                       op in a training form (batch-statistics batchnorm,
+ *   TS_ERR_UNSUPPORTED  an op without an ONNX mapping (cross_entropy), an op
+ *                       in a training form (batch-statistics batchnorm,
  *                       dropout drawing a mask), a tensor derived from the
- *                       input outside the traced ops;
+ *                       input outside the traced ops (a view, a clone), ops
+ *                       that change with the input's values, a wrapper that
+ *                       runs the model on worker threads (DataParallel,
+ *                       TileParallel, PipelineParallel: export its child);
  *   TS_ERR_IO           the file could not be written (an existing file is
  *                       left as it was: the model goes to "<path>.tmp.<pid>"
  *                       and is renamed into place);
