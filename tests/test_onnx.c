@@ -684,6 +684,15 @@ static void test_errors(void) {
     ts_onnx_opts o = TS_ONNX_OPTS_INIT;
     o.input_name = o.output_name = "same";
     CHECK_STATUS(ts_export_onnx(relu, x, path, &o), TS_ERR_INVALID_ARG);
+    ts_module *seq = NULL;
+    CHECK_OK(ts_model_mlp(&r, &seq));
+    o = TS_ONNX_OPTS_INIT;
+    o.input_name = "1.weight"; /* a parameter's name */
+    ts_tensor *img = tu_rand(&r, 4, (int64_t[]){2, 1, 28, 28}, -1, 1, false);
+    CHECK_STATUS(ts_export_onnx(seq, img, path, &o), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("1.weight");
+    ts_tensor_release(img);
+    ts_module_free(seq);
     ts_module_free(relu);
 
     /* traces do not nest */

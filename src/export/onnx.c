@@ -722,7 +722,6 @@ static ts_status write_model(exporter *e, const trace_log *L, const ts_tensor *x
                              const ts_onnx_opts *o) {
     const char *in_name = o->input_name ? o->input_name : "input";
     const char *out_name = o->output_name ? o->output_name : "output";
-    TS_ARG(strcmp(in_name, out_name) != 0, "ts_export_onnx: input and output names are both '%s'", in_name);
     ts__pb *w = &e->pb;
     char ver[32];
     snprintf(ver, sizeof ver, "%d.%d.%d", TS_VERSION_MAJOR, TS_VERSION_MINOR, TS_VERSION_PATCH);
@@ -757,6 +756,12 @@ static ts_status write_model(exporter *e, const trace_log *L, const ts_tensor *x
         TS_TRY(node(e, "Identity", "/output", 1, &src, out_name, 0, NULL));
         TS_TRY(add_value(e, y, out_name, batch, true)); /* find_value still returns the earlier entry */
     }
+    for (int i = 0; i < e->nv; i++) /* the input's and output's names against the model's and the ops' */
+        for (int j = i + 1; j < e->nv; j++)
+            if (strcmp(e->v[i].name, e->v[j].name) == 0)
+                return ts_error(TS_ERR_INVALID_ARG,
+                                "ts_export_onnx: two values are named '%s' (choose other input/output names)",
+                                e->v[i].name);
     TS_TRY(value_info(e, GRAPH_INPUT, in_name, x, dyn));
     bool ybatch = false;
     for (int i = e->nv - 1; i >= 0; i--)
@@ -788,6 +793,10 @@ ts_status ts_export_onnx(ts_module *m, const ts_tensor *example_input, const cha
     TS_ARG(m && example_input && path && path[0], "ts_export_onnx: NULL argument");
     TS_TRY(refuse_wrappers(m, ""));
     ts_onnx_opts o = opts ? *opts : TS_ONNX_OPTS_INIT;
+    TS_ARG(!o.input_name || o.input_name[0], "ts_export_onnx: empty input name");
+    TS_ARG(!o.output_name || o.output_name[0], "ts_export_onnx: empty output name");
+    TS_ARG(strcmp(o.input_name ? o.input_name : "input", o.output_name ? o.output_name : "output") != 0,
+           "ts_export_onnx: input and output names are both '%s'", o.input_name ? o.input_name : "input");
     ts_status st = TS_OK;
     trace_log L = {NULL, 0, 0}, L2 = {NULL, 0, 0};
     exporter e = {.pb = TS_PB_INIT, .state = TS_TENSOR_LIST_INIT, .dynamic = o.dynamic_batch};
