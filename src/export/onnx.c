@@ -1,7 +1,7 @@
 /*
  * export/onnx.c — ts_export_onnx: trace one forward, write it as an ONNX model.
  *
- * 1. Trace. The model runs once on the example input in eval mode under
+ * 1. Trace. The model runs on the example input in eval mode under
  *    no-grad, with a tracer (ops/trace.h) on this thread: every op reports
  *    (kind, inputs, result, attributes). The log retains each input and
  *    result, so no tensor seen during the trace is freed and no address is
@@ -39,6 +39,9 @@
  * Limits: in-place changes to a traced result (ts_tensor_copy_ into it) are
  * not seen; a reshape whose first dimension is neither the batch nor -1, or a
  * slice/concat along dim 0, fixes the graph to the example's batch size there.
+ * Pooling with ceil_mode whose last window would start in the right padding:
+ * Tessera, PyTorch and onnxruntime drop that window, ONNX's shape inference
+ * counts it (only the inferred shapes of such graphs are off, not the results).
  */
 #include "export/pb.h"
 #include "nn/module.h"
@@ -608,7 +611,7 @@ static ts_status emit_mse_loss(exporter *e, emit_args *x) {
  * A new elementwise op with a same-named ONNX operator is one line: {emit_plain, "Sigmoid"}. */
 static const struct {
     emit_fn fn;
-    const char *onnx; /* ONNX op type (for emit_plain / emit_reduce_all, and the op list) */
+    const char *onnx; /* the ONNX op type emit_plain and emit_reduce_all write; documentation for the others */
 } mappings[TS_OP_COUNT] = {
     [TS_OP_CONV2D] = {emit_conv, "Conv"},
     [TS_OP_BATCHNORM2D] = {emit_batchnorm, "BatchNormalization"},
