@@ -17,5 +17,6 @@
 #include "tessera/ddp.h"
 #include "tessera/parallel.h"
 #include "tessera/train.h"
+#include "tessera/export.h"
 
 #endif

@@ -17,5 +17,7 @@ int ts_bench_loader(int argc, char **argv);
 /* `tessera eval` and `tessera predict` (tools/cmd_eval.c). */
 int ts_cmd_eval(int argc, char **argv);
 int ts_cmd_predict(int argc, char **argv);
+/* `tessera export --format onnx` (tools/cmd_export.c). */
+int ts_cmd_export(int argc, char **argv);
 
 #endif

@@ -23,6 +23,7 @@ static const subcommand subcommands[] = {
     {"ckpt", ts_cmd_ckpt, "inspect and compare checkpoints (show, diff)"},
     {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},
     {"data", ts_cmd_data, "export image folders, show a decoded and augmented pipeline batch"},
+    {"export", ts_cmd_export, "write a model for inference runtimes (ONNX)"},
 };
 
 static void usage(FILE *f) {

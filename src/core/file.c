@@ -8,12 +8,14 @@
  * the open itself uses O_NONBLOCK with an fstat of the descriptor, so a path
  * swapped for a FIFO between the two calls cannot block either. Writers check
  * their target with ts__check_write_target: only a regular file (or nothing)
- * may be replaced.
+ * may be replaced. ts__write_file_atomic writes a whole file in memory through a
+ * temporary file and a rename (the checkpoint writer streams, src/io/ckpt.c).
  */
 #include "core/internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -91,4 +93,48 @@ const char *ts__printable(const char *s, char *buf, size_t cap) {
     }
     buf[k] = '\0';
     return buf;
+}
+
+/* fsyncs the directory holding path (best effort: some filesystems refuse it). */
+static void sync_parent_dir(const char *path) {
+    char copy[4096];
+    if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+ts_status ts__write_file_atomic(const char *path, const char *what, const void *data, size_t n) {
+    TS_ARG(path && path[0] && (data || n == 0), "ts__write_file_atomic: NULL argument");
+    if (!what) what = "a file";
+    TS_TRY(ts__check_write_target(path, what));
+    char tmp[4096];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp)
+        return ts_error(TS_ERR_IO, "%s: path too long to write %s", path, what);
+    (void)unlink(tmp); /* ours from an earlier failed attempt */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot write %s: creating %s failed: %s", path, what, tmp, strerror(errno));
+    const char *p = data;
+    size_t left = n;
+    int err = 0;
+    while (left > 0 && !err) {
+        ssize_t k = write(fd, p, left);
+        if (k < 0) {
+            if (errno != EINTR) err = errno;
+        } else {
+            p += k;
+            left -= (size_t)k;
+        }
+    }
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) {
+        unlink(tmp);
+        return ts_error(TS_ERR_IO, "%s: writing %s (through %s) failed: %s", path, what, tmp, strerror(err));
+    }
+    sync_parent_dir(path);
+    return TS_OK;
 }

@@ -93,5 +93,11 @@ ts_status ts__open_regular(const char *path, const char *what, int *fd, uint64_t
 ts_status ts__check_write_target(const char *path, const char *what);
 const char *ts__file_type_name(unsigned mode);
 const char *ts__printable(const char *s, char *buf, size_t cap);
+/* ts__write_file_atomic: writes n bytes of data to "<path>.tmp.<pid>" (created exclusively, never
+ * through a symbolic link), fsyncs it, renames it over path and fsyncs the directory, so a crash
+ * leaves the old file or the new one. Only a regular file (or nothing) at path is replaced. On
+ * failure the temporary file is removed and TS_ERR_IO names path, `what` ("an ONNX model") and the
+ * errno text. */
+ts_status ts__write_file_atomic(const char *path, const char *what, const void *data, size_t n);
 
 #endif /* TS_CORE_INTERNAL_H */

@@ -6,6 +6,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_spatial.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* Geometry from x's and w's shapes and the parameters (already checked). */
@@ -120,6 +121,9 @@ ts_status ts_conv2d(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
         params_store(n, &p);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_CONV2D, 3, in, o,
+                               &(ts__trace_attrs){.i = {p.stride[0], p.stride[1], p.padding[0], p.padding[1],
+                                                        p.dilation[0], p.dilation[1], p.groups}}));
     *out = o;
     o = NULL;
 fail:

@@ -9,6 +9,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 #include <math.h>
@@ -56,6 +57,7 @@ ts_status ts_dropout(const ts_tensor *x_in, float p, bool training, ts_rng *rng,
         n->p.f[0] = scale;
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_DROPOUT, 1, &x_in, o, &(ts__trace_attrs){.i = {training}, .f = {p}}));
     *out = o;
     o = NULL;
 fail:

@@ -5,6 +5,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 #include <stdio.h>
@@ -88,6 +89,7 @@ static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
+    ts__op_kind kind = op == TS_BIN_ADD ? TS_OP_ADD : op == TS_BIN_SUB ? TS_OP_SUB : TS_OP_MUL;
     TS_TRY(ts__check_f32(name, "a", a));
     TS_TRY(ts__check_f32(name, "b", b));
     TS_ARG(out, "%s: NULL out", name);
@@ -110,6 +112,7 @@ static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, co
         }
         st = ts__node_attach(n, o);
     }
+    if (st == TS_OK) st = ts__trace_op(kind, 2, in, o, NULL);
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
@@ -142,6 +145,7 @@ ts_status ts_scale(const ts_tensor *a, float s, ts_tensor **out) {
         n->p.f[0] = s;
         st = ts__node_attach(n, o);
     }
+    if (st == TS_OK) st = ts__trace_op(TS_OP_SCALE, 1, &a, o, &(ts__trace_attrs){.f = {s}});
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
@@ -170,6 +174,7 @@ ts_status ts_relu(const ts_tensor *x, ts_tensor **out) {
         ts__node_save(n, o); /* the output decides where the gradient passes */
         st = ts__node_attach(n, o);
     }
+    if (st == TS_OK) st = ts__trace_op(TS_OP_RELU, 1, &x, o, NULL);
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
@@ -201,6 +206,7 @@ static ts_status reduce_all(const char *name, const ts_tensor *x, bool mean, ts_
         node->p.f[0] = mean ? (n ? 1.0f / (float)n : 0.0f) : 1.0f;
         st = ts__node_attach(node, o);
     }
+    if (st == TS_OK) st = ts__trace_op(mean ? TS_OP_MEAN : TS_OP_SUM, 1, &x, o, NULL);
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
@@ -234,6 +240,7 @@ ts_status ts_to_device(const ts_tensor *x, ts_device *dev, ts_tensor **out) {
         n->ctx = x->storage->device; /* devices live for the whole process: no free_ctx */
         st = ts__node_attach(n, o);
     }
+    if (st == TS_OK) st = ts__trace_op(TS_OP_TO_DEVICE, 1, &x, o, NULL);
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;

@@ -6,6 +6,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 static ts_status embedding_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
@@ -50,6 +51,8 @@ ts_status ts_embedding(const ts_tensor *idx_in, const ts_tensor *weight, ts_tens
         ts__node_save(n, idx);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    const ts_tensor *tin[2] = {idx_in, weight};
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_EMBEDDING, 2, tin, o, NULL));
     *out = o;
     o = NULL;
 fail:

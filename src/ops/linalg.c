@@ -5,6 +5,7 @@
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
 #include "device/k_ew.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* out (rows, cols) += bias (cols) broadcast over rows */
@@ -60,6 +61,7 @@ ts_status ts_matmul(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **ou
         ts__node_save(n, b);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_MATMUL, 2, in, o, NULL));
     *out = o;
     o = NULL;
 fail:
@@ -132,6 +134,7 @@ ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
         ts__node_save(n, w);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_LINEAR, 3, in, o, NULL));
     *out = o;
     o = NULL;
 fail:

@@ -12,6 +12,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* ---- log_softmax ---------------------------------------------------------------------------------- */
@@ -56,6 +57,7 @@ ts_status ts_log_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
         node->p.i[2] = inner;
         TS_CHECK_GOTO(ts__node_attach(node, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_LOG_SOFTMAX, 1, &x_in, o, &(ts__trace_attrs){.i = {d}}));
     *out = o;
     o = NULL;
 fail:
@@ -114,6 +116,8 @@ ts_status ts_cross_entropy(const ts_tensor *logits_in, const ts_tensor *target_i
         n->p.f[0] = label_smoothing;
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    const ts_tensor *tin[2] = {logits_in, target_in};
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_CROSS_ENTROPY, 2, tin, o, &(ts__trace_attrs){.f = {label_smoothing}}));
     *out = o;
     o = NULL;
 fail:
@@ -168,6 +172,7 @@ ts_status ts_mse_loss(const ts_tensor *pred_in, const ts_tensor *target_in, ts_t
         ts__node_save(n, t);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_MSE_LOSS, 2, in, o, NULL));
     *out = o;
     o = NULL;
 fail:

@@ -8,6 +8,7 @@
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "device/k_spatial.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 #include <math.h>
@@ -90,6 +91,8 @@ ts_status ts_batchnorm2d(const ts_tensor *x_in, const ts_tensor *weight, const t
         n->p.i[0] = training;
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    const ts_tensor *tin[5] = {x_in, weight, bias, running_mean, running_var};
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_BATCHNORM2D, 5, tin, o, &(ts__trace_attrs){.i = {training}, .f = {eps}}));
     *out = o;
     o = NULL;
 fail:

@@ -8,6 +8,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_spatial.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* PyTorch's pooling_output_shape: floor (or ceil) division, and with ceil_mode
@@ -102,6 +103,9 @@ ts_status ts_maxpool2d(const ts_tensor *x_in, ts_pool2d_params p, ts_tensor **ou
         geom_store(n, &g);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_MAXPOOL2D, 1, &x_in, o, &(ts__trace_attrs){.i = {
+        p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0], p.dilation[1],
+        p.ceil_mode}}));
     *out = o;
     o = NULL;
 fail:
@@ -144,11 +148,23 @@ fail:
     return st;
 }
 
+/* Reports x -> *out to the tracer; on failure releases *out. */
+static ts_status trace_unary(ts__op_kind k, const ts_tensor *x, ts_tensor **out, const ts__trace_attrs *a) {
+    ts_status st = ts__trace_op(k, 1, &x, *out, a);
+    if (st != TS_OK) {
+        ts_tensor_release(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 ts_status ts_avgpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out) {
     TS_ARG(out, "avgpool2d: NULL out");
     ts_pool2d_geom g;
     TS_TRY(pool_setup("avgpool2d", x, &p, false, &g));
-    return avgpool_run("avgpool2d", x, &g, out);
+    TS_TRY(avgpool_run("avgpool2d", x, &g, out));
+    return trace_unary(TS_OP_AVGPOOL2D, x, out, &(ts__trace_attrs){.i = {
+        p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], 1, 1, p.ceil_mode}});
 }
 
 ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out) {
@@ -166,5 +182,6 @@ ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out) {
         .kh = (int)x->shape[2], .kw = (int)x->shape[3], .sh = (int)x->shape[2], .sw = (int)x->shape[3],
         .dh = 1, .dw = 1,
     };
-    return avgpool_run("global_avgpool2d", x, &g, out);
+    TS_TRY(avgpool_run("global_avgpool2d", x, &g, out));
+    return trace_unary(TS_OP_GLOBAL_AVGPOOL2D, x, out, NULL);
 }

@@ -14,6 +14,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* Wraps a possibly negative dim into [0, ndim); an error naming op and shape otherwise. */
@@ -42,8 +43,10 @@ static ts_status reshape_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return st;
 }
 
-/* Reshape to a fully known shape; op names the public function for errors and the node. */
-static ts_status reshape_to(const char *op, const ts_tensor *x, int ndim, const int64_t *shape, ts_tensor **out) {
+/* Reshape to a fully known shape; op names the public function for errors and the node; the
+ * tracer gets kind with attributes a. */
+static ts_status reshape_to(const char *op, const ts_tensor *x, int ndim, const int64_t *shape, ts__op_kind kind,
+                            const ts__trace_attrs *a, ts_tensor **out) {
     ts_tensor *o = NULL;
     if (ts_tensor_is_contiguous(x)) {
         TS_TRY(ts__view(x, ndim, shape, &o));
@@ -57,6 +60,7 @@ static ts_status reshape_to(const char *op, const ts_tensor *x, int ndim, const 
     ts_node *n = NULL;
     ts_status st = ts__node_new(op, reshape_backward, 1, &x, &n);
     if (n) st = ts__node_attach(n, o);
+    if (st == TS_OK) st = ts__trace_op(kind, 1, &x, o, a);
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
@@ -108,7 +112,9 @@ ts_status ts_reshape(const ts_tensor *x, int ndim, const int64_t *shape, ts_tens
                         ts_shape_str(ndim, shape, b, sizeof b), ts_shape_str(x->ndim, x->shape, a, sizeof a),
                         (long long)numel);
     }
-    return reshape_to("reshape", x, ndim, s, out);
+    ts__trace_attrs ta = {.i = {ndim}};
+    for (int i = 0; i < ndim; i++) ta.i[1 + i] = shape[i];
+    return reshape_to("reshape", x, ndim, s, TS_OP_RESHAPE, &ta, out);
 }
 
 ts_status ts_flatten(const ts_tensor *x, int start_dim, ts_tensor **out) {
@@ -120,11 +126,11 @@ ts_status ts_flatten(const ts_tensor *x, int start_dim, ts_tensor **out) {
     int64_t s[TS_MAX_DIMS];
     if (x->ndim == 0) {
         s[0] = 1;
-        return reshape_to("flatten", x, 1, s, out);
+        return reshape_to("flatten", x, 1, s, TS_OP_FLATTEN, &(ts__trace_attrs){.i = {0}}, out);
     }
     for (int i = 0; i < d; i++) s[i] = x->shape[i];
     s[d] = ts__numel(x->ndim - d, x->shape + d);
-    return reshape_to("flatten", x, d + 1, s, out);
+    return reshape_to("flatten", x, d + 1, s, TS_OP_FLATTEN, &(ts__trace_attrs){.i = {d}}, out);
 }
 
 /* ---- concat ------------------------------------------------------------------------------------------ */
@@ -239,7 +245,15 @@ ts_status ts_concat(ts_tensor *const *xs, int n, int dim, ts_tensor **out) {
     bool record = false;
     if (ts_grad_is_enabled())
         for (int i = 0; i < n; i++) record |= xs[i]->requires_grad;
-    if (n <= TS_NODE_MAX_INPUTS || !record) return concat_run(xs, n, d, ndim, shape, out);
+    if (n <= TS_NODE_MAX_INPUTS || !record) {
+        TS_TRY(concat_run(xs, n, d, ndim, shape, out));
+        ts_status st = ts__trace_op(TS_OP_CONCAT, n, (const ts_tensor *const *)xs, *out, &(ts__trace_attrs){.i = {d}});
+        if (st != TS_OK) {
+            ts_tensor_release(*out);
+            *out = NULL;
+        }
+        return st;
+    }
 
     /* A node has at most TS_NODE_MAX_INPUTS inputs: fold the list left to
      * right, each step concatenating the running result with the next ones. */
@@ -320,6 +334,7 @@ ts_status ts_slice(const ts_tensor *x, int dim, int64_t start, int64_t end, ts_t
         n->p.i[1] = start;
         st = ts__node_attach(n, o);
     }
+    if (st == TS_OK) st = ts__trace_op(TS_OP_SLICE, 1, &x, o, &(ts__trace_attrs){.i = {d, start, end}});
     if (st != TS_OK) {
         ts_tensor_release(o);
         return st;
