@@ -5,6 +5,7 @@
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
+#include "ops/reduce.h"
 #include "tessera/ops.h"
 
 #include <stdio.h>
@@ -38,18 +39,12 @@ static ts_status reduce_grad(ts_node *n, int i, ts_tensor *g, ts_tensor **out) {
         return TS_OK;
     }
     TS_TRY(ts__new(g->storage->device, TS_F32, nd, shape, out));
-    int64_t ostr[TS_MAX_DIMS];
-    int64_t s = 1;
-    for (int d = g->ndim - 1; d >= 0; d--) {
+    bool reduce[TS_MAX_DIMS];
+    for (int d = 0; d < g->ndim; d++) {
         int k = d - (g->ndim - nd);
-        if (k >= 0 && shape[k] != 1) {
-            ostr[d] = s;
-            s *= shape[k];
-        } else {
-            ostr[d] = 0;
-        }
+        reduce[d] = k < 0 || (shape[k] == 1 && g->shape[d] != 1);
     }
-    return g->storage->device->k_ew->reduce_to(*out, g, ostr);
+    return ts__sum_dims_into(g, reduce, 1.0f, *out);
 }
 
 static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {

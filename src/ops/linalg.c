@@ -155,6 +155,17 @@ static ts_status bgeom_make(const char *op, const ts_tensor *a, const ts_tensor 
     return TS_OK;
 }
 
+/* b one matrix (no batch dims, or all of size 1) and a one per product: the
+ * products are one (B M, K) x (K, N) product over a's rows (torch.matmul does
+ * the same), for the forward and both gradients. Call after the output shape
+ * is taken from g. */
+static void bgeom_fold(const ts_tensor *a, const ts_tensor *b, bgeom *g) {
+    if (g->B > 1 && ts__numel(b->ndim - 2, b->shape) == 1 && ts__numel(a->ndim - 2, a->shape) == g->B) {
+        g->M *= g->B;
+        g->B = 1;
+    }
+}
+
 /* Gradient of operand t (ndim nd, shape) given its per-product gradients, computed
  * by run(C, cstride) into C: straight into *out when t is not broadcast, else into
  * a full (bshape, rows, cols) buffer summed down to t's shape. */
@@ -172,9 +183,9 @@ static ts_status bgrad_run(const bgrad *p, int nd, const int64_t *shape, ts_tens
     const bgeom *g = p->g;
     ts_device *d = p->d;
     TS_TRY(ts__new(d, TS_F32, nd, shape, out));
-    int64_t batch_numel = ts__numel(nd - 2, shape), msize = p->M * p->N;
+    int64_t msize = p->M * p->N;
     if (p->K == 0 || msize == 0 || g->B == 0) return d->k_ew->fill(*out, 0.0f);
-    if (batch_numel == g->B) /* one product per matrix of t, in order */
+    if (ts__numel(nd, shape) == g->B * msize) /* one product per matrix of t, in order: no broadcasting */
         return d->k_blas->sgemm_batched(d, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->A, p->lda, p->aoff, p->B, p->ldb,
                                         p->boff, 0.0f, ts__f32(*out), p->N, msize, g->B);
     int64_t fshape[TS_MAX_DIMS + 2];
@@ -205,6 +216,7 @@ static ts_status matmul_nd_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin
         ts_tensor_release(gc);
         return st;
     }
+    bgeom_fold(a, b, &geo);
     ts_device *d = gc->storage->device;
     const int64_t M = geo.M, K = geo.K, N = geo.N;
     if (n->needs[0]) { /* ga_i = g_i b_i^T: (M,N)(N,K) */
@@ -234,6 +246,7 @@ static ts_status matmul_nd(const char *op, const ts_tensor *a_in, const ts_tenso
     shape[geo.nb] = geo.M;
     shape[geo.nb + 1] = geo.N;
     TS_CHECK_GOTO(ts__new(d, TS_F32, geo.nb + 2, shape, &o));
+    bgeom_fold(a, b, &geo);
     if (geo.K == 0)
         TS_CHECK_GOTO(d->k_ew->fill(o, 0.0f));
     else
@@ -290,8 +303,7 @@ static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     }
     if (n->needs[2]) { /* gb = column sums of g */
         TS_TRY(ts__new(d, TS_F32, 1, &OUT, &gin[2]));
-        int64_t ostr[2] = {0, 1};
-        TS_TRY(d->k_ew->reduce_to(gin[2], g, ostr));
+        TS_TRY(d->k_ew->sum_dim(gin[2], g, 1, N, OUT, 1.0f));
     }
     return TS_OK;
 }

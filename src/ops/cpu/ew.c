@@ -197,6 +197,28 @@ static ts_status cpu_expand_scalar(ts_tensor *out, const ts_tensor *s, float alp
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* erf(x) in float as a rational function, x P(x^2) / Q(x^2) on [-4, 4] (outside
+ * it erf is +-1 in float): the approximation Eigen and XLA use for float erf,
+ * within 4.2e-7 of erf everywhere. glibc's erff is a scalar call (about 20 ns);
+ * this is branch-free, so the GELU loops vectorise. */
+static inline float erf_fast(float x) {
+    x = x < -4.0f ? -4.0f : x > 4.0f ? 4.0f : x; /* (not fminf/fmaxf: these vectorise; NaN stays NaN) */
+    float x2 = x * x;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 - 2.10102402082508e-06f;
+    p = p * x2 - 5.69250639462346e-05f;
+    p = p * x2 - 7.34990630326855e-04f;
+    p = p * x2 - 2.95459980854025e-03f;
+    p = p * x2 - 1.60960333262415e-02f;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 - 2.13374055278905e-04f;
+    q = q * x2 - 1.68282697438203e-03f;
+    q = q * x2 - 7.37332916720468e-03f;
+    q = q * x2 - 1.42647390514189e-02f;
+    return x * p / q;
+}
+
 static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
     float *o = ts__f32(out);
     const float *p = ts__f32(x);
@@ -212,7 +234,7 @@ static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
         break;
     case TS_UN_GELU:
 #pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = 0.5f * p[i] * (1.0f + erff(p[i] * INV_SQRT_2));
+        for (int64_t i = 0; i < n; i++) o[i] = 0.5f * p[i] * (1.0f + erf_fast(p[i] * INV_SQRT_2));
         break;
     case TS_UN_GELU_TANH:
 #pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
@@ -248,7 +270,7 @@ static ts_status cpu_unary_backward(ts_unop op, ts_tensor *gx, const ts_tensor *
 #pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
         for (int64_t i = 0; i < n; i++) {
             float v = px[i];
-            float cdf = 0.5f * (1.0f + erff(v * INV_SQRT_2)), pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
+            float cdf = 0.5f * (1.0f + erf_fast(v * INV_SQRT_2)), pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
             o[i] = g[i] * (cdf + v * pdf);
         }
         break;
