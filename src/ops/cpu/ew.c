@@ -7,6 +7,7 @@
  */
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
+#include "ops/cpu/vmath.h"
 
 #include <math.h>
 #include <omp.h>
@@ -195,29 +196,7 @@ static ts_status cpu_expand_scalar(ts_tensor *out, const ts_tensor *s, float alp
 #define INV_SQRT_2PI 0.3989422804014327f
 #define GELU_TANH_C 0.044715f
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-/* erf(x) in float as a rational function, x P(x^2) / Q(x^2) on [-4, 4] (outside
- * it erf is +-1 in float): the approximation Eigen and XLA use for float erf,
- * within 4.2e-7 of erf everywhere. glibc's erff is a scalar call (about 20 ns);
- * this is branch-free, so the GELU loops vectorise. */
-static inline float erf_fast(float x) {
-    x = x < -4.0f ? -4.0f : x > 4.0f ? 4.0f : x; /* (not fminf/fmaxf: these vectorise; NaN stays NaN) */
-    float x2 = x * x;
-    float p = -2.72614225801306e-10f;
-    p = p * x2 + 2.77068142495902e-08f;
-    p = p * x2 - 2.10102402082508e-06f;
-    p = p * x2 - 5.69250639462346e-05f;
-    p = p * x2 - 7.34990630326855e-04f;
-    p = p * x2 - 2.95459980854025e-03f;
-    p = p * x2 - 1.60960333262415e-02f;
-    float q = -1.45660718464996e-05f;
-    q = q * x2 - 2.13374055278905e-04f;
-    q = q * x2 - 1.68282697438203e-03f;
-    q = q * x2 - 7.37332916720468e-03f;
-    q = q * x2 - 1.42647390514189e-02f;
-    return x * p / q;
-}
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + ts__vexpf(-x)); }
 
 static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
     float *o = ts__f32(out);
@@ -234,7 +213,7 @@ static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
         break;
     case TS_UN_GELU:
 #pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = 0.5f * p[i] * (1.0f + erf_fast(p[i] * INV_SQRT_2));
+        for (int64_t i = 0; i < n; i++) o[i] = 0.5f * p[i] * (1.0f + ts__verff(p[i] * INV_SQRT_2));
         break;
     case TS_UN_GELU_TANH:
 #pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
@@ -270,7 +249,7 @@ static ts_status cpu_unary_backward(ts_unop op, ts_tensor *gx, const ts_tensor *
 #pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
         for (int64_t i = 0; i < n; i++) {
             float v = px[i];
-            float cdf = 0.5f * (1.0f + erf_fast(v * INV_SQRT_2)), pdf = INV_SQRT_2PI * expf(-0.5f * v * v);
+            float cdf = 0.5f * (1.0f + ts__verff(v * INV_SQRT_2)), pdf = INV_SQRT_2PI * ts__vexpf(-0.5f * v * v);
             o[i] = g[i] * (cdf + v * pdf);
         }
         break;
@@ -375,18 +354,23 @@ static ts_status cpu_max_dim(ts_tensor *values, ts_tensor *indices, const ts_ten
     float *ov = ts__f32(values);
     int64_t *oi = (int64_t *)ts__ptr(indices);
     const float *p = ts__f32(x);
-    if (inner == 1) {
+    if (inner == 1) { /* a vector max (and NaN check) over the row, then its first position */
 #pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
         for (int64_t r = 0; r < outer; r++) {
             const float *row = p + r * n;
             float best = row[0];
+            int nan = 0;
+#pragma omp simd reduction(max : best) reduction(| : nan)
+            for (int64_t k = 0; k < n; k++) {
+                best = row[k] > best ? row[k] : best;
+                nan |= row[k] != row[k];
+            }
             int64_t bi = 0;
-            for (int64_t k = 1; k < n; k++)
-                if (max_wins(row[k], best)) {
-                    best = row[k];
-                    bi = k;
-                }
-            ov[r] = best;
+            if (nan)
+                while (row[bi] == row[bi]) bi++;
+            else
+                while (row[bi] != best) bi++;
+            ov[r] = row[bi];
             oi[r] = bi;
         }
         return TS_OK;
