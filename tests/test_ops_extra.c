@@ -284,6 +284,59 @@ static void test_noncontiguous(void) {
     }
 }
 
+/* ---- activations over the whole float range ---------------------------------------------------- */
+/* The CPU kernels use their own vectorising exp and erf (src/ops/cpu/vmath.h): check them against libm in
+ * double from -100 to 100, with the infinities and a NaN. */
+static void test_activations_range(void) {
+    enum { N = 40003 };
+    static float xs[N];
+    for (int i = 0; i < N - 3; i++) xs[i] = -100.0f + 200.0f * (float)i / (float)(N - 4);
+    xs[N - 3] = INFINITY;
+    xs[N - 2] = -INFINITY;
+    xs[N - 1] = NAN;
+    ts_tensor *x = tu_tensor(1, (int64_t[]){N}, xs), *ys[4] = {NULL};
+    CHECK_OK(ts_sigmoid(x, &ys[0]));
+    CHECK_OK(ts_silu(x, &ys[1]));
+    CHECK_OK(ts_gelu(x, false, &ys[2]));
+    CHECK_OK(ts_tanh(x, &ys[3]));
+    double worst[4] = {0};
+    for (int i = 0; i < N - 1 && ys[0] && ys[1] && ys[2] && ys[3]; i++) {
+        double v = xs[i], sg = 1.0 / (1.0 + exp(-v));
+        /* at -inf, x * 0: nan, as PyTorch gives */
+        double want[4] = {sg, v == -INFINITY ? NAN : v * sg, v == -INFINITY ? NAN : 0.5 * v * (1 + erf(v / sqrt(2))),
+                          tanh(v)};
+        for (int k = 0; k < 4; k++) {
+            double got = ts_tensor_data_f32(ys[k])[i];
+            double err = (got == want[k] || (isnan(got) && isnan(want[k])))
+                             ? 0
+                             : fabs(got - want[k]) / (1e-6 * fabs(v) + 1e-7 + 1e-6 * fabs(want[k]));
+            if (!(err <= worst[k])) worst[k] = err; /* (a nan err counts) */
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        if (!(worst[k] <= 1)) fprintf(stderr, "activation %d: worst %.3g of tolerance\n", k, worst[k]);
+        CHECK(worst[k] <= 1);
+        CHECK(ys[k] && isnan(ts_tensor_data_f32(ys[k])[N - 1]));
+    }
+    release_all(ys, 4);
+    /* softmax rows with -inf (masked) entries, huge logits, and a NaN */
+    ts_tensor *s = tu_tensor(2, (int64_t[]){3, 4}, (float[]){0, -INFINITY, 1, -INFINITY, 1000, 999, -1000, 88.8f,
+                                                              1, NAN, 2, 3}), *y = NULL;
+    CHECK_OK(ts_softmax(s, 1, &y));
+    const float *p = y ? ts_tensor_data_f32(y) : NULL;
+    if (p) {
+        double e = exp(1.0);
+        CHECK_NEAR(p[0], 1 / (1 + e), 1e-6);
+        CHECK(p[1] == 0 && p[3] == 0);
+        CHECK_NEAR(p[2], e / (1 + e), 1e-6);
+        CHECK_NEAR(p[4], 1 / (1 + exp(-1.0)), 1e-6);
+        CHECK(p[6] == 0 && p[7] == 0);
+        for (int i = 8; i < 12; i++) CHECK(isnan(p[i]));
+    }
+    ts_tensor *objs[] = {x, s, y};
+    release_all(objs, 3);
+}
+
 /* ---- 0-d, empty, size-1 ------------------------------------------------------------------------------ */
 static void test_edges(void) {
     ts_tensor *s = tu_tensor(0, NULL, (float[]){2.5f}), *y = NULL, *idx = NULL;
@@ -429,5 +482,6 @@ static void test_errors(void) {
     release_all(objs, 7);
 }
 
-TU_MAIN(T(test_reductions_large), T(test_permute_large), T(test_matmul_large), T(test_noncontiguous), T(test_edges),
+TU_MAIN(T(test_reductions_large), T(test_permute_large), T(test_matmul_large), T(test_noncontiguous),
+        T(test_activations_range), T(test_edges),
         T(test_graph_lifetime), T(test_errors))
