@@ -10,6 +10,8 @@
 #include "tensor/tensor.h"
 #include "test_util.h"
 
+#include <limits.h>
+
 static void release_all(ts_tensor **ts, int n) {
     for (int i = 0; i < n; i++) ts_tensor_release(ts[i]);
 }
@@ -410,6 +412,64 @@ static void test_graph_lifetime(void) {
     CHECK(ts_device_memory_allocated(ts_device_cpu()) == before);
 }
 
+/* ---- out of memory at every allocation ---------------------------------------------------------------- */
+/* The chain of test_graph_lifetime (every op here, forward and backward) with the allocation after the first
+ * n failing, for every n: a failure is reported as TS_ERR_NOMEM (never TS_OK with a gradient missing), and
+ * nothing leaks. */
+static ts_status chain_step(ts_tensor *x, ts_tensor *w) {
+    ts_tensor *t[12] = {NULL};
+    ts_status st;
+    TS_CHECK_GOTO(ts_adaptive_avgpool2d(x, 3, 4, &t[0]));
+    TS_CHECK_GOTO(ts_gelu(t[0], false, &t[1]));
+    TS_CHECK_GOTO(ts_permute(t[1], (int[]){0, 2, 1, 3}, &t[2]));
+    TS_CHECK_GOTO(ts_flatten_range(t[2], 2, 3, &t[3]));
+    TS_CHECK_GOTO(ts_matmul(t[3], w, &t[4]));
+    TS_CHECK_GOTO(ts_softmax(t[4], -1, &t[5]));
+    TS_CHECK_GOTO(ts_max_dim(t[5], 1, true, &t[6], NULL));
+    TS_CHECK_GOTO(ts_div(t[5], t[6], &t[7]));
+    TS_CHECK_GOTO(ts_transpose(t[7], 0, 2, &t[8]));
+    TS_CHECK_GOTO(ts_sigmoid(t[8], &t[9]));
+    TS_CHECK_GOTO(ts_mean_dims(t[9], 2, (int[]){0, -1}, false, &t[10]));
+    TS_CHECK_GOTO(ts_sum_dims(t[10], 0, NULL, false, &t[11]));
+    st = ts_backward(t[11], NULL, false);
+fail:
+    release_all(t, 12);
+    return st;
+}
+
+static void test_alloc_failure(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 37);
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){2, 3, 7, 6}, -1, 1, true);
+    ts_tensor *w = tu_rand(&r, 3, (int64_t[]){2, 12, 5}, -1, 1, true);
+    size_t before = ts_device_memory_allocated(ts_device_cpu());
+    ts__alloc_fail_after(LONG_MAX);
+    CHECK_OK(chain_step(x, w));
+    long total = ts__alloc_count();
+    ts__alloc_fail_after(-1);
+    CHECK(total > 20);
+    for (long n = 0; n <= total; n++) {
+        ts_tensor_zero_grad(x);
+        ts_tensor_zero_grad(w);
+        ts__alloc_fail_once_after(n);
+        ts_status st = chain_step(x, w);
+        long injected = ts__alloc_failures();
+        ts__alloc_fail_after(-1);
+        if (injected) {
+            if (st != TS_ERR_NOMEM) fprintf(stderr, "allocation %ld failing: %s (%s)\n", n, ts_status_name(st), ts_last_error());
+            CHECK(st == TS_ERR_NOMEM);
+        } else {
+            CHECK_OK(st);
+            CHECK(ts_tensor_grad(x) && ts_tensor_grad(w));
+        }
+    }
+    ts_tensor_zero_grad(x);
+    ts_tensor_zero_grad(w);
+    CHECK(ts_device_memory_allocated(ts_device_cpu()) == before);
+    ts_tensor_release(x);
+    ts_tensor_release(w);
+}
+
 /* ---- errors ------------------------------------------------------------------------------------------------ */
 static void test_errors(void) {
     ts_rng r;
@@ -484,4 +544,4 @@ static void test_errors(void) {
 
 TU_MAIN(T(test_reductions_large), T(test_permute_large), T(test_matmul_large), T(test_noncontiguous),
         T(test_activations_range), T(test_edges),
-        T(test_graph_lifetime), T(test_errors))
+        T(test_graph_lifetime), T(test_alloc_failure), T(test_errors))
