@@ -279,12 +279,20 @@ static ts_status cpu_sum_dim(ts_tensor *out, const ts_tensor *x, int64_t outer, 
                              float alpha) {
     float *o = ts__f32(out);
     const float *p = ts__f32(x);
-    if (inner == 1) { /* contiguous rows: one double accumulator each */
+    if (inner == 1) { /* contiguous rows: float partial sums in SIMD lanes (each adds n/16 terms or fewer),
+                         rows longer than a block also totalled in double across blocks */
+        const int64_t block = 4096;
 #pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
         for (int64_t r = 0; r < outer; r++) {
             const float *row = p + r * n;
             double acc = 0;
-            for (int64_t k = 0; k < n; k++) acc += row[k];
+            for (int64_t k0 = 0; k0 < n; k0 += block) {
+                int64_t k1 = TS_MIN(n, k0 + block);
+                float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+                for (int64_t k = k0; k < k1; k++) part += row[k];
+                acc += part;
+            }
             o[r] = (float)(alpha * acc);
         }
         return TS_OK;
