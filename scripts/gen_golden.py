@@ -363,6 +363,116 @@ def op_cases():
     pred, target = rnd(g, 3, 4), rnd(g, 3, 4)
     c.add(case, {"pred": pred, "target": target}, F.mse_loss(pred, target), g)
 
+    # ---- ops of the second batch: div, activations, softmax, dim reductions, max, permute/transpose,
+    # flatten_range, bmm/batched matmul, adaptive average pooling ----
+
+    # div: numpy broadcasting like add/sub/mul; |b| in [0.5, 2] keeps the quotient tame. No args.
+    for v, (sa, sb) in shapes.items():
+        case = "div:" + v
+        g = c.gen(case)
+        a = rnd(g, *sa)
+        mag = torch.rand(sb, generator=g) * 1.5 + 0.5
+        sign = torch.where(torch.randn(sb, generator=g) >= 0, 1.0, -1.0)
+        b = (mag * sign).requires_grad_(True)
+        c.add(case, {"a": a, "b": b}, torch.div(a, b), g)
+
+    # sigmoid/tanh/silu: no args; gelu: args = [tanh_approx]
+    for op, fn in (("sigmoid", torch.sigmoid), ("tanh", torch.tanh), ("silu", F.silu)):
+        case = op + ":basic"
+        g = c.gen(case)
+        x = (rnd(g, 2, 3, 7, 6, grad=False) * 3).requires_grad_(True)
+        c.add(case, {"x": x}, fn(x), g)
+    for name, approx in (("erf", False), ("tanh", True)):
+        case = "gelu:" + name
+        g = c.gen(case)
+        x = (rnd(g, 2, 3, 7, 6, grad=False) * 3).requires_grad_(True)
+        c.add(case, {"x": x}, F.gelu(x, approximate="tanh" if approx else "none"), g, args=[int(approx)])
+
+    # softmax: args = [dim]
+    for name, shape, dim in (("dim1", (4, 7), 1), ("last3d", (2, 3, 5), -1), ("dim0", (4, 3), 0),
+                             ("mid3d", (2, 3, 5), 1), ("large", (3, 6), 1), ("neg2_4d", (2, 3, 4, 5), -2)):
+        case = "softmax:" + name
+        g = c.gen(case)
+        # "large": logits near +-150, where exp overflows float32 unless the max is subtracted
+        x = rnd(g, *shape) * (50 if name == "large" else 3)
+        x = x.detach().requires_grad_(True)
+        c.add(case, {"x": x}, F.softmax(x, dim), g, args=[dim])
+
+    # sum_dims / mean_dims: args = [keepdim, dims...] (no dims: all of them, as dim=[])
+    reds = [
+        # name, shape, dims, keepdim
+        ("d1_keep", (2, 3, 4, 5), (1,), True),
+        ("d13", (2, 3, 4, 5), (1, 3), False),
+        ("last_keep", (2, 3, 4, 5), (-1,), True),
+        ("d023", (2, 3, 4, 5), (0, 2, 3), False),
+        ("hw_keep", (2, 3, 4, 5), (-2, -1), True),
+        ("d0", (4, 6), (0,), False),
+        ("all", (3, 4), (), False),
+        ("all_keep", (3, 4), (1, 0), True),
+        ("size1", (2, 1, 5), (1,), False),
+    ]
+    for op, fn in (("sum_dims", torch.sum), ("mean_dims", torch.mean)):
+        for name, shape, dims, keep in reds:
+            case = "%s:%s" % (op, name)
+            g = c.gen(case)
+            x = rnd(g, *shape)
+            y = fn(x, dim=list(dims), keepdim=keep) if dims else fn(x, dim=[], keepdim=keep)
+            c.add(case, {"x": x}, y, g, args=[int(keep), *dims])
+
+    # max_dim: args = [dim, keepdim]; y = the values, "indices" (i64) the argmax (random data: no ties)
+    for name, shape, dim, keep in (("d1_keep", (4, 7), 1, True), ("last", (2, 3, 5), -1, False),
+                                   ("d0", (5, 3), 0, False), ("mid_keep", (2, 6, 4), 1, True),
+                                   ("neg3_4d", (3, 2, 4, 5), -3, False)):
+        case = "max_dim:" + name
+        g = c.gen(case)
+        x = rnd(g, *shape)
+        vals, idx = torch.max(x, dim, keepdim=keep)
+        c.add(case, {"x": x}, vals, g, args=[dim, int(keep)], extra={"indices": idx})
+
+    # permute: args = perm; transpose: args = [dim0, dim1]
+    for name, shape, perm in (("2d", (5, 7), (1, 0)), ("nchw_nhwc", (2, 3, 4, 5), (0, 2, 3, 1)),
+                              ("rev", (2, 3, 4), (2, 1, 0)), ("neg", (2, 3, 4, 5), (-1, 0, -2, 1)),
+                              ("big2d", (40, 70), (1, 0))):
+        case = "permute:" + name
+        g = c.gen(case)
+        x = rnd(g, *shape)
+        c.add(case, {"x": x}, x.permute(*perm), g, args=list(perm))
+    for name, shape, d0, d1 in (("last2", (2, 3, 4), -1, -2), ("d02", (2, 3, 4, 5), 0, 2), ("same", (3, 4), 1, 1)):
+        case = "transpose:" + name
+        g = c.gen(case)
+        x = rnd(g, *shape)
+        c.add(case, {"x": x}, x.transpose(d0, d1), g, args=[d0, d1])
+
+    # flatten_range: args = [start_dim, end_dim]
+    for name, sd, ed in (("mid", 1, 2), ("neg", 0, -2), ("one", 2, 2), ("all", 0, -1)):
+        case = "flatten_range:" + name
+        g = c.gen(case)
+        x = rnd(g, 2, 3, 4, 5)
+        c.add(case, {"x": x}, torch.flatten(x, sd, ed), g, args=[sd, ed])
+
+    # bmm: (B, M, K) x (B, K, N); matmul_nd: torch.matmul with broadcast batch dims (the "matmul" runner)
+    for name, sa, sb in (("basic", (3, 4, 5), (3, 5, 2)), ("b1", (1, 6, 3), (1, 3, 4))):
+        case = "bmm:" + name
+        g = c.gen(case)
+        a, b = rnd(g, *sa), rnd(g, *sb)
+        c.add(case, {"a": a, "b": b}, torch.bmm(a, b), g)
+    for name, sa, sb in (("batch3d", (3, 4, 5), (3, 5, 2)), ("a4d_b2d", (2, 3, 4, 5), (5, 6)),
+                         ("a2d_b3d", (4, 5), (2, 5, 3)), ("bcast_both", (2, 1, 4, 5), (3, 5, 6)),
+                         ("bcast_lead1", (1, 4, 5), (3, 5, 2))):
+        case = "matmul:" + name
+        g = c.gen(case)
+        a, b = rnd(g, *sa), rnd(g, *sb)
+        c.add(case, {"a": a, "b": b}, torch.matmul(a, b), g)
+
+    # adaptive_avgpool2d: args = [out_h, out_w]; windows overlap when the sizes do not divide
+    for name, shape, osz in (("7x6_3x4", (2, 3, 7, 6), (3, 4)), ("5x5_2x3", (2, 2, 5, 5), (2, 3)),
+                             ("8x8_4x4", (1, 3, 8, 8), (4, 4)), ("6x5_1x1", (2, 3, 6, 5), (1, 1)),
+                             ("up_3x4_5x7", (1, 2, 3, 4), (5, 7)), ("chw_7x6_2x2", (3, 7, 6), (2, 2))):
+        case = "adaptive_avgpool2d:" + name
+        g = c.gen(case)
+        x = rnd(g, *shape)
+        c.add(case, {"x": x}, F.adaptive_avg_pool2d(x, osz), g, args=list(osz))
+
     return c.records
 
 

@@ -68,6 +68,34 @@ static ts_pool2d_params pool_params(const gcase *c) {
     return p;
 }
 
+/* Number of entries in the case's args (0 when it has none). */
+static int nargs(const gcase *c) {
+    ts_tensor *a = tg_getf(&golden, "%s/args", c->name);
+    return a ? (int)ts_tensor_numel(a) : 0;
+}
+
+/* max_dim: y is the values; the indices must equal PyTorch's exactly (else an error fails the case). */
+static ts_status run_max_dim(gcase *c, ts_tensor **y) {
+    ts_tensor *idx = NULL;
+    ts_status st = ts_max_dim(input(c, "x"), (int)arg(c, 0), arg(c, 1) != 0, y, &idx);
+    if (st != TS_OK) return st;
+    ts_tensor *want = tg_getf(&golden, "%s/indices", c->name);
+    int64_t n = ts_tensor_numel(idx), bad = -1;
+    bool same = want && ts_tensor_dtype(idx) == TS_I64 && ts_tensor_ndim(idx) == ts_tensor_ndim(want) &&
+                !memcmp(ts_tensor_shape(idx), ts_tensor_shape(want), sizeof(int64_t) * (size_t)ts_tensor_ndim(idx));
+    for (int64_t i = 0; same && i < n && bad < 0; i++)
+        if (tg_int(idx, i) != tg_int(want, i)) bad = i;
+    int64_t got_v = bad >= 0 ? tg_int(idx, bad) : 0, want_v = bad >= 0 ? tg_int(want, bad) : 0;
+    ts_tensor_release(idx);
+    if (!same || bad >= 0) {
+        ts_tensor_release(*y);
+        *y = NULL;
+        return ts_error(TS_ERR_INTERNAL, "max_dim: indices differ from PyTorch's (%s; element %lld is %lld, expected %lld)",
+                        same ? "values" : "shape or dtype", (long long)bad, (long long)got_v, (long long)want_v);
+    }
+    return TS_OK;
+}
+
 /* Runs the case's op. TS_ERR_INVALID_ARG with a message for an unknown op. */
 static ts_status run_op(gcase *c, ts_tensor **y) {
     const char *op = c->op;
@@ -136,6 +164,31 @@ static ts_status run_op(gcase *c, ts_tensor **y) {
         ts_tensor *pred = input(c, "pred");
         return ts_mse_loss(pred, input(c, "target"), y);
     }
+    /* ---- the second batch of ops ---- */
+    if (!strcmp(op, "div")) return ts_div(input(c, "a"), input(c, "b"), y);
+    if (!strcmp(op, "sigmoid")) return ts_sigmoid(input(c, "x"), y);
+    if (!strcmp(op, "tanh")) return ts_tanh(input(c, "x"), y);
+    if (!strcmp(op, "silu")) return ts_silu(input(c, "x"), y);
+    if (!strcmp(op, "gelu")) return ts_gelu(input(c, "x"), arg(c, 0) != 0, y);
+    if (!strcmp(op, "softmax")) return ts_softmax(input(c, "x"), (int)arg(c, 0), y);
+    if (!strcmp(op, "sum_dims") || !strcmp(op, "mean_dims")) {
+        int nd = nargs(c) - 1, dims[TS_MAX_DIMS] = {0};
+        for (int i = 0; i < nd && i < TS_MAX_DIMS; i++) dims[i] = (int)arg(c, 1 + i);
+        ts_tensor *x = input(c, "x");
+        return !strcmp(op, "sum_dims") ? ts_sum_dims(x, nd, dims, arg(c, 0) != 0, y)
+                                       : ts_mean_dims(x, nd, dims, arg(c, 0) != 0, y);
+    }
+    if (!strcmp(op, "max_dim")) return run_max_dim(c, y);
+    if (!strcmp(op, "permute")) {
+        int perm[TS_MAX_DIMS] = {0};
+        for (int i = 0; i < nargs(c) && i < TS_MAX_DIMS; i++) perm[i] = (int)arg(c, i);
+        return ts_permute(input(c, "x"), perm, y);
+    }
+    if (!strcmp(op, "transpose")) return ts_transpose(input(c, "x"), (int)arg(c, 0), (int)arg(c, 1), y);
+    if (!strcmp(op, "flatten_range")) return ts_flatten_range(input(c, "x"), (int)arg(c, 0), (int)arg(c, 1), y);
+    if (!strcmp(op, "bmm")) return ts_bmm(input(c, "a"), input(c, "b"), y);
+    if (!strcmp(op, "adaptive_avgpool2d"))
+        return ts_adaptive_avgpool2d(input(c, "x"), (int)arg(c, 0), (int)arg(c, 1), y);
     return ts_error(TS_ERR_INVALID_ARG, "no runner for op '%s' (add one to run_op)", op);
 }
 
@@ -273,7 +326,11 @@ static void test_golden_ops(void) {
     static const char *const ops[] = {"add", "sub", "mul", "scale", "relu", "sum", "mean", "matmul", "linear",
                                       "conv2d", "maxpool2d", "avgpool2d", "global_avgpool2d", "batchnorm2d",
                                       "embedding", "reshape", "flatten", "concat", "slice", "dropout",
-                                      "log_softmax", "cross_entropy", "mse_loss"};
+                                      "log_softmax", "cross_entropy", "mse_loss",
+                                      /* the second batch */
+                                      "div", "sigmoid", "tanh", "gelu", "silu", "softmax", "sum_dims", "mean_dims",
+                                      "max_dim", "permute", "transpose", "flatten_range", "bmm",
+                                      "adaptive_avgpool2d"};
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         char key[80];
         snprintf(key, sizeof key, "%s:", ops[k]);

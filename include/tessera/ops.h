@@ -19,16 +19,39 @@ extern "C" {
 ts_status ts_add(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
 ts_status ts_sub(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
 ts_status ts_mul(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+ts_status ts_div(const ts_tensor *a, const ts_tensor *b, ts_tensor **out); /* a / b (IEEE: x / 0 is inf or nan) */
 ts_status ts_scale(const ts_tensor *a, float s, ts_tensor **out); /* s * a */
 ts_status ts_relu(const ts_tensor *x, ts_tensor **out);
+
+/* ---- activations ------------------------------------------------------------------------------ */
+ts_status ts_sigmoid(const ts_tensor *x, ts_tensor **out);
+ts_status ts_tanh(const ts_tensor *x, ts_tensor **out);
+/* tanh_approx false: x Phi(x) with erf (PyTorch approximate='none');
+ * true: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (approximate='tanh'). */
+ts_status ts_gelu(const ts_tensor *x, bool tanh_approx, ts_tensor **out);
+ts_status ts_silu(const ts_tensor *x, ts_tensor **out); /* x sigmoid(x) */
+/* exp(x) / sum exp(x) along dim (negative counts from the end), max-shifted. */
+ts_status ts_softmax(const ts_tensor *x, int dim, ts_tensor **out);
 
 /* ---- reductions --------------------------------------------------------------------------- */
 ts_status ts_sum(const ts_tensor *x, ts_tensor **out);  /* all elements -> shape [] (ndim 0) */
 ts_status ts_mean(const ts_tensor *x, ts_tensor **out); /* all elements -> shape [] */
+/* Sum (mean) over dims[0..ndims) (negative values count from the end; a dim
+ * twice or out of range is an error; ndims 0 reduces every dim, as PyTorch's
+ * dim=[]). keepdim: reduced dims stay as size 1, else they are removed. */
+ts_status ts_sum_dims(const ts_tensor *x, int ndims, const int *dims, bool keepdim, ts_tensor **out);
+ts_status ts_mean_dims(const ts_tensor *x, int ndims, const int *dims, bool keepdim, ts_tensor **out);
+/* torch.max(x, dim, keepdim): *values (F32, differentiable: the gradient goes to
+ * the first position of each maximum) and *indices (TS_I64, that position); either
+ * out-pointer may be NULL when not wanted. The dim must not be empty. */
+ts_status ts_max_dim(const ts_tensor *x, int dim, bool keepdim, ts_tensor **values, ts_tensor **indices);
 
 /* ---- linear algebra ------------------------------------------------------------------------ */
-/* a: (M, K), b: (K, N) -> (M, N). */
+/* a: (..., M, K), b: (..., K, N) -> (..., M, N), both with ndim >= 2: torch.matmul,
+ * the batch dims (all but the last two) broadcast as numpy does. (M, K) x (K, N) -> (M, N). */
 ts_status ts_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+/* a: (B, M, K), b: (B, K, N) -> (B, M, N) (torch.bmm: no broadcasting). */
+ts_status ts_bmm(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
 /* x: (N, in), w: (out, in), b: (out) or NULL -> (N, out) = x w^T + b. */
 ts_status ts_linear(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, ts_tensor **out);
 
@@ -58,6 +81,10 @@ ts_status ts_maxpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out);
 ts_status ts_avgpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out);
 /* (N, C, H, W) -> (N, C, 1, 1). */
 ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out);
+/* (N, C, H, W) or (C, H, W) -> (..., out_h, out_w): output row i averages input rows
+ * [floor(i H / out_h), ceil((i + 1) H / out_h)), likewise for columns (PyTorch's
+ * adaptive_avg_pool2d; windows overlap when the sizes do not divide). */
+ts_status ts_adaptive_avgpool2d(const ts_tensor *x, int out_h, int out_w, ts_tensor **out);
 
 /* ---- normalisation ------------------------------------------------------------------------------ */
 /* x: (N, C, H, W); weight, bias: (C) or NULL; running_mean/var: (C) or NULL.
@@ -78,6 +105,14 @@ ts_status ts_flatten(const ts_tensor *x, int start_dim, ts_tensor **out);
 ts_status ts_concat(ts_tensor *const *xs, int n, int dim, ts_tensor **out);
 /* Elements [start, end) along dim (negative values count from the end). */
 ts_status ts_slice(const ts_tensor *x, int dim, int64_t start, int64_t end, ts_tensor **out);
+/* Flattens dims [start_dim, end_dim] (inclusive, negative counts from the end) into one:
+ * torch.flatten(x, start_dim, end_dim). */
+ts_status ts_flatten_range(const ts_tensor *x, int start_dim, int end_dim, ts_tensor **out);
+/* out dim d is x's dim perm[d] (perm: x->ndim entries, a permutation; negative
+ * values count from the end); a contiguous copy, as every result here. */
+ts_status ts_permute(const ts_tensor *x, const int *perm, ts_tensor **out);
+/* Swaps dims dim0 and dim1 (negative count from the end); a contiguous copy. */
+ts_status ts_transpose(const ts_tensor *x, int dim0, int dim1, ts_tensor **out);
 
 /* ---- regularisation ------------------------------------------------------------------------------------ */
 /* Inverted dropout: zeroes with probability p and scales by 1/(1-p) when training. */

@@ -1,6 +1,7 @@
 /*
  * device/k_blas.h — dense matrix multiply on device pointers, row-major, as
- * C = alpha * op(A) op(B) + beta * C with op(X) = X or X^T.
+ * C = alpha * op(A) op(B) + beta * C with op(X) = X or X^T, one product or a
+ * batch of them.
  */
 #ifndef TS_K_BLAS_H
 #define TS_K_BLAS_H
@@ -10,6 +11,13 @@
 struct ts_kernels_blas {
     ts_status (*sgemm)(ts_device *d, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    /* batch products: for i < batch, C + i * cstride = alpha op(A + aoff[i]) op(B + boff[i])
+     * + beta (C + i * cstride); aoff and boff are host arrays of element offsets (they
+     * may repeat: broadcast operands); the C blocks must not overlap. */
+    ts_status (*sgemm_batched)(ts_device *d, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                               const float *A, int64_t lda, const int64_t *aoff, const float *B, int64_t ldb,
+                               const int64_t *boff, float beta, float *C, int64_t ldc, int64_t cstride,
+                               int64_t batch);
 };
 
 /* The CPU backend's instance (src/ops/cpu/blas.c), which device/cpu.c puts in

@@ -1,6 +1,8 @@
 /*
  * device/k_ew.h — the elementwise kernel family: fills, copies, binary ops with
- * broadcasting, relu, reductions. Every backend provides one instance.
+ * broadcasting, relu and the other activations, reductions (all elements, or
+ * one dim at a time), max along a dim, permutes. Every backend provides one
+ * instance.
  *
  * Broadcast convention: `out` is contiguous with out->ndim dims; a and b are
  * read at strides astr/bstr (one per out dim, 0 on broadcast dims), starting at
@@ -11,7 +13,11 @@
 
 #include "device/device.h"
 
-typedef enum ts_binop { TS_BIN_ADD = 0, TS_BIN_SUB, TS_BIN_MUL } ts_binop;
+typedef enum ts_binop { TS_BIN_ADD = 0, TS_BIN_SUB, TS_BIN_MUL, TS_BIN_DIV } ts_binop;
+
+/* Unary activations (ops/activation.c). GELU is PyTorch's approximate='none'
+ * (x Phi(x), with erf) and approximate='tanh'. */
+typedef enum ts_unop { TS_UN_SIGMOID = 0, TS_UN_TANH, TS_UN_GELU, TS_UN_GELU_TANH, TS_UN_SILU } ts_unop;
 
 struct ts_kernels_ew {
     ts_status (*fill)(ts_tensor *out, float v);
@@ -34,6 +40,30 @@ struct ts_kernels_ew {
     ts_status (*sum_all)(ts_tensor *out, const ts_tensor *x);
     /* out = the one-element tensor s broadcast to out's shape, times alpha */
     ts_status (*expand_scalar)(ts_tensor *out, const ts_tensor *s, float alpha);
+
+    /* ---- activations, dim reductions, permute (all tensors contiguous) ----
+     * The (outer, n, inner) convention of k_misc.h: a contiguous tensor seen as
+     * three dims, the middle one being the dim an op works along. */
+    /* out = f(x), same shape */
+    ts_status (*unary)(ts_unop op, ts_tensor *out, const ts_tensor *x);
+    /* gx = gy * f'(x). Sigmoid and tanh read y (the forward output), GELU and
+     * SiLU read x; the one not read may be NULL. */
+    ts_status (*unary_backward)(ts_unop op, ts_tensor *gx, const ts_tensor *gy, const ts_tensor *x,
+                                const ts_tensor *y);
+    /* out: (outer, inner) = alpha * sum over the middle dim of x: (outer, n, inner) */
+    ts_status (*sum_dim)(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner, float alpha);
+    /* out: (outer, n, inner) = alpha * x: (outer, inner) repeated along the middle dim */
+    ts_status (*expand_dim)(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner,
+                            float alpha);
+    /* x: (outer, n, inner), n >= 1 -> values: (outer, inner) the maximum over the
+     * middle dim, indices: (outer, inner) I64 its first position (a NaN wins, as in PyTorch) */
+    ts_status (*max_dim)(ts_tensor *values, ts_tensor *indices, const ts_tensor *x, int64_t outer, int64_t n,
+                         int64_t inner);
+    /* gx: (outer, n, inner) = g: (outer, inner) at the positions in indices, 0 elsewhere */
+    ts_status (*max_dim_backward)(ts_tensor *gx, const ts_tensor *g, const ts_tensor *indices, int64_t outer,
+                                  int64_t n, int64_t inner);
+    /* out = x with its dims permuted: out dim d is x dim perm[d] (any dtype) */
+    ts_status (*permute)(ts_tensor *out, const ts_tensor *x, const int *perm);
 };
 
 /* The CPU backend's instance (src/ops/cpu/ew.c), which device/cpu.c puts in

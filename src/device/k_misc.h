@@ -1,6 +1,6 @@
 /*
  * device/k_misc.h — the misc kernel family: embedding gather/scatter, the block
- * copy behind concat and slice, dropout masks, log-softmax, and the fused
+ * copy behind concat and slice, dropout masks, softmax, log-softmax, and the fused
  * cross-entropy and mean-squared-error losses, forward and backward. Every
  * backend provides one instance (src/ops/cpu/misc.c for the CPU).
  *
@@ -67,6 +67,12 @@ struct ts_kernels_misc {
     /* gpred = 2 gloss / n (pred - target), gtarget = -gpred; either may be NULL. */
     ts_status (*mse_backward)(ts_tensor *gpred, ts_tensor *gtarget, const ts_tensor *gloss, const ts_tensor *pred,
                               const ts_tensor *target);
+
+    /* out, x: (outer, n, inner); out = softmax over the middle dim (max-shifted). */
+    ts_status (*softmax)(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner);
+    /* gx = y * (gy - sum over the middle dim of gy * y); all (outer, n, inner), y = softmax output. */
+    ts_status (*softmax_backward)(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,
+                                  int64_t inner);
 };
 
 /* The CPU backend's instance (src/ops/cpu/misc.c), which device/cpu.c puts in

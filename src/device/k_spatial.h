@@ -1,6 +1,6 @@
 /*
  * device/k_spatial.h — the spatial kernel family: conv2d, max/avg pooling,
- * global average pooling and batchnorm2d, forward and backward. Every backend
+ * global and adaptive average pooling and batchnorm2d, forward and backward. Every backend
  * provides one instance (src/ops/cpu/spatial.c for the CPU).
  *
  * The op layer (src/ops/conv.c, pool.c, norm.c) checks arguments, computes the
@@ -71,6 +71,14 @@ struct ts_kernels_spatial {
     ts_status (*batchnorm2d_backward)(const ts_tensor *gout, const ts_tensor *x, const ts_tensor *mean,
                                       const ts_tensor *invstd, const ts_tensor *weight, bool training,
                                       ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
+
+    /* Adaptive average pooling, x: (P, H, W) planes -> out: (P, OH, OW), window
+     * rows [floor(i H / OH), ceil((i + 1) H / OH)) and likewise for columns (PyTorch's). */
+    ts_status (*adaptive_avgpool2d)(ts_tensor *out, const ts_tensor *x, int64_t P, int64_t H, int64_t W,
+                                    int64_t OH, int64_t OW);
+    /* gx: (P, H, W) = each gout: (P, OH, OW) spread evenly over its window (windows may overlap) */
+    ts_status (*adaptive_avgpool2d_backward)(ts_tensor *gx, const ts_tensor *gout, int64_t P, int64_t H, int64_t W,
+                                             int64_t OH, int64_t OW);
 };
 
 /* The CPU backend's instance (src/ops/cpu/spatial.c), which device/cpu.c puts in

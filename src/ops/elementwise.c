@@ -1,10 +1,11 @@
 /*
- * ops/elementwise.c — add, sub, mul (numpy broadcasting), scale, relu, sum,
+ * ops/elementwise.c — add, sub, mul, div (numpy broadcasting), scale, relu, sum,
  * mean, and moving tensors between devices, with their backward functions.
  */
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
+#include "ops/reduce.h"
 #include "ops/trace.h"
 #include "tessera/ops.h"
 
@@ -39,18 +40,12 @@ static ts_status reduce_grad(ts_node *n, int i, ts_tensor *g, ts_tensor **out) {
         return TS_OK;
     }
     TS_TRY(ts__new(g->storage->device, TS_F32, nd, shape, out));
-    int64_t ostr[TS_MAX_DIMS];
-    int64_t s = 1;
-    for (int d = g->ndim - 1; d >= 0; d--) {
+    bool reduce[TS_MAX_DIMS];
+    for (int d = 0; d < g->ndim; d++) {
         int k = d - (g->ndim - nd);
-        if (k >= 0 && shape[k] != 1) {
-            ostr[d] = s;
-            s *= shape[k];
-        } else {
-            ostr[d] = 0;
-        }
+        reduce[d] = k < 0 || (shape[k] == 1 && g->shape[d] != 1);
     }
-    return g->storage->device->k_ew->reduce_to(*out, g, ostr);
+    return ts__sum_dims_into(g, reduce, 1.0f, *out);
 }
 
 static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
@@ -67,6 +62,30 @@ static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
             TS_TRY(broadcast("mul backward", g, other, &nd, shape, s1, s2));
             TS_TRY(ts__new(d, TS_F32, nd, shape, &full));
             ts_status st = d->k_ew->binary(TS_BIN_MUL, full, g, s1, other, s2);
+            if (st != TS_OK) {
+                ts_tensor_release(full);
+                return st;
+            }
+        } else if (op == TS_BIN_DIV) {
+            /* d(a/b)/da = g / b; d(a/b)/db = -g a / b^2 = -(g y) / b */
+            const ts_tensor *b = ts__node_saved(n, 0);
+            const ts_tensor *num = g;
+            ts_tensor *gy = NULL;
+            int nd;
+            int64_t shape[TS_MAX_DIMS], s1[TS_MAX_DIMS], s2[TS_MAX_DIMS];
+            ts_status st = TS_OK;
+            if (i == 1) { /* g y: both of the output's shape */
+                const ts_tensor *y = ts__node_saved(n, 1);
+                st = broadcast("div backward", g, y, &nd, shape, s1, s2);
+                if (st == TS_OK) st = ts__new(d, TS_F32, nd, shape, &gy);
+                if (st == TS_OK) st = d->k_ew->binary(TS_BIN_MUL, gy, g, s1, y, s2);
+                num = gy;
+            }
+            if (st == TS_OK) st = broadcast("div backward", num, b, &nd, shape, s1, s2);
+            if (st == TS_OK) st = ts__new(d, TS_F32, nd, shape, &full);
+            if (st == TS_OK) st = d->k_ew->binary(TS_BIN_DIV, full, num, s1, b, s2);
+            if (st == TS_OK && i == 1) st = d->k_ew->scale(full, full, -1.0f);
+            ts_tensor_release(gy);
             if (st != TS_OK) {
                 ts_tensor_release(full);
                 return st;
@@ -109,6 +128,9 @@ static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, co
         if (op == TS_BIN_MUL) {
             ts__node_save(n, a);
             ts__node_save(n, b);
+        } else if (op == TS_BIN_DIV) {
+            ts__node_save(n, b);
+            ts__node_save(n, o); /* the quotient: gb = -g y / b */
         }
         st = ts__node_attach(n, o);
     }
@@ -124,6 +146,7 @@ static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, co
 ts_status ts_add(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) { return binary_op("add", TS_BIN_ADD, a, b, out); }
 ts_status ts_sub(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) { return binary_op("sub", TS_BIN_SUB, a, b, out); }
 ts_status ts_mul(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) { return binary_op("mul", TS_BIN_MUL, a, b, out); }
+ts_status ts_div(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) { return binary_op("div", TS_BIN_DIV, a, b, out); }
 
 /* ---- scale --------------------------------------------------------------------------------------- */
 static ts_status scale_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {

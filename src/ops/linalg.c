@@ -1,10 +1,19 @@
 /*
- * ops/linalg.c — matmul and linear (x w^T + b) over the device's sgemm.
+ * ops/linalg.c — matmul (2-D, or batched with broadcast batch dims as
+ * torch.matmul), bmm and linear (x w^T + b) over the device's sgemm.
+ *
+ * Batched products: a (..., M, K) and b (..., K, N) are made contiguous and
+ * the batch dims broadcast; each batch index gets the element offsets of its
+ * a and b matrices (0 strides on broadcast dims), and one sgemm_batched call
+ * does them all. Backward writes the gradient of a non-broadcast operand
+ * straight into place; a broadcast operand's gradient is computed per output
+ * batch and then summed over the broadcast dims (ops/reduce.h).
  */
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
 #include "device/k_ew.h"
+#include "ops/reduce.h"
 #include "ops/trace.h"
 #include "tessera/ops.h"
 
@@ -30,13 +39,20 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return TS_OK;
 }
 
+static ts_status matmul_nd(const char *op, const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out);
+
 ts_status ts_matmul(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
     TS_TRY(ts__check_f32("matmul", "a", a_in));
     TS_TRY(ts__check_f32("matmul", "b", b_in));
-    TS_TRY(ts__check_ndim("matmul", "a", a_in, 2));
-    TS_TRY(ts__check_ndim("matmul", "b", b_in, 2));
     TS_TRY(ts__check_same_device("matmul", a_in, b_in));
     TS_ARG(out, "matmul: NULL out");
+    if (a_in->ndim < 2 || b_in->ndim < 2) {
+        char x[96], y[96];
+        return ts_error(TS_ERR_SHAPE, "matmul: a %s and b %s: both need at least 2 dims",
+                        ts_shape_str(a_in->ndim, a_in->shape, x, sizeof x),
+                        ts_shape_str(b_in->ndim, b_in->shape, y, sizeof y));
+    }
+    if (a_in->ndim > 2 || b_in->ndim > 2) return matmul_nd("matmul", a_in, b_in, out);
     if (a_in->shape[1] != b_in->shape[0]) {
         char x[64], y[64];
         return ts_error(TS_ERR_SHAPE, "matmul: a %s and b %s: inner dimensions differ",
@@ -71,6 +87,207 @@ fail:
     return st;
 }
 
+/* ---- batched matmul -------------------------------------------------------------------------------- */
+/* a (..., M, K) x b (..., K, N): the broadcast batch shape bshape (nb dims, B
+ * products) and per product the offsets of its a, b and output matrices. */
+typedef struct bgeom {
+    int nb;
+    int64_t bshape[TS_MAX_DIMS];
+    int64_t B, M, K, N;
+    int64_t *aoff, *boff, *coff; /* one allocation, B entries each; coff[i] = i M N */
+} bgeom;
+
+static void bgeom_free(bgeom *g) { free(g->aoff); }
+
+/* Per-out-batch-dim strides of an operand with batch dims shape[0..nd) over
+ * matrices of msize elements (0 where it broadcasts). */
+static void batch_strides(int nb, const int64_t *bshape, int nd, const int64_t *shape, int64_t msize,
+                          int64_t *str) {
+    int64_t s = msize;
+    for (int i = nb - 1; i >= 0; i--) {
+        int k = i - (nb - nd);
+        str[i] = (k >= 0 && shape[k] == bshape[i] && shape[k] != 1) ? s : 0;
+        if (k >= 0) s *= shape[k];
+    }
+}
+
+static ts_status bgeom_make(const char *op, const ts_tensor *a, const ts_tensor *b, bgeom *g) {
+    memset(g, 0, sizeof *g);
+    int an = a->ndim - 2, bn = b->ndim - 2;
+    char x[96], y[96];
+    g->M = a->shape[an];
+    g->K = a->shape[an + 1];
+    g->N = b->shape[bn + 1];
+    if (b->shape[bn] != g->K)
+        return ts_error(TS_ERR_SHAPE, "%s: a %s and b %s: inner dimensions differ (%lld and %lld)", op,
+                        ts_shape_str(a->ndim, a->shape, x, sizeof x), ts_shape_str(b->ndim, b->shape, y, sizeof y),
+                        (long long)g->K, (long long)b->shape[bn]);
+    g->nb = TS_MAX(an, bn);
+    g->B = 1;
+    for (int i = 0; i < g->nb; i++) {
+        int ia = i - (g->nb - an), ib = i - (g->nb - bn);
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1)
+            return ts_error(TS_ERR_SHAPE, "%s: the batch dims of a %s and b %s cannot be broadcast together", op,
+                            ts_shape_str(a->ndim, a->shape, x, sizeof x), ts_shape_str(b->ndim, b->shape, y, sizeof y));
+        g->bshape[i] = sa == 1 ? sb : sa;
+        g->B *= g->bshape[i];
+    }
+    g->aoff = ts__malloc(sizeof(int64_t) * 3 * (size_t)TS_MAX(g->B, 1));
+    if (!g->aoff) return TS_ERR_NOMEM;
+    g->boff = g->aoff + g->B;
+    g->coff = g->boff + g->B;
+    int64_t astr[TS_MAX_DIMS], bstr[TS_MAX_DIMS], idx[TS_MAX_DIMS] = {0};
+    batch_strides(g->nb, g->bshape, an, a->shape, g->M * g->K, astr);
+    batch_strides(g->nb, g->bshape, bn, b->shape, g->K * g->N, bstr);
+    int64_t ao = 0, bo = 0;
+    for (int64_t i = 0; i < g->B; i++) { /* an odometer over the batch index: no divisions */
+        g->aoff[i] = ao;
+        g->boff[i] = bo;
+        g->coff[i] = i * g->M * g->N;
+        for (int d = g->nb - 1; d >= 0; d--) {
+            ao += astr[d];
+            bo += bstr[d];
+            if (++idx[d] < g->bshape[d]) break;
+            ao -= astr[d] * g->bshape[d];
+            bo -= bstr[d] * g->bshape[d];
+            idx[d] = 0;
+        }
+    }
+    return TS_OK;
+}
+
+/* b one matrix (no batch dims, or all of size 1) and a one per product: the
+ * products are one (B M, K) x (K, N) product over a's rows (torch.matmul does
+ * the same), for the forward and both gradients. Call after the output shape
+ * is taken from g. */
+static void bgeom_fold(const ts_tensor *a, const ts_tensor *b, bgeom *g) {
+    if (g->B > 1 && ts__numel(b->ndim - 2, b->shape) == 1 && ts__numel(a->ndim - 2, a->shape) == g->B) {
+        g->M *= g->B;
+        g->B = 1;
+    }
+}
+
+/* Gradient of operand t (ndim nd, shape) given its per-product gradients, computed
+ * by run(C, cstride) into C: straight into *out when t is not broadcast, else into
+ * a full (bshape, rows, cols) buffer summed down to t's shape. */
+typedef struct bgrad {
+    ts_device *d;
+    const bgeom *g;
+    bool ta, tb;
+    int64_t M, N, K; /* this product's sizes */
+    const float *A, *B;
+    int64_t lda, ldb;
+    const int64_t *aoff, *boff;
+} bgrad;
+
+static ts_status bgrad_run(const bgrad *p, int nd, const int64_t *shape, ts_tensor **out) {
+    const bgeom *g = p->g;
+    ts_device *d = p->d;
+    TS_TRY(ts__new(d, TS_F32, nd, shape, out));
+    int64_t msize = p->M * p->N;
+    if (p->K == 0 || msize == 0 || g->B == 0) return d->k_ew->fill(*out, 0.0f);
+    if (ts__numel(nd, shape) == g->B * msize) /* one product per matrix of t, in order: no broadcasting */
+        return d->k_blas->sgemm_batched(d, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->A, p->lda, p->aoff, p->B, p->ldb,
+                                        p->boff, 0.0f, ts__f32(*out), p->N, msize, g->B);
+    int64_t fshape[TS_MAX_DIMS + 2];
+    memcpy(fshape, g->bshape, sizeof(int64_t) * (size_t)g->nb);
+    fshape[g->nb] = p->M;
+    fshape[g->nb + 1] = p->N;
+    bool reduce[TS_MAX_DIMS + 2] = {false};
+    for (int i = 0; i < g->nb; i++) {
+        int k = i - (g->nb - (nd - 2));
+        reduce[i] = k < 0 || shape[k] != g->bshape[i];
+    }
+    ts_tensor *full = NULL;
+    TS_TRY(ts__new(d, TS_F32, g->nb + 2, fshape, &full));
+    ts_status st = d->k_blas->sgemm_batched(d, p->ta, p->tb, p->M, p->N, p->K, 1.0f, p->A, p->lda, p->aoff, p->B,
+                                            p->ldb, p->boff, 0.0f, ts__f32(full), p->N, msize, g->B);
+    if (st == TS_OK) st = ts__sum_dims_into(full, reduce, 1.0f, *out);
+    ts_tensor_release(full);
+    return st;
+}
+
+static ts_status matmul_nd_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    const ts_tensor *a = ts__node_saved(n, 0), *b = ts__node_saved(n, 1);
+    ts_tensor *gc = NULL;
+    TS_TRY(ts__contiguous(g_in, &gc));
+    bgeom geo;
+    ts_status st = bgeom_make(n->name, a, b, &geo);
+    if (st != TS_OK) {
+        ts_tensor_release(gc);
+        return st;
+    }
+    bgeom_fold(a, b, &geo);
+    ts_device *d = gc->storage->device;
+    const int64_t M = geo.M, K = geo.K, N = geo.N;
+    if (n->needs[0]) { /* ga_i = g_i b_i^T: (M,N)(N,K) */
+        bgrad p = {d, &geo, false, true, M, K, N, ts__f32(gc), ts__f32(b), N, N, geo.coff, geo.boff};
+        st = bgrad_run(&p, a->ndim, a->shape, &gin[0]);
+    }
+    if (st == TS_OK && n->needs[1]) { /* gb_i = a_i^T g_i: (K,M)(M,N) */
+        bgrad p = {d, &geo, true, false, K, N, M, ts__f32(a), ts__f32(gc), K, N, geo.aoff, geo.coff};
+        st = bgrad_run(&p, b->ndim, b->shape, &gin[1]);
+    }
+    bgeom_free(&geo);
+    ts_tensor_release(gc);
+    return st;
+}
+
+/* a: (..., M, K), b: (..., K, N), both F32 with ndim >= 2, on one device. */
+static ts_status matmul_nd(const char *op, const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
+    bgeom geo;
+    TS_TRY(bgeom_make(op, a_in, b_in, &geo));
+    ts_status st;
+    ts_tensor *a = NULL, *b = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(a_in, &a));
+    TS_CHECK_GOTO(ts__contiguous(b_in, &b));
+    ts_device *d = a->storage->device;
+    int64_t shape[TS_MAX_DIMS];
+    memcpy(shape, geo.bshape, sizeof(int64_t) * (size_t)geo.nb);
+    shape[geo.nb] = geo.M;
+    shape[geo.nb + 1] = geo.N;
+    TS_CHECK_GOTO(ts__new(d, TS_F32, geo.nb + 2, shape, &o));
+    bgeom_fold(a, b, &geo);
+    if (geo.K == 0)
+        TS_CHECK_GOTO(d->k_ew->fill(o, 0.0f));
+    else
+        TS_CHECK_GOTO(d->k_blas->sgemm_batched(d, false, false, geo.M, geo.N, geo.K, 1.0f, ts__f32(a), geo.K, geo.aoff,
+                                               ts__f32(b), geo.N, geo.boff, 0.0f, ts__f32(o), geo.N,
+                                               geo.M * geo.N, geo.B));
+    const ts_tensor *in[2] = {a_in, b_in};
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new(op, matmul_nd_backward, 2, in, &n));
+    if (n) {
+        ts__node_save(n, a);
+        ts__node_save(n, b);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
+    }
+    *out = o;
+    o = NULL;
+fail:
+    bgeom_free(&geo);
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(o);
+    return st;
+}
+
+ts_status ts_bmm(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
+    TS_TRY(ts__check_f32("bmm", "a", a));
+    TS_TRY(ts__check_f32("bmm", "b", b));
+    TS_TRY(ts__check_ndim("bmm", "a", a, 3));
+    TS_TRY(ts__check_ndim("bmm", "b", b, 3));
+    TS_TRY(ts__check_same_device("bmm", a, b));
+    TS_ARG(out, "bmm: NULL out");
+    if (a->shape[0] != b->shape[0]) {
+        char x[96], y[96];
+        return ts_error(TS_ERR_SHAPE, "bmm: a %s and b %s: batch sizes differ", ts_shape_str(3, a->shape, x, sizeof x),
+                        ts_shape_str(3, b->shape, y, sizeof y));
+    }
+    return matmul_nd("bmm", a, b, out);
+}
+
 /* ---- linear ------------------------------------------------------------------------------------- */
 static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     const ts_tensor *x = ts__node_saved(n, 0), *w = ts__node_saved(n, 1);
@@ -88,8 +305,7 @@ static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     }
     if (n->needs[2]) { /* gb = column sums of g */
         TS_TRY(ts__new(d, TS_F32, 1, &OUT, &gin[2]));
-        int64_t ostr[2] = {0, 1};
-        TS_TRY(d->k_ew->reduce_to(gin[2], g, ostr));
+        TS_TRY(d->k_ew->sum_dim(gin[2], g, 1, N, OUT, 1.0f));
     }
     return TS_OK;
 }

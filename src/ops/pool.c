@@ -1,7 +1,7 @@
 /*
  * ops/pool.c — max pooling (kernel, stride, padding, dilation, ceil_mode; the
  * argmax indices are kept for backward), average pooling (count_include_pad,
- * ceil_mode) and global average pooling, with their backward functions.
+ * ceil_mode), global and adaptive average pooling, with their backward functions.
  * Output sizes follow PyTorch 1.13, including the ceil_mode rule that the last
  * window must start inside the input or its left padding.
  */
@@ -184,4 +184,56 @@ ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out) {
     };
     TS_TRY(avgpool_run("global_avgpool2d", x, &g, out));
     return trace_unary(TS_OP_GLOBAL_AVGPOOL2D, x, out, NULL);
+}
+
+/* ---- adaptive average pooling ------------------------------------------------------------------------- */
+/* p.i[0..4] = P (planes), H, W, OH, OW */
+static ts_status adaptive_avgpool2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    const int64_t *v = n->p.i;
+    ts_tensor *g = NULL;
+    TS_TRY(ts__contiguous(g_in, &g));
+    ts_device *d = g->storage->device;
+    ts_status st = ts__new(d, TS_F32, n->in_ndim[0], n->in_shape[0], &gin[0]);
+    if (st == TS_OK) st = d->k_spatial->adaptive_avgpool2d_backward(gin[0], g, v[0], v[1], v[2], v[3], v[4]);
+    ts_tensor_release(g);
+    return st;
+}
+
+ts_status ts_adaptive_avgpool2d(const ts_tensor *x_in, int out_h, int out_w, ts_tensor **out) {
+    TS_ARG(out, "adaptive_avgpool2d: NULL out");
+    TS_TRY(ts__check_f32("adaptive_avgpool2d", "input", x_in));
+    char xs[96];
+    int nd = x_in->ndim;
+    if (nd != 3 && nd != 4)
+        return ts_error(TS_ERR_SHAPE, "adaptive_avgpool2d: input %s must be (N, C, H, W) or (C, H, W)",
+                        ts_shape_str(nd, x_in->shape, xs, sizeof xs));
+    if (out_h < 1 || out_w < 1)
+        return ts_error(TS_ERR_INVALID_ARG, "adaptive_avgpool2d: output size (%d, %d) must be positive", out_h, out_w);
+    int64_t H = x_in->shape[nd - 2], W = x_in->shape[nd - 1], P = ts__numel(nd - 2, x_in->shape);
+    if (H < 1 || W < 1)
+        return ts_error(TS_ERR_SHAPE, "adaptive_avgpool2d: input %s has an empty plane",
+                        ts_shape_str(nd, x_in->shape, xs, sizeof xs));
+    int64_t shape[4];
+    memcpy(shape, x_in->shape, sizeof(int64_t) * (size_t)nd);
+    shape[nd - 2] = out_h;
+    shape[nd - 1] = out_w;
+    ts_status st;
+    ts_tensor *x = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
+    ts_device *d = x->storage->device;
+    TS_CHECK_GOTO(ts__new(d, TS_F32, nd, shape, &o));
+    TS_CHECK_GOTO(d->k_spatial->adaptive_avgpool2d(o, x, P, H, W, out_h, out_w));
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("adaptive_avgpool2d", adaptive_avgpool2d_backward, 1, &x_in, &n));
+    if (n) {
+        const int64_t v[] = {P, H, W, out_h, out_w};
+        memcpy(n->p.i, v, sizeof v);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(o);
+    return st;
 }

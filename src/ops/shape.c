@@ -1,6 +1,7 @@
 /*
- * ops/shape.c — reshape, flatten, concat and slice, with their backward
- * functions. Any dtype (gradients only flow for F32). PyTorch 1.13 semantics:
+ * ops/shape.c — reshape, flatten, concat, slice, permute and transpose, with
+ * their backward functions. Any dtype (gradients only flow for F32). PyTorch
+ * 1.13 semantics:
  *   reshape: one -1 inferred; a view sharing storage when the input is
  *            contiguous, else a contiguous copy.
  *   flatten: dims [start_dim, ndim) merged; a 0-d tensor becomes (1).
@@ -10,9 +11,13 @@
  *   slice:   [start, end) along dim, negative values count from the end and
  *            both are clamped to [0, size] as Python slicing does; a
  *            contiguous copy.
+ *   flatten_range: dims [start, end] merged (torch.flatten(x, start, end)).
+ *   permute / transpose: negative dims count from the end; a contiguous copy
+ *            (PyTorch returns a view); backward permutes back.
  */
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
+#include "device/k_ew.h"
 #include "device/k_misc.h"
 #include "ops/trace.h"
 #include "tessera/ops.h"
@@ -341,4 +346,100 @@ ts_status ts_slice(const ts_tensor *x, int dim, int64_t start, int64_t end, ts_t
     }
     *out = o;
     return TS_OK;
+}
+
+ts_status ts_flatten_range(const ts_tensor *x, int start_dim, int end_dim, ts_tensor **out) {
+    TS_ARG(x, "flatten_range: x is NULL");
+    TS_ARG(out, "flatten_range: NULL out");
+    int nd = x->ndim ? x->ndim : 1, s = 0, e = 0;
+    TS_TRY(wrap_dim("flatten_range", start_dim, x, nd, &s));
+    TS_TRY(wrap_dim("flatten_range", end_dim, x, nd, &e));
+    if (s > e) {
+        char b[96];
+        return ts_error(TS_ERR_INVALID_ARG, "flatten_range: start_dim %d comes after end_dim %d for a tensor of shape %s",
+                        start_dim, end_dim, ts_shape_str(x->ndim, x->shape, b, sizeof b));
+    }
+    int64_t shape[TS_MAX_DIMS];
+    int k = 0;
+    if (x->ndim == 0) {
+        shape[k++] = 1;
+    } else {
+        for (int i = 0; i < s; i++) shape[k++] = x->shape[i];
+        shape[k++] = ts__numel(e - s + 1, x->shape + s);
+        for (int i = e + 1; i < x->ndim; i++) shape[k++] = x->shape[i];
+    }
+    /* traced as the reshape it is (the exporter keeps a batch dim symbolic) */
+    ts__trace_attrs ta = {.i = {k}};
+    for (int i = 0; i < k; i++) ta.i[1 + i] = shape[i];
+    return reshape_to("flatten_range", x, k, shape, TS_OP_RESHAPE, &ta, out);
+}
+
+/* ---- permute / transpose ------------------------------------------------------------------------------ */
+/* p.i[d] = perm[d]: the gradient is permuted back with the inverse */
+static ts_status permute_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    int nd = n->in_ndim[0], inv[TS_MAX_DIMS];
+    for (int d = 0; d < nd; d++) inv[n->p.i[d]] = d;
+    ts_tensor *g = NULL;
+    TS_TRY(ts__contiguous(g_in, &g));
+    ts_status st = ts__new(g->storage->device, g->dtype, nd, n->in_shape[0], &gin[0]);
+    if (st == TS_OK) st = g->storage->device->k_ew->permute(gin[0], g, inv);
+    ts_tensor_release(g);
+    return st;
+}
+
+/* perm: wrapped and checked */
+static ts_status permute_run(const char *op, const ts_tensor *x_in, const int *perm, ts_tensor **out) {
+    int64_t shape[TS_MAX_DIMS];
+    for (int d = 0; d < x_in->ndim; d++) shape[d] = x_in->shape[perm[d]];
+    ts_status st;
+    ts_tensor *x = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
+    ts_device *dev = x->storage->device;
+    TS_CHECK_GOTO(ts__new(dev, x->dtype, x->ndim, shape, &o));
+    TS_CHECK_GOTO(dev->k_ew->permute(o, x, perm));
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new(op, permute_backward, 1, &x_in, &n));
+    if (n) {
+        for (int d = 0; d < x_in->ndim; d++) n->p.i[d] = perm[d];
+        TS_CHECK_GOTO(ts__node_attach(n, o));
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(o);
+    return st;
+}
+
+ts_status ts_permute(const ts_tensor *x, const int *perm, ts_tensor **out) {
+    TS_ARG(x, "permute: x is NULL");
+    TS_ARG(out, "permute: NULL out");
+    TS_ARG(perm || x->ndim == 0, "permute: NULL perm for a tensor of %d dims", x->ndim);
+    int p[TS_MAX_DIMS];
+    bool seen[TS_MAX_DIMS] = {false};
+    for (int d = 0; d < x->ndim; d++) {
+        TS_TRY(wrap_dim("permute", perm[d], x, x->ndim, &p[d]));
+        if (seen[p[d]]) {
+            char b[96];
+            return ts_error(TS_ERR_INVALID_ARG, "permute: dim %d appears more than once in the permutation of a tensor "
+                            "of shape %s", p[d], ts_shape_str(x->ndim, x->shape, b, sizeof b));
+        }
+        seen[p[d]] = true;
+    }
+    return permute_run("permute", x, p, out);
+}
+
+ts_status ts_transpose(const ts_tensor *x, int dim0, int dim1, ts_tensor **out) {
+    TS_ARG(x, "transpose: x is NULL");
+    TS_ARG(out, "transpose: NULL out");
+    int nd = x->ndim ? x->ndim : 1, a = 0, b = 0; /* a 0-d tensor takes dims 0 and -1 */
+    TS_TRY(wrap_dim("transpose", dim0, x, nd, &a));
+    TS_TRY(wrap_dim("transpose", dim1, x, nd, &b));
+    int p[TS_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) p[d] = d;
+    if (x->ndim) {
+        p[a] = b;
+        p[b] = a;
+    }
+    return permute_run("transpose", x, p, out);
 }

@@ -73,6 +73,31 @@ static ts_status cpu_sgemm(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
     return TS_OK;
 }
 
+/* A batch of products. Products big enough to split (cpu_sgemm's rule) run one
+ * after another, each split across the threads; smaller ones run one per thread
+ * (whole products, so each element's sum over K is in the same order as with
+ * one thread). */
+static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                                   const float *A, int64_t lda, const int64_t *aoff, const float *B, int64_t ldb,
+                                   const int64_t *boff, float beta, float *C, int64_t ldc, int64_t cstride,
+                                   int64_t batch) {
+    if (M == 0 || N == 0 || batch == 0) return TS_OK;
+    pthread_once(&blas_once, blas_single_threaded);
+    int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
+    double work = (double)M * (double)N * (double)K;
+    if (batch == 1 || nthr <= 1 || work >= SGEMM_PAR_MIN) {
+        for (int64_t i = 0; i < batch; i++)
+            TS_TRY(cpu_sgemm(d, ta, tb, M, N, K, alpha, A + aoff[i], lda, B + boff[i], ldb, beta, C + i * cstride,
+                             ldc));
+        return TS_OK;
+    }
+#pragma omp parallel for num_threads(nthr) if (work * (double)batch >= SGEMM_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < batch; i++)
+        sgemm1(ta, tb, M, N, K, alpha, A + aoff[i], lda, B + boff[i], ldb, beta, C + i * cstride, ldc);
+    return TS_OK;
+}
+
 const struct ts_kernels_blas ts_cpu_kernels_blas = {
     .sgemm = cpu_sgemm,
+    .sgemm_batched = cpu_sgemm_batched,
 };

@@ -1,11 +1,15 @@
 /*
  * ops/cpu/ew.c — elementwise kernels on the CPU (OpenMP over elements).
  * Fast paths for contiguous, same-shape operands; a general strided walk
- * (an odometer over the output's index) for broadcasting and views.
+ * (an odometer over the output's index) for broadcasting and views. The
+ * activations, the one-dim reductions and max work on contiguous tensors seen
+ * as (outer, n, inner); permute transposes in tiles.
  */
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
+#include "ops/cpu/vmath.h"
 
+#include <math.h>
 #include <omp.h>
 
 #define PAR_MIN 32768 /* below this many elements, stay on one thread */
@@ -80,6 +84,10 @@ static ts_status cpu_binary(ts_binop op, ts_tensor *out, const ts_tensor *a, con
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
             for (int64_t i = 0; i < n; i++) o[i] = pa[i] * pb[i];
             break;
+        case TS_BIN_DIV:
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+            for (int64_t i = 0; i < n; i++) o[i] = pa[i] / pb[i];
+            break;
         }
         return TS_OK;
     }
@@ -91,9 +99,19 @@ static ts_status cpu_binary(ts_binop op, ts_tensor *out, const ts_tensor *a, con
         const float *ra = pa + strided_offset(nd - 1, out->shape, astr, r);
         const float *rb = pb + strided_offset(nd - 1, out->shape, bstr, r);
         float *ro = o + r * inner;
-        for (int64_t j = 0; j < inner; j++) {
-            float x = ra[j * ai], y = rb[j * bi];
-            ro[j] = op == TS_BIN_ADD ? x + y : op == TS_BIN_SUB ? x - y : x * y;
+        switch (op) { /* one loop per op, so each vectorises */
+        case TS_BIN_ADD:
+            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] + rb[j * bi];
+            break;
+        case TS_BIN_SUB:
+            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] - rb[j * bi];
+            break;
+        case TS_BIN_MUL:
+            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] * rb[j * bi];
+            break;
+        case TS_BIN_DIV:
+            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] / rb[j * bi];
+            break;
         }
     }
     return TS_OK;
@@ -172,6 +190,316 @@ static ts_status cpu_expand_scalar(ts_tensor *out, const ts_tensor *s, float alp
     return cpu_fill(out, alpha * ts__f32(s)[0]);
 }
 
+/* ---- activations --------------------------------------------------------------------------------- */
+#define SQRT_2_OVER_PI 0.7978845608028654f
+#define INV_SQRT_2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
+#define GELU_TANH_C 0.044715f
+
+static inline float sigmoidf(float x) { return 1.0f / (1.0f + ts__vexpf(-x)); }
+
+static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
+    float *o = ts__f32(out);
+    const float *p = ts__f32(x);
+    int64_t n = ts_tensor_numel(out);
+    switch (op) {
+    case TS_UN_SIGMOID:
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = sigmoidf(p[i]);
+        break;
+    case TS_UN_TANH:
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = tanhf(p[i]);
+        break;
+    case TS_UN_GELU:
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = 0.5f * p[i] * (1.0f + ts__verff(p[i] * INV_SQRT_2));
+        break;
+    case TS_UN_GELU_TANH:
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float v = p[i];
+            o[i] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v)));
+        }
+        break;
+    case TS_UN_SILU:
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = p[i] * sigmoidf(p[i]);
+        break;
+    }
+    return TS_OK;
+}
+
+static ts_status cpu_unary_backward(ts_unop op, ts_tensor *gx, const ts_tensor *gy, const ts_tensor *x,
+                                    const ts_tensor *y) {
+    float *o = ts__f32(gx);
+    const float *g = ts__f32(gy);
+    const float *px = x ? ts__f32(x) : NULL, *py = y ? ts__f32(y) : NULL;
+    int64_t n = ts_tensor_numel(gx);
+    switch (op) {
+    case TS_UN_SIGMOID: /* s' = s (1 - s) */
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = g[i] * py[i] * (1.0f - py[i]);
+        break;
+    case TS_UN_TANH: /* t' = 1 - t^2 */
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = g[i] * (1.0f - py[i] * py[i]);
+        break;
+    case TS_UN_GELU: /* Phi(x) + x phi(x) */
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float v = px[i];
+            float cdf = 0.5f * (1.0f + ts__verff(v * INV_SQRT_2)), pdf = INV_SQRT_2PI * ts__vexpf(-0.5f * v * v);
+            o[i] = g[i] * (cdf + v * pdf);
+        }
+        break;
+    case TS_UN_GELU_TANH: /* u = c (x + k x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2) */
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float v = px[i], v2 = v * v;
+            float t = tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v2 * v));
+            float du = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * v2);
+            o[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        }
+        break;
+    case TS_UN_SILU: /* s (1 + x (1 - s)) */
+#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
+        for (int64_t i = 0; i < n; i++) {
+            float s = sigmoidf(px[i]);
+            o[i] = g[i] * s * (1.0f + px[i] * (1.0f - s));
+        }
+        break;
+    }
+    return TS_OK;
+}
+
+/* ---- reductions along one dim ---------------------------------------------------------------------- */
+// out: (outer, inner) = alpha * sum_k x: (outer, n, inner)[:, k, :]
+static ts_status cpu_sum_dim(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner,
+                             float alpha) {
+    float *o = ts__f32(out);
+    const float *p = ts__f32(x);
+    if (inner == 1) { /* contiguous rows: float partial sums in SIMD lanes (each adds n/16 terms or fewer),
+                         rows longer than a block also totalled in double across blocks */
+        const int64_t block = 4096;
+#pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < outer; r++) {
+            const float *row = p + r * n;
+            double acc = 0;
+            for (int64_t k0 = 0; k0 < n; k0 += block) {
+                int64_t k1 = TS_MIN(n, k0 + block);
+                float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+                for (int64_t k = k0; k < k1; k++) part += row[k];
+                acc += part;
+            }
+            o[r] = (float)(alpha * acc);
+        }
+        return TS_OK;
+    }
+    /* rows of inner elements added into the output row (vectorises along inner);
+     * split the outer dim, or the inner one when outer is too short to share */
+    int nthr = omp_get_max_threads();
+    if (outer >= nthr || outer * n * inner <= PAR_MIN) {
+#pragma omp parallel for if (outer * n * inner > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < outer; r++) {
+            float *orow = o + r * inner;
+            const float *xr = p + r * n * inner;
+            memset(orow, 0, sizeof(float) * (size_t)inner);
+            for (int64_t k = 0; k < n; k++)
+                for (int64_t i = 0; i < inner; i++) orow[i] += xr[k * inner + i];
+            if (alpha != 1.0f)
+                for (int64_t i = 0; i < inner; i++) orow[i] *= alpha;
+        }
+        return TS_OK;
+    }
+    const int64_t chunk = 1024;
+    const int64_t nchunks = (inner + chunk - 1) / chunk;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t r = 0; r < outer; r++)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t lo = c * chunk, hi = TS_MIN(inner, lo + chunk);
+            float *orow = o + r * inner;
+            const float *xr = p + r * n * inner;
+            for (int64_t i = lo; i < hi; i++) orow[i] = 0.0f;
+            for (int64_t k = 0; k < n; k++)
+                for (int64_t i = lo; i < hi; i++) orow[i] += xr[k * inner + i];
+            if (alpha != 1.0f)
+                for (int64_t i = lo; i < hi; i++) orow[i] *= alpha;
+        }
+    return TS_OK;
+}
+
+// out: (outer, n, inner) = alpha * x: (outer, inner) along the middle dim
+static ts_status cpu_expand_dim(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner,
+                                float alpha) {
+    float *o = ts__f32(out);
+    const float *p = ts__f32(x);
+    int64_t rows = outer * n;
+    if (inner == 1) {
+#pragma omp parallel for if (rows > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < outer; r++) {
+            float v = alpha * p[r];
+            for (int64_t k = 0; k < n; k++) o[r * n + k] = v;
+        }
+        return TS_OK;
+    }
+#pragma omp parallel for if (rows * inner > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = p + (r / n) * inner; /* one division per row of inner elements */
+        float *dst = o + r * inner;
+        for (int64_t i = 0; i < inner; i++) dst[i] = alpha * src[i];
+    }
+    return TS_OK;
+}
+
+/* v is the new maximum over best: larger, or the first NaN (NaN propagates as in torch.max) */
+static inline bool max_wins(float v, float best) { return v > best || (v != v && best == best); }
+
+// values, indices: (outer, inner) = max / first argmax over the middle dim of x: (outer, n, inner)
+static ts_status cpu_max_dim(ts_tensor *values, ts_tensor *indices, const ts_tensor *x, int64_t outer, int64_t n,
+                             int64_t inner) {
+    float *ov = ts__f32(values);
+    int64_t *oi = (int64_t *)ts__ptr(indices);
+    const float *p = ts__f32(x);
+    if (inner == 1) { /* a vector max (and NaN check) over the row, then its first position */
+#pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < outer; r++) {
+            const float *row = p + r * n;
+            float best = row[0];
+            int nan = 0;
+#pragma omp simd reduction(max : best) reduction(| : nan)
+            for (int64_t k = 0; k < n; k++) {
+                best = row[k] > best ? row[k] : best;
+                nan |= row[k] != row[k];
+            }
+            int64_t bi = 0;
+            if (nan)
+                while (row[bi] == row[bi]) bi++;
+            else
+                while (row[bi] != best) bi++;
+            ov[r] = row[bi];
+            oi[r] = bi;
+        }
+        return TS_OK;
+    }
+    /* compare whole rows of inner elements against the running maximum row */
+#pragma omp parallel for if (outer * n * inner > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < outer; r++) {
+        const float *xr = p + r * n * inner;
+        float *vr = ov + r * inner;
+        int64_t *ir = oi + r * inner;
+        for (int64_t i = 0; i < inner; i++) {
+            vr[i] = xr[i];
+            ir[i] = 0;
+        }
+        for (int64_t k = 1; k < n; k++) {
+            const float *xk = xr + k * inner;
+            for (int64_t i = 0; i < inner; i++)
+                if (max_wins(xk[i], vr[i])) {
+                    vr[i] = xk[i];
+                    ir[i] = k;
+                }
+        }
+    }
+    return TS_OK;
+}
+
+// gx: (outer, n, inner) = g: (outer, inner) scattered at indices along the middle dim
+static ts_status cpu_max_dim_backward(ts_tensor *gx, const ts_tensor *g, const ts_tensor *indices, int64_t outer,
+                                      int64_t n, int64_t inner) {
+    float *o = ts__f32(gx);
+    const float *pg = ts__f32(g);
+    const int64_t *pi = (const int64_t *)ts__ptr(indices);
+#pragma omp parallel for if (outer * n * inner > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < outer; r++) {
+        float *xr = o + r * n * inner;
+        memset(xr, 0, sizeof(float) * (size_t)(n * inner));
+        for (int64_t i = 0; i < inner; i++) xr[pi[r * inner + i] * inner + i] = pg[r * inner + i];
+    }
+    return TS_OK;
+}
+
+/* ---- permute ---------------------------------------------------------------------------------------- */
+#define PERMUTE_TILE 32
+
+/* out (contiguous) = x (contiguous) with dims permuted. The source strides are
+ * first seen in out's order, size-1 dims dropped and dims that stay adjacent
+ * merged. Then either the last dim still reads contiguously (copy rows of it)
+ * or it does not, and the dim that reads contiguously, j, is elsewhere: every
+ * index of the other dims is a 2-D transpose of (size[j], size[last]), copied
+ * in 32x32 tiles so both sides stay in cache. */
+static ts_status cpu_permute(ts_tensor *out, const ts_tensor *x, const int *perm) {
+    size_t es = ts_dtype_size(x->dtype);
+    int64_t n = ts_tensor_numel(out);
+    if (n == 0) return TS_OK;
+    int64_t shape[TS_MAX_DIMS], sstr[TS_MAX_DIMS];
+    int nd = 0;
+    for (int d = 0; d < out->ndim; d++) {
+        int64_t sz = out->shape[d], st = x->stride[perm[d]];
+        if (sz == 1) continue;
+        if (nd > 0 && sstr[nd - 1] == st * sz) { /* merges with the previous dim */
+            shape[nd - 1] *= sz;
+            sstr[nd - 1] = st;
+        } else {
+            shape[nd] = sz;
+            sstr[nd] = st;
+            nd++;
+        }
+    }
+    const char *src = ts__ptr(x);
+    char *dst = ts__ptr(out);
+    if (nd == 0 || sstr[nd - 1] == 1) { /* rows of the last dim are contiguous on both sides */
+        int64_t inner = nd ? shape[nd - 1] : 1, rows = n / inner;
+        size_t rb = (size_t)inner * es;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(dst + (size_t)r * rb, src + (size_t)strided_offset(nd - 1, shape, sstr, r) * es, rb);
+        return TS_OK;
+    }
+    int j = 0; /* x is contiguous, so some dim reads with stride 1 */
+    while (j < nd && sstr[j] != 1) j++;
+    if (j == nd) return ts_error(TS_ERR_INTERNAL, "permute: input is not contiguous");
+    /* out strides of the coalesced dims */
+    int64_t ostr[TS_MAX_DIMS], s = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        ostr[d] = s;
+        s *= shape[d];
+    }
+    /* the other dims, as one odometer */
+    int64_t oshape[TS_MAX_DIMS], osrc[TS_MAX_DIMS], odst[TS_MAX_DIMS];
+    int no = 0;
+    for (int d = 0; d < nd - 1; d++)
+        if (d != j) {
+            oshape[no] = shape[d];
+            osrc[no] = sstr[d];
+            odst[no] = ostr[d];
+            no++;
+        }
+    const int64_t R = shape[j], C = shape[nd - 1], rs = ostr[j], cs = sstr[nd - 1];
+    const int64_t tr = (R + PERMUTE_TILE - 1) / PERMUTE_TILE, tc = (C + PERMUTE_TILE - 1) / PERMUTE_TILE;
+    const int64_t nb = n / (R * C), tasks = nb * tr * tc;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t b = t / (tr * tc), rem = t - b * (tr * tc), ti = rem / tc, tj = rem - ti * tc;
+        int64_t so = strided_offset(no, oshape, osrc, b), dof = strided_offset(no, oshape, odst, b);
+        int64_t r0 = ti * PERMUTE_TILE, r1 = TS_MIN(R, r0 + PERMUTE_TILE);
+        int64_t c0 = tj * PERMUTE_TILE, c1 = TS_MIN(C, c0 + PERMUTE_TILE);
+        /* out[.., r, .., c] (stride rs, 1) = x[.., r (stride 1), .., c (stride cs)] */
+        if (es == 4) {
+            const float *sp = (const float *)src + so;
+            float *dp = (float *)dst + dof;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) dp[r * rs + c] = sp[r + c * cs];
+        } else {
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++)
+                    memcpy(dst + (size_t)(dof + r * rs + c) * es, src + (size_t)(so + r + c * cs) * es, es);
+        }
+    }
+    return TS_OK;
+}
+
 const struct ts_kernels_ew ts_cpu_kernels_ew = {
     .fill = cpu_fill,
     .copy = cpu_copy,
@@ -183,4 +511,11 @@ const struct ts_kernels_ew ts_cpu_kernels_ew = {
     .reduce_to = cpu_reduce_to,
     .sum_all = cpu_sum_all,
     .expand_scalar = cpu_expand_scalar,
+    .unary = cpu_unary,
+    .unary_backward = cpu_unary_backward,
+    .sum_dim = cpu_sum_dim,
+    .expand_dim = cpu_expand_dim,
+    .max_dim = cpu_max_dim,
+    .max_dim_backward = cpu_max_dim_backward,
+    .permute = cpu_permute,
 };

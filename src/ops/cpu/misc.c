@@ -11,6 +11,7 @@
  */
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
+#include "ops/cpu/vmath.h"
 
 #include <math.h>
 #include <omp.h>
@@ -162,6 +163,86 @@ static ts_status cpu_log_softmax_backward(ts_tensor *gx, const ts_tensor *gy, co
     return TS_OK;
 }
 
+/* y = softmax of one contiguous row of n: vector max, exp and sum (float
+ * partial sums in SIMD lanes, each adding n/16 terms or fewer) */
+static void softmax_row(float *restrict y, const float *restrict x, int64_t n) {
+    float m = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (int64_t c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < n; c++) {
+        float e = ts__vexpf(x[c] - m);
+        y[c] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++) y[c] *= inv;
+}
+
+/* out, x: (outer, n, inner); softmax over the middle dim, max-shifted */
+static ts_status cpu_softmax(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner) {
+    float *o = ts__f32(out);
+    const float *px = ts__f32(x);
+    if (inner == 1) {
+#pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < outer; r++) softmax_row(o + r * n, px + r * n, n);
+        return TS_OK;
+    }
+    int64_t rows = outer * inner;
+#pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t a = r / inner, b = r - a * inner;
+        int64_t base = a * n * inner + b;
+        const float *xr = px + base;
+        float *yr = o + base;
+        float m = -INFINITY;
+        for (int64_t c = 0; c < n; c++) m = fmaxf(m, xr[c * inner]);
+        double sum = 0;
+        for (int64_t c = 0; c < n; c++) {
+            float e = ts__vexpf(xr[c * inner] - m);
+            yr[c * inner] = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (int64_t c = 0; c < n; c++) yr[c * inner] *= inv;
+    }
+    return TS_OK;
+}
+
+/* gx, gy, y: (outer, n, inner); gx = y (gy - sum_c gy y) */
+static ts_status cpu_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer,
+                                      int64_t n, int64_t inner) {
+    float *o = ts__f32(gx);
+    const float *pg = ts__f32(gy), *py = ts__f32(y);
+    if (inner == 1) { /* contiguous rows: vector dot product and update */
+#pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
+        for (int64_t r = 0; r < outer; r++) {
+            const float *g = pg + r * n, *yr = py + r * n;
+            float *gr = o + r * n, dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t c = 0; c < n; c++) dot += g[c] * yr[c];
+#pragma omp simd
+            for (int64_t c = 0; c < n; c++) gr[c] = yr[c] * (g[c] - dot);
+        }
+        return TS_OK;
+    }
+    int64_t rows = outer * inner;
+#pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t a = r / inner, b = r - a * inner;
+        int64_t base = a * n * inner + b;
+        double dot = 0;
+        for (int64_t c = 0; c < n; c++) dot += (double)pg[base + c * inner] * py[base + c * inner];
+        float s = (float)dot;
+        for (int64_t c = 0; c < n; c++) {
+            int64_t k = base + c * inner;
+            o[k] = py[k] * (pg[k] - s);
+        }
+    }
+    return TS_OK;
+}
+
 /* ---- cross-entropy (fused log-softmax + NLL + label smoothing) --------------------------------------- */
 /* Checks every target; counts the samples that are not ignored. */
 static ts_status check_targets(const int64_t *t, int64_t N, int64_t C, int64_t ignore, int64_t *count) {
@@ -280,4 +361,6 @@ const struct ts_kernels_misc ts_cpu_kernels_misc = {
     .cross_entropy_backward = cpu_cross_entropy_backward,
     .mse = cpu_mse,
     .mse_backward = cpu_mse_backward,
+    .softmax = cpu_softmax,
+    .softmax_backward = cpu_softmax_backward,
 };

@@ -748,6 +748,57 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
     return TS_OK;
 }
 
+/* ---- adaptive average pooling ------------------------------------------------------------------------ */
+/* PyTorch's adaptive windows: [floor(i in / out), ceil((i + 1) in / out)) */
+static inline int64_t adaptive_start(int64_t i, int64_t in, int64_t out) { return (i * in) / out; }
+static inline int64_t adaptive_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
+
+// out: (P, OH, OW) = window means of x: (P, H, W)
+static ts_status cpu_adaptive_avgpool2d(ts_tensor *out, const ts_tensor *x, int64_t P, int64_t H, int64_t W,
+                                        int64_t OH, int64_t OW) {
+    const float *px = ts__f32(x);
+    float *po = ts__f32(out);
+#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        const float *xp = px + p * H * W;
+        float *op = po + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t hs = adaptive_start(oh, H, OH), he = adaptive_end(oh, H, OH);
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t ws = adaptive_start(ow, W, OW), we = adaptive_end(ow, W, OW);
+                float s = 0.0f;
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) s += xp[ih * W + iw];
+                op[oh * OW + ow] = s / (float)((he - hs) * (we - ws));
+            }
+        }
+    }
+    return TS_OK;
+}
+
+// gx: (P, H, W) = each gout: (P, OH, OW) spread evenly over its (possibly overlapping) window
+static ts_status cpu_adaptive_avgpool2d_backward(ts_tensor *gx, const ts_tensor *gout, int64_t P, int64_t H,
+                                                 int64_t W, int64_t OH, int64_t OW) {
+    float *px = ts__f32(gx);
+    const float *pg = ts__f32(gout);
+#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        float *xp = px + p * H * W;
+        const float *gp = pg + p * OH * OW;
+        memset(xp, 0, sizeof(float) * (size_t)(H * W));
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t hs = adaptive_start(oh, H, OH), he = adaptive_end(oh, H, OH);
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t ws = adaptive_start(ow, W, OW), we = adaptive_end(ow, W, OW);
+                float v = gp[oh * OW + ow] / (float)((he - hs) * (we - ws));
+                for (int64_t ih = hs; ih < he; ih++)
+                    for (int64_t iw = ws; iw < we; iw++) xp[ih * W + iw] += v;
+            }
+        }
+    }
+    return TS_OK;
+}
+
 const struct ts_kernels_spatial ts_cpu_kernels_spatial = {
     .conv2d = cpu_conv2d,
     .conv2d_backward = cpu_conv2d_backward,
@@ -759,4 +810,6 @@ const struct ts_kernels_spatial ts_cpu_kernels_spatial = {
     .batchnorm2d_invstd = cpu_batchnorm2d_invstd,
     .batchnorm2d_apply = cpu_batchnorm2d_apply,
     .batchnorm2d_backward = cpu_batchnorm2d_backward,
+    .adaptive_avgpool2d = cpu_adaptive_avgpool2d,
+    .adaptive_avgpool2d_backward = cpu_adaptive_avgpool2d_backward,
 };

@@ -1,0 +1,109 @@
+/*
+ * ops/activation.c — sigmoid, tanh, GELU (erf or tanh approximation), SiLU and
+ * softmax along a dim, with their backward functions (PyTorch 1.13 semantics).
+ *
+ * Sigmoid, tanh and softmax save their output (the derivative is a function of
+ * it); GELU and SiLU save their input. ReLU lives in elementwise.c and
+ * log_softmax in loss.c.
+ */
+#include "autograd/autograd.h"
+#include "tensor/tensor.h"
+#include "device/k_ew.h"
+#include "device/k_misc.h"
+#include "tessera/ops.h"
+
+/* ---- unary activations ----------------------------------------------------------------------------- */
+static bool saves_output(ts_unop op) { return op == TS_UN_SIGMOID || op == TS_UN_TANH; }
+
+static ts_status unary_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    ts_unop op = (ts_unop)n->p.i[0];
+    const ts_tensor *saved = ts__node_saved(n, 0);
+    ts_tensor *g = NULL;
+    TS_TRY(ts__contiguous(g_in, &g));
+    ts_status st = ts__new_like(g, &gin[0]);
+    if (st == TS_OK)
+        st = g->storage->device->k_ew->unary_backward(op, gin[0], g, saves_output(op) ? NULL : saved,
+                                                      saves_output(op) ? saved : NULL);
+    ts_tensor_release(g);
+    return st;
+}
+
+static ts_status unary_op(const char *name, ts_unop op, const ts_tensor *x_in, ts_tensor **out) {
+    TS_TRY(ts__check_f32(name, "x", x_in));
+    TS_ARG(out, "%s: NULL out", name);
+    ts_status st;
+    ts_tensor *x = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
+    TS_CHECK_GOTO(ts__new_like(x, &o));
+    TS_CHECK_GOTO(x->storage->device->k_ew->unary(op, o, x));
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new(name, unary_backward, 1, &x_in, &n));
+    if (n) {
+        n->p.i[0] = op;
+        ts__node_save(n, saves_output(op) ? o : x);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(o);
+    return st;
+}
+
+ts_status ts_sigmoid(const ts_tensor *x, ts_tensor **out) { return unary_op("sigmoid", TS_UN_SIGMOID, x, out); }
+ts_status ts_tanh(const ts_tensor *x, ts_tensor **out) { return unary_op("tanh", TS_UN_TANH, x, out); }
+ts_status ts_silu(const ts_tensor *x, ts_tensor **out) { return unary_op("silu", TS_UN_SILU, x, out); }
+ts_status ts_gelu(const ts_tensor *x, bool tanh_approx, ts_tensor **out) {
+    return unary_op("gelu", tanh_approx ? TS_UN_GELU_TANH : TS_UN_GELU, x, out);
+}
+
+/* ---- softmax ------------------------------------------------------------------------------------------ */
+static ts_status softmax_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    ts_tensor *g = NULL;
+    TS_TRY(ts__contiguous(g_in, &g));
+    ts_status st = ts__new_like(g, &gin[0]);
+    if (st == TS_OK)
+        st = g->storage->device->k_misc->softmax_backward(gin[0], g, ts__node_saved(n, 0), n->p.i[0], n->p.i[1],
+                                                          n->p.i[2]);
+    ts_tensor_release(g);
+    return st;
+}
+
+ts_status ts_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
+    TS_TRY(ts__check_f32("softmax", "x", x_in));
+    TS_ARG(out, "softmax: NULL out");
+    int nd = x_in->ndim ? x_in->ndim : 1; /* a 0-d tensor acts as one element along dim 0 */
+    if (dim < -nd || dim >= nd) {
+        char b[96];
+        return ts_error(TS_ERR_INVALID_ARG, "softmax: dim %d is out of range for a tensor of shape %s (expected [%d, %d])",
+                        dim, ts_shape_str(x_in->ndim, x_in->shape, b, sizeof b), -nd, nd - 1);
+    }
+    int d = dim < 0 ? dim + nd : dim;
+    int64_t outer = 1, n = 1, inner = 1;
+    if (x_in->ndim) {
+        outer = ts__numel(d, x_in->shape);
+        n = x_in->shape[d];
+        inner = ts__numel(x_in->ndim - d - 1, x_in->shape + d + 1);
+    }
+    ts_status st;
+    ts_tensor *x = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
+    TS_CHECK_GOTO(ts__new_like(x, &o));
+    TS_CHECK_GOTO(x->storage->device->k_misc->softmax(o, x, outer, n, inner));
+    ts_node *node = NULL;
+    TS_CHECK_GOTO(ts__node_new("softmax", softmax_backward, 1, &x_in, &node));
+    if (node) {
+        ts__node_save(node, o);
+        node->p.i[0] = outer;
+        node->p.i[1] = n;
+        node->p.i[2] = inner;
+        TS_CHECK_GOTO(ts__node_attach(node, o));
+    }
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(o);
+    return st;
+}
