@@ -559,6 +559,80 @@ static void test_functional_ops(void) {
     ts_module_free(m);
 }
 
+/* x (N, 4, 6, 6) through the newer ops, as a public custom module (ts_nn_module_new): adaptive pooling
+ * 6x6 -> 3x3, sigmoid, tanh, SiLU, GELU (erf and tanh forms), div, permute, transpose, batched matmul,
+ * sum/mean over dims (keepdim both ways), max over a dim, softmax, flatten_range. Parameter "w" (4, 4). */
+static ts_status new_ops_forward(ts_module *self, const ts_tensor *x, ts_tensor **out) {
+    ts_tensor *tmp[40] = {NULL}, *t = NULL;
+    int ntmp = 0;
+    ts_status st;
+    TRY(ts_adaptive_avgpool2d(x, 3, 3, &t));
+    ts_tensor *a = KEEP(t); /* (N, 4, 3, 3) */
+    TRY(ts_sigmoid(a, &t));
+    ts_tensor *b = KEEP(t);
+    TRY(ts_tanh(a, &t));
+    ts_tensor *c = KEEP(t);
+    TRY(ts_silu(c, &t));
+    ts_tensor *d = KEEP(t);
+    TRY(ts_gelu(d, false, &t));
+    ts_tensor *e = KEEP(t);
+    TRY(ts_gelu(a, true, &t));
+    ts_tensor *f = KEEP(t);
+    TRY(ts_add(b, f, &t));
+    ts_tensor *g0 = KEEP(t);
+    TRY(ts_add(e, g0, &t));
+    ts_tensor *g1 = KEEP(t);
+    TRY(ts_div(g1, b, &t));
+    ts_tensor *g = KEEP(t);                         /* (N, 4, 3, 3) */
+    TRY(ts_permute(g, (int[]){0, 2, 3, 1}, &t));
+    ts_tensor *h = KEEP(t);                         /* (N, 3, 3, 4) */
+    TRY(ts_flatten_range(h, 1, 2, &t));
+    ts_tensor *i = KEEP(t);                         /* (N, 9, 4) */
+    TRY(ts_matmul(i, ts_module_param(self, "w"), &t));
+    ts_tensor *j = KEEP(t);                         /* (N, 9, 4) */
+    TRY(ts_transpose(j, 1, 2, &t));
+    ts_tensor *k = KEEP(t);                         /* (N, 4, 9) */
+    TRY(ts_bmm(k, i, &t));
+    ts_tensor *l = KEEP(t);                         /* (N, 4, 4) */
+    TRY(ts_sum_dims(l, 1, (int[]){-1}, true, &t));
+    ts_tensor *m1 = KEEP(t);                        /* (N, 4, 1) */
+    TRY(ts_mean_dims(l, 1, (int[]){1}, false, &t));
+    ts_tensor *m2 = KEEP(t);                        /* (N, 4) */
+    TRY(ts_max_dim(l, 2, false, &t, NULL));
+    ts_tensor *m3 = KEEP(t);                        /* (N, 4) */
+    TRY(ts_flatten(m1, 1, &t));
+    ts_tensor *m4 = KEEP(t);                        /* (N, 4) */
+    TRY(ts_add(m2, m3, &t));
+    ts_tensor *m5 = KEEP(t);
+    TRY(ts_add(m5, m4, &t));
+    ts_tensor *m6 = KEEP(t);
+    TRY(ts_softmax(m6, -1, out));
+fail:
+    for (int q = 0; q < ntmp; q++) ts_tensor_release(tmp[q]);
+    return st;
+}
+
+static void test_new_ops(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 11);
+    ts_module *m = NULL;
+    CHECK_OK(ts_nn_module_new("NewOps", new_ops_forward, NULL, NULL, &m));
+    CHECK_OK(ts_module_add_parameter(m, "w", tu_rand(&r, 2, (int64_t[]){4, 4}, -0.5f, 0.5f, false)));
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){3, 4, 6, 6}, -2, 2, false);
+    export_and_compare(m, x, "new_ops",
+                       "--rerun-batch 2 --expect-op Erf --expect-op Tanh --expect-op Transpose --expect-op ReduceMax "
+                       "--expect-op ReduceSum --expect-op Softmax --expect-op Div --expect-op AveragePool");
+    ts_tensor_release(x);
+    /* adaptive pooling with windows of different sizes has no ONNX form: refused, naming the sizes */
+    ts_tensor *y = tu_rand(&r, 4, (int64_t[]){2, 4, 7, 7}, -1, 1, false);
+    char path[512];
+    snprintf(path, sizeof path, "%s/uneven.onnx", tu_tmpdir());
+    CHECK_STATUS(ts_export_onnx(m, y, path, NULL), TS_ERR_UNSUPPORTED);
+    CHECK_ERR_MENTIONS("7 x 7 to 3 x 3");
+    ts_tensor_release(y);
+    ts_module_free(m);
+}
+
 static ts_status loss_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *h = NULL, *target = NULL;
     ts_status st = ts_flatten(x, 1, &h);
@@ -825,5 +899,5 @@ static void test_report(void) {
 }
 
 TU_MAIN(T(test_protobuf_writer), T(test_trace_hook), T(test_cnn_structure), T(test_residual_and_state),
-        T(test_functional_ops), T(test_errors), T(test_pruning_identity_constants), T(test_alloc_failures),
+        T(test_functional_ops), T(test_new_ops), T(test_errors), T(test_pruning_identity_constants), T(test_alloc_failures),
         T(test_report))

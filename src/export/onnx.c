@@ -607,6 +607,106 @@ static ts_status emit_mse_loss(exporter *e, emit_args *x) {
     return node(e, "ReduceMean", x->node_name, 1, (const char *[]){sq}, x->out, 1, at);
 }
 
+/* GELU: erf form 0.5 x (1 + erf(x / sqrt 2)); tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+ * (opset 17 has no Gelu operator). */
+static ts_status emit_gelu(exporter *e, emit_args *x) {
+    char c1[NAME_MAX_LEN], c2[NAME_MAX_LEN], c3[NAME_MAX_LEN], t1[NAME_MAX_LEN], t2[NAME_MAX_LEN],
+        t3[NAME_MAX_LEN], t4[NAME_MAX_LEN], t5[NAME_MAX_LEN];
+    const float one = 1.0f, half = 0.5f;
+    TS_TRY(write_const(e, aux_name(x, "one", c1, sizeof c1), TS_F32, 0, NULL, &one));
+    TS_TRY(write_const(e, aux_name(x, "half", c2, sizeof c2), TS_F32, 0, NULL, &half));
+    if (!x->r->a.i[0]) {
+        const float inv_sqrt2 = 0.70710678118654752f;
+        TS_TRY(write_const(e, aux_name(x, "inv_sqrt2", c3, sizeof c3), TS_F32, 0, NULL, &inv_sqrt2));
+        TS_TRY(step(e, x, "scale", "Mul", 2, (const char *[]){x->in[0], c3}, aux_name(x, "scaled", t1, sizeof t1), 0,
+                    NULL));
+        TS_TRY(step(e, x, "erf", "Erf", 1, (const char *[]){t1}, aux_name(x, "erf", t2, sizeof t2), 0, NULL));
+    } else {
+        const float k = 0.79788456080286536f, c = 0.044715f;
+        char ck[NAME_MAX_LEN], cc[NAME_MAX_LEN], x2[NAME_MAX_LEN], x3[NAME_MAX_LEN];
+        TS_TRY(write_const(e, aux_name(x, "k", ck, sizeof ck), TS_F32, 0, NULL, &k));
+        TS_TRY(write_const(e, aux_name(x, "c", cc, sizeof cc), TS_F32, 0, NULL, &c));
+        TS_TRY(step(e, x, "x2", "Mul", 2, (const char *[]){x->in[0], x->in[0]}, aux_name(x, "x2", x2, sizeof x2), 0,
+                    NULL));
+        TS_TRY(step(e, x, "x3", "Mul", 2, (const char *[]){x2, x->in[0]}, aux_name(x, "x3", x3, sizeof x3), 0, NULL));
+        TS_TRY(step(e, x, "cx3", "Mul", 2, (const char *[]){x3, cc}, aux_name(x, "cx3", t3, sizeof t3), 0, NULL));
+        TS_TRY(step(e, x, "inner", "Add", 2, (const char *[]){x->in[0], t3}, aux_name(x, "inner", t4, sizeof t4), 0,
+                    NULL));
+        TS_TRY(step(e, x, "scale", "Mul", 2, (const char *[]){t4, ck}, aux_name(x, "scaled", t1, sizeof t1), 0, NULL));
+        TS_TRY(step(e, x, "tanh", "Tanh", 1, (const char *[]){t1}, aux_name(x, "erf", t2, sizeof t2), 0, NULL));
+    }
+    TS_TRY(step(e, x, "plus1", "Add", 2, (const char *[]){t2, c1}, aux_name(x, "plus1", t5, sizeof t5), 0, NULL));
+    TS_TRY(step(e, x, "times_x", "Mul", 2, (const char *[]){t5, x->in[0]}, aux_name(x, "times_x", t3, sizeof t3), 0,
+                NULL));
+    return node(e, "Mul", x->node_name, 2, (const char *[]){t3, c2}, x->out, 0, NULL);
+}
+
+/* SiLU: x sigmoid(x). */
+static ts_status emit_silu(exporter *e, emit_args *x) {
+    char sg[NAME_MAX_LEN];
+    TS_TRY(step(e, x, "sigmoid", "Sigmoid", 1, x->in, aux_name(x, "sigmoid", sg, sizeof sg), 0, NULL));
+    return node(e, "Mul", x->node_name, 2, (const char *[]){x->in[0], sg}, x->out, 0, NULL);
+}
+
+static ts_status emit_softmax(exporter *e, emit_args *x) {
+    attr at[] = {A_INT("axis", x->r->a.i[0])};
+    return node(e, "Softmax", x->node_name, 1, x->in, x->out, 1, at);
+}
+
+/* sum_dims / mean_dims / max_dim: the reduced dims (a bit mask, or max_dim's one dim); opset 17's
+ * ReduceSum takes them as an input, ReduceMean and ReduceMax as an attribute. */
+static ts_status emit_reduce_dims(exporter *e, emit_args *x) {
+    const ts_tensor *in = x->r->in[0];
+    int64_t axes[TS_MAX_DIMS], keep;
+    int64_t n = 0;
+    if (x->r->op == TS_OP_MAX_DIM) {
+        axes[n++] = x->r->a.i[0];
+        keep = x->r->a.i[1];
+    } else {
+        keep = x->r->a.i[0];
+        for (int d = 0; d < in->ndim; d++)
+            if (x->r->a.i[1] & ((int64_t)1 << d)) axes[n++] = d;
+    }
+    x->batch = x->inv[0]->batch && in->ndim > 0 && !(n > 0 && axes[0] == 0);
+    if (in->ndim == 0) /* a 0-d input: nothing to reduce */
+        return node(e, "Identity", x->node_name, 1, x->in, x->out, 0, NULL);
+    if (x->r->op == TS_OP_SUM_DIMS) {
+        char an[NAME_MAX_LEN];
+        TS_TRY(write_const(e, aux_name(x, "axes", an, sizeof an), TS_I64, 1, &n, axes));
+        attr at[] = {A_INT("keepdims", keep)};
+        return node(e, "ReduceSum", x->node_name, 2, (const char *[]){x->in[0], an}, x->out, 1, at);
+    }
+    attr at[] = {A_INTS("axes", (int)n, axes), A_INT("keepdims", keep)};
+    return node(e, x->r->op == TS_OP_MAX_DIM ? "ReduceMax" : "ReduceMean", x->node_name, 1, x->in, x->out, 2, at);
+}
+
+static ts_status emit_permute(exporter *e, emit_args *x) {
+    int64_t nd = x->r->a.i[0], perm[TS_MAX_DIMS];
+    for (int64_t d = 0; d < nd; d++) perm[d] = x->r->a.i[1 + d];
+    x->batch = x->inv[0]->batch && nd > 0 && perm[0] == 0;
+    attr at[] = {A_INTS("perm", (int)nd, perm)};
+    return node(e, "Transpose", x->node_name, 1, x->in, x->out, 1, at);
+}
+
+/* Adaptive average pooling: GlobalAveragePool for a 1x1 output, AveragePool when the output divides
+ * the input (equal windows); other sizes have windows of varying width, which ONNX pooling cannot say. */
+static ts_status emit_adaptive_avgpool(exporter *e, emit_args *x) {
+    const ts_tensor *in = x->r->in[0];
+    int64_t oh = x->r->a.i[0], ow = x->r->a.i[1], H = in->shape[in->ndim - 2], W = in->shape[in->ndim - 1];
+    if (in->ndim != 4)
+        return ts_error(TS_ERR_UNSUPPORTED, "adaptive_avgpool2d of a 3-d (C, H, W) input has no ONNX mapping; give "
+                                            "it a batch dimension");
+    if (oh == 1 && ow == 1) return node(e, "GlobalAveragePool", x->node_name, 1, x->in, x->out, 0, NULL);
+    if (H % oh || W % ow)
+        return ts_error(TS_ERR_UNSUPPORTED,
+                        "adaptive_avgpool2d from %lld x %lld to %lld x %lld has windows of different sizes, which ONNX "
+                        "pooling cannot express (export works when the output divides the input, or is 1 x 1)",
+                        (long long)H, (long long)W, (long long)oh, (long long)ow);
+    int64_t ks[2] = {H / oh, W / ow}, pads[4] = {0, 0, 0, 0};
+    attr at[] = {A_INTS("kernel_shape", 2, ks), A_INTS("strides", 2, ks), A_INTS("pads", 4, pads)};
+    return node(e, "AveragePool", x->node_name, 1, x->in, x->out, 3, at);
+}
+
 /* The mapping table: one line per traced op kind; a kind left out has no ONNX mapping.
  * A new elementwise op with a same-named ONNX operator is one line: {emit_plain, "Sigmoid"}. */
 static const struct {
@@ -636,6 +736,17 @@ static const struct {
     [TS_OP_LOG_SOFTMAX] = {emit_log_softmax, "LogSoftmax"},
     [TS_OP_MSE_LOSS] = {emit_mse_loss, "Sub+Mul+ReduceMean"},
     [TS_OP_TO_DEVICE] = {emit_plain, "Identity"},
+    [TS_OP_DIV] = {emit_plain, "Div"},
+    [TS_OP_SIGMOID] = {emit_plain, "Sigmoid"},
+    [TS_OP_TANH] = {emit_plain, "Tanh"},
+    [TS_OP_SILU] = {emit_silu, "Sigmoid+Mul"},
+    [TS_OP_GELU] = {emit_gelu, "Erf (or Tanh) + Mul/Add"},
+    [TS_OP_SOFTMAX] = {emit_softmax, "Softmax"},
+    [TS_OP_SUM_DIMS] = {emit_reduce_dims, "ReduceSum"},
+    [TS_OP_MEAN_DIMS] = {emit_reduce_dims, "ReduceMean"},
+    [TS_OP_MAX_DIM] = {emit_reduce_dims, "ReduceMax"},
+    [TS_OP_PERMUTE] = {emit_permute, "Transpose"},
+    [TS_OP_ADAPTIVE_AVGPOOL2D] = {emit_adaptive_avgpool, "GlobalAveragePool / AveragePool"},
     /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead) */
 };
 

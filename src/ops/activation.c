@@ -10,6 +10,7 @@
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "device/k_misc.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* ---- unary activations ----------------------------------------------------------------------------- */
@@ -43,6 +44,11 @@ static ts_status unary_op(const char *name, ts_unop op, const ts_tensor *x_in, t
         ts__node_save(n, saves_output(op) ? o : x);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(op == TS_UN_SIGMOID ? TS_OP_SIGMOID
+                               : op == TS_UN_TANH  ? TS_OP_TANH
+                               : op == TS_UN_SILU  ? TS_OP_SILU
+                                                   : TS_OP_GELU,
+                               1, &x_in, o, &(ts__trace_attrs){.i = {op == TS_UN_GELU_TANH}}));
     *out = o;
     o = NULL;
 fail:
@@ -100,6 +106,7 @@ ts_status ts_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
         node->p.i[2] = inner;
         TS_CHECK_GOTO(ts__node_attach(node, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_SOFTMAX, 1, &x_in, o, &(ts__trace_attrs){.i = {d}}));
     *out = o;
     o = NULL;
 fail:

@@ -108,7 +108,10 @@ static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
-    ts__op_kind kind = op == TS_BIN_ADD ? TS_OP_ADD : op == TS_BIN_SUB ? TS_OP_SUB : TS_OP_MUL;
+    ts__op_kind kind = op == TS_BIN_ADD   ? TS_OP_ADD
+                       : op == TS_BIN_SUB ? TS_OP_SUB
+                       : op == TS_BIN_MUL ? TS_OP_MUL
+                                          : TS_OP_DIV;
     TS_TRY(ts__check_f32(name, "a", a));
     TS_TRY(ts__check_f32(name, "b", b));
     TS_ARG(out, "%s: NULL out", name);

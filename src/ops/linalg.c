@@ -263,6 +263,7 @@ static ts_status matmul_nd(const char *op, const ts_tensor *a_in, const ts_tenso
         ts__node_save(n, b);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_MATMUL, 2, in, o, NULL)); /* ONNX MatMul broadcasts batch dims alike */
     *out = o;
     o = NULL;
 fail:

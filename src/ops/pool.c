@@ -230,6 +230,7 @@ ts_status ts_adaptive_avgpool2d(const ts_tensor *x_in, int out_h, int out_w, ts_
         memcpy(n->p.i, v, sizeof v);
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_ADAPTIVE_AVGPOOL2D, 1, &x_in, o, &(ts__trace_attrs){.i = {out_h, out_w}}));
     *out = o;
     o = NULL;
 fail:

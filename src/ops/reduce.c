@@ -16,6 +16,7 @@
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "ops/reduce.h"
+#include "ops/trace.h"
 #include "tessera/ops.h"
 
 /* x's shape as groups of adjacent dims, all reduced or all kept. */
@@ -201,6 +202,10 @@ static ts_status reduce_dims(const char *name, bool mean, const ts_tensor *x_in,
         n->p.i[10] = mean;
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    ts__trace_attrs ta = {.i = {keepdim, 0}};
+    for (int d = 0; d < x_in->ndim; d++)
+        if (reduce[d]) ta.i[1] |= (int64_t)1 << d;
+    TS_CHECK_GOTO(ts__trace_op(mean ? TS_OP_MEAN_DIMS : TS_OP_SUM_DIMS, 1, &x_in, o, &ta));
     *out = o;
     o = NULL;
 fail:
@@ -265,6 +270,7 @@ ts_status ts_max_dim(const ts_tensor *x_in, int dim, bool keepdim, ts_tensor **v
         node->p.i[2] = inner;
         TS_CHECK_GOTO(ts__node_attach(node, v));
     }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_MAX_DIM, 1, &x_in, v, &(ts__trace_attrs){.i = {d, keepdim}}));
     if (values) {
         *values = v;
         v = NULL;

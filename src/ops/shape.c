@@ -403,6 +403,9 @@ static ts_status permute_run(const char *op, const ts_tensor *x_in, const int *p
         for (int d = 0; d < x_in->ndim; d++) n->p.i[d] = perm[d];
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
+    ts__trace_attrs ta = {.i = {x_in->ndim}};
+    for (int d = 0; d < x_in->ndim; d++) ta.i[1 + d] = perm[d];
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_PERMUTE, 1, &x_in, o, &ta));
     *out = o;
     o = NULL;
 fail:

@@ -32,6 +32,17 @@ static const char *const op_names[TS_OP_COUNT] = {
     [TS_OP_CROSS_ENTROPY] = "cross_entropy",
     [TS_OP_MSE_LOSS] = "mse_loss",
     [TS_OP_TO_DEVICE] = "to_device",
+    [TS_OP_DIV] = "div",
+    [TS_OP_SIGMOID] = "sigmoid",
+    [TS_OP_TANH] = "tanh",
+    [TS_OP_SILU] = "silu",
+    [TS_OP_GELU] = "gelu",
+    [TS_OP_SOFTMAX] = "softmax",
+    [TS_OP_SUM_DIMS] = "sum_dims",
+    [TS_OP_MEAN_DIMS] = "mean_dims",
+    [TS_OP_MAX_DIM] = "max_dim",
+    [TS_OP_PERMUTE] = "permute",
+    [TS_OP_ADAPTIVE_AVGPOOL2D] = "adaptive_avgpool2d",
 };
 
 const char *ts__op_name(ts__op_kind k) {

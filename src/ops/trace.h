@@ -50,6 +50,17 @@ typedef enum ts__op_kind {
     TS_OP_CROSS_ENTROPY,    /* in: logits, target; f[0]: label_smoothing */
     TS_OP_MSE_LOSS,         /* in: pred, target */
     TS_OP_TO_DEVICE,        /* in: x (recorded only when it copies) */
+    TS_OP_DIV,              /* in: a, b (broadcast) */
+    TS_OP_SIGMOID,          /* in: x */
+    TS_OP_TANH,             /* in: x */
+    TS_OP_SILU,             /* in: x */
+    TS_OP_GELU,             /* in: x; i[0]: tanh approximation */
+    TS_OP_SOFTMAX,          /* in: x; i[0]: dim (wrapped) */
+    TS_OP_SUM_DIMS,         /* in: x; i[0]: keepdim, i[1]: bit d set when dim d is reduced */
+    TS_OP_MEAN_DIMS,        /* in: x; as sum_dims */
+    TS_OP_MAX_DIM,          /* in: x; i[0]: dim (wrapped), i[1]: keepdim; out: the values (indices not traced) */
+    TS_OP_PERMUTE,          /* in: x; i[0]: ndim, i[1..ndim]: the permutation (transpose too) */
+    TS_OP_ADAPTIVE_AVGPOOL2D, /* in: x (N, C, H, W) or (C, H, W); i[0], i[1]: output h, w */
     TS_OP_COUNT
 } ts__op_kind;
 
