@@ -1,7 +1,7 @@
 /*
  * tests/test_pipeline.c — the DALI-style pipeline: reader order against golden
- * streams from scripts/gen_dali_golden.cc (a C++ mirror of DALI's loader code
- * on the real libstdc++ random engines — not DALI itself), sharding invariants,
+ * streams DALI's own fn.readers.file produced (scripts/gen_dali_golden.py ->
+ * tests/golden/dali_reader.txt), sharding invariants,
  * decoders against libjpeg's own API, corrupt/truncated/empty files, the ops,
  * and the executor (epochs, padding, reproducibility, seek, shutdown).
  * All images are made here, in a temporary folder.
@@ -91,6 +91,11 @@ static void test_std_engines(void) {
     uint32_t v = 0;
     for (int i = 0; i < 10000; i++) v = ts__mt19937_next(&g);
     CHECK(v == 4123659995u);
+    ts__mt19937_64 g64;
+    ts__mt19937_64_seed(&g64, 5489u);
+    uint64_t v64 = 0;
+    for (int i = 0; i < 10000; i++) v64 = ts__mt19937_64_next(&g64);
+    CHECK(v64 == 9981545732273789042ull);
     ts__minstd m = {1};
     int last = 0;
     for (int i = 0; i < 10000; i++) last = (int)((m.x = m.x * 16807u % 2147483647u));
@@ -151,7 +156,10 @@ static void test_reader_golden(void) {
         o.random_shuffle = shuffle;
         o.initial_fill = fill;
         o.shuffle_after_epoch = sae;
-        o.seed = seed;
+        if (sae)
+            o.shuffle_after_epoch_seed = seed; /* the seed column is shuffle_after_epoch_seed there */
+        else
+            o.seed = seed;
         ts_reader *r = NULL;
         CHECK_OK(ts_reader_new(&o, &r));
         if (!r) continue;

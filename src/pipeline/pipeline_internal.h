@@ -20,6 +20,14 @@ uint32_t ts__mt19937_next(ts__mt19937 *g);
 /* std::shuffle(first, first + n, mt19937&) as libstdc++ does it (two swap positions per draw when
  * n * n fits the generator's range; uniform_int_distribution<unsigned long> by Lemire's method). */
 void ts__std_shuffle_i64(int64_t *a, int64_t n, ts__mt19937 *g);
+/* std::mt19937_64 and std::shuffle(first, first + n, mt19937_64&) (Lemire's method on 128 bits). */
+typedef struct ts__mt19937_64 {
+    uint64_t mt[312];
+    int i;
+} ts__mt19937_64;
+void ts__mt19937_64_seed(ts__mt19937_64 *g, uint64_t seed);
+uint64_t ts__mt19937_64_next(ts__mt19937_64 *g);
+void ts__std_shuffle64_i64(int64_t *a, int64_t n, ts__mt19937_64 *g);
 
 /* std::minstd_rand0 (libstdc++'s std::default_random_engine) seeded as
  * std::default_random_engine(std::seed_seq({seed})). */

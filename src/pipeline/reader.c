@@ -6,8 +6,9 @@
  * dali/operators/reader/loader/loader.h (Loader::ReadOne, IncreaseReadSample-
  * Counter, IsNextShardRelative, ShouldPadBatch), loader.cc (start_index,
  * num_samples) and file_label_loader.h (PrepareMetadataImpl, ReadSample via
- * MoveToNextShard, Reset); the listing follows filesystem.cc's
- * traverse_directories. The state below keeps DALI's names so the two can be
+ * MoveToNextShard, Reset) as DALI 2.4 has them; the listing follows
+ * filesystem.cc's traverse_directories. tests/test_pipeline.c checks the order
+ * against streams DALI's own fn.readers.file produced. The state below keeps DALI's names so the two can be
  * read side by side:
  *
  *   list[]           image_label_pairs_ (listing indices, in their current order)
@@ -328,10 +329,10 @@ static ts_status list_idx(ts_reader *r) {
 static void file_reset(ts_reader *r, bool wrap_to_shard) {
     r->current_index = wrap_to_shard ? ts_shard_start(r->virtual_shard_id, r->o.num_shards, r->n) : 0;
     r->current_epoch++;
-    if (r->o.shuffle_after_epoch) {
-        ts__mt19937 g;
-        ts__mt19937_seed(&g, (uint32_t)(DALI_DATALOADER_SEED + r->current_epoch));
-        ts__std_shuffle_i64(r->list, r->n, &g);
+    if (r->o.shuffle_after_epoch) { /* std::mt19937_64 g((epoch << 32) + shuffle_after_epoch_seed), DALI 2.4 */
+        ts__mt19937_64 g;
+        ts__mt19937_64_seed(&g, ((uint64_t)r->current_epoch << 32) + (uint64_t)r->o.shuffle_after_epoch_seed);
+        ts__std_shuffle64_i64(r->list, r->n, &g);
     }
 }
 
