@@ -45,6 +45,8 @@ ts__src_kind ts__reader_kind(const ts_reader *r);
 const uint8_t *ts__reader_idx_pixels(const ts_reader *r, int64_t i, int *w, int *h);
 /* Copy of the options the reader was made with (strings borrowed from the reader). */
 const ts_reader_opts *ts__reader_opts(const ts_reader *r);
+/* Whether sample i's file was listed as a regular file (readdir's DT_REG, file_root listings). */
+bool ts__reader_listed_regular(const ts_reader *r, int64_t i);
 
 /* ---- decoding (decode.c) ------------------------------------------------------------------------ */
 typedef enum { TS__FMT_UNKNOWN = 0, TS__FMT_JPEG, TS__FMT_PNG } ts__fmt;
@@ -88,7 +90,9 @@ void ts__resample_ws_free(ts__resample_ws *ws);
 ts_status ts__crop_resize_normalize_ws(ts__resample_ws *ws, const ts_image *src, const ts_roi *roi, int out_w,
                                        int out_h, bool mirror, const float *mean, const float *std, float *out);
 
-/* Reads a whole file into *buf (grown as needed; *cap is its size). */
-ts_status ts__read_file(const char *path, uint8_t **buf, size_t *cap, size_t *n);
+/* Reads a whole file into *buf (grown as needed; *cap is its size): open, fstat, one read of the size,
+ * close. listed_regular: a directory listing reported the path as a regular file
+ * (ts__open_listed_regular, no stat first); else ts__open_regular. */
+ts_status ts__read_file(const char *path, bool listed_regular, uint8_t **buf, size_t *cap, size_t *n);
 
 #endif /* TS_PIPELINE_INTERNAL_H */
