@@ -8,8 +8,8 @@
  * num_samples) and file_label_loader.h (PrepareMetadataImpl, ReadSample via
  * MoveToNextShard, Reset) as DALI 2.4 has them; the listing follows
  * filesystem.cc's traverse_directories. tests/test_pipeline.c checks the order
- * against streams DALI's own fn.readers.file produced. The state below keeps DALI's names so the two can be
- * read side by side:
+ * against streams DALI's own fn.readers.file produced. The state below keeps
+ * DALI's names so the two can be read side by side:
  *
  *   list[]           image_label_pairs_ (listing indices, in their current order)
  *   current_index    FileLabelLoader::current_index_: next list position read
@@ -114,7 +114,7 @@ static ts_status strvec_push(strvec *s, char *str) {
  * sorting by the name sorts by strcmp of what follows. */
 static char *typed_name(const char *name, bool reg) {
     size_t n = strlen(name);
-    char *p = malloc(n + 2);
+    char *p = ts__malloc(n + 2);
     if (!p) return NULL;
     p[0] = reg ? 'r' : '?';
     memcpy(p + 1, name, n + 1);
