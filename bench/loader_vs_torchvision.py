@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""bench/loader_vs_torchvision.py — the torchvision half of bench/loader_vs_torchvision.sh.
+"""bench/loader_vs_torchvision.py — the torchvision and DALI halves of bench/loader_vs_torchvision.sh.
 
   loader_vs_torchvision.py make-photos --out DIR      cut JPEG photographs (MATE's backgrounds,
                                                       Debian package mate-backgrounds) into
@@ -8,9 +8,17 @@
                                                       torchvision's ImageFolder with RandomResizedCrop,
                                                       RandomHorizontalFlip, ToTensor, Normalize — the
                                                       same work as `tessera bench loader`
+  loader_vs_torchvision.py dali DIR --threads T       images/s of an NVIDIA DALI CPU pipeline doing the
+                                                      same: fn.readers.file (random_shuffle) ->
+                                                      fn.decoders.image_random_crop (device="cpu") ->
+                                                      fn.resize -> fn.crop_mirror_normalize with a
+                                                      fn.random.coin_flip mirror, num_threads=T
 
-Needs Debian's python3-torch, python3-torchvision and python3-pil (TS_WITH_BENCH=1 scripts/install-deps);
-run with /usr/bin/python3.
+Both print one JSON line with images/s and images per CPU-second (the CPU time of the process and, for
+the DataLoader, of its worker processes: every thread counted, so the rate holds on a shared machine).
+`run` needs Debian's python3-torch, python3-torchvision and python3-pil (TS_WITH_BENCH=1
+scripts/install-deps; run it with /usr/bin/python3); `dali` needs `pip install nvidia-dali-cuda130`
+(or another nvidia-dali wheel: its CPU pipelines run without a GPU).
 """
 import argparse
 import glob
@@ -39,14 +47,32 @@ def make_photos(out, pattern, w, h, quality):
     print(f"make-photos: {n} crops of {w}x{h} from {len(files)} photographs in {out}")
 
 
+def proc_cpu_seconds(pids):
+    """User + system CPU seconds of this process (all threads) and of the live processes `pids`."""
+    t = os.times()
+    total = t.user + t.system
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+        except OSError:
+            pass
+    return total
+
+
+def data_root(root):
+    return os.path.join(root, "train") if os.path.isdir(os.path.join(root, "train")) else root
+
+
 def run(root, threads, batch, size, seconds, gray):
     import torch
     import torchvision.datasets as D
     import torchvision.transforms as T
     from PIL import Image
     torch.set_num_threads(1)
-    if os.path.isdir(os.path.join(root, "train")):
-        root = os.path.join(root, "train")
+    root = data_root(root)
     mean, std = ([0.5], [0.25]) if gray else ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
     tf = T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)])
 
@@ -60,7 +86,8 @@ def run(root, threads, batch, size, seconds, gray):
                                      persistent_workers=threads > 0)
     it = iter(dl)
     next(it)  # warm-up batch (workers start), not timed
-    images, batches, t0 = 0, 0, time.perf_counter()
+    pids = [w.pid for w in getattr(it, "_workers", [])]  # persistent workers: the same processes throughout
+    images, batches, t0, c0 = 0, 0, time.perf_counter(), proc_cpu_seconds(pids)
     while time.perf_counter() - t0 < seconds:
         try:
             x, y = next(it)
@@ -69,10 +96,46 @@ def run(root, threads, batch, size, seconds, gray):
             continue
         images += len(y)
         batches += 1
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, proc_cpu_seconds(pids) - c0
     print(json.dumps({"framework": "torchvision", "torch": torch.__version__, "threads": threads,
                       "files": len(ds), "batch_size": batch, "size": size, "channels": 1 if gray else 3,
-                      "images_per_second": round(images / dt, 1), "batches": batches, "seconds": round(dt, 3)}))
+                      "images_per_second": round(images / dt, 1), "images_per_cpu_second": round(images / cpu, 1),
+                      "batches": batches, "seconds": round(dt, 3)}))
+
+
+def run_dali(root, threads, batch, size, seconds, gray):
+    import nvidia.dali as dali
+    import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
+    root = data_root(root)
+    mean, std = ([0.5 * 255], [0.25 * 255]) if gray else ([0.485 * 255, 0.456 * 255, 0.406 * 255],
+                                                          [0.229 * 255, 0.224 * 255, 0.225 * 255])
+
+    @dali.pipeline_def(batch_size=batch, num_threads=threads, device_id=None, seed=1)
+    def pipe():
+        jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.GRAY if gray else types.RGB,
+                                               random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3],
+                                               num_attempts=10)
+        images = fn.resize(images, resize_x=size, resize_y=size)  # linear, antialiased when shrinking
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std,
+                                          mirror=fn.random.coin_flip(probability=0.5))
+        return images, labels
+
+    p = pipe()
+    p.build()
+    files = p.epoch_size("reader")
+    p.run()  # warm-up batch, not timed
+    images, batches, t0, c0 = 0, 0, time.perf_counter(), proc_cpu_seconds([])
+    while time.perf_counter() - t0 < seconds:
+        x, y = p.run()
+        images += len(y)
+        batches += 1
+    dt, cpu = time.perf_counter() - t0, proc_cpu_seconds([]) - c0
+    print(json.dumps({"framework": "dali", "dali": dali.__version__, "threads": threads, "files": files,
+                      "batch_size": batch, "size": size, "channels": 1 if gray else 3,
+                      "images_per_second": round(images / dt, 1), "images_per_cpu_second": round(images / cpu, 1),
+                      "batches": batches, "seconds": round(dt, 3)}))
 
 
 def main():
@@ -84,18 +147,19 @@ def main():
     mp.add_argument("--width", type=int, default=500)
     mp.add_argument("--height", type=int, default=375)
     mp.add_argument("--quality", type=int, default=90)
-    rp = sub.add_parser("run")
-    rp.add_argument("root")
-    rp.add_argument("--threads", type=int, default=1)
-    rp.add_argument("--batch-size", type=int, default=64)
-    rp.add_argument("--size", type=int, default=224)
-    rp.add_argument("--seconds", type=float, default=4.0)
-    rp.add_argument("--gray", action="store_true")
+    for name in ("run", "dali"):
+        rp = sub.add_parser(name)
+        rp.add_argument("root")
+        rp.add_argument("--threads", type=int, default=1)
+        rp.add_argument("--batch-size", type=int, default=64)
+        rp.add_argument("--size", type=int, default=224)
+        rp.add_argument("--seconds", type=float, default=4.0)
+        rp.add_argument("--gray", action="store_true")
     a = ap.parse_args()
     if a.cmd == "make-photos":
         make_photos(a.out, a.glob, a.width, a.height, a.quality)
     else:
-        run(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray)
+        (run if a.cmd == "run" else run_dali)(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 /*
  * tests/test_pipeline.c — the DALI-style pipeline: reader order against golden
- * streams from scripts/gen_dali_golden.cc (a C++ mirror of DALI's loader code
- * on the real libstdc++ random engines — not DALI itself), sharding invariants,
+ * streams DALI's own fn.readers.file produced (scripts/gen_dali_golden.py ->
+ * tests/golden/dali_reader.txt), sharding invariants,
  * decoders against libjpeg's own API, corrupt/truncated/empty files, the ops,
  * and the executor (epochs, padding, reproducibility, seek, shutdown).
  * All images are made here, in a temporary folder.
@@ -65,7 +65,7 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 static uint8_t *read_bytes(const char *path, size_t *n) {
     uint8_t *buf = NULL;
     size_t cap = 0;
-    if (ts__read_file(path, &buf, &cap, n) != TS_OK) abort();
+    if (ts__read_file(path, false, &buf, &cap, n) != TS_OK) abort();
     return buf;
 }
 
@@ -91,6 +91,11 @@ static void test_std_engines(void) {
     uint32_t v = 0;
     for (int i = 0; i < 10000; i++) v = ts__mt19937_next(&g);
     CHECK(v == 4123659995u);
+    ts__mt19937_64 g64;
+    ts__mt19937_64_seed(&g64, 5489u);
+    uint64_t v64 = 0;
+    for (int i = 0; i < 10000; i++) v64 = ts__mt19937_64_next(&g64);
+    CHECK(v64 == 9981545732273789042ull);
     ts__minstd m = {1};
     int last = 0;
     for (int i = 0; i < 10000; i++) last = (int)((m.x = m.x * 16807u % 2147483647u));
@@ -151,7 +156,10 @@ static void test_reader_golden(void) {
         o.random_shuffle = shuffle;
         o.initial_fill = fill;
         o.shuffle_after_epoch = sae;
-        o.seed = seed;
+        if (sae)
+            o.shuffle_after_epoch_seed = seed; /* the seed column is shuffle_after_epoch_seed there */
+        else
+            o.seed = seed;
         ts_reader *r = NULL;
         CHECK_OK(ts_reader_new(&o, &r));
         if (!r) continue;
@@ -1081,6 +1089,41 @@ static void test_fifo_inputs(void) {
     o.reader.file_list = fifo_list;
     CHECK_STATUS(ts_pipeline_new(&o, &p), TS_ERR_IO);
     CHECK_ERR_MENTIONS("list_fifo.txt: is a FIFO (named pipe), expected a file list");
+
+    /* Files a listing saw as regular (d_type DT_REG) are opened without a stat first
+     * (ts__open_listed_regular); one replaced since by a FIFO, or by a link to one, is still refused
+     * at once, and one replaced by a link to an image is still read. */
+    mkdir(tpath("swap"), 0755);
+    mkdir(tpath("swap/c"), 0755);
+    make_picture(&im, 8, 8, 1, 3);
+    const char *names[] = {"a.png", "b.png", "c.png", "d.png"};
+    for (int i = 0; i < 4; i++) CHECK_OK(ts_image_write_png(&im, tpath("swap/c/%s", names[i])));
+    CHECK(symlink(tpath("swap/c/a.png"), tpath("swap/c/d.png.tmp")) == 0 &&
+          rename(tpath("swap/c/d.png.tmp"), tpath("swap/c/d.png")) == 0); /* d.png: listed as a link */
+    ts_reader_opts ro = TS_READER_OPTS_INIT;
+    ro.file_root = tpath("swap");
+    ts_reader *r = NULL;
+    CHECK_OK(ts_reader_new(&ro, &r));
+    if (r) {
+        CHECK(ts_reader_size(r) == 4);
+        for (int i = 0; i < 3; i++) CHECK(ts__reader_listed_regular(r, i));
+        CHECK(!ts__reader_listed_regular(r, 3));
+        CHECK(unlink(tpath("swap/c/a.png")) == 0 && mkfifo(tpath("swap/c/a.png"), 0600) == 0);
+        CHECK(unlink(tpath("swap/c/b.png")) == 0 && symlink(tpath("swap/c/a.png"), tpath("swap/c/b.png")) == 0);
+        CHECK(ts_image_write_png(&im, tpath("swap/c/img.png")) == TS_OK && unlink(tpath("swap/c/c.png")) == 0 &&
+              symlink(tpath("swap/c/img.png"), tpath("swap/c/c.png")) == 0);
+        uint8_t *buf = NULL;
+        size_t cap = 0, n = 0;
+        CHECK_STATUS(ts__read_file(ts_reader_path(r, 0), true, &buf, &cap, &n), TS_ERR_IO);
+        CHECK_ERR_MENTIONS("a.png: is a FIFO (named pipe), expected an image file");
+        CHECK_STATUS(ts__read_file(ts_reader_path(r, 1), true, &buf, &cap, &n), TS_ERR_IO);
+        CHECK_ERR_MENTIONS("b.png: is a FIFO (named pipe), expected an image file");
+        CHECK_OK(ts__read_file(ts_reader_path(r, 2), true, &buf, &cap, &n));
+        CHECK(n > 8 && buf[1] == 'P' && buf[2] == 'N' && buf[3] == 'G');
+        free(buf);
+        ts_reader_free(r);
+    }
+    ts_image_free(&im);
     alarm(0);
 }
 

@@ -13,8 +13,9 @@
  * file_list listing order, shard boundaries floor(N*i/S), shard rotation per
  * epoch unless stick_to_shard, pad_last_batch, the random_shuffle buffer of
  * initial_fill samples, shuffle_after_epoch, and DALI's random streams
- * (std::minstd_rand0 seeded through std::seed_seq, std::mt19937 +
- * std::shuffle as GCC 12's libstdc++ computes them).
+ * (std::minstd_rand0 seeded through std::seed_seq, std::mt19937 /
+ * std::mt19937_64 + std::shuffle as GCC 12's libstdc++ computes them), as
+ * DALI 2.4's own fn.readers.file produces them (tests/golden/dali_reader.txt).
  *
  * Threads: a pipeline's calls are made from one thread at a time; its workers
  * are its own. Image and op functions are reentrant.
@@ -123,10 +124,13 @@ typedef struct ts_reader_opts {
                                    random_shuffle and stick_to_shard, as in DALI) */
     int64_t seed;               /* the shuffling buffer's seed (DALI's reader `seed`) */
     int64_t batch_size;         /* for pad_last_batch: epochs end on a whole batch (1) */
+    int64_t shuffle_after_epoch_seed; /* DALI's shuffle_after_epoch_seed: epoch k's order is std::shuffle with
+                                         std::mt19937_64((k << 32) + seed); the same on every shard (524287,
+                                         DALI's default; 0 is a seed like any other, so start from the INIT) */
 } ts_reader_opts;
 
 #define TS_READER_OPTS_INIT \
-    ((ts_reader_opts){NULL, NULL, NULL, NULL, 0, 1, false, false, false, 1024, false, 0, 1})
+    ((ts_reader_opts){NULL, NULL, NULL, NULL, 0, 1, false, false, false, 1024, false, 0, 1, 524287})
 
 typedef struct ts_reader ts_reader;
 

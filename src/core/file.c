@@ -57,6 +57,20 @@ ts_status ts__open_regular(const char *path, const char *what, int *fd_out, uint
     return TS_OK;
 }
 
+ts_status ts__open_listed_regular(const char *path, const char *what, int *fd_out, uint64_t *size_out) {
+    TS_ARG(path && fd_out, "ts__open_listed_regular: NULL argument");
+    *fd_out = -1;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        *fd_out = fd;
+        if (size_out) *size_out = (uint64_t)sb.st_size;
+        return TS_OK;
+    }
+    if (fd >= 0) close(fd);
+    return ts__open_regular(path, what, fd_out, size_out); /* gone, a link now, or not a file: say which */
+}
+
 ts_status ts__check_write_target(const char *path, const char *what) {
     struct stat sb;
     if (stat(path, &sb) != 0) return TS_OK; /* nothing there (or unreachable: creating it will say why) */

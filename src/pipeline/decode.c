@@ -402,10 +402,10 @@ ts_status ts_image_decode(const void *buf, size_t n, ts_color color, const char 
 /* ---- files ------------------------------------------------------------------------------------------- */
 #define MAX_FILE_BYTES ((uint64_t)1 << 30) /* no image file we can decode within max_pixels is larger */
 
-ts_status ts__read_file(const char *path, uint8_t **buf, size_t *cap, size_t *n) {
+ts_status ts__read_file(const char *path, bool listed_regular, uint8_t **buf, size_t *cap, size_t *n) {
     int fd = -1;
     uint64_t size = 0;
-    TS_TRY(ts__open_regular(path, "an image file", &fd, &size));
+    TS_TRY((listed_regular ? ts__open_listed_regular : ts__open_regular)(path, "an image file", &fd, &size));
     if (size > MAX_FILE_BYTES) {
         close(fd);
         return ts_error(TS_ERR_FORMAT, "%s: %llu bytes, more than the %llu an image file may have", path,
@@ -425,6 +425,10 @@ ts_status ts__read_file(const char *path, uint8_t **buf, size_t *cap, size_t *n)
     while (got < want) {
         ssize_t r = read(fd, *buf + got, want - got);
         if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EAGAIN) { /* O_NONBLOCK left by ts__open_listed_regular: wait after all */
+            int fl = fcntl(fd, F_GETFL);
+            if (fl >= 0 && (fl & O_NONBLOCK) && fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == 0) continue;
+        }
         if (r < 0) {
             int e = errno;
             close(fd);
@@ -442,7 +446,7 @@ ts_status ts_image_read(const char *path, ts_color color, ts_image *out) {
     TS_ARG(path && out, "ts_image_read: NULL argument");
     uint8_t *buf = NULL;
     size_t cap = 0, n = 0;
-    ts_status st = ts__read_file(path, &buf, &cap, &n);
+    ts_status st = ts__read_file(path, false, &buf, &cap, &n);
     if (st == TS_OK) st = ts_image_decode(buf, n, color, path, out);
     free(buf);
     return st;

@@ -164,7 +164,7 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
     } else {
         size_t n = 0;
         path = ts_reader_path(p->reader, smp->index);
-        TS_TRY(ts__read_file(path, &wk->file, &wk->file_cap, &n));
+        TS_TRY(ts__read_file(path, ts__reader_listed_regular(p->reader, smp->index), &wk->file, &wk->file_cap, &n));
         const uint8_t *b = wk->file;
         if (p->o.random_resized_crop && n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
             /* the common case, one header parse: DALI's fused decode + random crop */

@@ -20,6 +20,14 @@ uint32_t ts__mt19937_next(ts__mt19937 *g);
 /* std::shuffle(first, first + n, mt19937&) as libstdc++ does it (two swap positions per draw when
  * n * n fits the generator's range; uniform_int_distribution<unsigned long> by Lemire's method). */
 void ts__std_shuffle_i64(int64_t *a, int64_t n, ts__mt19937 *g);
+/* std::mt19937_64 and std::shuffle(first, first + n, mt19937_64&) (Lemire's method on 128 bits). */
+typedef struct ts__mt19937_64 {
+    uint64_t mt[312];
+    int i;
+} ts__mt19937_64;
+void ts__mt19937_64_seed(ts__mt19937_64 *g, uint64_t seed);
+uint64_t ts__mt19937_64_next(ts__mt19937_64 *g);
+void ts__std_shuffle64_i64(int64_t *a, int64_t n, ts__mt19937_64 *g);
 
 /* std::minstd_rand0 (libstdc++'s std::default_random_engine) seeded as
  * std::default_random_engine(std::seed_seq({seed})). */
@@ -37,6 +45,8 @@ ts__src_kind ts__reader_kind(const ts_reader *r);
 const uint8_t *ts__reader_idx_pixels(const ts_reader *r, int64_t i, int *w, int *h);
 /* Copy of the options the reader was made with (strings borrowed from the reader). */
 const ts_reader_opts *ts__reader_opts(const ts_reader *r);
+/* Whether sample i's file was listed as a regular file (readdir's DT_REG, file_root listings). */
+bool ts__reader_listed_regular(const ts_reader *r, int64_t i);
 
 /* ---- decoding (decode.c) ------------------------------------------------------------------------ */
 typedef enum { TS__FMT_UNKNOWN = 0, TS__FMT_JPEG, TS__FMT_PNG } ts__fmt;
@@ -80,7 +90,9 @@ void ts__resample_ws_free(ts__resample_ws *ws);
 ts_status ts__crop_resize_normalize_ws(ts__resample_ws *ws, const ts_image *src, const ts_roi *roi, int out_w,
                                        int out_h, bool mirror, const float *mean, const float *std, float *out);
 
-/* Reads a whole file into *buf (grown as needed; *cap is its size). */
-ts_status ts__read_file(const char *path, uint8_t **buf, size_t *cap, size_t *n);
+/* Reads a whole file into *buf (grown as needed; *cap is its size): open, fstat, one read of the size,
+ * close. listed_regular: a directory listing reported the path as a regular file
+ * (ts__open_listed_regular, no stat first); else ts__open_regular. */
+ts_status ts__read_file(const char *path, bool listed_regular, uint8_t **buf, size_t *cap, size_t *n);
 
 #endif /* TS_PIPELINE_INTERNAL_H */

@@ -6,9 +6,10 @@
  * dali/operators/reader/loader/loader.h (Loader::ReadOne, IncreaseReadSample-
  * Counter, IsNextShardRelative, ShouldPadBatch), loader.cc (start_index,
  * num_samples) and file_label_loader.h (PrepareMetadataImpl, ReadSample via
- * MoveToNextShard, Reset); the listing follows filesystem.cc's
- * traverse_directories. The state below keeps DALI's names so the two can be
- * read side by side:
+ * MoveToNextShard, Reset) as DALI 2.4 has them; the listing follows
+ * filesystem.cc's traverse_directories. tests/test_pipeline.c checks the order
+ * against streams DALI's own fn.readers.file produced. The state below keeps
+ * DALI's names so the two can be read side by side:
  *
  *   list[]           image_label_pairs_ (listing indices, in their current order)
  *   current_index    FileLabelLoader::current_index_: next list position read
@@ -51,6 +52,7 @@ struct ts_reader {
     int64_t n;
     char **paths;     /* n full paths (files) */
     int64_t *labels;  /* n labels */
+    bool *listed_reg; /* n: the listing saw a regular file (d_type DT_REG), not a link or an unknown type */
     char **classes;   /* nclasses folder names (file_root), else NULL */
     int64_t nclasses;
     ts_tensor *idx_images; /* (n, h, w) u8 (IDX) */
@@ -91,6 +93,7 @@ typedef struct strvec {
     int64_t n, cap;
 } strvec;
 
+/* Appends str (owned; NULL is out of memory). */
 static ts_status strvec_push(strvec *s, char *str) {
     if (!str) return TS_ERR_NOMEM;
     if (s->n == s->cap) {
@@ -106,6 +109,19 @@ static ts_status strvec_push(strvec *s, char *str) {
     s->v[s->n++] = str;
     return TS_OK;
 }
+
+/* "<t>name": the name after a byte telling whether readdir said DT_REG ('r') or not ('?'), so that
+ * sorting by the name sorts by strcmp of what follows. */
+static char *typed_name(const char *name, bool reg) {
+    size_t n = strlen(name);
+    char *p = ts__malloc(n + 2);
+    if (!p) return NULL;
+    p[0] = reg ? 'r' : '?';
+    memcpy(p + 1, name, n + 1);
+    return p;
+}
+
+static int cmp_typed(const void *a, const void *b) { return strcmp(*(char *const *)a + 1, *(char *const *)b + 1); }
 
 static void strvec_free(strvec *s) {
     for (int64_t i = 0; i < s->n; i++) free(s->v[i]);
@@ -159,7 +175,8 @@ static ts_status list_subdirs(const char *root, strvec *out) {
     return st;
 }
 
-/* filesystem.cc list_files: regular files and links (or unknown types) matching a filter, sorted. */
+/* filesystem.cc list_files: regular files and links (or unknown types) matching a filter, sorted.
+ * The names come typed (typed_name): whether each was a regular file when listed. */
 static ts_status list_files(const char *dir, strvec *out) {
     DIR *d = opendir(dir);
     if (!d) return ts_error(TS_ERR_IO, "%s: cannot open folder: %s", dir, strerror(errno));
@@ -167,10 +184,10 @@ static ts_status list_files(const char *dir, strvec *out) {
     struct dirent *e;
     while (st == TS_OK && (e = readdir(d))) {
         if (e->d_type != DT_REG && e->d_type != DT_LNK && e->d_type != DT_UNKNOWN) continue;
-        if (wanted_file(e->d_name)) st = strvec_push(out, ts__strdup(e->d_name));
+        if (wanted_file(e->d_name)) st = strvec_push(out, typed_name(e->d_name, e->d_type == DT_REG));
     }
     closedir(d);
-    if (st == TS_OK && out->n > 1) qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_str);
+    if (st == TS_OK && out->n > 1) qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_typed);
     return st;
 }
 
@@ -180,12 +197,14 @@ static ts_status grow_samples(ts_reader *r, int64_t *cap) {
     if (p) r->paths = p;
     int64_t *l = realloc(r->labels, sizeof *l * (size_t)c);
     if (l) r->labels = l;
-    if (!p || !l) return ts_error(TS_ERR_NOMEM, "out of memory listing samples");
+    bool *g = realloc(r->listed_reg, sizeof *g * (size_t)c);
+    if (g) r->listed_reg = g;
+    if (!p || !l || !g) return ts_error(TS_ERR_NOMEM, "out of memory listing samples");
     *cap = c;
     return TS_OK;
 }
 
-static ts_status add_sample(ts_reader *r, int64_t *cap, char *path, int64_t label) {
+static ts_status add_sample(ts_reader *r, int64_t *cap, char *path, int64_t label, bool listed_reg) {
     if (!path) return ts_error(TS_ERR_NOMEM, "out of memory listing samples");
     if (r->n == *cap) {
         ts_status st = grow_samples(r, cap);
@@ -196,6 +215,7 @@ static ts_status add_sample(ts_reader *r, int64_t *cap, char *path, int64_t labe
     }
     r->paths[r->n] = path;
     r->labels[r->n] = label;
+    r->listed_reg[r->n] = listed_reg;
     r->n++;
     return TS_OK;
 }
@@ -209,7 +229,8 @@ static ts_status list_root(ts_reader *r) {
         char *sub = join_path(r->o.file_root, dirs.v[k]);
         strvec files = {0};
         st = sub ? list_files(sub, &files) : TS_ERR_NOMEM;
-        for (int64_t f = 0; st == TS_OK && f < files.n; f++) st = add_sample(r, &cap, join_path(sub, files.v[f]), k);
+        for (int64_t f = 0; st == TS_OK && f < files.n; f++)
+            st = add_sample(r, &cap, join_path(sub, files.v[f] + 1), k, files.v[f][0] == 'r');
         strvec_free(&files);
         free(sub);
     }
@@ -269,7 +290,7 @@ static ts_status list_file_list(ts_reader *r) {
             st = ts_error(TS_ERR_FORMAT, "%s:%ld: label %s is out of range", path, lineno, line + label_start);
             break;
         }
-        st = add_sample(r, &cap, join_path(root, line), lab);
+        st = add_sample(r, &cap, join_path(root, line), lab, false); /* never listed: stat before opening */
         if (lab > maxl) maxl = lab;
     }
     if (st == TS_OK && ferror(f)) st = ts_error(TS_ERR_IO, "%s: read error: %s", path, strerror(errno));
@@ -328,10 +349,10 @@ static ts_status list_idx(ts_reader *r) {
 static void file_reset(ts_reader *r, bool wrap_to_shard) {
     r->current_index = wrap_to_shard ? ts_shard_start(r->virtual_shard_id, r->o.num_shards, r->n) : 0;
     r->current_epoch++;
-    if (r->o.shuffle_after_epoch) {
-        ts__mt19937 g;
-        ts__mt19937_seed(&g, (uint32_t)(DALI_DATALOADER_SEED + r->current_epoch));
-        ts__std_shuffle_i64(r->list, r->n, &g);
+    if (r->o.shuffle_after_epoch) { /* std::mt19937_64 g((epoch << 32) + shuffle_after_epoch_seed), DALI 2.4 */
+        ts__mt19937_64 g;
+        ts__mt19937_64_seed(&g, ((uint64_t)r->current_epoch << 32) + (uint64_t)r->o.shuffle_after_epoch_seed);
+        ts__std_shuffle64_i64(r->list, r->n, &g);
     }
 }
 
@@ -451,6 +472,7 @@ void ts_reader_free(ts_reader *r) {
     for (int64_t i = 0; r->paths && i < r->n; i++) free(r->paths[i]);
     free(r->paths);
     free(r->labels);
+    free(r->listed_reg);
     for (int64_t i = 0; r->classes && i < r->nclasses; i++) free(r->classes[i]);
     free(r->classes);
     ts_tensor_release(r->idx_images);
@@ -553,6 +575,9 @@ const char *ts_reader_path(const ts_reader *r, int64_t i) {
     return r->paths && i >= 0 && i < r->n ? r->paths[i] : NULL;
 }
 int64_t ts_reader_label(const ts_reader *r, int64_t i) { return i >= 0 && i < r->n ? r->labels[i] : -1; }
+bool ts__reader_listed_regular(const ts_reader *r, int64_t i) {
+    return r->listed_reg && i >= 0 && i < r->n && r->listed_reg[i];
+}
 
 int64_t ts_reader_shard_size(const ts_reader *r, int64_t epoch) {
     int64_t S = r->o.num_shards, v = r->stick ? r->o.shard_id : (r->o.shard_id + epoch) % S;

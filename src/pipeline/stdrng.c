@@ -6,12 +6,14 @@
  *   - std::default_random_engine e_(std::seed_seq({seed})) and
  *     std::uniform_int_distribution<>(0, k - 1)(e_) to pick from the
  *     shuffling buffer; libstdc++'s default_random_engine is minstd_rand0;
- *   - std::shuffle(list, std::mt19937(524287 [+ epoch])) for random_shuffle's
- *     global pre-shuffle and for shuffle_after_epoch.
+ *   - std::shuffle(list, std::mt19937(524287)) for random_shuffle's global
+ *     pre-shuffle;
+ *   - std::shuffle(list, std::mt19937_64((epoch << 32) + shuffle_after_epoch_seed))
+ *     for shuffle_after_epoch (DALI 2.4; the seed defaults to 524287).
  * The algorithms below follow GCC 12's libstdc++ (bits/random.tcc,
- * bits/uniform_int_dist.h, bits/stl_algo.h) step for step; the C++ mirror in
- * scripts/gen_dali_golden.cc runs the real library and tests/test_pipeline.c
- * compares the two.
+ * bits/uniform_int_dist.h, bits/stl_algo.h) step for step; tests/test_pipeline.c
+ * compares the reader with streams DALI itself produced
+ * (scripts/gen_dali_golden.py -> tests/golden/dali_reader.txt).
  */
 #include "pipeline/pipeline_internal.h"
 
@@ -75,6 +77,69 @@ void ts__std_shuffle_i64(int64_t *a, int64_t n, ts__mt19937 *g) {
         return;
     }
     for (int64_t i = 1; i != n; i++) swap_i64(a, i, (int64_t)mt_below(g, (uint64_t)i + 1));
+}
+
+/* ---- std::mt19937_64 ------------------------------------------------------------------------- */
+void ts__mt19937_64_seed(ts__mt19937_64 *g, uint64_t seed) {
+    g->mt[0] = seed;
+    for (int i = 1; i < 312; i++)
+        g->mt[i] = 6364136223846793005ull * (g->mt[i - 1] ^ (g->mt[i - 1] >> 62)) + (uint64_t)i;
+    g->i = 312;
+}
+
+uint64_t ts__mt19937_64_next(ts__mt19937_64 *g) {
+    if (g->i >= 312) {
+        const uint64_t upper = ~0ull << 31, lower = ~upper;
+        for (int k = 0; k < 312; k++) {
+            uint64_t y = (g->mt[k] & upper) | (g->mt[(k + 1) % 312] & lower);
+            g->mt[k] = g->mt[(k + 156) % 312] ^ (y >> 1) ^ ((y & 1u) ? 0xb5026f5aa96619e9ull : 0u);
+        }
+        g->i = 0;
+    }
+    uint64_t y = g->mt[g->i++];
+    y ^= (y >> 29) & 0x5555555555555555ull;
+    y ^= (y << 17) & 0x71d67fffeda60000ull;
+    y ^= (y << 37) & 0xfff7eee000000000ull;
+    y ^= y >> 43;
+    return y;
+}
+
+/* a * b as 128 bits (hi, lo), without relying on __int128. */
+static void mul_64x64(uint64_t a, uint64_t b, uint64_t *hi, uint64_t *lo) {
+    uint64_t a0 = (uint32_t)a, a1 = a >> 32, b0 = (uint32_t)b, b1 = b >> 32;
+    uint64_t p00 = a0 * b0, p01 = a0 * b1, p10 = a1 * b0, p11 = a1 * b1;
+    uint64_t mid = (p00 >> 32) + (uint32_t)p01 + (uint32_t)p10;
+    *lo = (mid << 32) | (uint32_t)p00;
+    *hi = p11 + (p01 >> 32) + (p10 >> 32) + (mid >> 32);
+}
+
+/* uniform_int_distribution<unsigned long>{0, range - 1}(mt19937_64): the generator's range is exactly
+ * 64 bits, so libstdc++ takes Lemire's method on unsigned __int128 (_S_nd<unsigned __int128>). */
+static uint64_t mt64_below(ts__mt19937_64 *g, uint64_t range) {
+    uint64_t hi, low;
+    mul_64x64(ts__mt19937_64_next(g), range, &hi, &low);
+    if (low < range) {
+        uint64_t threshold = (0 - range) % range;
+        while (low < threshold) mul_64x64(ts__mt19937_64_next(g), range, &hi, &low);
+    }
+    return hi;
+}
+
+void ts__std_shuffle64_i64(int64_t *a, int64_t n, ts__mt19937_64 *g) {
+    if (n <= 0) return;
+    const uint64_t urngrange = ~0ull, urange = (uint64_t)n;
+    if (urngrange / urange >= urange) {
+        int64_t i = 1;
+        if (urange % 2 == 0) swap_i64(a, i++, (int64_t)mt64_below(g, 2));
+        while (i != n) {
+            uint64_t swap_range = (uint64_t)i + 1, b1 = swap_range + 1;
+            uint64_t x = mt64_below(g, swap_range * b1); /* __gen_two_uniform_ints */
+            swap_i64(a, i++, (int64_t)(x / b1));
+            swap_i64(a, i++, (int64_t)(x % b1));
+        }
+        return;
+    }
+    for (int64_t i = 1; i != n; i++) swap_i64(a, i, (int64_t)mt64_below(g, (uint64_t)i + 1));
 }
 
 /* ---- std::minstd_rand0 through std::seed_seq --------------------------------------------------- */
