@@ -50,7 +50,7 @@ static void test_kind_of_every_type(void) {
     ts_module *m = NULL;
     ts_rng r;
     ts_rng_seed(&r, 3);
-    ts_pool2d_params pool = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false};
+    ts_pool2d_params pool = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false, false};
 
     CHECK_OK(ts_nn_sequential_new(&m));
     check_kind(m, TS_MODULE_SEQUENTIAL);
@@ -123,7 +123,7 @@ static void test_accessors(void) {
     ts_module *lin = NULL, *conv = NULL, *bn = NULL, *mp = NULL, *ap = NULL, *drop = NULL, *emb = NULL,
               *relu = NULL;
     ts_conv2d_params cp = {{2, 1}, {1, 0}, {1, 2}, 2};
-    ts_pool2d_params pp = {{3, 2}, {0, 1}, {1, 0}, {2, 0}, true};
+    ts_pool2d_params pp = {{3, 2}, {0, 1}, {1, 0}, {2, 0}, true, false};
     CHECK_OK(ts_nn_linear_new(7, 5, false, &r, &lin));
     CHECK_OK(ts_nn_conv2d_new(4, 6, 3, 5, cp, true, &r, &conv));
     CHECK_OK(ts_nn_batchnorm2d_new(9, 1e-3f, -1.0f, false, true, &bn));

@@ -18,7 +18,7 @@ ts_status ts_model_reference_cnn(ts_rng *rng, ts_module **out) {
     ts_module *s = NULL, *c = NULL;
     ts_conv2d_params p = TS_CONV2D_DEFAULT;
     p.padding[0] = p.padding[1] = 1;
-    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false};
+    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
     ts_status st;
     TS_CHECK_GOTO(ts_nn_sequential_new(&s));
     /* (N, 1, 28, 28) -> (N, 32, 14, 14) */
