@@ -78,6 +78,12 @@ static void test_kind_of_every_type(void) {
     check_kind(m, TS_MODULE_EMBEDDING);
     CHECK_OK(ts_nn_residual_block_new(2, 4, 2, &r, &m));
     check_kind(m, TS_MODULE_RESIDUAL_BLOCK);
+    CHECK_OK(ts_nn_layernorm_new(1, (int64_t[]){4}, 1e-5f, true, &m));
+    check_kind(m, TS_MODULE_LAYERNORM);
+    CHECK_OK(ts_nn_groupnorm_new(2, 4, 1e-5f, true, &m));
+    check_kind(m, TS_MODULE_GROUPNORM);
+    CHECK_OK(ts_nn_batchnorm1d_new(4, 1e-5f, 0.1f, true, true, &m));
+    check_kind(m, TS_MODULE_BATCHNORM1D);
 
     /* the parallel wrappers (src/parallel) */
     CHECK_OK(ts_nn_to_device_new(devs[1], &m));
