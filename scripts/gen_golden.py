@@ -462,6 +462,25 @@ def op_cases():
                                         label_smoothing=ls)
                     c.add(case, inputs, y, g, args=[reductions[red], ii], fargs=[ls])
 
+    # cross_entropy_ex on (N, C, d1, ...) logits and (N, d1, ...) targets: a sample per position
+    for name, shape, red, weighted, ls in (("spatial2d_mean_w_ls01", (2, 4, 3, 5), "mean", True, 0.1),
+                                           ("spatial1d_none", (3, 5, 4), "none", False, 0.0),
+                                           ("spatial2d_sum_ls02", (2, 3, 2, 4), "sum", False, 0.2)):
+        case = "cross_entropy_ex:" + name
+        g = c.gen(case)
+        C = shape[1]
+        logits = (rnd(g, *shape) * 2).detach().requires_grad_(True)
+        tshape = (shape[0],) + shape[2:]
+        target = torch.randint(0, C, tshape, generator=g)
+        target.view(-1)[::5] = -100
+        inputs = {"logits": logits, "target": target}
+        w = None
+        if weighted:
+            w = rnd(g, C, grad=False, lo=0.2, hi=2.0)
+            inputs["weight"] = w
+        y = F.cross_entropy(logits, target, weight=w, reduction=red, label_smoothing=ls)
+        c.add(case, inputs, y, g, args=[reductions[red], -100], fargs=[ls])
+
     # avgpool2d with count_include_pad=False: the avgpool2d args plus exclude_pad = 1
     pools_ex = [
         # name, kernel, stride, padding, ceil, (H, W)

@@ -442,6 +442,66 @@ static void test_cross_entropy_ex_edges(void) {
     ts_tensor_release(x);
 }
 
+/* (N, C, H, W) logits are the (N*H*W, C) rows of their transpose, above the kernels' parallel
+ * threshold; shape errors name the expected target. */
+static void test_cross_entropy_spatial(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 24);
+    const int64_t N = 4, C = 10, H = 32, W = 32, S = H * W;
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){N, C, H, W}, -3, 3, true), *xt = NULL, *t = NULL, *t2 = NULL;
+    ts_tensor *w = tu_rand(&r, 1, &C, 0.2f, 2.0f, false);
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_F32, 2, (int64_t[]){N * S, C}, &xt));
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 3, (int64_t[]){N, H, W}, &t));
+    const float *px = ts_tensor_data_f32(x);
+    float *pt = ts_tensor_data_f32(xt);
+    int64_t *ti = ts_tensor_data(t);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t s = 0; s < S; s++) pt[(n * S + s) * C + c] = px[(n * C + c) * S + s];
+    for (int64_t i = 0; i < N * S; i++) ti[i] = i % 7 == 3 ? -100 : (int64_t)(ts_rng_u64(&r) % (uint64_t)C);
+    ts_tensor_set_requires_grad(xt, true);
+    CHECK_OK(ts_reshape(t, 1, (int64_t[]){N * S}, &t2));
+    for (int red = 0; red < 3; red++) {
+        ts_cross_entropy_opts o = TS_CROSS_ENTROPY_OPTS_INIT;
+        o.reduction = (ts_reduction)red;
+        o.weight = w;
+        o.label_smoothing = 0.15f;
+        ts_tensor *y = NULL, *yt = NULL;
+        CHECK_OK(ts_cross_entropy_ex(x, t, &o, &y));
+        CHECK_OK(ts_cross_entropy_ex(xt, t2, &o, &yt));
+        if (!y || !yt) return;
+        CHECK(ts_tensor_ndim(y) == (red == TS_REDUCTION_NONE ? 3 : 0));
+        check_close(y, yt, 1e-5 * (red == TS_REDUCTION_SUM ? 1000 : 1));
+        ts_tensor_zero_grad(x);
+        ts_tensor_zero_grad(xt);
+        CHECK_OK(ts_backward(y, red == TS_REDUCTION_NONE ? y : NULL, false));
+        CHECK_OK(ts_backward(yt, red == TS_REDUCTION_NONE ? yt : NULL, false));
+        const float *gx = ts_tensor_data_f32(ts_tensor_grad(x)), *gt = ts_tensor_data_f32(ts_tensor_grad(xt));
+        double worst = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++)
+                for (int64_t s = 0; s < S; s++)
+                    worst = fmax(worst, fabs(gx[(n * C + c) * S + s] - gt[(n * S + s) * C + c]));
+        CHECK(worst < 1e-6);
+        ts_tensor_release(y);
+        ts_tensor_release(yt);
+    }
+    ts_tensor *y = NULL;
+    CHECK_STATUS(ts_cross_entropy_ex(x, t2, NULL, &y), TS_ERR_SHAPE);
+    CHECK_ERR_MENTIONS("target [4096] does not fit logits [4, 10, 32, 32] (expected target [4, 32, 32])");
+    ti[2 * S + 5] = 10;
+    CHECK_STATUS(ts_cross_entropy_ex(x, t, NULL, &y), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("target 10 of sample 2 at position 5");
+    ts_tensor *x1 = tu_rand(&r, 1, &C, 0, 1, false);
+    CHECK_STATUS(ts_cross_entropy_ex(x1, t, NULL, &y), TS_ERR_SHAPE);
+    ts_tensor_release(x1);
+    ts_tensor_release(x);
+    ts_tensor_release(xt);
+    ts_tensor_release(t);
+    ts_tensor_release(t2);
+    ts_tensor_release(w);
+}
+
 /* exclude_pad: equal to include-pad where no window touches padding; the average of the
  * input elements only at the corners; max pooling refuses it. */
 static void test_avgpool_exclude_pad(void) {
@@ -507,6 +567,6 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_layernorm_module),       T(test_groupnorm_module),
                                     T(test_batchnorm1d_module),     T(test_norm_ops_large),
                                     T(test_norm_op_errors),         T(test_cross_entropy_ex_edges),
-                                    T(test_avgpool_exclude_pad),    T(test_tile_rejects_exclude_pad)};
+                                    T(test_cross_entropy_spatial),  T(test_avgpool_exclude_pad),    T(test_tile_rejects_exclude_pad)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

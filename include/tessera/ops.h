@@ -105,7 +105,8 @@ ts_status ts_dropout(const ts_tensor *x, float p, bool training, ts_rng *rng, ts
 
 /* ---- losses and activations ------------------------------------------------------------------------------ */
 ts_status ts_log_softmax(const ts_tensor *x, int dim, ts_tensor **out);
-/* logits: (N, C), target: (N) TS_I64 -> mean loss, shape []. label_smoothing in [0, 1]; targets of -100 are ignored (PyTorch ignore_index). */
+/* logits: (N, C) (or (N, C, d1, ...), see ts_cross_entropy_ex), target: (N) TS_I64 -> mean loss, shape [].
+ * label_smoothing in [0, 1]; targets of -100 are ignored (PyTorch ignore_index). */
 ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *target, float label_smoothing,
                            ts_tensor **out);
 /* How a loss reduces its per-sample values (zero-initialised: the mean). */
@@ -124,10 +125,11 @@ typedef struct ts_cross_entropy_opts {
 } ts_cross_entropy_opts;
 #define TS_CROSS_ENTROPY_OPTS_INIT ((ts_cross_entropy_opts){TS_REDUCTION_MEAN, NULL, -100, 0.0f})
 
-/* logits: (N, C), target: (N) TS_I64 in [0, C) or o->ignore_index (o NULL: the defaults).
+/* logits: (N, C), target: (N) TS_I64 in [0, C) or o->ignore_index (o NULL: the defaults);
+ * or logits (N, C, d1, ...) and target (N, d1, ...): a sample per position, classes along dim 1.
  * Per sample, with w = weight (1 without) and eps = label smoothing:
  *   l_i = (1 - eps) w[t_i] (lse_i - x_i[t_i]) + eps / C * sum_c w[c] (lse_i - x_i[c]),
- * 0 for ignored samples. TS_REDUCTION_NONE -> (N); SUM -> []; MEAN -> [] = sum / the sum
+ * 0 for ignored samples. TS_REDUCTION_NONE -> target's shape; SUM -> []; MEAN -> [] = sum / the sum
  * of w[t_i] over samples not ignored (NaN when there are none), as PyTorch. A target out
  * of range is TS_ERR_INVALID_ARG naming it and its sample. The weight gets no gradient. */
 ts_status ts_cross_entropy_ex(const ts_tensor *logits, const ts_tensor *target, const ts_cross_entropy_opts *o,

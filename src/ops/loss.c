@@ -10,8 +10,10 @@
  * (1 - eps) weighted nll + eps / C * sum over classes of -w[c] log p[c];
  * targets equal to ignore_index skipped and not counted; the weighted mean
  * divides by the sum of the weights of the targets counted; reduction none
- * gives one value per sample (0 for ignored ones). ts_cross_entropy is
- * ts_cross_entropy_ex with the default options.
+ * gives one value per sample (0 for ignored ones). Logits (N, C, d1, ...)
+ * hold one sample per (n, d1, ...) with the classes along dim 1, as in
+ * PyTorch; the kernel reads them at stride d1*... in place (no transpose).
+ * ts_cross_entropy is ts_cross_entropy_ex with the default options.
  */
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
@@ -69,7 +71,7 @@ fail:
 }
 
 /* ---- cross_entropy --------------------------------------------------------------------------------- */
-/* saved: logits (N, C), lse (N), target (N), weight (C) or NULL; p.f[0] = label smoothing,
+/* saved: logits (N, C, d...), lse and target (N, d...), weight (C) or NULL; p.f[0] = label smoothing,
  * p.i[1] = ignore_index, p.i[2] = reduction */
 static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     ts_tensor *g = NULL;
@@ -88,18 +90,29 @@ ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *targe
                               ts_tensor **out) {
     const ts_cross_entropy_opts o = opts ? *opts : TS_CROSS_ENTROPY_OPTS_INIT;
     TS_TRY(ts__check_f32("cross_entropy", "logits", logits_in));
-    TS_TRY(ts__check_ndim("cross_entropy", "logits", logits_in, 2));
     TS_ARG(target_in, "cross_entropy: target is NULL");
     TS_ARG(out, "cross_entropy: NULL out");
     TS_TRY(ts__check_same_device("cross_entropy", logits_in, target_in));
     char a[96], b[96];
+    const int nd = logits_in->ndim;
+    if (nd < 2)
+        return ts_error(TS_ERR_SHAPE, "cross_entropy: logits %s must be (N, C) or (N, C, d1, ...)",
+                        ts_shape_str(nd, logits_in->shape, a, sizeof a));
     if (target_in->dtype != TS_I64)
         return ts_error(TS_ERR_DTYPE, "cross_entropy: target %s has dtype %s, expected int64 class indices",
                         ts_shape_str(target_in->ndim, target_in->shape, a, sizeof a), ts_dtype_name(target_in->dtype));
-    if (target_in->ndim != 1 || target_in->shape[0] != logits_in->shape[0])
-        return ts_error(TS_ERR_SHAPE, "cross_entropy: target %s does not fit logits %s (expected target [%lld])",
+    /* the target is the logits' shape without the class dim */
+    int64_t tshape[TS_MAX_DIMS];
+    tshape[0] = logits_in->shape[0];
+    for (int i = 2; i < nd; i++) tshape[i - 1] = logits_in->shape[i];
+    bool fits = target_in->ndim == nd - 1;
+    for (int i = 0; fits && i < nd - 1; i++) fits = target_in->shape[i] == tshape[i];
+    if (!fits) {
+        char c[96];
+        return ts_error(TS_ERR_SHAPE, "cross_entropy: target %s does not fit logits %s (expected target %s)",
                         ts_shape_str(target_in->ndim, target_in->shape, a, sizeof a),
-                        ts_shape_str(2, logits_in->shape, b, sizeof b), (long long)logits_in->shape[0]);
+                        ts_shape_str(nd, logits_in->shape, b, sizeof b), ts_shape_str(nd - 1, tshape, c, sizeof c));
+    }
     if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f))
         return ts_error(TS_ERR_INVALID_ARG, "cross_entropy: label_smoothing %g is outside [0, 1]",
                         (double)o.label_smoothing);
@@ -112,7 +125,7 @@ ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *targe
         if (o.weight->ndim != 1 || o.weight->shape[0] != logits_in->shape[1])
             return ts_error(TS_ERR_SHAPE, "cross_entropy: weight %s does not fit logits %s (expected [%lld])",
                             ts_shape_str(o.weight->ndim, o.weight->shape, a, sizeof a),
-                            ts_shape_str(2, logits_in->shape, b, sizeof b), (long long)logits_in->shape[1]);
+                            ts_shape_str(nd, logits_in->shape, b, sizeof b), (long long)logits_in->shape[1]);
     }
     ts_device *d = logits_in->storage->device;
     ts_status st;
@@ -120,9 +133,9 @@ ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *targe
     TS_CHECK_GOTO(ts__contiguous(logits_in, &x));
     TS_CHECK_GOTO(ts__contiguous(target_in, &t));
     if (o.weight) TS_CHECK_GOTO(ts__contiguous(o.weight, &w));
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 1, x->shape, &lse));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, nd - 1, tshape, &lse));
     if (o.reduction == TS_REDUCTION_NONE)
-        TS_CHECK_GOTO(ts__new(d, TS_F32, 1, x->shape, &loss));
+        TS_CHECK_GOTO(ts__new(d, TS_F32, nd - 1, tshape, &loss));
     else
         TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &loss));
     TS_CHECK_GOTO(d->k_misc->cross_entropy(loss, lse, x, t, w, o.label_smoothing, o.ignore_index, o.reduction));
