@@ -2,9 +2,10 @@
  * and PyTorch's initial values, typed accessors, forward equal to the op,
  * BatchNorm1d's running statistics), the ops on inputs large enough to run
  * their kernels' parallel paths (against a double-precision reference), the
- * argument checks of the new ops, and the edges of cross_entropy_ex and
- * avg pooling's exclude_pad the golden cases do not reach. Values against
- * PyTorch are in tests/test_golden_ops.c. */
+ * argument checks of the new ops, the edges of cross_entropy_ex and avg
+ * pooling's exclude_pad the golden cases do not reach, and every allocation
+ * of the new ops failing in turn. Values against PyTorch are in
+ * tests/test_golden_ops.c. */
 #include "nn/module.h"
 #include "test_util.h"
 
@@ -559,6 +560,81 @@ static void test_tile_rejects_exclude_pad(void) {
     CHECK_ERR_MENTIONS("LayerNorm");
 }
 
+/* One forward + backward through op `which` on prepared inputs; every result released. */
+static ts_status chain(int which, ts_tensor *x3, ts_tensor *w, ts_tensor *b, ts_tensor *logits, ts_tensor *target,
+                       ts_tensor *cw, ts_tensor *rm, ts_tensor *rv) {
+    ts_tensor *y = NULL, *s = NULL;
+    ts_status st;
+    ts_cross_entropy_opts o = TS_CROSS_ENTROPY_OPTS_INIT;
+    ts_pool2d_params p;
+    memset(&p, 0, sizeof p);
+    switch (which) {
+    case 0: st = ts_layer_norm(x3, 1, NULL, NULL, 1e-5f, &y); break;
+    case 1: st = ts_group_norm(x3, 2, w, b, 1e-5f, &y); break;
+    case 2: st = ts_batchnorm1d(x3, w, b, rm, rv, true, 0.1f, 1e-5f, &y); break;
+    case 3:
+        o.reduction = TS_REDUCTION_NONE;
+        o.weight = cw;
+        o.label_smoothing = 0.1f;
+        st = ts_cross_entropy_ex(logits, target, &o, &y);
+        break;
+    default: {
+        ts_tensor *x4 = NULL;
+        st = ts_reshape(x3, 4, (int64_t[]){2, 4, 5, 1}, &x4);
+        p.kernel[0] = 3; /* (3, 1) windows over (2, 4, 5, 1), height padding excluded */
+        p.kernel[1] = 1;
+        p.padding[0] = 1;
+        p.exclude_pad = true;
+        if (st == TS_OK) st = ts_avgpool2d(x4, p, &y);
+        ts_tensor_release(x4);
+    }
+    }
+    if (st == TS_OK) st = ts_sum(y, &s);
+    if (st == TS_OK) st = ts_backward(s, NULL, false);
+    ts_tensor_release(y);
+    ts_tensor_release(s);
+    return st;
+}
+
+/* Every allocation of each new op's forward and backward failing in turn: TS_ERR_NOMEM, no leak (ASan). */
+static void test_alloc_failures(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 25);
+    ts_tensor *x3 = tu_rand(&r, 3, (int64_t[]){2, 4, 5}, -1, 1, true);
+    ts_tensor *w = tu_rand(&r, 1, (int64_t[]){4}, 0.5f, 1.5f, true), *b = tu_rand(&r, 1, (int64_t[]){4}, -1, 1, true);
+    ts_tensor *logits = tu_rand(&r, 3, (int64_t[]){2, 3, 4}, -1, 1, true), *target = NULL;
+    ts_tensor *cw = tu_rand(&r, 1, (int64_t[]){3}, 0.5f, 1.5f, false);
+    ts_tensor *rm = tu_rand(&r, 1, (int64_t[]){4}, 0, 1, false), *rv = tu_rand(&r, 1, (int64_t[]){4}, 1, 2, false);
+    CHECK_OK(ts_tensor_from_data(ts_device_cpu(), TS_I64, 2, (int64_t[]){2, 4},
+                                 (int64_t[]){0, 2, -100, 1, 1, 1, 0, 2}, &target));
+    for (int which = 0; which < 5; which++) {
+        int runs = 0;
+        for (long n = 0; n < 1000; n++) {
+            ts__alloc_fail_after(n);
+            ts_status st = chain(which, x3, w, b, logits, target, cw, rm, rv);
+            long injected = ts__alloc_failures();
+            ts__alloc_fail_after(-1);
+            runs++;
+            if (st == TS_OK && injected == 0) break;
+            CHECK(st == TS_ERR_NOMEM);
+            if (st != TS_ERR_NOMEM) {
+                fprintf(stderr, "  op %d, failing after %ld allocations: %s (%s)\n", which, n, ts_status_name(st),
+                        ts_last_error());
+                break;
+            }
+        }
+        CHECK(runs > 2);
+    }
+    ts_tensor_release(x3);
+    ts_tensor_release(w);
+    ts_tensor_release(b);
+    ts_tensor_release(logits);
+    ts_tensor_release(target);
+    ts_tensor_release(cw);
+    ts_tensor_release(rm);
+    ts_tensor_release(rv);
+}
+
 int main(int argc, char **argv) {
     if (ts_set_cpu_device_count(2) != TS_OK) {
         fprintf(stderr, "ts_set_cpu_device_count: %s\n", ts_last_error());
@@ -567,6 +643,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_layernorm_module),       T(test_groupnorm_module),
                                     T(test_batchnorm1d_module),     T(test_norm_ops_large),
                                     T(test_norm_op_errors),         T(test_cross_entropy_ex_edges),
-                                    T(test_cross_entropy_spatial),  T(test_avgpool_exclude_pad),    T(test_tile_rejects_exclude_pad)};
+                                    T(test_cross_entropy_spatial),  T(test_avgpool_exclude_pad),    T(test_tile_rejects_exclude_pad),
+                                    T(test_alloc_failures)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }
