@@ -46,7 +46,7 @@ static ts_tensor *block_fwd(block *k, ts_tensor *x) {
     check(ts_conv2d(x, k->w, k->b, (ts_conv2d_params){{1, 1}, {1, 1}, {1, 1}, 1}, &c));
     check(ts_batchnorm2d(c, k->g, k->beta, k->rm, k->rv, true, 0.1f, 1e-5f, &n));
     check(ts_relu(n, &a));
-    check(ts_maxpool2d(a, (ts_pool2d_params){{2, 2}, {2, 2}, {0, 0}, {1, 1}, false}, &p));
+    check(ts_maxpool2d(a, (ts_pool2d_params){{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false}, &p));
     ts_tensor_release(c);
     ts_tensor_release(n);
     ts_tensor_release(a);

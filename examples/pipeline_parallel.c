@@ -44,7 +44,7 @@
 static ts_status conv_block(ts_module *seq, int64_t cin, int64_t cout, ts_rng *rng) {
     ts_conv2d_params p = TS_CONV2D_DEFAULT;
     p.padding[0] = p.padding[1] = 1;
-    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false};
+    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
     ts_module *m = NULL;
     ts_status st = ts_nn_conv2d_new(cin, cout, 3, 3, p, true, rng, &m);
     if (st == TS_OK) st = ts_nn_sequential_add(seq, NULL, m);

@@ -472,6 +472,141 @@ def op_cases():
         g = c.gen(case)
         x = rnd(g, *shape)
         c.add(case, {"x": x}, F.adaptive_avg_pool2d(x, osz), g, args=list(osz))
+    # ---- normalisation layers, loss options, avg pool count_include_pad off ----
+    # layer_norm: args = [normalized_ndim], fargs = [eps]; weight/bias optional (absent = NULL)
+    lns = [
+        # name, x shape, normalized_ndim, affine, eps
+        ("last1", (4, 7), 1, True, 1e-5),
+        ("last1_noaffine", (2, 3, 6), 1, False, 1e-5),
+        ("last2", (2, 3, 4, 5), 2, True, 1e-5),
+        ("last3_eps1e-3", (2, 3, 4, 5), 3, True, 1e-3),
+        ("all2_noaffine", (3, 5), 2, False, 1e-5),
+    ]
+    for name, shape, k, affine, eps in lns:
+        case = "layer_norm:" + name
+        g = c.gen(case)
+        x = (rnd(g, *shape, grad=False) * 2 + 0.5).requires_grad_(True)
+        inputs = {"x": x}
+        if affine:
+            inputs["weight"] = rnd(g, *shape[-k:], lo=0.5, hi=1.5)
+            inputs["bias"] = rnd(g, *shape[-k:])
+        y = F.layer_norm(x, shape[-k:], inputs.get("weight"), inputs.get("bias"), eps)
+        c.add(case, inputs, y, g, args=[k], fargs=[eps])
+
+    # group_norm: args = [num_groups], fargs = [eps]; weight/bias (C) optional
+    gns = [
+        # name, x shape, groups, affine, eps
+        ("g1_4d", (2, 6, 4, 5), 1, True, 1e-5),
+        ("g2_4d", (2, 6, 4, 5), 2, True, 1e-5),
+        ("gC_4d", (2, 6, 3, 3), 6, True, 1e-5),
+        ("g2_3d", (3, 4, 7), 2, True, 1e-5),
+        ("g3_3d_noaffine", (2, 6, 5), 3, False, 1e-3),
+        ("g2_2d", (4, 6), 2, True, 1e-5),
+    ]
+    for name, shape, groups, affine, eps in gns:
+        case = "group_norm:" + name
+        g = c.gen(case)
+        x = (rnd(g, *shape, grad=False) * 2 - 0.5).requires_grad_(True)
+        inputs = {"x": x}
+        if affine:
+            inputs["weight"] = rnd(g, shape[1], lo=0.5, hi=1.5)
+            inputs["bias"] = rnd(g, shape[1])
+        y = F.group_norm(x, groups, inputs.get("weight"), inputs.get("bias"), eps)
+        c.add(case, inputs, y, g, args=[groups], fargs=[eps])
+
+    # batchnorm1d: as batchnorm2d (args = [training], fargs = [momentum, eps]) on (N, C) or (N, C, L)
+    bn1s = [
+        # name, shape, training, affine, running stats, momentum, eps
+        ("2d_train", (6, 4), True, True, True, 0.1, 1e-5),
+        ("2d_eval", (6, 4), False, True, True, 0.1, 1e-5),
+        ("2d_train_noaffine_nostats", (5, 3), True, False, False, 0.1, 1e-5),
+        ("3d_train", (3, 4, 7), True, True, True, 0.2, 1e-5),
+        ("3d_eval_noaffine", (3, 4, 7), False, False, True, 0.1, 1e-3),
+    ]
+    for name, shape, training, affine, stats, mom, eps in bn1s:
+        case = "batchnorm1d:" + name
+        g = c.gen(case)
+        x = (rnd(g, *shape, grad=False) * 2 + 0.5).requires_grad_(True)
+        C = shape[1]
+        inputs = {"x": x}
+        if affine:
+            inputs["weight"] = rnd(g, C, lo=0.5, hi=1.5)
+            inputs["bias"] = rnd(g, C)
+        extra = {}
+        rm = rv = None
+        if stats:
+            rm = rnd(g, C, grad=False) * 0.5
+            rv = rnd(g, C, grad=False, lo=0.5, hi=2.0)
+            inputs["running_mean"] = rm.clone()
+            inputs["running_var"] = rv.clone()
+        y = F.batch_norm(x, rm, rv, inputs.get("weight"), inputs.get("bias"), training, mom, eps)
+        if stats:
+            extra = {"running_mean_out": rm, "running_var_out": rv}
+        c.add(case, inputs, y, g, args=[int(training)], fargs=[mom, eps], extra=extra)
+
+    # cross_entropy_ex: logits (N, C), target (N) i64, class weight (C) optional (no gradient);
+    # args = [reduction (0 mean, 1 sum, 2 none), ignore_index], fargs = [label_smoothing]
+    reductions = {"mean": 0, "sum": 1, "none": 2}
+    for red in ("mean", "sum", "none"):
+        for weighted in (False, True):
+            for ignore in (None, -100, 2):
+                for ls in (0.0, 0.2):
+                    name = "%s%s%s_ls%s" % (red, "_w" if weighted else "",
+                                            "" if ignore is None else "_ign%d" % ignore, str(ls).replace(".", ""))
+                    case = "cross_entropy_ex:" + name
+                    g = c.gen(case)
+                    N, C = 7, 5
+                    logits = (rnd(g, N, C) * 2).detach().requires_grad_(True)
+                    target = torch.randint(0, C, (N,), generator=g)
+                    ii = -100 if ignore is None else ignore
+                    if ignore is not None:
+                        target[1] = ii
+                        target[4] = ii
+                    inputs = {"logits": logits, "target": target}
+                    w = None
+                    if weighted:
+                        w = rnd(g, C, grad=False, lo=0.2, hi=2.0)
+                        inputs["weight"] = w
+                    y = F.cross_entropy(logits, target, weight=w, ignore_index=ii, reduction=red,
+                                        label_smoothing=ls)
+                    c.add(case, inputs, y, g, args=[reductions[red], ii], fargs=[ls])
+
+    # cross_entropy_ex on (N, C, d1, ...) logits and (N, d1, ...) targets: a sample per position
+    for name, shape, red, weighted, ls in (("spatial2d_mean_w_ls01", (2, 4, 3, 5), "mean", True, 0.1),
+                                           ("spatial1d_none", (3, 5, 4), "none", False, 0.0),
+                                           ("spatial2d_sum_ls02", (2, 3, 2, 4), "sum", False, 0.2)):
+        case = "cross_entropy_ex:" + name
+        g = c.gen(case)
+        C = shape[1]
+        logits = (rnd(g, *shape) * 2).detach().requires_grad_(True)
+        tshape = (shape[0],) + shape[2:]
+        target = torch.randint(0, C, tshape, generator=g)
+        target.view(-1)[::5] = -100
+        inputs = {"logits": logits, "target": target}
+        w = None
+        if weighted:
+            w = rnd(g, C, grad=False, lo=0.2, hi=2.0)
+            inputs["weight"] = w
+        y = F.cross_entropy(logits, target, weight=w, reduction=red, label_smoothing=ls)
+        c.add(case, inputs, y, g, args=[reductions[red], -100], fargs=[ls])
+
+    # avgpool2d with count_include_pad=False: the avgpool2d args plus exclude_pad = 1
+    pools_ex = [
+        # name, kernel, stride, padding, ceil, (H, W)
+        ("k3_s2_p1_excl", (3, 3), (2, 2), (1, 1), False, (7, 6)),
+        ("k3_s1_p1_excl", (3, 3), (1, 1), (1, 1), False, (5, 6)),
+        ("k3_s2_p1_ceil_excl", (3, 3), (2, 2), (1, 1), True, (8, 7)),
+        ("k2_s2_p1_ceil_excl", (2, 2), (2, 2), (1, 1), True, (7, 6)),
+        ("k3_s2_ceil_excl", (3, 3), (2, 2), (0, 0), True, (6, 8)),
+        ("k32_s12_p11_excl", (3, 2), (1, 2), (1, 1), False, (7, 6)),
+        ("k4_s3_p2_ceil_excl", (4, 4), (3, 3), (2, 2), True, (8, 9)),
+    ]
+    for name, k, s, p, ceil, hw in pools_ex:
+        case = "avgpool2d:" + name
+        g = c.gen(case)
+        x = rnd(g, 2, 3, *hw)
+        y = F.avg_pool2d(x, k, s, p, ceil_mode=ceil, count_include_pad=False)
+        c.add(case, {"x": x}, y, g, args=[*k, *s, *p, 1, 1, int(ceil), 1])
 
     return c.records
 

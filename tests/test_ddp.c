@@ -60,7 +60,7 @@ static ts_status make_cnn(uint64_t seed, ts_module **out) {
     TS_TRY(ts_nn_sequential_new(&seq));
     ts_conv2d_params cp = TS_CONV2D_DEFAULT;
     cp.padding[0] = cp.padding[1] = 1;
-    ts_pool2d_params pp = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false};
+    ts_pool2d_params pp = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false, false};
     ts_status st = push(seq, ts_nn_conv2d_new(1, 4, 3, 3, cp, true, &r, &m), &m);
     if (st == TS_OK) st = push(seq, ts_nn_relu_new(&m), &m);
     if (st == TS_OK) st = push(seq, ts_nn_maxpool2d_new(pp, &m), &m);

@@ -65,6 +65,7 @@ static ts_pool2d_params pool_params(const gcase *c) {
         p.dilation[i] = (int)arg(c, 6 + i);
     }
     p.ceil_mode = arg(c, 8) != 0;
+    p.exclude_pad = arg(c, 9) != 0; /* absent (0) in the count_include_pad cases */
     return p;
 }
 
@@ -189,6 +190,29 @@ static ts_status run_op(gcase *c, ts_tensor **y) {
     if (!strcmp(op, "bmm")) return ts_bmm(input(c, "a"), input(c, "b"), y);
     if (!strcmp(op, "adaptive_avgpool2d"))
         return ts_adaptive_avgpool2d(input(c, "x"), (int)arg(c, 0), (int)arg(c, 1), y);
+    /* normalisation layers and loss options */
+    if (!strcmp(op, "layer_norm")) {
+        ts_tensor *x = input(c, "x"), *w = input(c, "weight"), *b = input(c, "bias");
+        return ts_layer_norm(x, (int)arg(c, 0), w, b, farg(c, 0), y);
+    }
+    if (!strcmp(op, "group_norm")) {
+        ts_tensor *x = input(c, "x"), *w = input(c, "weight"), *b = input(c, "bias");
+        return ts_group_norm(x, (int)arg(c, 0), w, b, farg(c, 0), y);
+    }
+    if (!strcmp(op, "batchnorm1d")) {
+        ts_tensor *x = input(c, "x"), *w = input(c, "weight"), *b = input(c, "bias");
+        ts_tensor *rm = input(c, "running_mean"), *rv = input(c, "running_var");
+        return ts_batchnorm1d(x, w, b, rm, rv, arg(c, 0) != 0, farg(c, 0), farg(c, 1), y);
+    }
+    if (!strcmp(op, "cross_entropy_ex")) {
+        ts_tensor *logits = input(c, "logits"), *target = input(c, "target");
+        ts_cross_entropy_opts o = TS_CROSS_ENTROPY_OPTS_INIT;
+        o.reduction = (ts_reduction)arg(c, 0);
+        o.ignore_index = arg(c, 1);
+        o.weight = input(c, "weight");
+        o.label_smoothing = farg(c, 0);
+        return ts_cross_entropy_ex(logits, target, &o, y);
+    }
     return ts_error(TS_ERR_INVALID_ARG, "no runner for op '%s' (add one to run_op)", op);
 }
 
@@ -330,7 +354,9 @@ static void test_golden_ops(void) {
                                       /* the second batch */
                                       "div", "sigmoid", "tanh", "gelu", "silu", "softmax", "sum_dims", "mean_dims",
                                       "max_dim", "permute", "transpose", "flatten_range", "bmm",
-                                      "adaptive_avgpool2d"};
+                                      "adaptive_avgpool2d",
+                                      /* normalisation layers and loss options */
+                                      "layer_norm", "group_norm", "batchnorm1d", "cross_entropy_ex"};
     for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
         char key[80];
         snprintf(key, sizeof key, "%s:", ops[k]);

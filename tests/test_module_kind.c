@@ -50,7 +50,7 @@ static void test_kind_of_every_type(void) {
     ts_module *m = NULL;
     ts_rng r;
     ts_rng_seed(&r, 3);
-    ts_pool2d_params pool = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false};
+    ts_pool2d_params pool = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false, false};
 
     CHECK_OK(ts_nn_sequential_new(&m));
     check_kind(m, TS_MODULE_SEQUENTIAL);
@@ -78,6 +78,12 @@ static void test_kind_of_every_type(void) {
     check_kind(m, TS_MODULE_EMBEDDING);
     CHECK_OK(ts_nn_residual_block_new(2, 4, 2, &r, &m));
     check_kind(m, TS_MODULE_RESIDUAL_BLOCK);
+    CHECK_OK(ts_nn_layernorm_new(1, (int64_t[]){4}, 1e-5f, true, &m));
+    check_kind(m, TS_MODULE_LAYERNORM);
+    CHECK_OK(ts_nn_groupnorm_new(2, 4, 1e-5f, true, &m));
+    check_kind(m, TS_MODULE_GROUPNORM);
+    CHECK_OK(ts_nn_batchnorm1d_new(4, 1e-5f, 0.1f, true, true, &m));
+    check_kind(m, TS_MODULE_BATCHNORM1D);
 
     /* the parallel wrappers (src/parallel) */
     CHECK_OK(ts_nn_to_device_new(devs[1], &m));
@@ -123,7 +129,7 @@ static void test_accessors(void) {
     ts_module *lin = NULL, *conv = NULL, *bn = NULL, *mp = NULL, *ap = NULL, *drop = NULL, *emb = NULL,
               *relu = NULL;
     ts_conv2d_params cp = {{2, 1}, {1, 0}, {1, 2}, 2};
-    ts_pool2d_params pp = {{3, 2}, {0, 1}, {1, 0}, {2, 0}, true};
+    ts_pool2d_params pp = {{3, 2}, {0, 1}, {1, 0}, {2, 0}, true, false};
     CHECK_OK(ts_nn_linear_new(7, 5, false, &r, &lin));
     CHECK_OK(ts_nn_conv2d_new(4, 6, 3, 5, cp, true, &r, &conv));
     CHECK_OK(ts_nn_batchnorm2d_new(9, 1e-3f, -1.0f, false, true, &bn));

@@ -528,7 +528,7 @@ static void test_cnn_forward_backward(void) {
         bool prev = ts_grad_set_enabled(false);
         ts_conv2d_params cp = TS_CONV2D_DEFAULT;
         cp.padding[0] = cp.padding[1] = 1;
-        ts_pool2d_params pp = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false};
+        ts_pool2d_params pp = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
         ts_tensor *h = ts_tensor_retain(x), *t = NULL;
 #define STEP(call)              \
     do {                        \
@@ -634,7 +634,7 @@ static void test_residual_block(void) {
 static void test_small_layers(void) {
     ts_tensor *x = tu_tensor(4, (int64_t[]){1, 1, 2, 2}, (float[]){1, 2, 3, 4}), *y = NULL;
     ts_module *m = NULL;
-    ts_pool2d_params pp = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false};
+    ts_pool2d_params pp = {{2, 2}, {0, 0}, {0, 0}, {0, 0}, false, false};
     CHECK_OK(ts_nn_maxpool2d_new(pp, &m));
     ts_status st = ts_module_forward(m, x, &y);
     if (!skip_unsupported(st, "MaxPool2d module")) {

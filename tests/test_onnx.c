@@ -303,9 +303,9 @@ static ts_status many_ops_forward(ts_module *m, const ts_tensor *x, ts_tensor **
     ts_module *conv = m->children[0], *head = m->children[1];
     TRY(ts_conv2d(x, conv->params[0], conv->params[1], cp, &t));
     ts_tensor *a = KEEP(t);
-    TRY(ts_maxpool2d(a, (ts_pool2d_params){{3, 3}, {2, 2}, {1, 1}, {1, 1}, true}, &t));
+    TRY(ts_maxpool2d(a, (ts_pool2d_params){{3, 3}, {2, 2}, {1, 1}, {1, 1}, true, false}, &t));
     ts_tensor *b = KEEP(t);
-    TRY(ts_avgpool2d(b, (ts_pool2d_params){{2, 2}, {2, 2}, {0, 0}, {1, 1}, true}, &t));
+    TRY(ts_avgpool2d(b, (ts_pool2d_params){{2, 2}, {2, 2}, {0, 0}, {1, 1}, true, false}, &t));
     ts_tensor *c = KEEP(t);
     TRY(ts_scale(c, 0.5f, &t));
     ts_tensor *d = KEEP(t);
@@ -865,7 +865,7 @@ static void test_trace_hook(void) {
     int n = 0;
     CHECK_OK(ts__trace_begin(keep_event, &n));
     CHECK(ts__trace_active());
-    CHECK_OK(ts_maxpool2d(x, (ts_pool2d_params){{3, 3}, {0, 0}, {1, 1}, {0, 0}, true}, &y));
+    CHECK_OK(ts_maxpool2d(x, (ts_pool2d_params){{3, 3}, {0, 0}, {1, 1}, {0, 0}, true, false}, &y));
     CHECK(n == 1 && last_event.op == TS_OP_MAXPOOL2D && last_event.out == y && last_event.in[0] == x);
     CHECK(last_attrs.i[2] == 3 && last_attrs.i[3] == 3 && last_attrs.i[6] == 1 && last_attrs.i[8] == 1);
     ts_tensor_release(y);

@@ -270,7 +270,7 @@ static void test_conv2d_errors(void) {
  * so the parameters must not be constant-folded into the callers. */
 __attribute__((noipa)) static ts_pool2d_params pool(int k0, int k1, int s0, int s1, int p0, int p1, int d0, int d1,
                                                     bool ceil_mode) {
-    return (ts_pool2d_params){{k0, k1}, {s0, s1}, {p0, p1}, {d0, d1}, ceil_mode};
+    return (ts_pool2d_params){{k0, k1}, {s0, s1}, {p0, p1}, {d0, d1}, ceil_mode, false};
 }
 
 static ts_status f_maxpool(ts_tensor **in, void *ctx, ts_tensor **out) {
@@ -563,7 +563,7 @@ static void test_params_literal_by_value(void) {
     ts_rng r;
     ts_rng_seed(&r, 11);
     ts_tensor *x = tu_rand(&r, 4, (int64_t[]){1, 1, 28, 28}, -1, 1, false), *o = NULL;
-    ts_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, {0, 0}, false};
+    ts_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, {0, 0}, false, false};
     CHECK_OK(ts_maxpool2d(x, p, &o));
     CHECK(o && ts_tensor_dim(o, 2) == 14 && ts_tensor_dim(o, 3) == 14);
     ts_tensor_release(o);

@@ -55,7 +55,7 @@ static ts_module *make_conv(uint64_t seed) {
     ts_rng_seed(&r, seed);
     ts_conv2d_params p = TS_CONV2D_DEFAULT;
     p.padding[0] = p.padding[1] = 1;
-    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false};
+    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
     ts_module *s = NULL, *c = NULL;
     CHECK_OK(ts_nn_sequential_new(&s));
     add_layer(s, ts_nn_conv2d_new(2, 4, 3, 3, p, true, &r, &c), &c);

@@ -19,8 +19,9 @@
  * constructor call):
  *   Linear, Conv2d: weight U(-b, b), b = 1/sqrt(fan_in) (kaiming_uniform_ with
  *                   a = sqrt(5)); bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
- *   BatchNorm2d:    weight 1, bias 0, running_mean 0, running_var 1,
+ *   BatchNorm1d/2d: weight 1, bias 0, running_mean 0, running_var 1,
  *                   num_batches_tracked 0 (TS_I64, shape []).
+ *   LayerNorm, GroupNorm: weight 1, bias 0.
  *   Embedding:      weight N(0, 1).
  * Modules are created on the CPU; move them with ts_module_to.
  */
@@ -75,6 +76,9 @@ typedef enum ts_module_kind_id {
     TS_MODULE_TILE_PARALLEL,        /* ts_nn_tile_parallel_new */
     TS_MODULE_TO_DEVICE,            /* ts_nn_to_device_new */
     TS_MODULE_BOTTLENECK,           /* ts_nn_bottleneck_new */
+    TS_MODULE_LAYERNORM,            /* ts_nn_layernorm_new */
+    TS_MODULE_GROUPNORM,            /* ts_nn_groupnorm_new */
+    TS_MODULE_BATCHNORM1D,          /* ts_nn_batchnorm1d_new */
     TS_MODULE_KIND_COUNT            /* number of kinds, not a kind */
 } ts_module_kind_id;
 
@@ -187,6 +191,19 @@ ts_status ts_nn_conv2d_new(int64_t in_channels, int64_t out_channels, int kh, in
  * (when track_running_stats). */
 ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
                                 ts_module **out);
+/* BatchNorm1d(C): ts_nn_batchnorm2d_new's arguments, names and semantics for
+ * (N, C) or (N, C, L) inputs (ts_batchnorm1d). */
+ts_status ts_nn_batchnorm1d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
+                                ts_module **out);
+/* LayerNorm(normalized_shape): normalises over the last ndim dims of its input,
+ * which must equal normalized_shape[0..ndim) (1 <= ndim <= TS_MAX_DIMS); PyTorch's
+ * default eps is 1e-5. Parameters "weight", "bias" shaped normalized_shape (when
+ * elementwise_affine). */
+ts_status ts_nn_layernorm_new(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine,
+                              ts_module **out);
+/* GroupNorm(num_groups, num_channels): (N, C, *) inputs with C = num_channels,
+ * divisible by num_groups; default eps 1e-5. Parameters "weight", "bias" (C) when affine. */
+ts_status ts_nn_groupnorm_new(int num_groups, int64_t num_channels, float eps, bool affine, ts_module **out);
 ts_status ts_nn_relu_new(ts_module **out);
 ts_status ts_nn_maxpool2d_new(ts_pool2d_params p, ts_module **out);
 ts_status ts_nn_avgpool2d_new(ts_pool2d_params p, ts_module **out);
@@ -233,6 +250,16 @@ ts_status ts_pool2d_get_params(const ts_module *m, ts_pool2d_params *params);
  * PyTorch's momentum=None). A converted SyncBatchNorm keeps its BatchNorm2d's. */
 ts_status ts_batchnorm2d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
                                     bool *affine, bool *track_running_stats);
+/* BatchNorm1d: the constructor's arguments, as ts_batchnorm2d_get_config. */
+ts_status ts_batchnorm1d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
+                                    bool *affine, bool *track_running_stats);
+/* LayerNorm: the number of normalised dims, their sizes (normalized_shape: room
+ * for TS_MAX_DIMS entries), eps and whether it has weight and bias. */
+ts_status ts_layernorm_get_config(const ts_module *m, int *ndim, int64_t *normalized_shape, float *eps,
+                                  bool *elementwise_affine);
+/* GroupNorm: the number of groups and channels, eps and whether it has weight and bias. */
+ts_status ts_groupnorm_get_config(const ts_module *m, int *num_groups, int64_t *num_channels, float *eps,
+                                  bool *affine);
 /* Dropout: the drop probability p. */
 ts_status ts_dropout_get_p(const ts_module *m, float *p);
 /* Embedding: the number of embeddings and their dimension. */

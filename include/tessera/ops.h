@@ -75,6 +75,10 @@ typedef struct ts_pool2d_params {
     int padding[2]; /* <= kernel/2; max pool pads with -inf, avg pool counts padding (count_include_pad) */
     int dilation[2]; /* max pool only; 0 or 1 means 1 */
     bool ceil_mode;
+    /* avg pool only: divide by the number of input elements in the window, not counting
+     * padding (PyTorch's count_include_pad=False). false (zero-initialised) counts the
+     * padding, clipped at H + pad, W + pad when ceil_mode windows run past it, as PyTorch. */
+    bool exclude_pad;
 } ts_pool2d_params;
 
 ts_status ts_maxpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out);
@@ -94,6 +98,22 @@ ts_status ts_adaptive_avgpool2d(const ts_tensor *x, int out_h, int out_w, ts_ten
 ts_status ts_batchnorm2d(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                          ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum,
                          float eps, ts_tensor **out);
+/* BatchNorm1d: ts_batchnorm2d's arguments and semantics for x: (N, C) or (N, C, L),
+ * statistics per channel over the N (or N*L) values. Output shaped like x. */
+ts_status ts_batchnorm1d(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
+                         ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum,
+                         float eps, ts_tensor **out);
+/* F.layer_norm over the last normalized_ndim dims of x (1 <= normalized_ndim <= ndim):
+ * each slice over those dims is normalised by its own mean and biased variance
+ * (1 / sqrt(var + eps)), then multiplied by weight and shifted by bias, both shaped
+ * like those dims (x.shape[-normalized_ndim:]) or NULL. Output shaped like x. */
+ts_status ts_layer_norm(const ts_tensor *x, int normalized_ndim, const ts_tensor *weight, const ts_tensor *bias,
+                        float eps, ts_tensor **out);
+/* F.group_norm: x (N, C, *) with C divisible by num_groups; each sample's group of
+ * C/num_groups channels (all their positions) is normalised by its own mean and biased
+ * variance, then weight, bias: (C) or NULL scale and shift per channel. */
+ts_status ts_group_norm(const ts_tensor *x, int num_groups, const ts_tensor *weight, const ts_tensor *bias, float eps,
+                        ts_tensor **out);
 
 /* ---- indexing and shapes ----------------------------------------------------------------------------- */
 /* idx: any shape, TS_I64 in [0, num); weight: (num, dim) -> idx.shape + (dim). */
@@ -120,9 +140,35 @@ ts_status ts_dropout(const ts_tensor *x, float p, bool training, ts_rng *rng, ts
 
 /* ---- losses and activations ------------------------------------------------------------------------------ */
 ts_status ts_log_softmax(const ts_tensor *x, int dim, ts_tensor **out);
-/* logits: (N, C), target: (N) TS_I64 -> mean loss, shape []. label_smoothing in [0, 1]; targets of -100 are ignored (PyTorch ignore_index). */
+/* logits: (N, C) (or (N, C, d1, ...), see ts_cross_entropy_ex), target: (N) TS_I64 -> mean loss, shape [].
+ * label_smoothing in [0, 1]; targets of -100 are ignored (PyTorch ignore_index). */
 ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *target, float label_smoothing,
                            ts_tensor **out);
+/* How a loss reduces its per-sample values (zero-initialised: the mean). */
+typedef enum ts_reduction {
+    TS_REDUCTION_MEAN = 0, /* sum / (number of samples, or for cross-entropy the weight of those counted) */
+    TS_REDUCTION_SUM,
+    TS_REDUCTION_NONE /* one value per sample */
+} ts_reduction;
+
+/* torch.nn.functional.cross_entropy's options; start from TS_CROSS_ENTROPY_OPTS_INIT. */
+typedef struct ts_cross_entropy_opts {
+    ts_reduction reduction;
+    const ts_tensor *weight; /* (C) F32 class weights on the logits' device (borrowed), or NULL (all 1) */
+    int64_t ignore_index;    /* samples with this target add nothing and are not counted (default -100) */
+    float label_smoothing;   /* in [0, 1] */
+} ts_cross_entropy_opts;
+#define TS_CROSS_ENTROPY_OPTS_INIT ((ts_cross_entropy_opts){TS_REDUCTION_MEAN, NULL, -100, 0.0f})
+
+/* logits: (N, C), target: (N) TS_I64 in [0, C) or o->ignore_index (o NULL: the defaults);
+ * or logits (N, C, d1, ...) and target (N, d1, ...): a sample per position, classes along dim 1.
+ * Per sample, with w = weight (1 without) and eps = label smoothing:
+ *   l_i = (1 - eps) w[t_i] (lse_i - x_i[t_i]) + eps / C * sum_c w[c] (lse_i - x_i[c]),
+ * 0 for ignored samples. TS_REDUCTION_NONE -> target's shape; SUM -> []; MEAN -> [] = sum / the sum
+ * of w[t_i] over samples not ignored (NaN when there are none), as PyTorch. A target out
+ * of range is TS_ERR_INVALID_ARG naming it and its sample. The weight gets no gradient. */
+ts_status ts_cross_entropy_ex(const ts_tensor *logits, const ts_tensor *target, const ts_cross_entropy_opts *o,
+                              ts_tensor **out);
 /* Mean squared error over all elements -> shape []. */
 ts_status ts_mse_loss(const ts_tensor *pred, const ts_tensor *target, ts_tensor **out);
 

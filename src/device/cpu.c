@@ -16,6 +16,7 @@
 #include "device/k_blas.h"
 #include "device/k_ew.h"
 #include "device/k_misc.h"
+#include "device/k_norm.h"
 #include "device/k_optim.h"
 #include "device/k_spatial.h"
 
@@ -159,6 +160,7 @@ static void cpu_device_setup(ts_device *d, const char *name, int index, cpu_cach
     d->k_spatial = &ts_cpu_kernels_spatial;
     d->k_misc = &ts_cpu_kernels_misc;
     d->k_optim = &ts_cpu_kernels_optim;
+    d->k_norm = &ts_cpu_kernels_norm;
 }
 
 static ts_device ts_cpu_device;

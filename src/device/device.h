@@ -21,6 +21,7 @@ struct ts_kernels_blas;    /* src/device/k_blas.h: gemm */
 struct ts_kernels_spatial; /* src/device/k_spatial.h: conv2d, pooling, batchnorm */
 struct ts_kernels_misc;    /* src/device/k_misc.h: embedding, concat/slice, dropout, softmax, losses */
 struct ts_kernels_optim;   /* src/device/k_optim.h: fused optimizer updates */
+struct ts_kernels_norm;    /* src/device/k_norm.h: layer norm, group norm */
 
 typedef struct ts__stream ts__stream; /* device/stream.c */
 
@@ -50,6 +51,7 @@ struct ts_device {
     const struct ts_kernels_spatial *k_spatial;
     const struct ts_kernels_misc *k_misc;
     const struct ts_kernels_optim *k_optim;
+    const struct ts_kernels_norm *k_norm;
 
     /* memory accounting (bytes handed to live storages) */
     _Atomic size_t mem_allocated;

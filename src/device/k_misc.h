@@ -18,10 +18,7 @@
 #define TS_K_MISC_H
 
 #include "device/device.h"
-
-/* PyTorch's default ignore_index for cross-entropy: samples with this target
- * contribute nothing and are not counted in the mean. */
-#define TS_CE_IGNORE_INDEX (-100)
+#include "tessera/ops.h" /* ts_reduction */
 
 struct ts_kernels_misc {
     /* out: (n, dim) = weight[idx[i], :]; idx: n I64 (any shape, read flat),
@@ -51,16 +48,21 @@ struct ts_kernels_misc {
     ts_status (*log_softmax_backward)(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,
                                       int64_t inner);
 
-    /* logits: (N, C), target: (N) I64 -> loss: [] (mean over samples whose target is
-     * not ignore_index of (1 - eps) (lse - x[t]) + eps (lse - mean_c x[c])),
-     * lse: (N) = logsumexp of each row (kept for backward). Fails with
-     * TS_ERR_INVALID_ARG naming the first sample whose target is outside [0, C). */
+    /* logits: (N, C) or (N, C, d1, ...) (a sample per (n, d1, ...), classes along dim 1),
+     * target: (N) or (N, d1, ...) I64, weight: (C) or NULL (all 1) -> per sample
+     *   l_i = (1 - eps) w[t_i] (lse_i - x_i[t_i]) + eps / C * sum_c w[c] (lse_i - x_i[c])
+     * (0 when t_i == ignore_index); loss: like target = l for TS_REDUCTION_NONE, else [] = sum l
+     * (SUM) or sum l / sum of w[t_i] over samples not ignored (MEAN; 0/0 = NaN with none).
+     * lse: like target = logsumexp over the classes (kept for backward). Fails with TS_ERR_INVALID_ARG
+     * naming the first sample whose target is outside [0, C) and not ignore_index. */
     ts_status (*cross_entropy)(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
-                               float eps, int64_t ignore_index);
-    /* gx: (N, C) = gloss / count * (softmax(x) - (1 - eps) onehot(t) - eps / C), rows with
-     * target == ignore_index zero; gloss: [] on the device. */
+                               const ts_tensor *weight, float eps, int64_t ignore_index, ts_reduction reduction);
+    /* gx: like logits = s_i ((1 - eps) w[t_i] (softmax(x_i) - onehot(t_i)) + eps / C (sum(w) softmax(x_i) - w)),
+     * samples with target == ignore_index zero; s_i = gloss[i] (NONE, gloss like target), gloss (SUM, gloss [])
+     * or gloss / sum of w[t_i] (MEAN). gloss on the device. */
     ts_status (*cross_entropy_backward)(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,
-                                        const ts_tensor *lse, const ts_tensor *target, float eps, int64_t ignore_index);
+                                        const ts_tensor *lse, const ts_tensor *target, const ts_tensor *weight,
+                                        float eps, int64_t ignore_index, ts_reduction reduction);
 
     /* loss: [] = mean of (pred - target)^2; pred, target F32 of one shape. */
     ts_status (*mse)(ts_tensor *loss, const ts_tensor *pred, const ts_tensor *target);

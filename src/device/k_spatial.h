@@ -31,6 +31,7 @@ typedef struct ts_pool2d_geom {
     int64_t N, C, H, W;
     int64_t OH, OW;
     int kh, kw, sh, sw, ph, pw, dh, dw;
+    bool exclude_pad; /* avg pool: divide by the input elements in the window (count_include_pad off) */
 } ts_pool2d_geom;
 
 struct ts_kernels_spatial {
@@ -49,7 +50,8 @@ struct ts_kernels_spatial {
     ts_status (*maxpool2d_backward)(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout,
                                     const ts_tensor *idx);
     /* out: (N, C, OH, OW) window means, counting padding (count_include_pad; windows
-     * clipped at H + ph, W + pw as PyTorch does with ceil_mode); dh = dw = 1 */
+     * clipped at H + ph, W + pw as PyTorch does with ceil_mode) or, with exclude_pad,
+     * only the input elements in the window; dh = dw = 1 */
     ts_status (*avgpool2d)(const ts_pool2d_geom *g, ts_tensor *out, const ts_tensor *x);
     ts_status (*avgpool2d_backward)(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout);
 

@@ -1,6 +1,7 @@
 /*
- * nn/layers.c — the leaf layers: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d,
- * AvgPool2d, GlobalAvgPool2d, Flatten, Dropout, Embedding. Each is a thin
+ * nn/layers.c — the leaf layers: Linear, Conv2d, BatchNorm2d, BatchNorm1d,
+ * LayerNorm, GroupNorm, ReLU, MaxPool2d, AvgPool2d, GlobalAvgPool2d, Flatten,
+ * Dropout, Embedding. Each is a thin
  * module over one op of tessera/ops.h, with PyTorch's default initialisation,
  * and keeps the arguments it was built with in its impl, read by its typed
  * accessor (ts_conv2d_get_config, ...). Also the BatchNorm family's owner
@@ -141,7 +142,7 @@ ts_status ts_conv2d_get_config(const ts_module *m, int64_t *in_channels, int64_t
 /* x: (N, C, H, W) -> (N, C, H, W). Training with tracked stats updates running_mean/var
  * and num_batches_tracked; eval normalises with the running stats; without tracked
  * stats, batch statistics are always used (PyTorch's bn_training). */
-static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+static ts_status bn_run(ts_module *m, const ts_tensor *x, bool one_d, ts_tensor **out) {
     const ts__bn_config *c = m->impl;
     ts_tensor *rm = c->track ? m->buffers[0] : NULL, *rv = c->track ? m->buffers[1] : NULL;
     ts_tensor *nbt = c->track ? m->buffers[2] : NULL;
@@ -152,8 +153,8 @@ static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
         count = (int64_t)ts_tensor_item(nbt, 0) + 1;
         if (momentum < 0) momentum = 1.0f / (float)count;
     }
-    TS_TRY(ts_batchnorm2d(x, m->params[0], m->params[1], rm, rv, m->training || !c->track, momentum < 0 ? 0 : momentum,
-                          c->eps, out));
+    TS_TRY((one_d ? ts_batchnorm1d : ts_batchnorm2d)(x, m->params[0], m->params[1], rm, rv, m->training || !c->track,
+                                                      momentum < 0 ? 0 : momentum, c->eps, out));
     if (update) {
         ts_status st = ts_tensor_from_host(nbt, &count, sizeof count);
         if (st != TS_OK) {
@@ -164,7 +165,10 @@ static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     }
     return TS_OK;
 }
+static ts_status bn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) { return bn_run(m, x, false, out); }
+static ts_status bn1d_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) { return bn_run(m, x, true, out); }
 static const ts_module_vt bn_vt = {.name = "BatchNorm2d", .kind = TS_MODULE_BATCHNORM2D, .forward = bn_forward};
+static const ts_module_vt bn1d_vt = {.name = "BatchNorm1d", .kind = TS_MODULE_BATCHNORM1D, .forward = bn1d_forward};
 
 ts_status ts__batchnorm2d_check_args(const char *fn, int64_t num_features, float eps, float momentum) {
     TS_ARG(num_features > 0, "%s: num_features %lld must be > 0", fn, (long long)num_features);
@@ -173,15 +177,16 @@ ts_status ts__batchnorm2d_check_args(const char *fn, int64_t num_features, float
     return TS_OK;
 }
 
-ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
-                                ts_module **out) {
-    TS_ARG(out, "ts_nn_batchnorm2d_new: NULL out");
-    TS_TRY(ts__batchnorm2d_check_args("ts_nn_batchnorm2d_new", num_features, eps, momentum));
+/* A BatchNorm of type vt (BatchNorm2d or BatchNorm1d) with PyTorch's initial tensors. */
+static ts_status bn_new(const ts_module_vt *vt, const char *fn, int64_t num_features, float eps, float momentum,
+                        bool affine, bool track_running_stats, ts_module **out) {
+    TS_ARG(out, "%s: NULL out", fn);
+    TS_TRY(ts__batchnorm2d_check_args(fn, num_features, eps, momentum));
     ts_module *m = NULL;
     ts_tensor *t[5] = {NULL, NULL, NULL, NULL, NULL}; /* weight, bias, running_mean, running_var, nbt */
     ts_device *cpu = ts_device_cpu();
     ts_status st;
-    TS_CHECK_GOTO(ts__module_new(&bn_vt, sizeof(ts__bn_config), &m));
+    TS_CHECK_GOTO(ts__module_new(vt, sizeof(ts__bn_config), &m));
     *(ts__bn_config *)m->impl = (ts__bn_config){num_features, eps, momentum, affine, track_running_stats};
     if (affine) {
         TS_CHECK_GOTO(ts_tensor_full(cpu, 1, &num_features, 1.0f, &t[0]));
@@ -205,16 +210,38 @@ fail:
     return st;
 }
 
-ts_status ts_batchnorm2d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
-                                    bool *affine, bool *track_running_stats) {
-    TS_TRY(expect_kind(m, "ts_batchnorm2d_get_config", TS_MODULE_BATCHNORM2D, TS_MODULE_SYNC_BATCHNORM,
-                       "a BatchNorm2d or SyncBatchNorm"));
+ts_status ts_nn_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
+                                ts_module **out) {
+    return bn_new(&bn_vt, "ts_nn_batchnorm2d_new", num_features, eps, momentum, affine, track_running_stats, out);
+}
+
+ts_status ts_nn_batchnorm1d_new(int64_t num_features, float eps, float momentum, bool affine, bool track_running_stats,
+                                ts_module **out) {
+    return bn_new(&bn1d_vt, "ts_nn_batchnorm1d_new", num_features, eps, momentum, affine, track_running_stats, out);
+}
+
+static void bn_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum, bool *affine,
+                          bool *track_running_stats) {
     const ts__bn_config *c = m->impl; /* SyncBatchNorm's impl starts with one too */
     if (num_features) *num_features = c->num_features;
     if (eps) *eps = c->eps;
     if (momentum) *momentum = c->momentum;
     if (affine) *affine = c->affine;
     if (track_running_stats) *track_running_stats = c->track;
+}
+
+ts_status ts_batchnorm1d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
+                                    bool *affine, bool *track_running_stats) {
+    TS_TRY(expect_kind(m, "ts_batchnorm1d_get_config", TS_MODULE_BATCHNORM1D, TS_MODULE_BATCHNORM1D, "a BatchNorm1d"));
+    bn_get_config(m, num_features, eps, momentum, affine, track_running_stats);
+    return TS_OK;
+}
+
+ts_status ts_batchnorm2d_get_config(const ts_module *m, int64_t *num_features, float *eps, float *momentum,
+                                    bool *affine, bool *track_running_stats) {
+    TS_TRY(expect_kind(m, "ts_batchnorm2d_get_config", TS_MODULE_BATCHNORM2D, TS_MODULE_SYNC_BATCHNORM,
+                       "a BatchNorm2d or SyncBatchNorm"));
+    bn_get_config(m, num_features, eps, momentum, affine, track_running_stats);
     return TS_OK;
 }
 
@@ -227,6 +254,130 @@ ts_status ts__batchnorm2d_convert(ts_module *m, const ts_module_vt *vt, void *im
     m->impl = impl;
     m->impl_borrowed = false;
     m->vt = vt;
+    return TS_OK;
+}
+
+/* ---- LayerNorm and GroupNorm --------------------------------------------------------------------- */
+typedef struct layernorm_impl {
+    int ndim;
+    int64_t shape[TS_MAX_DIMS];
+    float eps;
+    bool affine;
+} layernorm_impl;
+
+/* x: (*, normalized_shape) -> like x */
+static ts_status layernorm_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+    const layernorm_impl *c = m->impl;
+    TS_ARG(x, "LayerNorm: NULL input");
+    bool ok = x->ndim >= c->ndim;
+    for (int i = 0; ok && i < c->ndim; i++) ok = x->shape[x->ndim - c->ndim + i] == c->shape[i];
+    if (!ok) {
+        char xs[96], ns[96];
+        return ts_error(TS_ERR_SHAPE, "LayerNorm: input %s does not end in the normalized shape %s",
+                        ts_shape_str(x->ndim, x->shape, xs, sizeof xs), ts_shape_str(c->ndim, c->shape, ns, sizeof ns));
+    }
+    return ts_layer_norm(x, c->ndim, m->params[0], m->params[1], c->eps, out);
+}
+static const ts_module_vt layernorm_vt = {.name = "LayerNorm", .kind = TS_MODULE_LAYERNORM, .forward = layernorm_forward};
+
+/* weight 1 and bias 0 of the given shape into m's "weight" and "bias" slots (NULL slots when !affine) */
+static ts_status norm_affine_params(ts_module *m, bool affine, int ndim, const int64_t *shape) {
+    ts_tensor *w = NULL, *b = NULL;
+    ts_status st;
+    if (affine) {
+        TS_CHECK_GOTO(ts_tensor_full(ts_device_cpu(), ndim, shape, 1.0f, &w));
+        TS_CHECK_GOTO(ts_tensor_zeros(ts_device_cpu(), TS_F32, ndim, shape, &b));
+    }
+    TS_CHECK_GOTO(give_param(m, "weight", &w));
+    TS_CHECK_GOTO(give_param(m, "bias", &b));
+fail:
+    ts_tensor_release(w);
+    ts_tensor_release(b);
+    return st;
+}
+
+ts_status ts_nn_layernorm_new(int ndim, const int64_t *normalized_shape, float eps, bool elementwise_affine,
+                              ts_module **out) {
+    TS_ARG(out, "ts_nn_layernorm_new: NULL out");
+    TS_ARG(ndim >= 1 && ndim <= TS_MAX_DIMS && normalized_shape,
+           "ts_nn_layernorm_new: normalized_shape must have 1 to %d dims, got %d", TS_MAX_DIMS, ndim);
+    for (int i = 0; i < ndim; i++)
+        TS_ARG(normalized_shape[i] > 0, "ts_nn_layernorm_new: normalized_shape[%d] = %lld must be > 0", i,
+               (long long)normalized_shape[i]);
+    TS_ARG(eps > 0 && isfinite(eps), "ts_nn_layernorm_new: eps %g must be > 0", (double)eps);
+    ts_module *m = NULL;
+    ts_status st;
+    TS_CHECK_GOTO(ts__module_new(&layernorm_vt, sizeof(layernorm_impl), &m));
+    layernorm_impl *c = m->impl;
+    c->ndim = ndim;
+    memcpy(c->shape, normalized_shape, sizeof(int64_t) * (size_t)ndim);
+    c->eps = eps;
+    c->affine = elementwise_affine;
+    TS_CHECK_GOTO(norm_affine_params(m, elementwise_affine, ndim, normalized_shape));
+    *out = m;
+    return TS_OK;
+fail:
+    ts_module_free(m);
+    return st;
+}
+
+ts_status ts_layernorm_get_config(const ts_module *m, int *ndim, int64_t *normalized_shape, float *eps,
+                                  bool *elementwise_affine) {
+    TS_TRY(expect_kind(m, "ts_layernorm_get_config", TS_MODULE_LAYERNORM, TS_MODULE_LAYERNORM, "a LayerNorm"));
+    const layernorm_impl *c = m->impl;
+    if (ndim) *ndim = c->ndim;
+    if (normalized_shape) memcpy(normalized_shape, c->shape, sizeof(int64_t) * (size_t)c->ndim);
+    if (eps) *eps = c->eps;
+    if (elementwise_affine) *elementwise_affine = c->affine;
+    return TS_OK;
+}
+
+typedef struct groupnorm_impl {
+    int groups;
+    int64_t channels;
+    float eps;
+    bool affine;
+} groupnorm_impl;
+
+/* x: (N, C, *) -> like x */
+static ts_status groupnorm_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
+    const groupnorm_impl *c = m->impl;
+    TS_ARG(x, "GroupNorm: NULL input");
+    if (x->ndim < 2 || x->shape[1] != c->channels) {
+        char xs[96];
+        return ts_error(TS_ERR_SHAPE, "GroupNorm: input %s is not (N, %lld, *)",
+                        ts_shape_str(x->ndim, x->shape, xs, sizeof xs), (long long)c->channels);
+    }
+    return ts_group_norm(x, c->groups, m->params[0], m->params[1], c->eps, out);
+}
+static const ts_module_vt groupnorm_vt = {.name = "GroupNorm", .kind = TS_MODULE_GROUPNORM, .forward = groupnorm_forward};
+
+ts_status ts_nn_groupnorm_new(int num_groups, int64_t num_channels, float eps, bool affine, ts_module **out) {
+    TS_ARG(out, "ts_nn_groupnorm_new: NULL out");
+    TS_ARG(num_groups >= 1 && num_channels >= 1 && num_channels % num_groups == 0,
+           "ts_nn_groupnorm_new: num_groups %d must be >= 1 and divide num_channels %lld", num_groups,
+           (long long)num_channels);
+    TS_ARG(eps > 0 && isfinite(eps), "ts_nn_groupnorm_new: eps %g must be > 0", (double)eps);
+    ts_module *m = NULL;
+    ts_status st;
+    TS_CHECK_GOTO(ts__module_new(&groupnorm_vt, sizeof(groupnorm_impl), &m));
+    *(groupnorm_impl *)m->impl = (groupnorm_impl){num_groups, num_channels, eps, affine};
+    TS_CHECK_GOTO(norm_affine_params(m, affine, 1, &num_channels));
+    *out = m;
+    return TS_OK;
+fail:
+    ts_module_free(m);
+    return st;
+}
+
+ts_status ts_groupnorm_get_config(const ts_module *m, int *num_groups, int64_t *num_channels, float *eps,
+                                  bool *affine) {
+    TS_TRY(expect_kind(m, "ts_groupnorm_get_config", TS_MODULE_GROUPNORM, TS_MODULE_GROUPNORM, "a GroupNorm"));
+    const groupnorm_impl *c = m->impl;
+    if (num_groups) *num_groups = c->groups;
+    if (num_channels) *num_channels = c->channels;
+    if (eps) *eps = c->eps;
+    if (affine) *affine = c->affine;
     return TS_OK;
 }
 

@@ -27,7 +27,7 @@ static ts_status reference_cnn(int64_t classes, ts_rng *rng, ts_module **out) {
     ts_module *s = NULL, *c = NULL;
     ts_conv2d_params p = TS_CONV2D_DEFAULT;
     p.padding[0] = p.padding[1] = 1;
-    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false};
+    ts_pool2d_params pool = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
     ts_status st;
     TS_CHECK_GOTO(ts_nn_sequential_new(&s));
     /* (N, 1, 28, 28) -> (N, 32, 14, 14) */
@@ -133,7 +133,7 @@ ts_status ts_model_resnet(int depth, int64_t num_classes, ts_rng *rng, ts_module
     ts_conv2d_params p = TS_CONV2D_DEFAULT;
     p.stride[0] = p.stride[1] = 2;
     p.padding[0] = p.padding[1] = 3;
-    ts_pool2d_params pool = {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false};
+    ts_pool2d_params pool = {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false};
     int64_t inplanes = 64;
     static const char *const layer_names[4] = {"layer1", "layer2", "layer3", "layer4"};
     ts_status st;

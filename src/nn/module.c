@@ -171,6 +171,9 @@ const char *ts_module_kind_name(ts_module_kind_id kind) {
         [TS_MODULE_TILE_PARALLEL] = "TileParallel",
         [TS_MODULE_TO_DEVICE] = "ToDevice",
         [TS_MODULE_BOTTLENECK] = "Bottleneck",
+        [TS_MODULE_LAYERNORM] = "LayerNorm",
+        [TS_MODULE_GROUPNORM] = "GroupNorm",
+        [TS_MODULE_BATCHNORM1D] = "BatchNorm1d",
     };
     if ((int)kind < 0 || (int)kind >= TS_MODULE_KIND_COUNT || !names[kind]) return "?";
     return names[kind];

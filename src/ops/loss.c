@@ -3,11 +3,17 @@
  * with PyTorch 1.13 semantics.
  *
  * cross_entropy is fused: one kernel computes each row's logsumexp and the
- * loss, keeping the (N) logsumexps; backward computes
- * softmax - (1 - eps) onehot - eps / C directly from the logits and them.
- * As torch.nn.functional.cross_entropy with its defaults: mean reduction,
- * label smoothing loss = (1 - eps) nll + eps * mean over classes of -log p,
- * and targets equal to ignore_index (-100) skipped and not counted.
+ * loss, keeping the (N) logsumexps; backward computes the gradient
+ * (softmax - (1 - eps) onehot - eps / C without class weights) directly from
+ * the logits and them. As torch.nn.functional.cross_entropy with class
+ * indices (aten's cross_entropy_loss_label_smoothing and nll_loss): loss =
+ * (1 - eps) weighted nll + eps / C * sum over classes of -w[c] log p[c];
+ * targets equal to ignore_index skipped and not counted; the weighted mean
+ * divides by the sum of the weights of the targets counted; reduction none
+ * gives one value per sample (0 for ignored ones). Logits (N, C, d1, ...)
+ * hold one sample per (n, d1, ...) with the classes along dim 1, as in
+ * PyTorch; the kernel reads them at stride d1*... in place (no transpose).
+ * ts_cross_entropy is ts_cross_entropy_ex with the default options.
  */
 #include "autograd/autograd.h"
 #include "tensor/tensor.h"
@@ -67,7 +73,8 @@ fail:
 }
 
 /* ---- cross_entropy --------------------------------------------------------------------------------- */
-/* saved: logits (N, C), lse (N), target (N); p.f[0] = label smoothing */
+/* saved: logits (N, C, d...), lse and target (N, d...), weight (C) or NULL; p.f[0] = label smoothing,
+ * p.i[1] = ignore_index, p.i[2] = reduction */
 static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
@@ -75,57 +82,95 @@ static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor *
     ts_status st = ts__new_like(logits, &gin[0]);
     if (st == TS_OK)
         st = g->storage->device->k_misc->cross_entropy_backward(gin[0], g, logits, ts__node_saved(n, 1),
-                                                                  ts__node_saved(n, 2), n->p.f[0], TS_CE_IGNORE_INDEX);
+                                                                  ts__node_saved(n, 2), ts__node_saved(n, 3),
+                                                                  n->p.f[0], n->p.i[1], (ts_reduction)n->p.i[2]);
     ts_tensor_release(g);
     return st;
 }
 
-ts_status ts_cross_entropy(const ts_tensor *logits_in, const ts_tensor *target_in, float label_smoothing,
-                           ts_tensor **out) {
+ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *target_in, const ts_cross_entropy_opts *opts,
+                              ts_tensor **out) {
+    const ts_cross_entropy_opts o = opts ? *opts : TS_CROSS_ENTROPY_OPTS_INIT;
     TS_TRY(ts__check_f32("cross_entropy", "logits", logits_in));
-    TS_TRY(ts__check_ndim("cross_entropy", "logits", logits_in, 2));
     TS_ARG(target_in, "cross_entropy: target is NULL");
     TS_ARG(out, "cross_entropy: NULL out");
     TS_TRY(ts__check_same_device("cross_entropy", logits_in, target_in));
     char a[96], b[96];
+    const int nd = logits_in->ndim;
+    if (nd < 2)
+        return ts_error(TS_ERR_SHAPE, "cross_entropy: logits %s must be (N, C) or (N, C, d1, ...)",
+                        ts_shape_str(nd, logits_in->shape, a, sizeof a));
     if (target_in->dtype != TS_I64)
         return ts_error(TS_ERR_DTYPE, "cross_entropy: target %s has dtype %s, expected int64 class indices",
                         ts_shape_str(target_in->ndim, target_in->shape, a, sizeof a), ts_dtype_name(target_in->dtype));
-    if (target_in->ndim != 1 || target_in->shape[0] != logits_in->shape[0])
-        return ts_error(TS_ERR_SHAPE, "cross_entropy: target %s does not fit logits %s (expected target [%lld])",
+    /* the target is the logits' shape without the class dim */
+    int64_t tshape[TS_MAX_DIMS];
+    tshape[0] = logits_in->shape[0];
+    for (int i = 2; i < nd; i++) tshape[i - 1] = logits_in->shape[i];
+    bool fits = target_in->ndim == nd - 1;
+    for (int i = 0; fits && i < nd - 1; i++) fits = target_in->shape[i] == tshape[i];
+    if (!fits) {
+        char c[96];
+        return ts_error(TS_ERR_SHAPE, "cross_entropy: target %s does not fit logits %s (expected target %s)",
                         ts_shape_str(target_in->ndim, target_in->shape, a, sizeof a),
-                        ts_shape_str(2, logits_in->shape, b, sizeof b), (long long)logits_in->shape[0]);
-    if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+                        ts_shape_str(nd, logits_in->shape, b, sizeof b), ts_shape_str(nd - 1, tshape, c, sizeof c));
+    }
+    if (!(o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f))
         return ts_error(TS_ERR_INVALID_ARG, "cross_entropy: label_smoothing %g is outside [0, 1]",
-                        (double)label_smoothing);
+                        (double)o.label_smoothing);
+    if (o.reduction != TS_REDUCTION_MEAN && o.reduction != TS_REDUCTION_SUM && o.reduction != TS_REDUCTION_NONE)
+        return ts_error(TS_ERR_INVALID_ARG, "cross_entropy: reduction %d is not TS_REDUCTION_MEAN, SUM or NONE",
+                        (int)o.reduction);
+    if (o.weight) {
+        TS_TRY(ts__check_f32("cross_entropy", "weight", o.weight));
+        TS_TRY(ts__check_same_device("cross_entropy", logits_in, o.weight));
+        if (o.weight->ndim != 1 || o.weight->shape[0] != logits_in->shape[1])
+            return ts_error(TS_ERR_SHAPE, "cross_entropy: weight %s does not fit logits %s (expected [%lld])",
+                            ts_shape_str(o.weight->ndim, o.weight->shape, a, sizeof a),
+                            ts_shape_str(nd, logits_in->shape, b, sizeof b), (long long)logits_in->shape[1]);
+    }
     ts_device *d = logits_in->storage->device;
     ts_status st;
-    ts_tensor *x = NULL, *t = NULL, *lse = NULL, *o = NULL;
+    ts_tensor *x = NULL, *t = NULL, *w = NULL, *lse = NULL, *loss = NULL;
     TS_CHECK_GOTO(ts__contiguous(logits_in, &x));
     TS_CHECK_GOTO(ts__contiguous(target_in, &t));
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 1, x->shape, &lse));
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &o));
-    TS_CHECK_GOTO(d->k_misc->cross_entropy(o, lse, x, t, label_smoothing, TS_CE_IGNORE_INDEX));
-    /* the target is not differentiable: the node's one input is the logits */
+    if (o.weight) TS_CHECK_GOTO(ts__contiguous(o.weight, &w));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, nd - 1, tshape, &lse));
+    if (o.reduction == TS_REDUCTION_NONE)
+        TS_CHECK_GOTO(ts__new(d, TS_F32, nd - 1, tshape, &loss));
+    else
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 0, NULL, &loss));
+    TS_CHECK_GOTO(d->k_misc->cross_entropy(loss, lse, x, t, w, o.label_smoothing, o.ignore_index, o.reduction));
+    /* the target and the class weights are not differentiable: the node's one input is the logits */
     ts_node *n = NULL;
     TS_CHECK_GOTO(ts__node_new("cross_entropy", cross_entropy_backward, 1, &logits_in, &n));
     if (n) {
         ts__node_save(n, x);
         ts__node_save(n, lse);
         ts__node_save(n, t);
-        n->p.f[0] = label_smoothing;
-        TS_CHECK_GOTO(ts__node_attach(n, o));
+        ts__node_save(n, w);
+        n->p.f[0] = o.label_smoothing;
+        n->p.i[1] = o.ignore_index;
+        n->p.i[2] = o.reduction;
+        TS_CHECK_GOTO(ts__node_attach(n, loss));
     }
     const ts_tensor *tin[2] = {logits_in, target_in};
-    TS_CHECK_GOTO(ts__trace_op(TS_OP_CROSS_ENTROPY, 2, tin, o, &(ts__trace_attrs){.f = {label_smoothing}}));
-    *out = o;
-    o = NULL;
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_CROSS_ENTROPY, 2, tin, loss, &(ts__trace_attrs){.f = {o.label_smoothing}}));
+    *out = loss;
+    loss = NULL;
 fail:
     ts_tensor_release(x);
     ts_tensor_release(t);
+    ts_tensor_release(w);
     ts_tensor_release(lse);
-    ts_tensor_release(o);
+    ts_tensor_release(loss);
     return st;
+}
+
+ts_status ts_cross_entropy(const ts_tensor *logits, const ts_tensor *target, float label_smoothing, ts_tensor **out) {
+    ts_cross_entropy_opts o = TS_CROSS_ENTROPY_OPTS_INIT;
+    o.label_smoothing = label_smoothing;
+    return ts_cross_entropy_ex(logits, target, &o, out);
 }
 
 /* ---- mse_loss ---------------------------------------------------------------------------------------- */

@@ -1,7 +1,7 @@
 /*
  * ops/pool.c — max pooling (kernel, stride, padding, dilation, ceil_mode; the
- * argmax indices are kept for backward), average pooling (count_include_pad,
- * ceil_mode), global and adaptive average pooling, with their backward functions.
+ * argmax indices are kept for backward), average pooling (count_include_pad
+ * on or off, ceil_mode), global and adaptive average pooling, with their backward functions.
  * Output sizes follow PyTorch 1.13, including the ceil_mode rule that the last
  * window must start inside the input or its left padding.
  */
@@ -38,6 +38,9 @@ static ts_status pool_setup(const char *op, const ts_tensor *x, ts_pool2d_params
                         p->dilation[1], p->padding[0], p->padding[1]);
     if (!allow_dilation && (p->dilation[0] != 1 || p->dilation[1] != 1))
         return ts_error(TS_ERR_INVALID_ARG, "%s: dilation (%d, %d) is not supported", op, p->dilation[0], p->dilation[1]);
+    if (allow_dilation && p->exclude_pad) /* max pooling */
+        return ts_error(TS_ERR_INVALID_ARG, "%s: exclude_pad is an average pooling option (padding never wins a max)",
+                        op);
     if (p->padding[0] > p->kernel[0] / 2 || p->padding[1] > p->kernel[1] / 2)
         return ts_error(TS_ERR_INVALID_ARG, "%s: padding (%d, %d) must be at most half of kernel (%d, %d)", op,
                         p->padding[0], p->padding[1], p->kernel[0], p->kernel[1]);
@@ -45,6 +48,7 @@ static ts_status pool_setup(const char *op, const ts_tensor *x, ts_pool2d_params
         .N = x->shape[0], .C = x->shape[1], .H = x->shape[2], .W = x->shape[3],
         .kh = p->kernel[0], .kw = p->kernel[1], .sh = p->stride[0], .sw = p->stride[1],
         .ph = p->padding[0], .pw = p->padding[1], .dh = p->dilation[0], .dw = p->dilation[1],
+        .exclude_pad = p->exclude_pad,
     };
     g->OH = pool_out_size(g->H, g->kh, g->ph, g->sh, g->dh, p->ceil_mode);
     g->OW = pool_out_size(g->W, g->kw, g->pw, g->sw, g->dw, p->ceil_mode);
@@ -62,14 +66,16 @@ static ts_status pool_setup(const char *op, const ts_tensor *x, ts_pool2d_params
 }
 
 static void geom_store(ts_node *n, const ts_pool2d_geom *g) {
-    const int64_t v[] = {g->N, g->C, g->H, g->W, g->OH, g->OW, g->kh, g->kw, g->sh, g->sw, g->ph, g->pw, g->dh, g->dw};
+    const int64_t v[] = {g->N,  g->C,  g->H,  g->W,  g->OH, g->OW, g->kh, g->kw,
+                         g->sh, g->sw, g->ph, g->pw, g->dh, g->dw, g->exclude_pad};
     memcpy(n->p.i, v, sizeof v);
 }
 
 static ts_pool2d_geom geom_load(const ts_node *n) {
     const int64_t *v = n->p.i;
-    return (ts_pool2d_geom){v[0], v[1], v[2], v[3], v[4], v[5], (int)v[6], (int)v[7],
-                            (int)v[8], (int)v[9], (int)v[10], (int)v[11], (int)v[12], (int)v[13]};
+    return (ts_pool2d_geom){v[0],       v[1],        v[2],        v[3],        v[4],        v[5],
+                            (int)v[6],  (int)v[7],   (int)v[8],   (int)v[9],   (int)v[10],  (int)v[11],
+                            (int)v[12], (int)v[13],  v[14] != 0};
 }
 
 /* ---- max pooling -------------------------------------------------------------------------------- */

@@ -194,6 +194,12 @@ static ts_status plan_walk(ts_module *m, const char *prefix, plan *pl) {
                                 "ts_nn_tile_parallel_new: layer '%s' (AvgPool2d with ceil_mode) cannot be tiled: its "
                                 "last window's divisor depends on the image's bottom edge; use ceil_mode off",
                                 path);
+            if (!is_max && l.pool.exclude_pad && l.pool.padding[0] > 0)
+                return ts_error(TS_ERR_UNSUPPORTED,
+                                "ts_nn_tile_parallel_new: layer '%s' (AvgPool2d with exclude_pad and padding) cannot "
+                                "be tiled: its top and bottom windows' divisors depend on the image's edges; use "
+                                "exclude_pad off or no height padding",
+                                path);
             l.k = l.pool.kernel[0];
             l.s = l.pool.stride[0];
             l.p = l.pool.padding[0];

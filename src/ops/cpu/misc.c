@@ -243,78 +243,115 @@ static ts_status cpu_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const 
     return TS_OK;
 }
 
-/* ---- cross-entropy (fused log-softmax + NLL + label smoothing) --------------------------------------- */
-/* Checks every target; counts the samples that are not ignored. */
-static ts_status check_targets(const int64_t *t, int64_t N, int64_t C, int64_t ignore, int64_t *count) {
-    int64_t k = 0;
-    for (int64_t i = 0; i < N; i++) {
+/* ---- cross-entropy (fused log-softmax + NLL + class weights + label smoothing) ----------------------- */
+/* logits (N, C, S...) are rows i = n * S + s of C values at stride S, starting at
+ * n * C * S + s; target and lse are (N * S) in the same order. S = 1 for (N, C). */
+
+/* Checks every target; *wsum = the sum of the weights of the samples that are not ignored
+ * (their count without weights): the mean's denominator. */
+static ts_status check_targets(const int64_t *t, const float *w, int64_t N, int64_t C, int64_t S, int64_t ignore,
+                               double *wsum) {
+    double k = 0;
+    for (int64_t i = 0; i < N * S; i++) {
         if (t[i] == ignore) continue;
-        if (t[i] < 0 || t[i] >= C)
+        if (t[i] < 0 || t[i] >= C) {
+            if (S == 1)
+                return ts_error(TS_ERR_INVALID_ARG,
+                                "cross_entropy: target %lld of sample %lld is out of range [0, %lld) for logits "
+                                "[%lld, %lld] (ignore_index is %lld)",
+                                (long long)t[i], (long long)i, (long long)C, (long long)N, (long long)C,
+                                (long long)ignore);
             return ts_error(TS_ERR_INVALID_ARG,
-                            "cross_entropy: target %lld of sample %lld is out of range [0, %lld) for logits [%lld, %lld]",
-                            (long long)t[i], (long long)i, (long long)C, (long long)N, (long long)C);
-        k++;
+                            "cross_entropy: target %lld of sample %lld at position %lld (flat over the spatial dims) "
+                            "is out of range [0, %lld) (ignore_index is %lld)",
+                            (long long)t[i], (long long)(i / S), (long long)(i % S), (long long)C, (long long)ignore);
+        }
+        k += w ? (double)w[t[i]] : 1.0;
     }
-    *count = k;
+    *wsum = k;
     return TS_OK;
 }
 
-/* logits: (N, C), target: (N) -> loss: [], lse: (N) */
+/* logits: (N, C, S...), target: (N * S), weight: (C) or NULL -> loss: [] or (N * S) (NONE), lse: (N * S) */
 static ts_status cpu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
-                                   float eps, int64_t ignore_index) {
-    int64_t N = logits->shape[0], C = logits->shape[1];
-    const float *x = ts__f32(logits);
+                                   const ts_tensor *weight, float eps, int64_t ignore_index, ts_reduction reduction) {
+    const int64_t N = logits->shape[0], C = logits->shape[1], NC = N * C;
+    const int64_t S = NC ? ts_tensor_numel(logits) / NC : 1, rows = N * S;
+    const float *x = ts__f32(logits), *w = weight ? ts__f32(weight) : NULL;
     const int64_t *t = (const int64_t *)ts__ptr(target);
-    float *pl = ts__f32(lse);
-    int64_t count = 0;
-    TS_TRY(check_targets(t, N, C, ignore_index, &count));
+    float *pl = ts__f32(lse), *per = reduction == TS_REDUCTION_NONE ? ts__f32(loss) : NULL;
+    double wsum = 0;
+    TS_TRY(check_targets(t, w, N, C, S, ignore_index, &wsum));
     double total = 0;
-#pragma omp parallel for if (N * C > PAR_MIN) reduction(+ : total) schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const float *row = x + i * C;
+#pragma omp parallel for if (rows * C > PAR_MIN) reduction(+ : total) schedule(static)
+    for (int64_t i = 0; i < rows; i++) {
+        const float *row = x + (i / S) * C * S + i % S;
         float m = -INFINITY;
-        for (int64_t c = 0; c < C; c++) m = fmaxf(m, row[c]);
+        for (int64_t c = 0; c < C; c++) m = fmaxf(m, row[c * S]);
         float s = 0;
-        for (int64_t c = 0; c < C; c++) s += expf(row[c] - m);
+        for (int64_t c = 0; c < C; c++) s += expf(row[c * S] - m);
         float l = m + logf(s);
         pl[i] = l;
-        if (t[i] == ignore_index) continue;
-        double li = (1.0 - (double)eps) * ((double)l - row[t[i]]);
-        if (eps != 0.0f) {
-            double xs = 0;
-            for (int64_t c = 0; c < C; c++) xs += row[c];
-            li += (double)eps * ((double)l - xs / (double)C);
+        if (t[i] == ignore_index) {
+            if (per) per[i] = 0.0f;
+            continue;
         }
+        double li = (1.0 - (double)eps) * (w ? (double)w[t[i]] : 1.0) * ((double)l - row[t[i] * S]);
+        if (eps != 0.0f) {
+            double sm = 0; /* sum_c w[c] (lse - x[c]) */
+            if (w)
+                for (int64_t c = 0; c < C; c++) sm += (double)w[c] * ((double)l - row[c * S]);
+            else {
+                double xs = 0;
+                for (int64_t c = 0; c < C; c++) xs += row[c * S];
+                sm = (double)C * l - xs;
+            }
+            li += (double)eps * sm / (double)C;
+        }
+        if (per) per[i] = (float)li;
         total += li;
     }
-    /* count == 0 gives NaN (0/0), as PyTorch's mean over no samples does */
-    ts__f32(loss)[0] = (float)(total / (double)count);
+    if (!per) /* MEAN over no counted sample gives NaN (0/0), as PyTorch */
+        ts__f32(loss)[0] = (float)(reduction == TS_REDUCTION_SUM ? total : total / wsum);
     return TS_OK;
 }
 
-/* gx: (N, C) = gloss / count * (softmax - (1 - eps) onehot - eps / C) */
+/* gx: (N, C, S...) = s_i ((1 - eps) w[t] (softmax - onehot) + eps / C (sum(w) softmax - w)) */
 static ts_status cpu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,
-                                            const ts_tensor *lse, const ts_tensor *target, float eps,
-                                            int64_t ignore_index) {
-    int64_t N = logits->shape[0], C = logits->shape[1];
-    const float *x = ts__f32(logits), *pl = ts__f32(lse);
+                                            const ts_tensor *lse, const ts_tensor *target, const ts_tensor *weight,
+                                            float eps, int64_t ignore_index, ts_reduction reduction) {
+    const int64_t N = logits->shape[0], C = logits->shape[1], NC = N * C;
+    const int64_t S = NC ? ts_tensor_numel(logits) / NC : 1, rows = N * S;
+    const float *x = ts__f32(logits), *pl = ts__f32(lse), *w = weight ? ts__f32(weight) : NULL;
+    const float *pg = ts__f32(gloss);
     const int64_t *t = (const int64_t *)ts__ptr(target);
     float *o = ts__f32(gx);
-    int64_t count = 0;
-    for (int64_t i = 0; i < N; i++) count += t[i] != ignore_index;
-    float scale = ts__f32(gloss)[0] / (float)count;
-    float hit = 1.0f - eps, spread = eps / (float)C;
-#pragma omp parallel for if (N * C > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < N; i++) {
-        const float *row = x + i * C;
-        float *orow = o + i * C;
+    double wsum = 0, wall = 0;
+    for (int64_t i = 0; i < rows; i++)
+        if (t[i] != ignore_index) wsum += w ? (double)w[t[i]] : 1.0;
+    if (w)
+        for (int64_t c = 0; c < C; c++) wall += w[c];
+    const float scale = reduction == TS_REDUCTION_MEAN ? (float)((double)pg[0] / wsum) : pg[0];
+    const float hit = 1.0f - eps, spread = eps / (float)C;
+#pragma omp parallel for if (rows * C > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t base = (i / S) * C * S + i % S;
+        const float *row = x + base;
+        float *orow = o + base;
         if (t[i] == ignore_index) {
-            for (int64_t c = 0; c < C; c++) orow[c] = 0.0f;
+            for (int64_t c = 0; c < C; c++) orow[c * S] = 0.0f;
             continue;
         }
-        float l = pl[i];
-        for (int64_t c = 0; c < C; c++) orow[c] = scale * (expf(row[c] - l) - spread);
-        orow[t[i]] -= scale * hit;
+        const float si = reduction == TS_REDUCTION_NONE ? pg[i] : scale;
+        const float l = pl[i];
+        if (!w) {
+            for (int64_t c = 0; c < C; c++) orow[c * S] = si * (expf(row[c * S] - l) - spread);
+            orow[t[i] * S] -= si * hit;
+            continue;
+        }
+        const float wt = w[t[i]], a = hit * wt + spread * (float)wall; /* coefficient of softmax */
+        for (int64_t c = 0; c < C; c++) orow[c * S] = si * (a * expf(row[c * S] - l) - spread * w[c]);
+        orow[t[i] * S] -= si * hit * wt;
     }
     return TS_OK;
 }

@@ -587,15 +587,17 @@ static ts_status cpu_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, 
 }
 
 /* Reciprocal of each window's divisor (count_include_pad: the window clipped
- * at H + ph, W + pw), or 0 for a window with no input element: inv (OH*OW). */
+ * at H + ph, W + pw; exclude_pad: the input elements in it), or 0 for a window
+ * with no input element: inv (OH*OW). PyTorch's avg_pool2d rule. */
 static void avgpool_divisors(const ts_pool2d_geom *g, float *inv) {
     for (int64_t oh = 0; oh < g->OH; oh++) {
         int64_t hs = oh * g->sh - g->ph, he = TS_MIN(hs + g->kh, g->H + g->ph);
-        bool hin = TS_MAX(hs, 0) < TS_MIN(he, g->H);
+        int64_t hn = TS_MIN(he, g->H) - TS_MAX(hs, 0); /* input rows in the window */
         for (int64_t ow = 0; ow < g->OW; ow++) {
             int64_t ws = ow * g->sw - g->pw, we = TS_MIN(ws + g->kw, g->W + g->pw);
-            bool win = TS_MAX(ws, 0) < TS_MIN(we, g->W);
-            inv[oh * g->OW + ow] = hin && win ? 1.0f / (float)((he - hs) * (we - ws)) : 0.0f;
+            int64_t wn = TS_MIN(we, g->W) - TS_MAX(ws, 0);
+            int64_t count = g->exclude_pad ? hn * wn : (he - hs) * (we - ws);
+            inv[oh * g->OW + ow] = hn > 0 && wn > 0 ? 1.0f / (float)count : 0.0f;
         }
     }
 }
