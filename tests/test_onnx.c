@@ -633,6 +633,49 @@ static void test_new_ops(void) {
     ts_module_free(m);
 }
 
+/* x (N, 6, 5, 5): group_norm (3 groups, affine) -> layer_norm over the last 2 dims (no affine) -> layer_norm
+ * over the last dim (affine) -> avg pool 3x3 s2 p1 with count_include_pad off -> batchnorm1d (eval) on
+ * (N, 6, 9). Parameters gw, gb (6), lw, lb (3); buffers rm, rv (6). */
+static ts_status norm_ops_forward(ts_module *self, const ts_tensor *x, ts_tensor **out) {
+    ts_tensor *tmp[16] = {NULL}, *t = NULL;
+    int ntmp = 0;
+    ts_status st;
+    TRY(ts_group_norm(x, 3, ts_module_param(self, "gw"), ts_module_param(self, "gb"), 1e-5f, &t));
+    ts_tensor *a = KEEP(t);
+    TRY(ts_layer_norm(a, 2, NULL, NULL, 1e-5f, &t));
+    ts_tensor *b = KEEP(t);
+    TRY(ts_avgpool2d(b, (ts_pool2d_params){{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, true}, &t));
+    ts_tensor *c = KEEP(t); /* (N, 6, 3, 3) */
+    TRY(ts_layer_norm(c, 1, ts_module_param(self, "lw"), ts_module_param(self, "lb"), 1e-3f, &t));
+    ts_tensor *d = KEEP(t);
+    TRY(ts_flatten(d, 2, &t));
+    ts_tensor *e = KEEP(t); /* (N, 6, 9) */
+    TRY(ts_batchnorm1d(e, NULL, NULL, ts_module_buffer(self, "rm"), ts_module_buffer(self, "rv"), false, 0.1f, 1e-5f,
+                       out));
+fail:
+    for (int q = 0; q < ntmp; q++) ts_tensor_release(tmp[q]);
+    return st;
+}
+
+static void test_norm_ops(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 13);
+    ts_module *m = NULL;
+    CHECK_OK(ts_nn_module_new("NormOps", norm_ops_forward, NULL, NULL, &m));
+    CHECK_OK(ts_module_add_parameter(m, "gw", tu_rand(&r, 1, (int64_t[]){6}, 0.5f, 1.5f, false)));
+    CHECK_OK(ts_module_add_parameter(m, "gb", tu_rand(&r, 1, (int64_t[]){6}, -0.5f, 0.5f, false)));
+    CHECK_OK(ts_module_add_parameter(m, "lw", tu_rand(&r, 1, (int64_t[]){3}, 0.5f, 1.5f, false)));
+    CHECK_OK(ts_module_add_parameter(m, "lb", tu_rand(&r, 1, (int64_t[]){3}, -0.5f, 0.5f, false)));
+    CHECK_OK(ts_module_add_buffer(m, "rm", tu_rand(&r, 1, (int64_t[]){6}, -0.2f, 0.2f, false)));
+    CHECK_OK(ts_module_add_buffer(m, "rv", tu_rand(&r, 1, (int64_t[]){6}, 0.5f, 2.0f, false)));
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){3, 6, 5, 5}, -2, 2, false);
+    export_and_compare(m, x, "norm_ops",
+                       "--rerun-batch 2 --expect-op LayerNormalization --expect-op InstanceNormalization "
+                       "--expect-op AveragePool --expect-op BatchNormalization");
+    ts_tensor_release(x);
+    ts_module_free(m);
+}
+
 static ts_status loss_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *h = NULL, *target = NULL;
     ts_status st = ts_flatten(x, 1, &h);
@@ -899,5 +942,5 @@ static void test_report(void) {
 }
 
 TU_MAIN(T(test_protobuf_writer), T(test_trace_hook), T(test_cnn_structure), T(test_residual_and_state),
-        T(test_functional_ops), T(test_new_ops), T(test_errors), T(test_pruning_identity_constants), T(test_alloc_failures),
+        T(test_functional_ops), T(test_new_ops), T(test_norm_ops), T(test_errors), T(test_pruning_identity_constants), T(test_alloc_failures),
         T(test_report))

@@ -507,7 +507,7 @@ static ts_status emit_pool(exporter *e, emit_args *x) {
         return node(e, "MaxPool", x->node_name, 1, x->in, x->out, 5, at);
     }
     attr at[] = {A_INTS("kernel_shape", 2, ks), A_INTS("strides", 2, st), A_INTS("pads", 4, pads),
-                 A_INT("ceil_mode", a[8]), A_INT("count_include_pad", 1)};
+                 A_INT("ceil_mode", a[8]), A_INT("count_include_pad", !a[9])};
     return node(e, "AveragePool", x->node_name, 1, x->in, x->out, 5, at);
 }
 
@@ -707,6 +707,68 @@ static ts_status emit_adaptive_avgpool(exporter *e, emit_args *x) {
     return node(e, "AveragePool", x->node_name, 1, x->in, x->out, 3, at);
 }
 
+/* LayerNormalization over the last k dims (axis -k); opset 17 requires the scale: ones when absent. */
+static ts_status emit_layer_norm(exporter *e, emit_args *x) {
+    const ts_tensor *in = x->r->in[0];
+    const int64_t k = x->r->a.i[0], D = ts__numel((int)k, in->shape + in->ndim - k);
+    const char *ins[3] = {x->in[0], x->in[1], x->in[2]};
+    char sn[NAME_MAX_LEN];
+    if (!ins[1]) {
+        float *ones = ts__malloc(sizeof(float) * (size_t)(D ? D : 1));
+        if (!ones) return ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory");
+        for (int64_t i = 0; i < D; i++) ones[i] = 1.0f;
+        ts_status st = write_const(e, aux_name(x, "scale", sn, sizeof sn), TS_F32, (int)k,
+                                   in->shape + in->ndim - k, ones);
+        free(ones);
+        TS_TRY(st);
+        ins[1] = sn;
+    }
+    attr at[] = {A_INT("axis", -k), A_FLOAT("epsilon", (float)x->r->a.f[0])};
+    return node(e, "LayerNormalization", x->node_name, ins[2] ? 3 : 2, ins, x->out, 2, at);
+}
+
+/* GroupNorm (opset 17 has no GroupNormalization): x (N, C, *) -> Reshape (N, G, -1) ->
+ * InstanceNormalization (scale 1, bias 0: each (n, g) row normalised) -> Reshape to Shape(x) -> * weight
+ * and + bias reshaped to (C, 1, ..., 1). */
+static ts_status emit_group_norm(exporter *e, emit_args *x) {
+    const ts_tensor *in = x->r->in[0];
+    const int64_t G = x->r->a.i[0], C = in->shape[1];
+    char s1[NAME_MAX_LEN], r1[NAME_MAX_LEN], sc[NAME_MAX_LEN], bi[NAME_MAX_LEN], nn[NAME_MAX_LEN], sh[NAME_MAX_LEN],
+        r2[NAME_MAX_LEN], ws[NAME_MAX_LEN], wr[NAME_MAX_LEN], br[NAME_MAX_LEN], mw[NAME_MAX_LEN];
+    const int64_t three = 3, shape1[3] = {0, G, -1};
+    TS_TRY(write_const(e, aux_name(x, "grouped_shape", s1, sizeof s1), TS_I64, 1, &three, shape1));
+    TS_TRY(step(e, x, "group", "Reshape", 2, (const char *[]){x->in[0], s1}, aux_name(x, "grouped", r1, sizeof r1), 0,
+                NULL));
+    float *ones = ts__malloc(sizeof(float) * (size_t)G * 2);
+    if (!ones) return ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory");
+    for (int64_t g = 0; g < G; g++) ones[g] = 1.0f, ones[G + g] = 0.0f;
+    ts_status st = write_const(e, aux_name(x, "ones", sc, sizeof sc), TS_F32, 1, &G, ones);
+    if (st == TS_OK) st = write_const(e, aux_name(x, "zeros", bi, sizeof bi), TS_F32, 1, &G, ones + G);
+    free(ones);
+    TS_TRY(st);
+    attr at[] = {A_FLOAT("epsilon", (float)x->r->a.f[0])};
+    TS_TRY(step(e, x, "normalize", "InstanceNormalization", 3, (const char *[]){r1, sc, bi},
+                aux_name(x, "normalized", nn, sizeof nn), 1, at));
+    TS_TRY(step(e, x, "shape", "Shape", 1, x->in, aux_name(x, "input_shape", sh, sizeof sh), 0, NULL));
+    const char *w = x->in[1], *b = x->in[2];
+    const char *last = w || b ? aux_name(x, "ungrouped", r2, sizeof r2) : x->out;
+    if (!w && !b) return node(e, "Reshape", x->node_name, 2, (const char *[]){nn, sh}, last, 0, NULL);
+    TS_TRY(step(e, x, "ungroup", "Reshape", 2, (const char *[]){nn, sh}, last, 0, NULL));
+    int64_t pshape[TS_MAX_DIMS], pn = in->ndim - 1;
+    pshape[0] = C;
+    for (int64_t d = 1; d < pn; d++) pshape[d] = 1;
+    TS_TRY(write_const(e, aux_name(x, "param_shape", ws, sizeof ws), TS_I64, 1, &pn, pshape));
+    if (w) {
+        TS_TRY(step(e, x, "weight_shape", "Reshape", 2, (const char *[]){w, ws}, aux_name(x, "weight", wr, sizeof wr), 0,
+                    NULL));
+        if (!b) return node(e, "Mul", x->node_name, 2, (const char *[]){last, wr}, x->out, 0, NULL);
+        TS_TRY(step(e, x, "scale", "Mul", 2, (const char *[]){last, wr}, aux_name(x, "scaled", mw, sizeof mw), 0, NULL));
+        last = mw;
+    }
+    TS_TRY(step(e, x, "bias_shape", "Reshape", 2, (const char *[]){b, ws}, aux_name(x, "bias", br, sizeof br), 0, NULL));
+    return node(e, "Add", x->node_name, 2, (const char *[]){last, br}, x->out, 0, NULL);
+}
+
 /* The mapping table: one line per traced op kind; a kind left out has no ONNX mapping.
  * A new elementwise op with a same-named ONNX operator is one line: {emit_plain, "Sigmoid"}. */
 static const struct {
@@ -747,6 +809,8 @@ static const struct {
     [TS_OP_MAX_DIM] = {emit_reduce_dims, "ReduceMax"},
     [TS_OP_PERMUTE] = {emit_permute, "Transpose"},
     [TS_OP_ADAPTIVE_AVGPOOL2D] = {emit_adaptive_avgpool, "GlobalAveragePool / AveragePool"},
+    [TS_OP_LAYER_NORM] = {emit_layer_norm, "LayerNormalization"},
+    [TS_OP_GROUP_NORM] = {emit_group_norm, "Reshape+InstanceNormalization+Reshape+Mul+Add"},
     /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead) */
 };
 

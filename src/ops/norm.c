@@ -234,6 +234,18 @@ static ts_status check_ln_param(const char *arg, const ts_tensor *t, const ts_te
     return TS_OK;
 }
 
+/* Reports a layer_norm / group_norm to the tracer; on failure releases *out. */
+static ts_status trace_norm(ts__op_kind k, const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, int64_t i0,
+                            float eps, ts_tensor **out) {
+    const ts_tensor *in[3] = {x, w, b};
+    ts_status st = ts__trace_op(k, 3, in, *out, &(ts__trace_attrs){.i = {i0}, .f = {eps}});
+    if (st != TS_OK) {
+        ts_tensor_release(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 ts_status ts_layer_norm(const ts_tensor *x, int normalized_ndim, const ts_tensor *weight, const ts_tensor *bias,
                         float eps, ts_tensor **out) {
     TS_ARG(out, "layer_norm: NULL out");
@@ -249,7 +261,8 @@ ts_status ts_layer_norm(const ts_tensor *x, int normalized_ndim, const ts_tensor
     TS_ARG(eps >= 0 && isfinite(eps), "layer_norm: eps %g must be >= 0", (double)eps);
     const int64_t D = ts__numel(k, x->shape + x->ndim - k);
     const ts_norm_geom geom = {D ? ts_tensor_numel(x) / D : 0, 1, D, 1};
-    return row_norm_run("layer_norm", x, &geom, weight, bias, eps, out);
+    TS_TRY(row_norm_run("layer_norm", x, &geom, weight, bias, eps, out));
+    return trace_norm(TS_OP_LAYER_NORM, x, weight, bias, k, eps, out);
 }
 
 ts_status ts_group_norm(const ts_tensor *x, int num_groups, const ts_tensor *weight, const ts_tensor *bias, float eps,
@@ -269,5 +282,6 @@ ts_status ts_group_norm(const ts_tensor *x, int num_groups, const ts_tensor *wei
     TS_ARG(eps >= 0 && isfinite(eps), "group_norm: eps %g must be >= 0", (double)eps);
     const ts_norm_geom geom = {x->shape[0] * num_groups, num_groups, C / num_groups,
                                ts__numel(x->ndim - 2, x->shape + 2)};
-    return row_norm_run("group_norm", x, &geom, weight, bias, eps, out);
+    TS_TRY(row_norm_run("group_norm", x, &geom, weight, bias, eps, out));
+    return trace_norm(TS_OP_GROUP_NORM, x, weight, bias, num_groups, eps, out);
 }

@@ -170,7 +170,8 @@ ts_status ts_avgpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out) 
     TS_TRY(pool_setup("avgpool2d", x, &p, false, &g));
     TS_TRY(avgpool_run("avgpool2d", x, &g, out));
     return trace_unary(TS_OP_AVGPOOL2D, x, out, &(ts__trace_attrs){.i = {
-        p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], 1, 1, p.ceil_mode}});
+        p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], 1, 1, p.ceil_mode,
+        p.exclude_pad}});
 }
 
 ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out) {

@@ -43,6 +43,8 @@ static const char *const op_names[TS_OP_COUNT] = {
     [TS_OP_MAX_DIM] = "max_dim",
     [TS_OP_PERMUTE] = "permute",
     [TS_OP_ADAPTIVE_AVGPOOL2D] = "adaptive_avgpool2d",
+    [TS_OP_LAYER_NORM] = "layer_norm",
+    [TS_OP_GROUP_NORM] = "group_norm",
 };
 
 const char *ts__op_name(ts__op_kind k) {

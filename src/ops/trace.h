@@ -38,7 +38,7 @@ typedef enum ts__op_kind {
     TS_OP_MATMUL,           /* in: a (M, K), b (K, N) */
     TS_OP_LINEAR,           /* in: x (N, in), w (out, in), b|NULL */
     TS_OP_MAXPOOL2D,        /* in: x; i: kernel h w, stride h w, padding h w, dilation h w, ceil_mode */
-    TS_OP_AVGPOOL2D,        /* in: x; i: as maxpool2d (dilation 1 1); padding always counted (count_include_pad) */
+    TS_OP_AVGPOOL2D,        /* in: x; i: as maxpool2d (dilation 1 1), i[9]: exclude_pad (count_include_pad off) */
     TS_OP_GLOBAL_AVGPOOL2D, /* in: x */
     TS_OP_EMBEDDING,        /* in: idx (I64), weight */
     TS_OP_RESHAPE,          /* in: x; i[0]: ndim, i[1..ndim]: the shape asked for (one may be -1) */
@@ -61,13 +61,15 @@ typedef enum ts__op_kind {
     TS_OP_MAX_DIM,          /* in: x; i[0]: dim (wrapped), i[1]: keepdim; out: the values (indices not traced) */
     TS_OP_PERMUTE,          /* in: x; i[0]: ndim, i[1..ndim]: the permutation (transpose too) */
     TS_OP_ADAPTIVE_AVGPOOL2D, /* in: x (N, C, H, W) or (C, H, W); i[0], i[1]: output h, w */
+    TS_OP_LAYER_NORM,       /* in: x, weight|NULL, bias|NULL; i[0]: normalized_ndim; f[0]: eps */
+    TS_OP_GROUP_NORM,       /* in: x (N, C, *), weight|NULL, bias|NULL; i[0]: num_groups; f[0]: eps */
     TS_OP_COUNT
 } ts__op_kind;
 
 /* The op's public name without "ts_" ("conv2d"); "?" for a kind out of range. */
 const char *ts__op_name(ts__op_kind k);
 
-#define TS_TRACE_MAX_INTS (1 + TS_MAX_DIMS)
+#define TS_TRACE_MAX_INTS (2 + TS_MAX_DIMS)
 typedef struct ts__trace_attrs {
     int64_t i[TS_TRACE_MAX_INTS];
     double f[2];
