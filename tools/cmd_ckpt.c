@@ -68,30 +68,7 @@
 
 /* name with bytes outside printable ASCII (and '\') as \xNN / \\, cut with "..." to fit buf. */
 #define ESC_MAX 1024
-static const char *esc(const char *name, char *buf) {
-    static const char hex[] = "0123456789abcdef";
-    size_t k = 0;
-    for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
-        if (k + 8 > ESC_MAX) {
-            memcpy(buf + k, "...", 3);
-            k += 3;
-            break;
-        }
-        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
-            buf[k++] = (char)*p;
-        } else if (*p == '\\') {
-            buf[k++] = '\\';
-            buf[k++] = '\\';
-        } else {
-            buf[k++] = '\\';
-            buf[k++] = 'x';
-            buf[k++] = hex[*p >> 4];
-            buf[k++] = hex[*p & 15];
-        }
-    }
-    buf[k] = '\0';
-    return buf;
-}
+static const char *esc(const char *name, char *buf) { return cli_printable(name, buf, ESC_MAX); }
 
 static bool is_help(const char *a) { return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0; }
 
