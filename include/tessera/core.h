@@ -130,6 +130,20 @@ ts_status ts_device_run_parallel(ts_device *const *devs, int n, ts_task_fn fn, v
 void ts_set_num_threads(int n);
 int ts_get_num_threads(void);
 
+/* How CPU conv2d computes 3x3 stride-1 convolutions (forward and both gradients):
+ * im2col + sgemm, or Winograd F(2x2, 3x3) (2.25x fewer multiplies; results differ from
+ * im2col's by float rounding, ~1e-6 relative). AUTO (the default) takes Winograd where it
+ * applies (3x3, stride 1, dilation 1, one group, padding <= 2) with at least 16 input and
+ * output channels; WINOGRAD takes it wherever it applies. Process-wide, like
+ * torch.backends flags; the environment's TS_CONV_ALGO=auto|im2col|winograd sets the
+ * starting value. */
+typedef enum ts_conv_algo { TS_CONV_AUTO = 0, TS_CONV_IM2COL = 1, TS_CONV_WINOGRAD = 2 } ts_conv_algo;
+void ts_set_conv_algo(ts_conv_algo a);
+ts_conv_algo ts_get_conv_algo(void);
+/* "auto" | "im2col" | "winograd" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
+ts_status ts_conv_algo_parse(const char *s, ts_conv_algo *out);
+const char *ts_conv_algo_name(ts_conv_algo a);
+
 /* ---- random numbers ------------------------------------------------------------------ */
 /* A seeded generator (PCG-XSL-RR 128/64); reproducible across runs and machines. */
 typedef struct ts_rng {

@@ -1,11 +1,15 @@
 /*
- * core/threads.c — one knob for the CPU thread count of our OpenMP kernels.
- * OpenBLAS stays single-threaded; src/ops/cpu/blas.c splits large products over
- * these threads itself (see there why OpenBLAS's own count is never changed).
+ * core/threads.c — process-wide CPU execution settings: the thread count of our
+ * OpenMP kernels and the conv2d algorithm. OpenBLAS stays single-threaded;
+ * src/ops/cpu/blas.c splits large products over these threads itself (see
+ * there why OpenBLAS's own count is never changed).
  */
 #include "core/internal.h"
 
 #include <omp.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 void ts_set_num_threads(int n) {
     if (n < 1) n = 1;
@@ -36,4 +40,50 @@ const char *ts_dtype_name(ts_dtype dt) {
     case TS_U8: return "uint8";
     default: return "unknown";
     }
+}
+
+/* ---- conv algorithm (read by the CPU spatial kernels) ---- */
+static _Atomic int conv_algo = -1; /* -1: not yet read from TS_CONV_ALGO */
+
+static int conv_algo_index(const char *s) {
+    static const char *const names[] = {"auto", "im2col", "winograd"};
+    for (int i = 0; s && i < 3; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    return -1;
+}
+
+ts_status ts_conv_algo_parse(const char *s, ts_conv_algo *out) {
+    int i = conv_algo_index(s);
+    if (i >= 0) {
+        *out = (ts_conv_algo)i;
+        return TS_OK;
+    }
+    return ts_error(TS_ERR_INVALID_ARG, "conv algorithm '%s': expected auto, im2col or winograd", s ? s : "(null)");
+}
+
+const char *ts_conv_algo_name(ts_conv_algo a) {
+    switch (a) {
+    case TS_CONV_AUTO: return "auto";
+    case TS_CONV_IM2COL: return "im2col";
+    case TS_CONV_WINOGRAD: return "winograd";
+    default: return "unknown";
+    }
+}
+
+void ts_set_conv_algo(ts_conv_algo a) { conv_algo = (int)a; }
+
+ts_conv_algo ts_get_conv_algo(void) {
+    int a = conv_algo;
+    if (a < 0) { /* a bad TS_CONV_ALGO is named once on stderr, then auto */
+        const char *e = getenv("TS_CONV_ALGO");
+        int v = e && *e ? conv_algo_index(e) : TS_CONV_AUTO;
+        if (v < 0) {
+            ts_log(TS_LOG_WARN, "TS_CONV_ALGO=%s: expected auto, im2col or winograd; using auto", e);
+            v = TS_CONV_AUTO;
+        }
+        int expect = -1;
+        atomic_compare_exchange_strong(&conv_algo, &expect, v);
+        a = conv_algo;
+    }
+    return (ts_conv_algo)a;
 }

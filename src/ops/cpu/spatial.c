@@ -19,6 +19,7 @@
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
 #include "device/k_spatial.h"
+#include "ops/cpu/winograd.h"
 
 #include <math.h>
 #include <omp.h>
@@ -315,6 +316,7 @@ static void conv_fwd_image(const conv_job *j, float *col, int64_t n) {
 // out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image (or block) and group, + b
 static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                             const ts_tensor *b) {
+    if (ts__cpu_wino_ok(g)) return ts__cpu_wino_conv2d(g, out, x, w, b);
     conv_job j = conv_job_init(g, x, w);
     j.pb = b ? ts__f32(b) : NULL;
     j.po = ts__f32(out);
@@ -426,6 +428,7 @@ static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
 
 static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+    if (ts__cpu_wino_ok(g)) return ts__cpu_wino_conv2d_backward(g, gout, x, w, gx, gw, gb);
     conv_job j = conv_job_init(g, x, w);
     j.pg = ts__f32(gout);
     j.pgx = gx ? ts__f32(gx) : NULL;
