@@ -14,7 +14,7 @@
 #define NBATCHES 16
 
 static int bench_train(int argc, char **argv) {
-    const char *model_name = "cnn";
+    const char *model_name = "cnn", *conv_algo = "auto";
     int64_t threads = 0, steps = 100, batch = 64, warmup = 10, image_size = 0, classes = 0;
     bool json = false;
     const cli_flag flags[] = {
@@ -22,6 +22,7 @@ static int bench_train(int argc, char **argv) {
         {"image-size", CLI_INT, &image_size, "ResNets: the input's side (default 224)", 0, 4096},
         {"classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
         {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
+        {"conv-algo", CLI_STRING, &conv_algo, "3x3 stride-1 convolutions: auto, im2col or winograd", 1, 0},
         {"steps", CLI_INT, &steps, "timed steps", 1, 1e9},
         {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},
         {"batch-size", CLI_INT, &batch, "images per step", 1, 1 << 20},
@@ -34,6 +35,9 @@ static int bench_train(int argc, char **argv) {
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (threads > 0) ts_set_num_threads((int)threads);
+    ts_conv_algo algo;
+    if (ts_conv_algo_parse(conv_algo, &algo) != TS_OK) return cli_usage_error(&cmd, "--conv-algo: %s", ts_last_error());
+    ts_set_conv_algo(algo);
 
     ts_rng rng;
     ts_rng_seed(&rng, 0);
@@ -75,12 +79,14 @@ static int bench_train(int argc, char **argv) {
     double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
     if (json)
         printf("{\"framework\": \"tessera\", \"model\": \"%s\", \"image_size\": %lld, \"threads\": %d, "
-               "\"batch_size\": %lld, \"steps\": %lld, \"seconds\": %.4f, \"images_per_second\": %.1f, "
-               "\"final_loss\": %.5f}\n",
-               model_name, (long long)side, ts_get_num_threads(), (long long)batch, (long long)steps, dt, ips, loss);
+               "\"conv_algo\": \"%s\", \"batch_size\": %lld, \"steps\": %lld, \"seconds\": %.4f, "
+               "\"images_per_second\": %.1f, \"final_loss\": %.5f}\n",
+               model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo), (long long)batch,
+               (long long)steps, dt, ips, loss);
     else
-        printf("%s, batch %lld, %d threads: %.1f images/s (%.2f ms/step over %lld steps)\n", model_name,
-               (long long)batch, ts_get_num_threads(), ips, 1e3 * dt / (double)steps, (long long)steps);
+        printf("%s, batch %lld, %d threads, conv %s: %.1f images/s (%.2f ms/step over %lld steps)\n", model_name,
+               (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ips, 1e3 * dt / (double)steps,
+               (long long)steps);
     status = 0;
     goto done;
 fail:

@@ -23,7 +23,8 @@
 #include <unistd.h>
 
 typedef struct train_args {
-    const char *data, *model, *optimizer, *schedule;
+    const char *data, *model, *optimizer, *schedule, *conv_algo;
+    ts_conv_algo algo;
     const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from, *init_exclude;
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
     int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep;
@@ -235,7 +236,7 @@ static int find_restart(train_args *a, char *buf, size_t n) {
 }
 
 /* The names given to --model, --optimizer, --lr-schedule and --backend, and --data's path. */
-static int check_names(const cli_command *cmd, const train_args *a) {
+static int check_names(const cli_command *cmd, train_args *a) {
     ts_lr_schedule sched;
     ts_model_desc md;
     if (!ts_model_info(a->model, &md)) {
@@ -254,6 +255,7 @@ static int check_names(const cli_command *cmd, const train_args *a) {
     if (strcmp(a->backend, "builtin") != 0 && strcmp(a->backend, "mpi") != 0)
         return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
     if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
+    if (ts_conv_algo_parse(a->conv_algo, &a->algo) != TS_OK) return cli_usage_error(cmd, "--conv-algo: %s", ts_last_error());
     if (access(a->data, R_OK) != 0) return cli_usage_error(cmd, "--data %s: %s", a->data, strerror(errno));
     return 0;
 }
@@ -262,7 +264,7 @@ int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
-                    .backend = "builtin"};
+                    .backend = "builtin", .conv_algo = "auto"};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
@@ -279,6 +281,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"label-smoothing", CLI_FLOAT, &a.label_smoothing, "cross-entropy label smoothing", 0, 1},
         {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
+        {"conv-algo", CLI_STRING, &a.conv_algo, "3x3 stride-1 convolutions: auto (Winograd from 16 channels), im2col or winograd", 1, 0},
         {"checkpoint", CLI_STRING, &a.checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
         {"checkpoint-dir", CLI_STRING, &a.checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
         {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
@@ -320,6 +323,7 @@ int ts_cmd_train(int argc, char **argv) {
     if ((rc = parse_strategy(&cmd, &a, in_job || a.nproc > 1, &so, devs, TS_MAX_CPU_DEVICES + 1)) != 0) return rc;
     if (a.nproc > 1 && !in_job) return relaunch(argc, argv, a.nproc, mpi);
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
+    ts_set_conv_algo(a.algo);
     ts_train_checkpoint_info ck; /* resume: the checkpoint's seed decides the data order */
     char latest[4096];
     if ((rc = find_restart(&a, latest, sizeof latest)) != 0) return rc;
