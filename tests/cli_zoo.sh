@@ -2,7 +2,8 @@
 # The users' own networks from the command line: examples/custom_resnet.c (a hand-written residual
 # network) trained with DDP over 2 ranks and reloaded from its checkpoint; `tessera train --model
 # resnet18 --image-size 32` on an image folder with train/ and val/; `tessera eval` printing the
-# accuracy the training printed; `tessera predict` naming classes; and the errors (unknown model,
+# accuracy the training printed (and, with --split train, the training images'); `tessera predict`
+# naming classes; and the errors (unknown model,
 # --image-size for a fixed-size model, folders without classes, val/ classes that differ, a data
 # set with other classes than the checkpoint's). Seconds, not minutes; no timing is checked.
 set -u
@@ -66,9 +67,25 @@ n=$(grep -c "^$T/fm/val/8_bag/[0-9]*.png: [0-9]_[a-z_]* [0-9.]*%, [0-9]_[a-z_]* 
 [ $rc -eq 0 ] && [ "$n" -eq "$(ls "$T/fm/val/8_bag" | wc -l)" ] && ok "predict: 3 named classes per file" \
   || bad "predict ($rc): $out"
 
+# ---- --split train: the training images, preprocessed for evaluation ---------------------------------
+mkdir -p "$T/half" && cp -r "$T/fm/train" "$T/fm/val" "$T/half/"
+for d in "$T/half/train/"*; do ls "$d" | sort | awk 'NR % 2 == 0' | while read -r f; do rm "$d/$f"; done; done
+ntrain=$(find "$T/half/train" -name '*.png' | wc -l)
+out=$("$TS" eval --checkpoint "$T/r18.ckpt" --data "$T/half" --split train --confusion 0 --json "$T/ev.json" 2>&1)
+grep -q "on $T/half (training split): $ntrain images" <<<"$out" && ok "eval --split train reads train/ ($ntrain images)" \
+  || bad "eval --split train: $out"
+grep -q '"split": "train"' "$T/ev.json" && ok "the JSON names the split" || bad "json: $(cat "$T/ev.json")"
+expect_exit 0 "on $T/half: 120 images" "$TS" eval --checkpoint "$T/r18.ckpt" --data "$T/half" --confusion 0
+expect_exit 2 "unknown --split 'val' (expected test or train)" "$TS" eval --checkpoint "$T/r18.ckpt" --split val
+
 # ---- the same network on IDX files through the pipeline (RGB crops of 28x28 gray images) ------------
 "$TS" train --model resnet18 --image-size 32 --max-steps 2 --batch-size 8 --quiet --data "$DATA" \
   --checkpoint "$T/idx.ckpt" >"$T/idx.log" 2>&1 && ok "resnet18 on IDX files" || bad "IDX: $(cat "$T/idx.log")"
+# and the reference CNN's training split (train-*-idx files) through --split train
+"$TS" train --model cnn --max-steps 2 --batch-size 32 --quiet --data "$DATA" --checkpoint "$T/cnn.ckpt" \
+  >"$T/cnn.log" 2>&1 || bad "cnn: $(cat "$T/cnn.log")"
+expect_exit 0 "(training split): 60000 images" "$TS" eval --checkpoint "$T/cnn.ckpt" --data "$DATA" --split train --confusion 0
+expect_exit 0 "on $DATA: 10000 images" "$TS" eval --checkpoint "$T/cnn.ckpt" --data "$DATA" --confusion 0
 
 # ---- errors -----------------------------------------------------------------------------------------
 expect_exit 2 "unknown --model 'resnet19' (expected one of cnn, mlp, resnet18" "$TS" train --model resnet19

@@ -529,8 +529,13 @@ static void test_errors(void) {
     CHECK_ERR_MENTIONS("bmm");
     CHECK_STATUS(ts_matmul(a3, b3, &y), TS_ERR_SHAPE); /* batch 2 vs 3 */
     CHECK_ERR_MENTIONS("matmul: the batch dims of a [2, 3, 4] and b [3, 4, 5] cannot be broadcast together");
-    CHECK_STATUS(ts_matmul(b, m2, &y), TS_ERR_SHAPE);
-    CHECK_ERR_MENTIONS("at least 2 dims");
+    CHECK_STATUS(ts_matmul(b, m2, &y), TS_ERR_SHAPE); /* (5) x (4, 5) */
+    CHECK_ERR_MENTIONS("matmul: a [5] and b [4, 5]: inner dimensions differ");
+    ts_tensor *s0 = NULL;
+    CHECK_OK(ts_tensor_full(ts_device_cpu(), 0, NULL, 2.0f, &s0));
+    CHECK_STATUS(ts_matmul(s0, m2, &y), TS_ERR_SHAPE);
+    CHECK_ERR_MENTIONS("at least 1 dim");
+    ts_tensor_release(s0);
 
     CHECK_STATUS(ts_adaptive_avgpool2d(m2, 2, 2, &y), TS_ERR_SHAPE);
     CHECK_ERR_MENTIONS("adaptive_avgpool2d");
@@ -542,6 +547,58 @@ static void test_errors(void) {
     release_all(objs, 7);
 }
 
-TU_MAIN(T(test_reductions_large), T(test_permute_large), T(test_matmul_large), T(test_noncontiguous),
+/* torch.matmul's 1-D operands: values against loops in double, shapes, and gradients */
+static ts_status f_matmul2(ts_tensor **in, void *ctx, ts_tensor **out) {
+    (void)ctx;
+    return ts_matmul(in[0], in[1], out);
+}
+
+static void test_matmul_vectors(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 34);
+    struct {
+        int an, bn;
+        int64_t as[3], bs[3];
+        int on;
+        int64_t os[2];
+    } cases[] = {
+        {1, 1, {4}, {4}, 0, {0}},                  /* dot */
+        {1, 2, {4}, {4, 3}, 1, {3}},               /* vector x matrix */
+        {1, 3, {4}, {2, 4, 3}, 2, {2, 3}},         /* vector x batch of matrices */
+        {2, 1, {3, 4}, {4}, 1, {3}},               /* matrix x vector */
+        {3, 1, {2, 3, 4}, {4}, 2, {2, 3}},         /* batch of matrices x vector */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        ts_tensor *in[2] = {tu_rand(&r, cases[c].an, cases[c].as, -1, 1, true),
+                            tu_rand(&r, cases[c].bn, cases[c].bs, -1, 1, true)};
+        ts_tensor *y = NULL;
+        CHECK_OK(ts_matmul(in[0], in[1], &y));
+        CHECK(y && shape_is(y, cases[c].on, cases[c].os));
+        /* reference: batch B (a's or b's leading dim, or 1), rows M (1 for a vector a), columns N
+         * (1 for a vector b) */
+        const int64_t K = 4, B = cases[c].an == 3 ? 2 : cases[c].bn == 3 ? 2 : 1;
+        const int64_t M = cases[c].an == 1 ? 1 : 3, N = cases[c].bn == 1 ? 1 : 3;
+        const float *pa = ts_tensor_data_f32(in[0]), *pb = ts_tensor_data_f32(in[1]);
+        double worst = 0;
+        for (int64_t bi = 0; y && bi < B; bi++)
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double acc = 0;
+                    for (int64_t k = 0; k < K; k++) {
+                        const int64_t ai = (cases[c].an == 3 ? bi * M * K : 0) + i * K + k;
+                        const int64_t bj = (cases[c].bn == 3 ? bi * K * N : 0) + k * N + j;
+                        acc += (double)pa[ai] * pb[bj];
+                    }
+                    worst = fmax(worst, fabs(acc - ts_tensor_data_f32(y)[(bi * M + i) * N + j]));
+                }
+        CHECK(worst < 1e-5);
+        CHECK(tu_gradcheck("matmul 1-D", f_matmul2, in, 2, NULL, 1e-2, 1e-3, 1e-2) <= 1);
+        ts_tensor_release(y);
+        ts_tensor_release(in[0]);
+        ts_tensor_release(in[1]);
+    }
+}
+
+TU_MAIN(T(test_reductions_large), T(test_permute_large), T(test_matmul_large), T(test_matmul_vectors), T(test_noncontiguous),
         T(test_activations_range), T(test_edges),
         T(test_graph_lifetime), T(test_alloc_failure), T(test_errors))

@@ -144,11 +144,12 @@ static void print_confusion(const loaded_model *lm, const int64_t *cm) {
 }
 
 int ts_cmd_eval(int argc, char **argv) {
-    const char *checkpoint = NULL, *data = "/usr/share/datasets/fashion-mnist", *model = NULL, *json = NULL;
+    const char *checkpoint = NULL, *data = "/usr/share/datasets/fashion-mnist", *model = NULL, *json = NULL, *split = "test";
     int64_t batch_size = 100, data_threads = 2, threads = 0, confusion = -1;
     const cli_flag flags[] = {
         {"checkpoint", CLI_STRING, &checkpoint, "training checkpoint to evaluate (required)", 1, 0},
         {"data", CLI_STRING, &data, "the data set as tessera train takes it; its evaluation split is used (t10k-* files, val/ or test/)", 1, 0},
+        {"split", CLI_STRING, &split, "test (the evaluation split) or train (the training images, preprocessed for evaluation)", 1, 0},
         {"model", CLI_STRING, &model, "the model (default: the one the checkpoint records)", 1, 0},
         {"batch-size", CLI_INT, &batch_size, "images per forward pass", 1, 1 << 20},
         {"data-threads", CLI_INT, &data_threads, "worker threads decoding images", 1, 256},
@@ -157,13 +158,15 @@ int ts_cmd_eval(int argc, char **argv) {
         {"json", CLI_STRING, &json, "also write the figures (and the matrix) to this JSON file", 1, 0},
     };
     const cli_command cmd = {
-        "eval", "tessera eval --checkpoint CKPT [--data DIR] [flags]",
+        "eval", "tessera eval --checkpoint CKPT [--data DIR] [--split test|train] [flags]",
         "Evaluates a training checkpoint on a data set's evaluation split, as tessera train does after\n"
         "every epoch: top-1 and top-5 accuracy, mean cross-entropy and the confusion matrix.",
         flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (!checkpoint) return cli_usage_error(&cmd, "--checkpoint is required");
+    if (strcmp(split, "test") != 0 && strcmp(split, "train") != 0)
+        return cli_usage_error(&cmd, "unknown --split '%s' (expected test or train)", split);
     if (threads > 0) ts_set_num_threads((int)threads);
     loaded_model lm;
     if (load_model(checkpoint, model, &lm) != TS_OK) {
@@ -179,6 +182,7 @@ int ts_cmd_eval(int argc, char **argv) {
     d.eval_batch_size = batch_size;
     d.threads = (int)data_threads;
     d.image_size = lm.image_size;
+    d.eval_on_train = strcmp(split, "train") == 0;
     if (ts_data_open(&d, &train, &test) != TS_OK) {
         fprintf(stderr, "tessera eval: --data %s: %s\n", data, ts_last_error());
         status = CLI_EXIT_USAGE;
@@ -208,8 +212,8 @@ int ts_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "tessera eval: %s\n", cm ? ts_last_error() : "out of memory");
         goto done;
     }
-    printf("%s on %s: %lld images, accuracy %.2f%% (%lld correct), top-5 %.2f%%, loss %.4f\n", lm.name, data,
-           (long long)r.samples, 100.0 * r.accuracy, (long long)r.correct, 100.0 * r.top5_accuracy, r.loss);
+    printf("%s on %s%s: %lld images, accuracy %.2f%% (%lld correct), top-5 %.2f%%, loss %.4f\n", lm.name, data,
+           d.eval_on_train ? " (training split)" : "", (long long)r.samples, 100.0 * r.accuracy, (long long)r.correct, 100.0 * r.top5_accuracy, r.loss);
     if (confusion == 1 || (confusion < 0 && lm.classes <= 20)) print_confusion(&lm, cm);
     status = 0;
     if (json) {
@@ -219,9 +223,9 @@ int ts_cmd_eval(int argc, char **argv) {
             status = 1;
             goto done;
         }
-        fprintf(f, "{\n  \"model\": \"%s\",\n  \"samples\": %lld,\n  \"accuracy\": %.6f,\n  \"top5_accuracy\": %.6f,\n"
+        fprintf(f, "{\n  \"model\": \"%s\",\n  \"split\": \"%s\",\n  \"samples\": %lld,\n  \"accuracy\": %.6f,\n  \"top5_accuracy\": %.6f,\n"
                    "  \"loss\": %.6f,\n  \"confusion\": [",
-                lm.name, (long long)r.samples, r.accuracy, r.top5_accuracy, r.loss);
+                lm.name, split, (long long)r.samples, r.accuracy, r.top5_accuracy, r.loss);
         for (int64_t i = 0; i < lm.classes; i++) {
             fprintf(f, "%s[", i ? ", " : "");
             for (int64_t j = 0; j < lm.classes; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)cm[i * lm.classes + j]);

@@ -47,8 +47,10 @@ ts_status ts_mean_dims(const ts_tensor *x, int ndims, const int *dims, bool keep
 ts_status ts_max_dim(const ts_tensor *x, int dim, bool keepdim, ts_tensor **values, ts_tensor **indices);
 
 /* ---- linear algebra ------------------------------------------------------------------------ */
-/* a: (..., M, K), b: (..., K, N) -> (..., M, N), both with ndim >= 2: torch.matmul,
- * the batch dims (all but the last two) broadcast as numpy does. (M, K) x (K, N) -> (M, N). */
+/* a: (..., M, K), b: (..., K, N) -> (..., M, N): torch.matmul, the batch dims (all but the
+ * last two) broadcast as numpy does. (M, K) x (K, N) -> (M, N). A 1-D operand is a vector as in
+ * torch.matmul: (K) x (K) -> () (the dot product), (K) x (..., K, N) -> (..., N),
+ * (..., M, K) x (K) -> (..., M). */
 ts_status ts_matmul(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
 /* a: (B, M, K), b: (B, K, N) -> (B, M, N) (torch.bmm: no broadcasting). */
 ts_status ts_bmm(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);

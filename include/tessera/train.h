@@ -149,15 +149,17 @@ typedef struct ts_data_opts {
                                normalisation); > 0 as RGB image_size x image_size with ImageNet's normalisation:
                                training random-resized-crop (scale 0.08-1) + horizontal flip, evaluation the
                                central 0.875 window (Resize(S/0.875) + CenterCrop(S)), streamed (0) */
+    bool eval_on_train;     /* the evaluation source reads the training split (in order, evaluation
+                               preprocessing) instead of the test split: training accuracy (false) */
 } ts_data_opts;
 
-#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0})
+#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false})
 
 /* Opens the training source (shuffled; this rank's share: the distributed
  * sampler's for IDX files, the reader's shard with pad_last_batch for images)
  * and, when eval is not NULL, the evaluation source (the whole test split in
  * order: t10k-* files, the val/ or test/ folder, or the training images when
- * there is neither). Each source owns what it read. Errors name the path. An empty
+ * there is neither or eval_on_train is set). Each source owns what it read. Errors name the path. An empty
  * training or test set is TS_ERR_FORMAT naming it, and so is a test label that
  * is no class of the training set (IDX: above the training labels' largest;
  * images: test/'s class folders must be train/'s, in the same order). */

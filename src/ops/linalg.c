@@ -41,17 +41,53 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 
 static ts_status matmul_nd(const char *op, const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out);
 
+/* torch.matmul's vector cases through reshapes (their backward comes with them): a 1-D a (K) is
+ * the matrix (1, K) and a 1-D b (K) the matrix (K, 1), and the dim each added is dropped from the
+ * product: (K) x (K) -> (), (K) x (..., K, N) -> (..., N), (..., M, K) x (K) -> (..., M). */
+static ts_status matmul_vec(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
+    const bool av = a_in->ndim == 1, bv = b_in->ndim == 1;
+    ts_status st;
+    ts_tensor *a = NULL, *b = NULL, *p = NULL;
+    if (av)
+        TS_CHECK_GOTO(ts_reshape(a_in, 2, (int64_t[]){1, a_in->shape[0]}, &a));
+    else
+        a = ts_tensor_retain((ts_tensor *)a_in);
+    if (bv)
+        TS_CHECK_GOTO(ts_reshape(b_in, 2, (int64_t[]){b_in->shape[0], 1}, &b));
+    else
+        b = ts_tensor_retain((ts_tensor *)b_in);
+    if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2]) {
+        char x[96], y[96];
+        st = ts_error(TS_ERR_SHAPE, "matmul: a %s and b %s: inner dimensions differ",
+                      ts_shape_str(a_in->ndim, a_in->shape, x, sizeof x),
+                      ts_shape_str(b_in->ndim, b_in->shape, y, sizeof y));
+        goto fail;
+    }
+    TS_CHECK_GOTO(ts_matmul(a, b, &p));
+    int64_t shape[TS_MAX_DIMS];
+    int nd = 0;
+    for (int i = 0; i < p->ndim; i++)
+        if (!(av && i == p->ndim - 2) && !(bv && i == p->ndim - 1)) shape[nd++] = p->shape[i];
+    TS_CHECK_GOTO(ts_reshape(p, nd, shape, out));
+fail:
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(p);
+    return st;
+}
+
 ts_status ts_matmul(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
     TS_TRY(ts__check_f32("matmul", "a", a_in));
     TS_TRY(ts__check_f32("matmul", "b", b_in));
     TS_TRY(ts__check_same_device("matmul", a_in, b_in));
     TS_ARG(out, "matmul: NULL out");
-    if (a_in->ndim < 2 || b_in->ndim < 2) {
+    if (a_in->ndim < 1 || b_in->ndim < 1) {
         char x[96], y[96];
-        return ts_error(TS_ERR_SHAPE, "matmul: a %s and b %s: both need at least 2 dims",
+        return ts_error(TS_ERR_SHAPE, "matmul: a %s and b %s: both need at least 1 dim (a 0-dim tensor is a scalar: use mul)",
                         ts_shape_str(a_in->ndim, a_in->shape, x, sizeof x),
                         ts_shape_str(b_in->ndim, b_in->shape, y, sizeof y));
     }
+    if (a_in->ndim == 1 || b_in->ndim == 1) return matmul_vec(a_in, b_in, out);
     if (a_in->ndim > 2 || b_in->ndim > 2) return matmul_nd("matmul", a_in, b_in, out);
     if (a_in->shape[1] != b_in->shape[0]) {
         char x[64], y[64];

@@ -88,8 +88,8 @@ static ts_status open_idx(const ts_data_opts *o, ts_batch_source **train, ts_bat
     so.world_size = o->world_size;
     TS_TRY(ts__batch_source_dataset(ds, true, &so, train));
     if (!eval) return TS_OK;
-    ts_status st = ts_dataset_load_mnist(o->path, "test", &ds);
-    snprintf(what, sizeof what, "%s/t10k-labels-idx1-ubyte", o->path);
+    ts_status st = ts_dataset_load_mnist(o->path, o->eval_on_train ? "train" : "test", &ds);
+    snprintf(what, sizeof what, "%s/%s-labels-idx1-ubyte", o->path, o->eval_on_train ? "train" : "t10k");
     if (st == TS_OK && ts_dataset_size(ds) == 0)
         st = ts_error(TS_ERR_FORMAT, "%s: the test set (t10k-images-idx3-ubyte) is empty: 0 samples", o->path);
     if (st == TS_OK) st = check_eval_labels(ds, classes, what, "the training set");
@@ -212,12 +212,12 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
     eo.reader.random_shuffle = false;
     eo.random_resized_crop = false;
     eo.flip_prob = 0;
-    if (idx) eo.reader.idx_split = "test";
+    if (idx && !o->eval_on_train) eo.reader.idx_split = "test";
     if (o->image_size > 0) {
         eo.center_crop = TS_EVAL_CENTER_CROP;
         eo.batch_size = o->eval_batch_size;
     }
-    if (split && eval_folder(o->path, testbuf, sizeof testbuf)) eo.reader.file_root = testbuf;
+    if (split && !o->eval_on_train && eval_folder(o->path, testbuf, sizeof testbuf)) eo.reader.file_root = testbuf;
     ts_dataset *ds = NULL;
     ts_pipeline *ep = NULL;
     ts_status st = TS_OK;
