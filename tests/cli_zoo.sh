@@ -86,6 +86,15 @@ expect_exit 2 "unknown --split 'val' (expected test or train)" "$TS" eval --chec
   >"$T/cnn.log" 2>&1 || bad "cnn: $(cat "$T/cnn.log")"
 expect_exit 0 "(training split): 60000 images" "$TS" eval --checkpoint "$T/cnn.ckpt" --data "$DATA" --split train --confusion 0
 expect_exit 0 "on $DATA: 10000 images" "$TS" eval --checkpoint "$T/cnn.ckpt" --data "$DATA" --confusion 0
+# --num-classes: more outputs than the data's classes (ImageNet's 1000 kept for fine-tuning), never fewer
+"$TS" train --model mlp --num-classes 12 --max-steps 2 --quiet --data "$DATA" --checkpoint "$T/m12.ckpt" \
+  >"$T/m12.log" 2>&1 || bad "mlp --num-classes 12: $(cat "$T/m12.log")"
+"$TS" ckpt show "$T/m12.ckpt" 2>&1 | grep -q "^ *model.3.weight .*\[12, 256\]" && ok "--num-classes 12: 12 outputs" \
+  || bad "--num-classes 12: $("$TS" ckpt show "$T/m12.ckpt" 2>&1 | grep model.3)"
+expect_exit 0 "10000 images" "$TS" eval --checkpoint "$T/m12.ckpt" --data "$DATA" --confusion 0
+"$TS" ckpt show "$T/m12.ckpt" 2>&1 | grep -q "train.num_classes.* 12" && ok "the checkpoint records 12 outputs" \
+  || bad "no train.num_classes: $("$TS" ckpt show "$T/m12.ckpt" 2>&1 | grep num_classes)"
+expect_exit 2 "--num-classes 5: --data $DATA has 10 classes" "$TS" train --model mlp --num-classes 5 --data "$DATA"
 
 # ---- errors -----------------------------------------------------------------------------------------
 expect_exit 2 "unknown --model 'resnet19' (expected one of cnn, mlp, resnet18" "$TS" train --model resnet19

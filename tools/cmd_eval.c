@@ -80,7 +80,8 @@ static ts_status load_model(const char *ckpt_path, const char *model_flag, loade
         goto fail;
     }
     if ((st = ts_ckpt_get_tensors(ck, "model.", &sd)) != TS_OK) goto fail;
-    if (ts_ckpt_get_i64(ck, "data.num_classes", &lm->classes) != TS_OK) {
+    if (ts_ckpt_get_i64(ck, "train.num_classes", &lm->classes) != TS_OK && /* --num-classes */
+        ts_ckpt_get_i64(ck, "data.num_classes", &lm->classes) != TS_OK) {
         /* older checkpoints: the output layer's rows */
         ts_tensor *w = NULL;
         for (int i = 0; i < sd.n; i++)
@@ -103,8 +104,10 @@ static ts_status load_model(const char *ckpt_path, const char *model_flag, loade
     if ((st = ts_model_new(lm->name, lm->classes, NULL, &lm->m)) != TS_OK) goto fail;
     st = ts_module_load_state_dict(lm->m, &sd, true);
     if (st != TS_OK) {
+        char why[1024]; /* ts_error writes the buffer ts_last_error reads: copy it first */
+        snprintf(why, sizeof why, "%s", ts_last_error());
         st = ts_error(st, "%s: the weights do not fit --model %s with %lld classes: %s", ckpt_path, lm->name,
-                      (long long)lm->classes, ts_last_error());
+                      (long long)lm->classes, why);
         goto fail;
     }
     ts_module_train(lm->m, false);

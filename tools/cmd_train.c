@@ -27,7 +27,7 @@ typedef struct train_args {
     ts_conv_algo algo;
     const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from, *init_exclude;
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
-    int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep;
+    int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep, num_classes;
     int64_t image_size; /* --image-size: 0 is the model's default */
     double lr, momentum, weight_decay, label_smoothing, timeout;
     bool quiet, sync_bn;
@@ -196,6 +196,7 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
     to.max_steps = a->max_steps;
     to.schedule = sched;
     to.label_smoothing = (float)a->label_smoothing;
+    to.num_classes = a->num_classes;
     to.eval = test;
     to.checkpoint = a->checkpoint;
     to.checkpoint_dir = a->checkpoint_dir;
@@ -270,6 +271,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
         {"model", CLI_STRING, &a.model, "cnn (the reference CNN), mlp, resnet18, resnet34, resnet50, resnet101 or resnet152 (torchvision's)", 1, 0},
         {"image-size", CLI_INT, &a.image_size, "ResNets: train on RGB crops of this side (64, 112, 224: the default); cnn and mlp take 28", 0, 4096},
+        {"num-classes", CLI_INT, &a.num_classes, "outputs of the model's last layer (0: the data's classes; more keeps e.g. ImageNet's 1000 for --init-from)", 0, 1 << 20},
         {"epochs", CLI_INT, &a.epochs, "number of epochs", 1, 1e6},
         {"max-steps", CLI_INT, &a.max_steps, "stop after this many optimizer steps in all (0: no limit)", 0, 1e12},
         {"batch-size", CLI_INT, &a.batch_size, "images per step (per rank with --nproc)", 1, 1 << 20},
@@ -373,8 +375,15 @@ int ts_cmd_train(int argc, char **argv) {
     so.sync_bn = a.sync_bn;
     so.sample_ndim = ts_batch_source_sample_shape(train, so.sample_shape);
     int64_t nb = ts_batch_source_num_batches(train, 0);
-    /* the output layer follows the data's classes (an image folder's sub-folders) */
-    if (ts_model_new(a.model, ts_batch_source_num_classes(train), &rng, &model) != TS_OK) goto fail;
+    /* the output layer follows the data's classes (an image folder's sub-folders), or --num-classes */
+    const int64_t data_classes = ts_batch_source_num_classes(train);
+    if (a.num_classes && a.num_classes < data_classes) {
+        fprintf(stderr, "tessera train: --num-classes %lld: --data %s has %lld classes\n", (long long)a.num_classes,
+                a.data, (long long)data_classes);
+        status = CLI_EXIT_USAGE;
+        goto done;
+    }
+    if (ts_model_new(a.model, a.num_classes ? a.num_classes : data_classes, &rng, &model) != TS_OK) goto fail;
     if (a.init_from && !a.resume && ts_weights_load_except(model, a.init_from, a.init_exclude) != TS_OK) {
         fprintf(stderr, "tessera train: --init-from: %s\n", ts_last_error());
         ts_module_free(model);

@@ -377,13 +377,16 @@ typedef struct ts_trainer_opts {
     uint64_t seed;             /* the data order's seed */
     int64_t batch_size;        /* rows per step on each rank */
     ts_rng *rng;               /* borrowed; its state is saved and restored (NULL: none) */
+    int64_t num_classes;       /* the model's outputs when they are not the data's classes (tessera train
+                                  --num-classes): recorded as train.num_classes for eval/predict/export to
+                                  rebuild the model (0: not recorded; readers take data.num_classes) */
 } ts_trainer_opts;
 
 #define TS_TRAINER_OPTS_MAGIC 0x7e5a7101u
 #define TS_TRAINER_OPTS_VERSION 1u
 #define TS_TRAINER_OPTS_INIT                                                                                   \
     ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
-                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL})
+                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0})
 
 typedef struct ts_trainer ts_trainer;
 

@@ -16,6 +16,7 @@
  *   train.loss          the latest step's loss   train.model, train.optimizer (bytes), train.rng (bytes)
  *   data.channels/.height/.width  one sample's shape    data.num_classes  the training source's classes
  *   data.classes        class names, one per line (image folders; what `tessera predict` prints)
+ *   train.num_classes   the model's outputs, when set apart from the data's (opts.num_classes)
  *
  * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
  * (so the loop's additions cannot overflow), every floating-point tensor is
@@ -40,6 +41,7 @@
 #define CK_WORLD "train.world_size"
 #define CK_LOSS "train.loss"
 #define CK_MODEL "train.model"
+#define CK_NUM_CLASSES "train.num_classes"
 #define CK_OPTIM "train.optimizer"
 #define CK_RNG "train.rng"
 #define CK_DATA_C "data.channels"
@@ -288,6 +290,7 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     TS_CHECK_GOTO(ts_ckpt_set_f64(ck, CK_LOSS, t->last_loss));
     if (t->o.batch_size > 0) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_BATCH_SIZE, t->o.batch_size));
     if (t->model_name) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, t->model_name, strlen(t->model_name)));
+    if (t->o.num_classes > 0) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_NUM_CLASSES, t->o.num_classes));
     if (t->optimizer_name)
         TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, t->optimizer_name, strlen(t->optimizer_name)));
     if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, t->o.rng, sizeof *t->o.rng));
