@@ -22,7 +22,7 @@ static int bench_train(int argc, char **argv) {
         {"image-size", CLI_INT, &image_size, "ResNets: the input's side (default 224)", 0, 4096},
         {"classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
         {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
-        {"conv-algo", CLI_STRING, &conv_algo, "3x3 stride-1 convolutions: auto, im2col or winograd", 1, 0},
+        {"conv-algo", CLI_STRING, &conv_algo, "3x3 stride-1 convolutions: auto, im2col, winograd, winograd-f2 or winograd-f4", 1, 0},
         {"steps", CLI_INT, &steps, "timed steps", 1, 1e9},
         {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},
         {"batch-size", CLI_INT, &batch, "images per step", 1, 1 << 20},

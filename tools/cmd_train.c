@@ -283,7 +283,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"label-smoothing", CLI_FLOAT, &a.label_smoothing, "cross-entropy label smoothing", 0, 1},
         {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
-        {"conv-algo", CLI_STRING, &a.conv_algo, "3x3 stride-1 convolutions: auto (Winograd from 16 channels), im2col or winograd", 1, 0},
+        {"conv-algo", CLI_STRING, &a.conv_algo, "3x3 stride-1 convolutions: auto (Winograd from 16 channels), im2col, winograd, winograd-f2 or winograd-f4", 1, 0},
         {"checkpoint", CLI_STRING, &a.checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
         {"checkpoint-dir", CLI_STRING, &a.checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
         {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},

@@ -131,16 +131,27 @@ void ts_set_num_threads(int n);
 int ts_get_num_threads(void);
 
 /* How CPU conv2d computes 3x3 stride-1 convolutions (forward and both gradients):
- * im2col + sgemm, or Winograd F(2x2, 3x3) (2.25x fewer multiplies; results differ from
- * im2col's by float rounding, ~1e-6 relative). AUTO (the default) takes Winograd where it
- * applies (3x3, stride 1, dilation 1, one group, padding <= 2) with at least 16 input and
- * output channels; WINOGRAD takes it wherever it applies. Process-wide, like
- * torch.backends flags; the environment's TS_CONV_ALGO=auto|im2col|winograd sets the
- * starting value. */
-typedef enum ts_conv_algo { TS_CONV_AUTO = 0, TS_CONV_IM2COL = 1, TS_CONV_WINOGRAD = 2 } ts_conv_algo;
+ * im2col + sgemm, or Winograd's F(2x2, 3x3) (16 multiplies per 4 outputs instead of 36) or
+ * F(4x4, 3x3) (36 per 16 instead of 144). Winograd's results differ from im2col's by float
+ * rounding: ~1e-6 (F(2x2)) and ~5e-6 (F(4x4)) of the largest value. AUTO (the default) takes
+ * Winograd where it applies (3x3, stride 1, dilation 1, one group, padding <= 2) with at least
+ * 16 input and output channels, F(4x4) where the output plane holds a 4x4 tile, the batch 64
+ * of them and both channel counts are 64 or more; WINOGRAD takes Winograd wherever it applies
+ * (tile size as AUTO picks it); WINOGRAD_F2 and WINOGRAD_F4 fix the tile size (F4: F(4x4) on
+ * every plane of 4x4 or more, F(2x2) below). Process-wide, like torch.backends flags; the
+ * environment's TS_CONV_ALGO=auto|im2col|winograd|winograd-f2|winograd-f4 sets the starting
+ * value. */
+typedef enum ts_conv_algo {
+    TS_CONV_AUTO = 0,
+    TS_CONV_IM2COL = 1,
+    TS_CONV_WINOGRAD = 2,
+    TS_CONV_WINOGRAD_F2 = 3,
+    TS_CONV_WINOGRAD_F4 = 4
+} ts_conv_algo;
 void ts_set_conv_algo(ts_conv_algo a);
 ts_conv_algo ts_get_conv_algo(void);
-/* "auto" | "im2col" | "winograd" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
+/* "auto" | "im2col" | "winograd" | "winograd-f2" | "winograd-f4" -> *out; TS_ERR_INVALID_ARG naming s
+ * otherwise. */
 ts_status ts_conv_algo_parse(const char *s, ts_conv_algo *out);
 const char *ts_conv_algo_name(ts_conv_algo a);
 

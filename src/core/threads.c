@@ -46,8 +46,8 @@ const char *ts_dtype_name(ts_dtype dt) {
 static _Atomic int conv_algo = -1; /* -1: not yet read from TS_CONV_ALGO */
 
 static int conv_algo_index(const char *s) {
-    static const char *const names[] = {"auto", "im2col", "winograd"};
-    for (int i = 0; s && i < 3; i++)
+    static const char *const names[] = {"auto", "im2col", "winograd", "winograd-f2", "winograd-f4"};
+    for (int i = 0; s && i < 5; i++)
         if (strcmp(s, names[i]) == 0) return i;
     return -1;
 }
@@ -58,7 +58,7 @@ ts_status ts_conv_algo_parse(const char *s, ts_conv_algo *out) {
         *out = (ts_conv_algo)i;
         return TS_OK;
     }
-    return ts_error(TS_ERR_INVALID_ARG, "conv algorithm '%s': expected auto, im2col or winograd", s ? s : "(null)");
+    return ts_error(TS_ERR_INVALID_ARG, "conv algorithm '%s': expected auto, im2col, winograd, winograd-f2 or winograd-f4", s ? s : "(null)");
 }
 
 const char *ts_conv_algo_name(ts_conv_algo a) {
@@ -66,6 +66,8 @@ const char *ts_conv_algo_name(ts_conv_algo a) {
     case TS_CONV_AUTO: return "auto";
     case TS_CONV_IM2COL: return "im2col";
     case TS_CONV_WINOGRAD: return "winograd";
+    case TS_CONV_WINOGRAD_F2: return "winograd-f2";
+    case TS_CONV_WINOGRAD_F4: return "winograd-f4";
     default: return "unknown";
     }
 }
@@ -78,7 +80,7 @@ ts_conv_algo ts_get_conv_algo(void) {
         const char *e = getenv("TS_CONV_ALGO");
         int v = e && *e ? conv_algo_index(e) : TS_CONV_AUTO;
         if (v < 0) {
-            ts_log(TS_LOG_WARN, "TS_CONV_ALGO=%s: expected auto, im2col or winograd; using auto", e);
+            ts_log(TS_LOG_WARN, "TS_CONV_ALGO=%s: expected auto, im2col, winograd, winograd-f2 or winograd-f4; using auto", e);
             v = TS_CONV_AUTO;
         }
         int expect = -1;

@@ -1,15 +1,15 @@
 /*
  * ops/cpu/winograd.c — 3x3 stride-1 convolutions by Winograd's minimal
- * filtering F(2x2, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
- * Neural Networks", 2015): 16 multiplies per 2x2 output tile and channel pair
- * instead of 36, so 2.25x fewer than im2col + sgemm.
+ * filtering (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks",
+ * 2015): F(2x2, 3x3), 16 multiplies per 2x2 output tile and channel pair
+ * instead of 36, and F(4x4, 3x3), 36 per 4x4 tile instead of 144.
  *
- * With the transforms (d a 4x4 input tile, g a 3x3 filter, Y a 2x2 output tile)
+ * With the transforms (d an (m+2)^2 input tile, g a 3x3 filter, Y an m x m output tile)
  *
  *   V = B^T d B,   U = G g G^T,   Y = A^T (sum_c U[k,c] .* V[c]) A
  *
- * the sum over channels is, for each of the 16 transformed positions xi, a
- * matrix product M[xi] (K, P) = U[xi] (K, C) @ V[xi] (C, P) over the P tiles of
+ * the sum over channels is, for each of the nx = (m+2)^2 transformed positions xi,
+ * a matrix product M[xi] (K, P) = U[xi] (K, C) @ V[xi] (C, P) over the P tiles of
  * a chunk of images; that is where the time goes, in sgemm. All three passes
  * of training use it:
  *
@@ -20,13 +20,16 @@
  *                (A dY A^T)[k] .* V[c] — per xi a product dU[xi] (K, C) +=
  *                Yh[xi] (K, P) @ V[xi]^T (P, C) — and gw = G^T dU G
  *
- * Layout per chunk (whole images, at least WINO_TILES tiles): V [16][C][P],
- * M or Yh [16][K][P], U and dU [16][K][C]. Input planes are copied into a
- * zero-bordered plane first so every tile load is in bounds.
+ * Layout per chunk (whole images, at least WINO_TILES tiles, at least one chunk
+ * per thread): V [nx][C][P], M or Yh [nx][K][P], U and dU [nx][K][C]. Input
+ * planes are copied into a zero-bordered plane first so every tile load is in
+ * bounds. The transforms work a tile at a time in scalar code: at the planes of
+ * a ResNet (2x2 .. 28x28) a row holds too few tiles to vectorise over (tried:
+ * slower).
  *
  * Threads: chunks run one per thread (each its own scratch, its sgemms on the
  * calling thread) when there are enough of them; otherwise chunks run in turn,
- * the transforms split over channels and each batch of 16 products split by
+ * the transforms split over channels and each batch of nx products split by
  * the blas kernel. The weight gradient sums into one dU per thread, added in
  * thread order at the end.
  */
@@ -37,7 +40,7 @@
 #include <omp.h>
 #include <string.h>
 
-#define NX 16                /* transformed elements per tile (4x4) */
+#define NXMAX 36             /* transformed elements per tile: 16 (F(2x2, 3x3)) or 36 (F(4x4, 3x3)) */
 #define WINO_TILES 256       /* a chunk holds whole images, at least this many tiles (or all of them) */
 #define WINO_MIN_CHANNELS 16 /* AUTO: below this many input or output channels, im2col */
 
@@ -57,9 +60,11 @@ bool ts__cpu_wino_ok(const ts_conv2d_geom *g) {
     return true;
 }
 
-/* One convolution as run: x (N, Ci, H, W) -> (N, Co, OH, OW), 3x3, stride 1, padding (ph, pw). */
+/* One convolution as run: x (N, Ci, H, W) -> (N, Co, OH, OW), 3x3, stride 1, padding (ph, pw), in
+ * m x m output tiles (m + 2 square input tiles; nx = (m + 2)^2 products). */
 typedef struct wino_plan {
     int64_t N, Ci, H, W, Co, OH, OW, ph, pw;
+    int m, nx;
     int64_t TH, TW, tpi; /* tiles down, across, per image */
     int64_t PH, PW;      /* the zero-bordered input plane */
     int64_t nb, nchunks; /* images per chunk */
@@ -67,17 +72,36 @@ typedef struct wino_plan {
     int nthr;
 } wino_plan;
 
+/* F(4x4, 3x3) (36 products per 16 outputs) where the output plane holds a whole 4x4 tile, the batch
+ * still gives each product WINO4_MIN_TILES columns and both convs' channels are WINO4_MIN_CHANNELS or
+ * more; else F(2x2, 3x3) (16 per 4): on a 2x2 plane a 4x4 tile is mostly padding, products of a few
+ * columns are all packing, and with few channels F(4x4)'s heavier transforms cost more than its
+ * products save (the reference CNN's 32->64 conv: 2440 against 2580 images/s). ResNet-18 at 64x64
+ * input, one thread: 101 -> 108 images/s; at 112x112 36.3 -> 39.6. */
+#define WINO4_MIN_TILES 64
+#define WINO4_MIN_CHANNELS 64
 static wino_plan wino_plan_of(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t OH, int64_t OW,
                               int64_t ph, int64_t pw) {
     wino_plan q = {.N = N, .Ci = Ci, .H = H, .W = W, .Co = Co, .OH = OH, .OW = OW, .ph = ph, .pw = pw};
-    q.TH = (OH + 1) / 2;
-    q.TW = (OW + 1) / 2;
+    const int64_t tiles4 = N * ((OH + 3) / 4) * ((OW + 3) / 4);
+    const ts_conv_algo a = ts_get_conv_algo();
+    const bool fits4 = OH >= 4 && OW >= 4;
+    if (a == TS_CONV_WINOGRAD_F2)
+        q.m = 2;
+    else if (a == TS_CONV_WINOGRAD_F4)
+        q.m = fits4 ? 4 : 2;
+    else
+        q.m = fits4 && tiles4 >= WINO4_MIN_TILES && TS_MIN(Ci, Co) >= WINO4_MIN_CHANNELS ? 4 : 2;
+    q.nx = (q.m + 2) * (q.m + 2);
+    q.TH = (OH + q.m - 1) / q.m;
+    q.TW = (OW + q.m - 1) / q.m;
     q.tpi = q.TH * q.TW;
-    q.PH = 2 * q.TH + 2;
-    q.PW = 2 * q.TW + 2;
-    q.nb = TS_MIN(N, (WINO_TILES + q.tpi - 1) / q.tpi);
-    q.nchunks = (N + q.nb - 1) / q.nb;
+    q.PH = q.m * q.TH + 2;
+    q.PW = q.m * q.TW + 2;
     q.nthr = omp_get_max_threads();
+    q.nb = TS_MIN(N, (WINO_TILES + q.tpi - 1) / q.tpi);
+    if (q.nthr > 1 && N >= q.nthr) q.nb = TS_MIN(q.nb, (N + q.nthr - 1) / q.nthr); /* a chunk per thread */
+    q.nchunks = (N + q.nb - 1) / q.nb;
     /* one chunk per thread only when that balances: a multiple of the threads, or many chunks */
     q.par = q.nthr > 1 && q.nchunks >= q.nthr && (q.nchunks % q.nthr == 0 || q.nchunks >= 4 * q.nthr);
     return q;
@@ -107,7 +131,15 @@ static void wino_pad(const wino_plan *q, const float *xp, float *pad) {
  * combinations (B^T d) of a row of tiles are made for the whole padded row at once, split into even and
  * odd columns (e, o: 4 x (TW + 1) each) so that the column combinations are unit-stride loops over the
  * tiles: column 2 tx + j of the tile is e[tx], o[tx], e[tx + 1], o[tx + 1] for j = 0..3. */
+static void wino4_in_channel(const wino_plan *q, const float *x, int64_t m, int64_t c, float *pad, float *V);
+static void wino4_out_channel(const wino_plan *q, const float *M, int64_t m, int64_t k, float bias, float *out);
+static void wino4_gout_channel(const wino_plan *q, const float *go, int64_t m, int64_t k, float *Yh);
+
 static void wino_in_channel(const wino_plan *q, const float *x, int64_t m, int64_t c, float *pad, float *V) {
+    if (q->m == 4) {
+        wino4_in_channel(q, x, m, c, pad, V);
+        return;
+    }
     const int64_t P = m * q->tpi, vs = xs(q->Ci * P), TW = q->TW, TE = TW + 1;
     float *e = pad + wino_pad_plane(q), *o = e + 4 * TE;
     for (int64_t i = 0; i < m; i++) {
@@ -184,6 +216,10 @@ static void wino_out_row(const float *mt, int64_t ms, int64_t TW, int64_t nx, in
 
 /* out planes of channel k (out: image n0's plane 0) from M[.][k] */
 static void wino_out_channel(const wino_plan *q, const float *M, int64_t m, int64_t k, float bias, float *out) {
+    if (q->m == 4) {
+        wino4_out_channel(q, M, m, k, bias, out);
+        return;
+    }
     const int64_t P = m * q->tpi, ms = xs(q->Co * P);
     for (int64_t i = 0; i < m; i++) {
         float *o = out + (i * q->Co + k) * q->OH * q->OW;
@@ -209,6 +245,10 @@ static void wino_gout_row(float a, float b, float c, float d, float *ot, int64_t
 }
 
 static void wino_gout_channel(const wino_plan *q, const float *go, int64_t m, int64_t k, float *Yh) {
+    if (q->m == 4) {
+        wino4_gout_channel(q, go, m, k, Yh);
+        return;
+    }
     const int64_t P = m * q->tpi, ys = xs(q->Co * P), nx = q->OW / 2;
     for (int64_t i = 0; i < m; i++) {
         const float *g = go + (i * q->Co + k) * q->OH * q->OW;
@@ -231,7 +271,7 @@ static void wino_gout_channel(const wino_plan *q, const float *go, int64_t m, in
 
 /* u = G g G^T for a 3x3 filter g (row-major; rot: read it rotated by 180 degrees). G's rows:
  * (1 0 0) (1/2 1/2 1/2) (1/2 -1/2 1/2) (0 0 1). u[xi] goes to u[xi * us]. */
-static void wino_filter(const float *g, bool rot, float *u, int64_t us) {
+static inline void wino_filter(const float *g, bool rot, float *u, int64_t us) {
     float f[3][3], t[4][3];
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++) f[i][j] = rot ? g[(2 - i) * 3 + (2 - j)] : g[i * 3 + j];
@@ -262,6 +302,157 @@ static void wino_filter_grad(const float *du, int64_t ds, float *g) {
         g[i * 3 + 0] = s[i][0] + 0.5f * (s[i][1] + s[i][2]);
         g[i * 3 + 1] = 0.5f * (s[i][1] - s[i][2]);
         g[i * 3 + 2] = 0.5f * (s[i][1] + s[i][2]) + s[i][3];
+    }
+}
+
+/* ---- F(4x4, 3x3) ---------------------------------------------------------------------------------------
+ * Lavin & Gray's matrices for m = 4 (points 0, +-1, +-2, infinity), written out term by term:
+ *   B^T d: (4 d0 - 5 d2 + d4, -4 (d1 + d2) + d3 + d4, 4 (d1 - d2) - d3 + d4, 2 (d3 - d1) - d2 + d4,
+ *           2 (d1 - d3) - d2 + d4, 4 d1 - 5 d3 + d5)
+ *   G g:   (g0 / 4, -(g0 + g1 + g2) / 6, -(g0 - g1 + g2) / 6, g0 / 24 + g1 / 12 + g2 / 6,
+ *           g0 / 24 - g1 / 12 + g2 / 6, g2)
+ *   A^T v: (v0 + v1 + v2 + v3 + v4, v1 - v2 + 2 (v3 - v4), v1 + v2 + 4 (v3 + v4), v1 - v2 + 8 (v3 - v4) + v5)
+ * and their transposes for the gradients. Tiles are 6x6 (36 products) for 4x4 outputs. */
+
+static inline void wt4_in(float d0, float d1, float d2, float d3, float d4, float d5, float *v, int64_t vs) {
+    v[0 * vs] = 4.0f * d0 - 5.0f * d2 + d4;
+    v[1 * vs] = d3 + d4 - 4.0f * (d1 + d2);
+    v[2 * vs] = d4 - d3 + 4.0f * (d1 - d2);
+    v[3 * vs] = d4 - d2 + 2.0f * (d3 - d1);
+    v[4 * vs] = d4 - d2 + 2.0f * (d1 - d3);
+    v[5 * vs] = 4.0f * d1 - 5.0f * d3 + d5;
+}
+
+static inline void wt4_out(const float *v, int64_t vs, float *y) {
+    const float v0 = v[0], v1 = v[vs], v2 = v[2 * vs], v3 = v[3 * vs], v4 = v[4 * vs], v5 = v[5 * vs];
+    const float s12 = v1 + v2, d12 = v1 - v2, s34 = v3 + v4, d34 = v3 - v4;
+    y[0] = v0 + s12 + s34;
+    y[1] = d12 + 2.0f * d34;
+    y[2] = s12 + 4.0f * s34;
+    y[3] = d12 + 8.0f * d34 + v5;
+}
+
+/* v (6, stride vs) = A y (4): the transpose of wt4_out */
+static inline void wt4_gout(float y0, float y1, float y2, float y3, float *v, int64_t vs) {
+    const float e = y0 + y2, o = y1 + y3, e4 = y0 + 4.0f * y2, o8 = 2.0f * y1 + 8.0f * y3;
+    v[0 * vs] = y0;
+    v[1 * vs] = e + o;
+    v[2 * vs] = e - o;
+    v[3 * vs] = e4 + o8;
+    v[4 * vs] = e4 - o8;
+    v[5 * vs] = y3;
+}
+
+static inline void wt4_filter(float g0, float g1, float g2, float *u, int64_t us) {
+    const float a = (g0 + g2) / 6.0f, b = g1 / 6.0f, c = g0 / 24.0f + g2 / 6.0f, d = g1 / 12.0f;
+    u[0 * us] = 0.25f * g0;
+    u[1 * us] = -a - b;
+    u[2 * us] = b - a;
+    u[3 * us] = c + d;
+    u[4 * us] = c - d;
+    u[5 * us] = g2;
+}
+
+/* g (3) = G^T u (6, stride us): the transpose of wt4_filter */
+static inline void wt4_filter_grad(const float *u, int64_t us, float *g) {
+    const float u0 = u[0], u1 = u[us], u2 = u[2 * us], u3 = u[3 * us], u4 = u[4 * us], u5 = u[5 * us];
+    g[0] = 0.25f * u0 - (u1 + u2) / 6.0f + (u3 + u4) / 24.0f;
+    g[1] = (u2 - u1) / 6.0f + (u3 - u4) / 12.0f;
+    g[2] = (u3 + u4 - u1 - u2) / 6.0f + u5;
+}
+
+/* V[xi][c][p] = (B^T d B)[xi], 6x6 tiles d of channel c's zero-bordered planes */
+static void wino4_in_channel(const wino_plan *q, const float *x, int64_t m, int64_t c, float *pad, float *V) {
+    const int64_t P = m * q->tpi, vs = xs(q->Ci * P), PW = q->PW;
+    for (int64_t i = 0; i < m; i++) {
+        wino_pad(q, x + (i * q->Ci + c) * q->H * q->W, pad);
+        for (int64_t ty = 0; ty < q->TH; ty++) {
+            float *o = V + c * P + i * q->tpi + ty * q->TW;
+            for (int64_t tx = 0; tx < q->TW; tx++) {
+                const float *d = pad + 4 * ty * PW + 4 * tx;
+                float t[6][6]; /* t[a][j] = (B^T d)[a][j]: columns first */
+                for (int j = 0; j < 6; j++)
+                    wt4_in(d[j], d[PW + j], d[2 * PW + j], d[3 * PW + j], d[4 * PW + j], d[5 * PW + j], &t[0][j], 6);
+                for (int a = 0; a < 6; a++) /* then along each row: V[a][b] */
+                    wt4_in(t[a][0], t[a][1], t[a][2], t[a][3], t[a][4], t[a][5], o + (6 * a) * vs + tx, vs);
+            }
+        }
+    }
+}
+
+/* out planes of channel k = A^T M[.][k] A + bias, 4x4 tiles clipped at the plane's edges */
+static void wino4_out_channel(const wino_plan *q, const float *M, int64_t m, int64_t k, float bias, float *out) {
+    const int64_t P = m * q->tpi, ms = xs(q->Co * P), OW = q->OW;
+    for (int64_t i = 0; i < m; i++) {
+        float *o = out + (i * q->Co + k) * q->OH * OW;
+        const float *mk = M + k * P + i * q->tpi;
+        for (int64_t ty = 0; ty < q->TH; ty++) {
+            const int rows = (int)TS_MIN(4, q->OH - 4 * ty);
+            for (int64_t tx = 0; tx < q->TW; tx++) {
+                const float *mt = mk + ty * q->TW + tx;
+                const int cols = (int)TS_MIN(4, OW - 4 * tx);
+                float t[4][6], y[4]; /* t[r][b] = (A^T M)[r][b]: down the columns first */
+                for (int b = 0; b < 6; b++) {
+                    wt4_out(mt + b * ms, 6 * ms, y);
+                    for (int r = 0; r < 4; r++) t[r][b] = y[r];
+                }
+                for (int r = 0; r < rows; r++) { /* then along each row */
+                    wt4_out(t[r], 1, y);
+                    float *yr = o + (4 * ty + r) * OW + 4 * tx;
+                    if (cols == 4) {
+                        yr[0] = y[0] + bias;
+                        yr[1] = y[1] + bias;
+                        yr[2] = y[2] + bias;
+                        yr[3] = y[3] + bias;
+                    } else {
+                        for (int j = 0; j < cols; j++) yr[j] = y[j] + bias;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Yh[xi][k][p] = (A dY A^T)[xi] for 4x4 output-gradient tiles of channel k (zeros outside the plane) */
+static void wino4_gout_channel(const wino_plan *q, const float *go, int64_t m, int64_t k, float *Yh) {
+    const int64_t P = m * q->tpi, ys = xs(q->Co * P), OW = q->OW;
+    for (int64_t i = 0; i < m; i++) {
+        const float *g = go + (i * q->Co + k) * q->OH * OW;
+        for (int64_t ty = 0; ty < q->TH; ty++) {
+            const int rows = (int)TS_MIN(4, q->OH - 4 * ty);
+            float *ot = Yh + k * P + i * q->tpi + ty * q->TW;
+            for (int64_t tx = 0; tx < q->TW; tx++) {
+                const int cols = (int)TS_MIN(4, OW - 4 * tx);
+                float y[4][4], t[4][6]; /* the tile, then t[r][b] = (dY A^T)[r][b]: along the rows first */
+                for (int r = 0; r < 4; r++)
+                    for (int j = 0; j < 4; j++) y[r][j] = r < rows && j < cols ? g[(4 * ty + r) * OW + 4 * tx + j] : 0.0f;
+                for (int r = 0; r < 4; r++) wt4_gout(y[r][0], y[r][1], y[r][2], y[r][3], t[r], 1);
+                for (int b = 0; b < 6; b++) /* then down the columns: Yh[a][b] */
+                    wt4_gout(t[0][b], t[1][b], t[2][b], t[3][b], ot + b * ys + tx, 6 * ys);
+            }
+        }
+    }
+}
+
+/* u = G g G^T (6x6) for a 3x3 filter g (rot: rotated by 180 degrees); u[xi] at u[xi * us] */
+static inline void wino4_filter(const float *g, bool rot, float *u, int64_t us) {
+    float f[3][3], t[6][3];
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) f[i][j] = rot ? g[(2 - i) * 3 + (2 - j)] : g[i * 3 + j];
+    for (int j = 0; j < 3; j++) wt4_filter(f[0][j], f[1][j], f[2][j], &t[0][j], 3); /* down the columns */
+    for (int a = 0; a < 6; a++) wt4_filter(t[a][0], t[a][1], t[a][2], u + 6 * a * us, us); /* along the rows */
+}
+
+/* g (3x3) = G^T du G for du[xi] at du[xi * ds] */
+static void wino4_filter_grad(const float *du, int64_t ds, float *g) {
+    float t[6][3], r[3];
+    for (int a = 0; a < 6; a++) { /* along the rows */
+        wt4_filter_grad(du + 6 * a * ds, ds, r);
+        for (int j = 0; j < 3; j++) t[a][j] = r[j];
+    }
+    for (int j = 0; j < 3; j++) { /* down the columns */
+        wt4_filter_grad(&t[0][j], 3, r);
+        for (int i = 0; i < 3; i++) g[i * 3 + j] = r[i];
     }
 }
 
@@ -307,26 +498,26 @@ static void wino_gout_chunk(const wino_plan *q, const float *go, wino_chunk c, f
 }
 
 /* The 16 products of a chunk: C[xi] = A[xi] op B[xi] (+ beta C[xi]), A at xi * as, B at xi * bs. */
-static ts_status wino_gemms(ts_device *dev, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+static ts_status wino_gemms(ts_device *dev, int nx, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                             int64_t as, const float *B, int64_t ldb, int64_t bs, float beta, float *C, int64_t ldc,
                             int64_t cs) {
-    int64_t aoff[NX], boff[NX];
-    for (int i = 0; i < NX; i++) {
+    int64_t aoff[NXMAX], boff[NXMAX];
+    for (int i = 0; i < nx; i++) {
         aoff[i] = i * as;
         boff[i] = i * bs;
     }
     return dev->k_blas->sgemm_batched(dev, false, tb, M, N, K, 1.0f, A, lda, aoff, B, ldb, boff, beta, C, ldc, cs,
-                                      NX);
+                                      nx);
 }
 
 /* One chunk of a conv: out = A^T (U @ V) A + bias. s: this chunk's slot (V, then M); pads: pad planes. */
 static void wino_conv_chunk(const wino_plan *q, ts_device *dev, const float *x, const float *U, const float *bias,
                             float *out, int64_t ch, float *s, float *pads, bool split) {
     const wino_chunk c = wino_chunk_at(q, ch);
-    float *V = s, *M = s + NX * xs(q->Ci * c.P);
+    float *V = s, *M = s + q->nx * xs(q->Ci * c.P);
     wino_in_chunk(q, x, c, pads, V, split);
     /* M[xi]: (Co, P) = U[xi]: (Co, Ci) @ V[xi]: (Ci, P); sizes always fit, so the status is TS_OK */
-    (void)wino_gemms(dev, false, q->Co, c.P, q->Ci, U, q->Ci, xs(q->Co * q->Ci), V, c.P, xs(q->Ci * c.P), 0.0f, M,
+    (void)wino_gemms(dev, q->nx, false, q->Co, c.P, q->Ci, U, q->Ci, xs(q->Co * q->Ci), V, c.P, xs(q->Ci * c.P), 0.0f, M,
                      c.P, xs(q->Co * c.P));
     wino_out_chunk(q, M, c, bias, out, split);
 }
@@ -334,7 +525,7 @@ static void wino_conv_chunk(const wino_plan *q, ts_device *dev, const float *x, 
 /* out (N, Co, OH, OW) = conv of x (N, Ci, H, W) by the transformed filters U [16][Co][Ci], + bias. */
 static ts_status wino_conv(const wino_plan *q, ts_device *dev, const float *x, const float *U, const float *bias,
                            float *out) {
-    const int64_t Pb = q->nb * q->tpi, slot = NX * (xs(q->Ci * Pb) + xs(q->Co * Pb)), padsz = wino_pad_size(q);
+    const int64_t Pb = q->nb * q->tpi, slot = q->nx * (xs(q->Ci * Pb) + xs(q->Co * Pb)), padsz = wino_pad_size(q);
     const int nslots = q->par ? q->nthr : 1;
     ts_tensor *buf = NULL;
     TS_TRY(scratch(dev, nslots * slot + q->nthr * padsz, &buf));
@@ -355,28 +546,37 @@ static ts_status wino_conv(const wino_plan *q, ts_device *dev, const float *x, c
     return TS_OK;
 }
 
-/* U [16][Co][Ci]: transformed filters. w: (K, C, 3, 3). transposed: the input gradient's conv (Co = C,
- * Ci = K, each filter rotated by 180 degrees), else the forward conv's (Co = K, Ci = C). */
-static void wino_filters(const float *w, int64_t K, int64_t C, bool transposed, float *U) {
+/* U [nx][Co][Ci]: q's transformed filters. w: (K, C, 3, 3). transposed: the input gradient's conv (Co = C,
+ * Ci = K, each filter rotated by 180 degrees; k innermost, so each xi's row is written in order), else
+ * the forward conv's (Co = K, Ci = C). The loops are spelled out per tile size so that the transform is
+ * inlined into them (through a function pointer it was not: twice the time). */
+#define WINO_FILTER_LOOPS(filter)                                                                              \
+    do {                                                                                                       \
+        if (transposed) {                                                                                      \
+            _Pragma("omp parallel for schedule(static) if (K * C >= 4096)") for (int64_t c = 0; c < C; c++)   \
+                for (int64_t k = 0; k < K; k++) filter(w + (k * C + c) * 9, true, U + c * K + k, us);        \
+        } else {                                                                                               \
+            _Pragma("omp parallel for schedule(static) if (K * C >= 4096)") for (int64_t k = 0; k < K; k++)   \
+                for (int64_t c = 0; c < C; c++) filter(w + (k * C + c) * 9, false, U + k * C + c, us);       \
+        }                                                                                                      \
+    } while (0)
+
+static void wino_filters(const wino_plan *q, const float *w, int64_t K, int64_t C, bool transposed, float *U) {
     const int64_t us = xs(K * C);
-    if (transposed) { /* U[xi][c][k]: k innermost, so each xi's row is written in order */
-#pragma omp parallel for schedule(static) if (K * C >= 4096)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t k = 0; k < K; k++) wino_filter(w + (k * C + c) * 9, true, U + c * K + k, us);
-    } else {
-#pragma omp parallel for schedule(static) if (K * C >= 4096)
-        for (int64_t k = 0; k < K; k++)
-            for (int64_t c = 0; c < C; c++) wino_filter(w + (k * C + c) * 9, false, U + k * C + c, us);
-    }
+    if (q->m == 4)
+        WINO_FILTER_LOOPS(wino4_filter);
+    else
+        WINO_FILTER_LOOPS(wino_filter);
 }
+#undef WINO_FILTER_LOOPS
 
 ts_status ts__cpu_wino_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                               const ts_tensor *b) {
     ts_device *dev = x->storage->device;
     const wino_plan q = wino_plan_of(g->N, g->C, g->H, g->W, g->K, g->OH, g->OW, g->ph, g->pw);
     ts_tensor *ut = NULL;
-    TS_TRY(scratch(dev, NX * xs(g->K * g->C), &ut));
-    wino_filters(ts__f32(w), g->K, g->C, false, ts__f32(ut));
+    TS_TRY(scratch(dev, q.nx * xs(g->K * g->C), &ut));
+    wino_filters(&q, ts__f32(w), g->K, g->C, false, ts__f32(ut));
     ts_status st = wino_conv(&q, dev, ts__f32(x), ts__f32(ut), b ? ts__f32(b) : NULL, ts__f32(out));
     ts_tensor_release(ut);
     return st;
@@ -386,17 +586,17 @@ ts_status ts__cpu_wino_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_
 static void wino_wgrad_chunk(const wino_plan *q, ts_device *dev, const float *x, const float *go, int64_t ch,
                              float *s, float *dU, float *pads, bool split) {
     const wino_chunk c = wino_chunk_at(q, ch);
-    float *V = s, *Yh = s + NX * xs(q->Ci * c.P);
+    float *V = s, *Yh = s + q->nx * xs(q->Ci * c.P);
     wino_in_chunk(q, x, c, pads, V, split);
     wino_gout_chunk(q, go, c, Yh, split);
     /* dU[xi]: (Co, Ci) += Yh[xi]: (Co, P) @ V[xi]^T: (P, Ci) */
-    (void)wino_gemms(dev, true, q->Co, q->Ci, c.P, Yh, c.P, xs(q->Co * c.P), V, c.P, xs(q->Ci * c.P), 1.0f, dU,
+    (void)wino_gemms(dev, q->nx, true, q->Co, q->Ci, c.P, Yh, c.P, xs(q->Co * c.P), V, c.P, xs(q->Ci * c.P), 1.0f, dU,
                      q->Ci, xs(q->Co * q->Ci));
 }
 
 static ts_status wino_wgrad(const wino_plan *q, ts_device *dev, const float *x, const float *go, float *gw) {
-    const int64_t Pb = q->nb * q->tpi, UN = NX * xs(q->Co * q->Ci), padsz = wino_pad_size(q);
-    const int64_t slot = NX * (xs(q->Ci * Pb) + xs(q->Co * Pb)) + UN;
+    const int64_t Pb = q->nb * q->tpi, UN = q->nx * xs(q->Co * q->Ci), padsz = wino_pad_size(q);
+    const int64_t slot = q->nx * (xs(q->Ci * Pb) + xs(q->Co * Pb)) + UN;
     const int nslots = q->par ? q->nthr : 1;
     ts_tensor *buf = NULL;
     TS_TRY(scratch(dev, nslots * slot + q->nthr * padsz, &buf));
@@ -422,7 +622,12 @@ static ts_status wino_wgrad(const wino_plan *q, ts_device *dev, const float *x, 
     }
     const int64_t KC = q->Co * q->Ci;
 #pragma omp parallel for schedule(static) if (KC >= 4096)
-    for (int64_t i = 0; i < KC; i++) wino_filter_grad(dU + i, xs(KC), gw + i * 9);
+    for (int64_t i = 0; i < KC; i++) {
+        if (q->m == 4)
+            wino4_filter_grad(dU + i, xs(KC), gw + i * 9);
+        else
+            wino_filter_grad(dU + i, xs(KC), gw + i * 9);
+    }
     ts_tensor_release(buf);
     return TS_OK;
 }
@@ -449,8 +654,8 @@ ts_status ts__cpu_wino_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor 
     if (gx) { /* the transposed conv: gout (N, K, OH, OW) -> gx (N, C, H, W), padding 2 - p */
         const wino_plan q = wino_plan_of(g->N, g->K, g->OH, g->OW, g->C, g->H, g->W, 2 - g->ph, 2 - g->pw);
         ts_tensor *ut = NULL;
-        TS_TRY(scratch(dev, NX * xs(g->K * g->C), &ut));
-        wino_filters(ts__f32(w), g->K, g->C, true, ts__f32(ut));
+        TS_TRY(scratch(dev, q.nx * xs(g->K * g->C), &ut));
+        wino_filters(&q, ts__f32(w), g->K, g->C, true, ts__f32(ut));
         ts_status st = wino_conv(&q, dev, go, ts__f32(ut), NULL, ts__f32(gx));
         ts_tensor_release(ut);
         TS_TRY(st);
