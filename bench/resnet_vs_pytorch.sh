@@ -3,8 +3,9 @@
 # images at 64x64 and 112x112, SGD + momentum, 1 and 2 threads; PyTorch from pip (python3, the newest
 # CPU build the registry offers) and Debian's python3-torch (/usr/bin/python3), each when present.
 # Every figure is the best of ROUNDS alternating runs (the machine is shared: compare ratios within
-# one run). Tessera runs twice: its default (--conv-algo auto: Winograd F(2x2,3x3) for the 3x3
-# stride-1 convolutions) and --conv-algo im2col (every convolution im2col + sgemm). Effective GFLOP/s =
+# one run). Tessera runs three times: its default (--conv-algo auto: Winograd F(2x2,3x3) for the 3x3
+# stride-1 convolutions), --conv-algo winograd (F(4x4,3x3) on the larger planes: faster, ~5x the
+# rounding) and --conv-algo im2col (every convolution im2col + sgemm). Effective GFLOP/s =
 # 3 x forward FLOPs per image (forward + two backward products; counted by the PyTorch script's hooks:
 # 2 x MACs of every convolution and linear layer, as a direct convolution does them) x images/s, against
 # the sgemm peak measured in the same run (`tessera bench gemm`, 1024^3, the same thread count); with
@@ -32,24 +33,26 @@ pipv=$([ -n "$PIP_PY" ] && $PIP_PY -c 'import torch; print(torch.__version__)' |
 debv=$([ -n "$DEB_PY" ] && $DEB_PY -c 'import torch; print(torch.__version__)' || echo -)
 echo "ResNet-18 training, batch 32, SGD momentum 0.9; best of $ROUNDS rounds of $STEPS steps"
 echo "pip torch: $pipv   Debian torch: $debv"
-printf '%-5s %-7s %10s %10s %10s %10s %8s %8s %10s %10s %7s\n' size threads tessera ts_im2col pip_torch deb_torch \
-  vs_pip vs_deb eff_GFLOP/s sgemm_peak of_peak
+printf '%-5s %-7s %10s %10s %10s %10s %10s %8s %8s %10s %10s %7s\n' size threads tessera ts_wino_f4 ts_im2col \
+  pip_torch deb_torch vs_pip vs_deb eff_GFLOP/s sgemm_peak of_peak
 for size in 64 112; do
   fwd=$($REF bench/resnet_vs_pytorch.py 1 "$size" 1 2 | json_field forward_gflops_per_image)
   for t in 1 2; do
-    ts=0; ti=0; pp=0; dp=0; peak=0
+    ts=0; t4=0; ti=0; pp=0; dp=0; peak=0
     for r in $(seq "$ROUNDS"); do
       v=$("$BUILD/tessera" bench train --model resnet18 --image-size "$size" --batch-size 32 --threads "$t" \
           --steps "$STEPS" --warmup 1 --json | json_field images_per_second); ts=$(max "$ts" "$v")
+      v=$("$BUILD/tessera" bench train --model resnet18 --image-size "$size" --batch-size 32 --threads "$t" \
+          --steps "$STEPS" --warmup 1 --conv-algo winograd --json | json_field images_per_second); t4=$(max "$t4" "$v")
       v=$("$BUILD/tessera" bench train --model resnet18 --image-size "$size" --batch-size 32 --threads "$t" \
           --steps "$STEPS" --warmup 1 --conv-algo im2col --json | json_field images_per_second); ti=$(max "$ti" "$v")
       if [ -n "$PIP_PY" ]; then v=$($PIP_PY bench/resnet_vs_pytorch.py "$t" "$size" "$STEPS" 32 | json_field images_per_second); pp=$(max "$pp" "$v"); fi
       if [ -n "$DEB_PY" ]; then v=$($DEB_PY bench/resnet_vs_pytorch.py "$t" "$size" "$STEPS" 32 | json_field images_per_second); dp=$(max "$dp" "$v"); fi
       v=$("$BUILD/tessera" bench gemm --threads "$t" --json | json_field gflops); peak=$(max "$peak" "$v")
     done
-    awk -v s="$size" -v t="$t" -v a="$ts" -v i="$ti" -v p="$pp" -v d="$dp" -v f="$fwd" -v pk="$peak" 'BEGIN{
+    awk -v s="$size" -v t="$t" -v a="$ts" -v f4="$t4" -v i="$ti" -v p="$pp" -v d="$dp" -v f="$fwd" -v pk="$peak" 'BEGIN{
       g = 3 * f * a;
-      printf "%-5s %-7s %10.1f %10.1f %10s %10s %8s %8s %10.1f %10.1f %6.0f%%\n", s, t, a, i,
+      printf "%-5s %-7s %10.1f %10.1f %10.1f %10s %10s %8s %8s %10.1f %10.1f %6.0f%%\n", s, t, a, f4, i,
         (p > 0 ? sprintf("%.1f", p) : "-"), (d > 0 ? sprintf("%.1f", d) : "-"),
         (p > 0 ? sprintf("%.2f", a / p) : "-"), (d > 0 ? sprintf("%.2f", a / d) : "-"), g, pk, 100 * g / pk }'
   done

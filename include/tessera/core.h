@@ -134,11 +134,11 @@ int ts_get_num_threads(void);
  * im2col + sgemm, or Winograd's F(2x2, 3x3) (16 multiplies per 4 outputs instead of 36) or
  * F(4x4, 3x3) (36 per 16 instead of 144). Winograd's results differ from im2col's by float
  * rounding: ~1e-6 (F(2x2)) and ~5e-6 (F(4x4)) of the largest value. AUTO (the default) takes
- * Winograd where it applies (3x3, stride 1, dilation 1, one group, padding <= 2) with at least
- * 16 input and output channels, F(4x4) where the output plane holds a 4x4 tile, the batch 64
- * of them and both channel counts are 64 or more; WINOGRAD takes Winograd wherever it applies
- * (tile size as AUTO picks it); WINOGRAD_F2 and WINOGRAD_F4 fix the tile size (F4: F(4x4) on
- * every plane of 4x4 or more, F(2x2) below). Process-wide, like torch.backends flags; the
+ * F(2x2) Winograd where it applies (3x3, stride 1, dilation 1, one group, padding <= 2) with at
+ * least 16 input and output channels; WINOGRAD takes Winograd wherever it applies, F(4x4) where
+ * the output plane holds a 4x4 tile, the batch 64 of them and both channel counts are 64 or
+ * more (faster, less exact); WINOGRAD_F2 and WINOGRAD_F4 fix the tile size (F4: F(4x4) on every
+ * plane of 4x4 or more, F(2x2) below). Process-wide, like torch.backends flags; the
  * environment's TS_CONV_ALGO=auto|im2col|winograd|winograd-f2|winograd-f4 sets the starting
  * value. */
 typedef enum ts_conv_algo {

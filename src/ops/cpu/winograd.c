@@ -72,12 +72,14 @@ typedef struct wino_plan {
     int nthr;
 } wino_plan;
 
-/* F(4x4, 3x3) (36 products per 16 outputs) where the output plane holds a whole 4x4 tile, the batch
- * still gives each product WINO4_MIN_TILES columns and both convs' channels are WINO4_MIN_CHANNELS or
- * more; else F(2x2, 3x3) (16 per 4): on a 2x2 plane a 4x4 tile is mostly padding, products of a few
- * columns are all packing, and with few channels F(4x4)'s heavier transforms cost more than its
- * products save (the reference CNN's 32->64 conv: 2440 against 2580 images/s). ResNet-18 at 64x64
- * input, one thread: 101 -> 108 images/s; at 112x112 36.3 -> 39.6. */
+/* F(4x4, 3x3) (36 products per 16 outputs) under WINOGRAD where the output plane holds a whole 4x4 tile,
+ * the batch still gives each product WINO4_MIN_TILES columns and both convs' channels are
+ * WINO4_MIN_CHANNELS or more; else F(2x2, 3x3) (16 per 4): on a 2x2 plane a 4x4 tile is mostly padding,
+ * products of a few columns are all packing, and with few channels F(4x4)'s heavier transforms cost more
+ * than its products save (the reference CNN's 32->64 conv: 2440 against 2580 images/s). ResNet-18 at
+ * 64x64 input, one thread: 101 -> 108 images/s; at 112x112 36.3 -> 39.6. AUTO stays with F(2x2): F(4x4)
+ * rounds ~5x worse (~5e-6 of the largest value per conv), and through ResNet-18's batchnorms that moved
+ * the absolute sum of a bias gradient by 1e-3 of torchvision's (tests/test_zoo.c's limit) in a -O1 build. */
 #define WINO4_MIN_TILES 64
 #define WINO4_MIN_CHANNELS 64
 static wino_plan wino_plan_of(int64_t N, int64_t Ci, int64_t H, int64_t W, int64_t Co, int64_t OH, int64_t OW,
@@ -90,8 +92,10 @@ static wino_plan wino_plan_of(int64_t N, int64_t Ci, int64_t H, int64_t W, int64
         q.m = 2;
     else if (a == TS_CONV_WINOGRAD_F4)
         q.m = fits4 ? 4 : 2;
-    else
+    else if (a == TS_CONV_WINOGRAD)
         q.m = fits4 && tiles4 >= WINO4_MIN_TILES && TS_MIN(Ci, Co) >= WINO4_MIN_CHANNELS ? 4 : 2;
+    else /* AUTO: F(2x2) only (see above) */
+        q.m = 2;
     q.nx = (q.m + 2) * (q.m + 2);
     q.TH = (OH + q.m - 1) / q.m;
     q.TW = (OW + q.m - 1) / q.m;
