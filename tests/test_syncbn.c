@@ -3,7 +3,8 @@
  * the running statistics equal one BatchNorm2d over the concatenated batch,
  * with uneven per-rank batches (one rank with 1 sample, one with 0), 1 and 4
  * channels, odd spatial sizes, momentum and cumulative averaging; eval mode,
- * a NULL group and a group of one are BatchNorm2d exactly; conversion
+ * a NULL group and a group of one are BatchNorm2d exactly; BatchNorm1d's (N, C)
+ * and (N, C, L) inputs converted the same way equal one BatchNorm1d; conversion
  * replaces exactly the BatchNorm2d layers in place (same tensors, same
  * state-dict keys, checkpoints load both ways); DDP + SyncBatchNorm on the
  * reference CNN at world 2 and 3 matches one process at the whole batch after
@@ -67,6 +68,7 @@ typedef struct layer_cfg {
     int64_t C, H, W;
     float momentum;
     bool affine;
+    int one_d; /* 0: (N, C, H, W) into BatchNorm2d; 2 or 3: (N, C) or (N, C, H W) into BatchNorm1d */
 } layer_cfg;
 
 static int64_t total_n(const layer_cfg *k) {
@@ -124,6 +126,16 @@ static ts_status layer_steps(const layer_cfg *k, ts_module *m, int64_t lo, int64
     for (int s = 0; s < NSTEPS; s++) {
         ts_tensor *x = NULL, *gy = NULL, *out = NULL;
         st = layer_data(k, s, lo, n, &x, &gy);
+        if (st == TS_OK && k->one_d) { /* BatchNorm1d's shapes: the same values */
+            const int64_t shape[3] = {n, C, k->H * k->W};
+            ts_tensor *x1 = NULL, *g1 = NULL;
+            st = ts_reshape(x, k->one_d, shape, &x1);
+            if (st == TS_OK) st = ts_reshape(gy, k->one_d, shape, &g1);
+            ts_tensor_release(x);
+            ts_tensor_release(gy);
+            x = x1;
+            gy = g1;
+        }
         if (st == TS_OK) {
             ts_tensor_set_requires_grad(x, true);
             ts_module_zero_grad(m);
@@ -151,7 +163,18 @@ fail:
 static ts_status layer_rank(rank_ctx *c, ts_process_group *pg) {
     const layer_cfg *k = c->arg;
     ts_module *m = NULL;
-    TS_TRY(ts_nn_sync_batchnorm2d_new(k->C, 1e-5f, k->momentum, k->affine, true, pg, &m));
+    if (k->one_d) { /* a BatchNorm1d converted in place */
+        TS_TRY(ts_nn_batchnorm1d_new(k->C, 1e-5f, k->momentum, k->affine, true, &m));
+        ts_status st = ts_nn_convert_sync_batchnorm(m, pg);
+        if (st == TS_OK && ts_module_kind(m) != TS_MODULE_SYNC_BATCHNORM)
+            st = ts_error(TS_ERR_STATE, "BatchNorm1d was not converted");
+        if (st != TS_OK) {
+            ts_module_free(m);
+            return st;
+        }
+    } else {
+        TS_TRY(ts_nn_sync_batchnorm2d_new(k->C, 1e-5f, k->momentum, k->affine, true, pg, &m));
+    }
     ts_status st = layer_steps(k, m, first_row(k, c->rank), k->n[c->rank], c);
     ts_module_free(m);
     return st;
@@ -162,7 +185,7 @@ static void check_layer(const layer_cfg *k) {
     rank_ctx ref = {0}, c[MAX_WORLD];
     ts_module *bn = NULL;
     ts_set_num_threads(1);
-    CHECK_OK(ts_nn_batchnorm2d_new(C, 1e-5f, k->momentum, k->affine, true, &bn));
+    CHECK_OK((k->one_d ? ts_nn_batchnorm1d_new : ts_nn_batchnorm2d_new)(C, 1e-5f, k->momentum, k->affine, true, &bn));
     if (bn) CHECK_OK(layer_steps(k, bn, 0, N, &ref));
     ts_module_free(bn);
     if (run_ranks(k->world, layer_rank, k, c)) {
@@ -202,12 +225,14 @@ static void check_layer(const layer_cfg *k) {
 
 static void test_layer_matches_batchnorm(void) {
     const layer_cfg cfgs[] = {
-        {"world 2, batches 3+5, C 4, 3x5", 2, {3, 5}, 4, 3, 5, 0.1f, true},
-        {"world 3, batches 3+5+1, C 1, 5x3", 3, {3, 5, 1}, 1, 5, 3, 0.1f, true},
-        {"world 3, batches 3+5+1, C 4, 1x1", 3, {3, 5, 1}, 4, 1, 1, 0.1f, true},
-        {"world 3, batches 3+0+5, C 4, 3x3", 3, {3, 0, 5}, 4, 3, 3, 0.1f, true},
-        {"world 3, batches 0+4+2, C 1, 7x1, cumulative", 3, {0, 4, 2}, 1, 7, 1, -1.0f, true},
-        {"world 2, batches 5+2, C 4, 3x3, no affine", 2, {5, 2}, 4, 3, 3, 0.3f, false},
+        {"world 2, batches 3+5, C 4, 3x5", 2, {3, 5}, 4, 3, 5, 0.1f, true, 0},
+        {"world 3, batches 3+5+1, C 1, 5x3", 3, {3, 5, 1}, 1, 5, 3, 0.1f, true, 0},
+        {"world 3, batches 3+5+1, C 4, 1x1", 3, {3, 5, 1}, 4, 1, 1, 0.1f, true, 0},
+        {"world 3, batches 3+0+5, C 4, 3x3", 3, {3, 0, 5}, 4, 3, 3, 0.1f, true, 0},
+        {"world 3, batches 0+4+2, C 1, 7x1, cumulative", 3, {0, 4, 2}, 1, 7, 1, -1.0f, true, 0},
+        {"world 2, batches 5+2, C 4, 3x3, no affine", 2, {5, 2}, 4, 3, 3, 0.3f, false, 0},
+        {"BatchNorm1d (N, C, L), world 2, batches 3+5, C 4, L 6", 2, {3, 5}, 4, 6, 1, 0.1f, true, 3},
+        {"BatchNorm1d (N, C), world 3, batches 3+0+4, C 5", 3, {3, 0, 4}, 5, 1, 1, 0.1f, true, 2},
     };
     for (size_t i = 0; i < TS_ARRAY_LEN(cfgs); i++) check_layer(&cfgs[i]);
 }
@@ -215,7 +240,7 @@ static void test_layer_matches_batchnorm(void) {
 /* ---- (b) eval mode, NULL group, group of one: BatchNorm2d exactly ------------------------------------------- */
 /* Two BN-like modules, the same data; out/grads compared bit for bit. */
 static void compare_modules(const char *what, ts_module *a, ts_module *b, bool training) {
-    layer_cfg k = {what, 1, {6}, 4, 3, 5, 0.1f, true};
+    layer_cfg k = {what, 1, {6}, 4, 3, 5, 0.1f, true, 0};
     rank_ctx ra = {0}, rb = {0};
     ts_module_train(a, training);
     ts_module_train(b, training);
@@ -255,7 +280,7 @@ static ts_status eval_rank(rank_ctx *c, ts_process_group *pg) {
     ts_module_train(s, false);
     ts_module_train(bn, false);
     /* a different number of eval forwards per rank: no collective may be involved */
-    layer_cfg k = {"eval", 1, {2 + c->rank}, 4, 3, 5, 0.1f, true};
+    layer_cfg k = {"eval", 1, {2 + c->rank}, 4, 3, 5, 0.1f, true, 0};
     rank_ctx rs = {0}, rb = {0};
     st = layer_steps(&k, s, 0, 2 + c->rank, &rs);
     if (st == TS_OK) st = layer_steps(&k, bn, 0, 2 + c->rank, &rb);
@@ -306,7 +331,7 @@ static ts_status world1_rank(rank_ctx *c, ts_process_group *pg) {
     ts_status st = TS_OK;
     TS_CHECK_GOTO(ts_nn_sync_batchnorm2d_new(4, 1e-5f, 0.1f, true, true, pg, &s));
     TS_CHECK_GOTO(ts_nn_batchnorm2d_new(4, 1e-5f, 0.1f, true, true, &bn));
-    layer_cfg k = {"world 1", 1, {1}, 4, 1, 1, 0.1f, true}; /* one value per channel: BatchNorm2d's error */
+    layer_cfg k = {"world 1", 1, {1}, 4, 1, 1, 0.1f, true, 0}; /* one value per channel: BatchNorm2d's error */
     rank_ctx rs = {0}, rb = {0};
     c->counters[0] = layer_steps(&k, s, 0, 1, &rs);
     free_ranks(&rs, 1);
@@ -625,7 +650,7 @@ static void test_ddp_equivalence(void) {
 static ts_status abort_rank(rank_ctx *c, ts_process_group *pg) {
     ts_module *m = NULL;
     ts_tensor *x = NULL, *gy = NULL, *out = NULL, *out2 = NULL;
-    layer_cfg k = {"abort", 2, {3, 4}, 4, 3, 3, 0.1f, true};
+    layer_cfg k = {"abort", 2, {3, 4}, 4, 3, 3, 0.1f, true, 0};
     ts_status st = TS_OK;
     TS_CHECK_GOTO(ts_nn_sync_batchnorm2d_new(4, 1e-5f, 0.1f, true, true, pg, &m));
     TS_CHECK_GOTO(layer_data(&k, 0, first_row(&k, c->rank), k.n[c->rank], &x, &gy));
@@ -650,7 +675,7 @@ fail:
 static ts_status few_rank(rank_ctx *c, ts_process_group *pg) {
     ts_module *m = NULL;
     ts_tensor *x = NULL, *gy = NULL, *out = NULL;
-    layer_cfg k = {"few", 2, {1, 0}, 4, 1, 1, 0.1f, true};
+    layer_cfg k = {"few", 2, {1, 0}, 4, 1, 1, 0.1f, true, 0};
     ts_status st = TS_OK;
     TS_CHECK_GOTO(ts_nn_sync_batchnorm2d_new(4, 1e-5f, 0.1f, true, true, pg, &m));
     TS_CHECK_GOTO(layer_data(&k, 0, first_row(&k, c->rank), k.n[c->rank], &x, &gy));

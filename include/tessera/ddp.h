@@ -187,14 +187,15 @@ void ts_ddp_get_stats(const ts_ddp *ddp, ts_ddp_stats *out);
  * all-reduce already issued, which is safe since all ranks issue both in the
  * same order. In eval mode, with pg NULL, or a group of one rank, it is
  * exactly BatchNorm2d (no communication). Input and parameters may live on any
- * device; the statistics travel through host buffers.
+ * device; the statistics travel through host buffers. Like torch's, it also takes
+ * BatchNorm1d's inputs, (N, C) and (N, C, L) (statistics over N and L).
  *
  * pg is borrowed and must outlive the module and any graph it recorded. */
 ts_status ts_nn_sync_batchnorm2d_new(int64_t num_features, float eps, float momentum, bool affine,
                                      bool track_running_stats, ts_process_group *pg, ts_module **out);
 
-/* torch.nn.SyncBatchNorm.convert_sync_batchnorm: turns every BatchNorm2d in
- * the tree under root (root included) into a SyncBatchNorm over pg, in place:
+/* torch.nn.SyncBatchNorm.convert_sync_batchnorm: turns every BatchNorm2d and
+ * BatchNorm1d in the tree under root (root included) into a SyncBatchNorm over pg, in place:
  * the module handles, names, parameter and buffer tensors (weight, bias,
  * running statistics, num_batches_tracked), eps, momentum, affine,
  * track_running_stats and the training flag stay as they were, so tensor

@@ -246,9 +246,11 @@ ts_status ts_batchnorm2d_get_config(const ts_module *m, int64_t *num_features, f
 }
 
 ts_status ts__batchnorm2d_convert(ts_module *m, const ts_module_vt *vt, void *impl) {
-    TS_TRY(expect_kind(m, "convert to SyncBatchNorm", TS_MODULE_BATCHNORM2D, TS_MODULE_BATCHNORM2D, "a BatchNorm2d"));
+    if (ts_module_kind(m) != TS_MODULE_BATCHNORM1D)
+        TS_TRY(expect_kind(m, "convert to SyncBatchNorm", TS_MODULE_BATCHNORM2D, TS_MODULE_BATCHNORM2D,
+                           "a BatchNorm2d or BatchNorm1d"));
     TS_ARG(vt && vt->kind == TS_MODULE_SYNC_BATCHNORM && impl,
-           "convert BatchNorm2d: the new type must be of kind SyncBatchNorm, with a configuration");
+           "convert BatchNorm: the new type must be of kind SyncBatchNorm, with a configuration");
     *(ts__bn_config *)impl = *(const ts__bn_config *)m->impl;
     if (!m->impl_borrowed) free(m->impl); /* BatchNorm2d has no free_impl */
     m->impl = impl;

@@ -294,6 +294,15 @@ fail:
 
 static ts_status syncbn_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     const syncbn_impl *c = m->impl;
+    if (x && (x->ndim == 2 || x->ndim == 3)) { /* a converted BatchNorm1d's (N, C) or (N, C, L): as (N, C, L, 1) */
+        ts_tensor *x4 = NULL, *y4 = NULL;
+        TS_TRY(ts_reshape(x, 4, (int64_t[]){x->shape[0], x->shape[1], x->ndim == 3 ? x->shape[2] : 1, 1}, &x4));
+        ts_status st = syncbn_forward(m, x4, &y4);
+        if (st == TS_OK) st = ts_reshape(y4, x->ndim, x->shape, out);
+        ts_tensor_release(x4);
+        ts_tensor_release(y4);
+        return st;
+    }
     /* torch: need_sync = bn_training and self.training, and world size > 1 */
     if (!m->training || !c->pg || ts_pg_size(c->pg) <= 1) return local_forward(m, x, out);
     return sync_forward(m, x, out);
@@ -309,11 +318,11 @@ typedef struct bn_list {
     int n, cap;
 } bn_list;
 
-/* Appends every BatchNorm2d and SyncBatchNorm under m (m included), depth first,
+/* Appends every BatchNorm2d, BatchNorm1d and SyncBatchNorm under m (m included), depth first,
  * each with a new configuration block (filled when it is swapped in). */
 static ts_status collect(ts_module *m, bn_list *l) {
     ts_module_kind_id kind = ts_module_kind(m);
-    if (kind == TS_MODULE_BATCHNORM2D || kind == TS_MODULE_SYNC_BATCHNORM) {
+    if (kind == TS_MODULE_BATCHNORM2D || kind == TS_MODULE_BATCHNORM1D || kind == TS_MODULE_SYNC_BATCHNORM) {
         if (l->n == l->cap) {
             int cap = l->cap ? 2 * l->cap : 8;
             ts_module **v = realloc(l->v, sizeof *v * (size_t)cap);
@@ -333,10 +342,12 @@ static ts_status collect(ts_module *m, bn_list *l) {
     return TS_OK;
 }
 
-/* Gives m (a BatchNorm2d or SyncBatchNorm) the configuration block c bound to pg; c is m's from then on. */
+/* Gives m (a BatchNorm2d, BatchNorm1d or SyncBatchNorm) the configuration block c bound to pg; c is m's
+ * from then on. */
 static ts_status swap_in(ts_module *m, syncbn_impl *c, ts_process_group *pg) {
     c->pg = pg;
-    if (ts_module_kind(m) == TS_MODULE_BATCHNORM2D) return ts__batchnorm2d_convert(m, &syncbn_vt, c);
+    if (ts_module_kind(m) == TS_MODULE_BATCHNORM2D || ts_module_kind(m) == TS_MODULE_BATCHNORM1D)
+        return ts__batchnorm2d_convert(m, &syncbn_vt, c);
     /* a SyncBatchNorm (this file's type): rebind a copy (the old block may be a replica's borrowed one) */
     c->bn = ((const syncbn_impl *)m->impl)->bn;
     if (!m->impl_borrowed) free(m->impl);
