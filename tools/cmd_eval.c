@@ -80,8 +80,7 @@ static ts_status load_model(const char *ckpt_path, const char *model_flag, loade
         goto fail;
     }
     if ((st = ts_ckpt_get_tensors(ck, "model.", &sd)) != TS_OK) goto fail;
-    if (ts_ckpt_get_i64(ck, "train.num_classes", &lm->classes) != TS_OK && /* --num-classes */
-        ts_ckpt_get_i64(ck, "data.num_classes", &lm->classes) != TS_OK) {
+    if (!ts_train_checkpoint_classes(ck, &lm->classes)) {
         /* older checkpoints: the output layer's rows */
         ts_tensor *w = NULL;
         for (int i = 0; i < sd.n; i++)

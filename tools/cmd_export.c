@@ -150,8 +150,7 @@ int ts_cmd_export(int argc, char **argv) {
     ts_model_desc md;
     int64_t classes = 0, dc = 0, dh = 0, dw = 0;
     char shape_buf[96];
-    if (ck && ts_ckpt_get_i64(ck, "train.num_classes", &classes) != TS_OK) /* --num-classes, else the data's */
-        ts_ckpt_get_i64(ck, "data.num_classes", &classes);
+    ts_train_checkpoint_classes(ck, &classes);
     if (ts_model_new(model_name, classes, &rng, &m) != TS_OK || !ts_model_info(model_name, &md)) {
         fprintf(stderr, "tessera export: --model: %s\n", ts_last_error());
         rc = CLI_EXIT_USAGE;

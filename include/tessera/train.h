@@ -413,6 +413,9 @@ typedef struct ts_train_checkpoint_info {
 } ts_train_checkpoint_info;
 /* Reads path's run description. TS_ERR_FORMAT naming the key when it is not a training checkpoint. */
 ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out);
+/* The output classes of the model a training checkpoint holds: train.num_classes (ts_trainer_opts.num_classes)
+ * when recorded, else data.num_classes (the training data's); false when it records neither. */
+bool ts_train_checkpoint_classes(const ts_ckpt *ck, int64_t *classes);
 /* The newest complete training checkpoint in dir (a checkpoint_dir: step-<step>.ckpt files) into path
  * (n bytes): the highest step whose file loads (whole-file CRC) and is a training checkpoint; damaged
  * or partial ones are skipped with a warning. *found false (and TS_OK) when there is none or dir does

@@ -131,6 +131,10 @@ ts_status ts_tensor_from_data(ts_device *dev, ts_dtype dt, int ndim, const int64
     return st;
 }
 
+ts_status ts__scratch_f32(ts_device *dev, int64_t n, ts_tensor **out) {
+    return ts__new(dev, TS_F32, 1, (int64_t[]){n > 0 ? n : 1}, out);
+}
+
 ts_status ts__new_like(const ts_tensor *t, ts_tensor **out) {
     return ts__new(t->storage->device, t->dtype, t->ndim, t->shape, out);
 }

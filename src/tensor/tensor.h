@@ -68,6 +68,9 @@ void ts__tensor_set_autograd_hooks(const ts__autograd_hooks *h);
 int64_t ts__numel(int ndim, const int64_t *shape);
 /* A new contiguous tensor with no data initialisation (same as ts_tensor_empty). */
 ts_status ts__new(ts_device *dev, ts_dtype dt, int ndim, const int64_t *shape, ts_tensor **out);
+/* Kernel scratch: a 1-D F32 tensor of max(n, 1) floats on dev, from its allocator (the CPU's caching
+ * one recycles a training step's buffers); uninitialised. */
+ts_status ts__scratch_f32(ts_device *dev, int64_t n, ts_tensor **out);
 /* A new contiguous tensor shaped like t. */
 ts_status ts__new_like(const ts_tensor *t, ts_tensor **out);
 ts_status ts__zeros_like(const ts_tensor *t, ts_tensor **out);

@@ -239,6 +239,11 @@ int64_t ts_trainer_step(const ts_trainer *t) { return t ? t->step : 0; }
 int64_t ts_trainer_epoch(const ts_trainer *t) { return t ? t->epoch : 0; }
 
 /* ---- checkpoints ---------------------------------------------------------------------------------- */
+bool ts_train_checkpoint_classes(const ts_ckpt *ck, int64_t *classes) {
+    return ck && classes &&
+           (ts_ckpt_get_i64(ck, CK_NUM_CLASSES, classes) == TS_OK || ts_ckpt_get_i64(ck, CK_DATA_CLASSES, classes) == TS_OK);
+}
+
 /* What the data looked like (for `tessera eval` and `tessera predict`): the sample shape, the class
  * count and the class names when the source has them. */
 static ts_status save_data_info(ts_ckpt *ck, const ts_batch_source *src) {

@@ -86,7 +86,7 @@ static ts_status cpu_group_norm_backward(const ts_norm_geom *g, const ts_tensor 
     const bool par = R * D > PAR_MIN, sums = gw || gb;
     const int nbuf = par ? omp_get_max_threads() : 1;
     ts_tensor *buf = NULL; /* nbuf x (P sums of invstd b, P sums of a), doubles */
-    if (sums) TS_TRY(ts__new(x->storage->device, TS_F32, 1, (int64_t[]){TS_MAX(nbuf * 4 * P, 1)}, &buf));
+    if (sums) TS_TRY(ts__scratch_f32(x->storage->device, nbuf * 4 * P, &buf));
 #pragma omp parallel if (par) num_threads(nbuf)
     {
         double *sw = sums ? (double *)ts__ptr(buf) + (int64_t)omp_get_thread_num() * 2 * P : NULL;

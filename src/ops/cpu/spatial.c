@@ -14,7 +14,8 @@
  * stride-1 convs whose output rows are as long as the input's (3x3 pad 1, ...)
  * im2col/col2im a whole shifted span at once; 2x2 stride-2 max pooling is
  * branch-free (AVX-512 when the build targets it). Scratch buffers come from
- * ts__new so the device's caching allocator recycles them.
+ * ts__scratch_f32 so the device's caching allocator recycles them. 3x3
+ * stride-1 convolutions may go to Winograd (winograd.c, ts__cpu_wino_ok).
  */
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
@@ -29,10 +30,6 @@
 
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
-/* A scratch F32 buffer of n floats on dev (a tensor, so the device's allocator recycles it). */
-static ts_status scratch(ts_device *dev, int64_t n, ts_tensor **t) {
-    return ts__new(dev, TS_F32, 1, (int64_t[]){n > 0 ? n : 1}, t);
-}
 
 /* Plane reductions: float partial sums in SIMD lanes (omp simd; each lane adds
  * only n/16 terms), totalled in double. Callers add a channel's planes in double. */
@@ -326,7 +323,7 @@ static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_te
     j.per = j.nb > 1 ? (j.CKK + j.Kg) * j.nb * j.OHW : j.pointwise ? 0 : j.CKK * j.OHW;
     ts_tensor *buf = NULL;
     if (j.per) {
-        TS_TRY(scratch(j.dev, (par ? nthr : 1) * j.per, &buf));
+        TS_TRY(ts__scratch_f32(j.dev, (par ? nthr : 1) * j.per, &buf));
         j.buf = ts__f32(buf);
     }
     conv_for(&j, par, items, j.nb > 1 ? conv_fwd_block : conv_fwd_image);
@@ -426,9 +423,23 @@ static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
     }
 }
 
+/* gb[k] = sum of gout's planes of channel k over the images (float plane sums added in double) */
+static void conv_grad_bias(const ts_conv2d_geom *g, const float *go, float *gb) {
+    const int64_t OHW = g->OH * g->OW;
+#pragma omp parallel for schedule(static) if (g->N * g->K * OHW >= PAR_MIN)
+    for (int64_t k = 0; k < g->K; k++) {
+        double s = 0.0;
+        for (int64_t n = 0; n < g->N; n++) s += plane_sum(go + (n * g->K + k) * OHW, OHW);
+        gb[k] = (float)s;
+    }
+}
+
 static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
-    if (ts__cpu_wino_ok(g)) return ts__cpu_wino_conv2d_backward(g, gout, x, w, gx, gw, gb);
+    if (ts__cpu_wino_ok(g)) {
+        if (gb) conv_grad_bias(g, ts__f32(gout), ts__f32(gb));
+        return ts__cpu_wino_conv2d_backward(g, gout, x, w, gx, gw);
+    }
     conv_job j = conv_job_init(g, x, w);
     j.pg = ts__f32(gout);
     j.pgx = gx ? ts__f32(gx) : NULL;
@@ -441,7 +452,7 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
     const conv_bwd_layout l = conv_bwd_layout_of(&j, gx != NULL);
     j.per = l.per;
     ts_tensor *buf = NULL;
-    TS_TRY(scratch(j.dev, nbuf * j.per + 1, &buf));
+    TS_TRY(ts__scratch_f32(j.dev, nbuf * j.per + 1, &buf));
     j.buf = ts__f32(buf);
     for (int t = 0; t < nbuf; t++) { /* the accumulators start at zero */
         if (gw) memset(j.buf + t * j.per + l.gw, 0, sizeof(float) * (size_t)j.WN);
@@ -609,7 +620,7 @@ static void avgpool_divisors(const ts_pool2d_geom *g, float *inv) {
 static ts_status cpu_avgpool2d(const ts_pool2d_geom *g, ts_tensor *out, const ts_tensor *x) {
     const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
     ts_tensor *invt = NULL;
-    TS_TRY(scratch(x->storage->device, OH * OW, &invt));
+    TS_TRY(ts__scratch_f32(x->storage->device, OH * OW, &invt));
     const float *inv = ts__f32(invt);
     avgpool_divisors(g, ts__f32(invt));
     const float *px = ts__f32(x);
@@ -637,7 +648,7 @@ static ts_status cpu_avgpool2d(const ts_pool2d_geom *g, ts_tensor *out, const ts
 static ts_status cpu_avgpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout) {
     const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
     ts_tensor *invt = NULL;
-    TS_TRY(scratch(gx->storage->device, OH * OW, &invt));
+    TS_TRY(ts__scratch_f32(gx->storage->device, OH * OW, &invt));
     const float *inv = ts__f32(invt);
     avgpool_divisors(g, ts__f32(invt));
     float *px = ts__f32(gx);

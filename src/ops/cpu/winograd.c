@@ -111,11 +111,11 @@ static wino_plan wino_plan_of(int64_t N, int64_t Ci, int64_t H, int64_t W, int64
     return q;
 }
 
-/* A thread's transform scratch: the padded plane, then the even/odd row combinations of wino_in_channel. */
+/* A thread's transform scratch: the padded plane, then the even/odd row combinations of wino2_in_channel. */
 static int64_t wino_pad_plane(const wino_plan *q) { return q->PH * q->PW; }
 static int64_t wino_pad_size(const wino_plan *q) { return wino_pad_plane(q) + 8 * (q->TW + 1); }
 
-/* ---- transforms ---------------------------------------------------------------------------------- */
+/* ---- F(2x2, 3x3) transforms, and the zero-bordered plane both tile sizes read --------------------- */
 
 /* pad: (PH, PW) = xp: (H, W) placed at (ph, pw), zeros around */
 static void wino_pad(const wino_plan *q, const float *xp, float *pad) {
@@ -135,15 +135,7 @@ static void wino_pad(const wino_plan *q, const float *xp, float *pad) {
  * combinations (B^T d) of a row of tiles are made for the whole padded row at once, split into even and
  * odd columns (e, o: 4 x (TW + 1) each) so that the column combinations are unit-stride loops over the
  * tiles: column 2 tx + j of the tile is e[tx], o[tx], e[tx + 1], o[tx + 1] for j = 0..3. */
-static void wino4_in_channel(const wino_plan *q, const float *x, int64_t m, int64_t c, float *pad, float *V);
-static void wino4_out_channel(const wino_plan *q, const float *M, int64_t m, int64_t k, float bias, float *out);
-static void wino4_gout_channel(const wino_plan *q, const float *go, int64_t m, int64_t k, float *Yh);
-
-static void wino_in_channel(const wino_plan *q, const float *x, int64_t m, int64_t c, float *pad, float *V) {
-    if (q->m == 4) {
-        wino4_in_channel(q, x, m, c, pad, V);
-        return;
-    }
+static void wino2_in_channel(const wino_plan *q, const float *x, int64_t m, int64_t c, float *pad, float *V) {
     const int64_t P = m * q->tpi, vs = xs(q->Ci * P), TW = q->TW, TE = TW + 1;
     float *e = pad + wino_pad_plane(q), *o = e + 4 * TE;
     for (int64_t i = 0; i < m; i++) {
@@ -180,7 +172,7 @@ static void wino_in_channel(const wino_plan *q, const float *x, int64_t m, int64
 /* Output rows 2 ty, 2 ty + 1 of one plane from tile row mt (xi stride ms) = A^T M A + bias; A^T's rows:
  * (1 1 1 0) (0 1 -1 -1). nx: tiles whose two columns are both inside the plane; a last half tile
  * (odd OW) and a missing second row (odd OH) are clipped. */
-static void wino_out_row(const float *mt, int64_t ms, int64_t TW, int64_t nx, int64_t OW, bool row1, float bias,
+static void wino2_out_row(const float *mt, int64_t ms, int64_t TW, int64_t nx, int64_t OW, bool row1, float bias,
                          float *y0, float *y1) {
 #define WINO_OUT_TILE(tx)                                                                                      \
     float t0[4], t1[4];                                                                                        \
@@ -219,18 +211,14 @@ static void wino_out_row(const float *mt, int64_t ms, int64_t TW, int64_t nx, in
 }
 
 /* out planes of channel k (out: image n0's plane 0) from M[.][k] */
-static void wino_out_channel(const wino_plan *q, const float *M, int64_t m, int64_t k, float bias, float *out) {
-    if (q->m == 4) {
-        wino4_out_channel(q, M, m, k, bias, out);
-        return;
-    }
+static void wino2_out_channel(const wino_plan *q, const float *M, int64_t m, int64_t k, float bias, float *out) {
     const int64_t P = m * q->tpi, ms = xs(q->Co * P);
     for (int64_t i = 0; i < m; i++) {
         float *o = out + (i * q->Co + k) * q->OH * q->OW;
         const float *mk = M + k * P + i * q->tpi;
         for (int64_t ty = 0; ty < q->TH; ty++) {
             float *y0 = o + 2 * ty * q->OW;
-            wino_out_row(mk + ty * q->TW, ms, q->TW, q->OW / 2, q->OW, 2 * ty + 1 < q->OH, bias, y0, y0 + q->OW);
+            wino2_out_row(mk + ty * q->TW, ms, q->TW, q->OW / 2, q->OW, 2 * ty + 1 < q->OH, bias, y0, y0 + q->OW);
         }
     }
 }
@@ -238,7 +226,7 @@ static void wino_out_channel(const wino_plan *q, const float *M, int64_t m, int6
 /* Yh[xi][k][p] = (A dY A^T)[xi] for the 2x2 output-gradient tiles of channel k (go: image n0's plane 0;
  * outside the plane dY is 0). A's rows: (1 0) (1 1) (1 -1) (0 -1): with the tile (a b; c d), A dY's rows
  * are (a b) (a+c b+d) (a-c b-d) (-c -d), and each row (u v) becomes (u, u+v, u-v, -v). */
-static void wino_gout_row(float a, float b, float c, float d, float *ot, int64_t ys) {
+static void wino2_gout_row(float a, float b, float c, float d, float *ot, int64_t ys) {
     const float t[4][2] = {{a, b}, {a + c, b + d}, {a - c, b - d}, {-c, -d}};
     for (int r = 0; r < 4; r++) {
         ot[(4 * r + 0) * ys] = t[r][0];
@@ -248,11 +236,7 @@ static void wino_gout_row(float a, float b, float c, float d, float *ot, int64_t
     }
 }
 
-static void wino_gout_channel(const wino_plan *q, const float *go, int64_t m, int64_t k, float *Yh) {
-    if (q->m == 4) {
-        wino4_gout_channel(q, go, m, k, Yh);
-        return;
-    }
+static void wino2_gout_channel(const wino_plan *q, const float *go, int64_t m, int64_t k, float *Yh) {
     const int64_t P = m * q->tpi, ys = xs(q->Co * P), nx = q->OW / 2;
     for (int64_t i = 0; i < m; i++) {
         const float *g = go + (i * q->Co + k) * q->OH * q->OW;
@@ -263,19 +247,19 @@ static void wino_gout_channel(const wino_plan *q, const float *go, int64_t m, in
             if (row1)
                 for (int64_t tx = 0; tx < nx; tx++) {
                     const float a = g0[2 * tx], b = g0[2 * tx + 1], c = g1[2 * tx], d = g1[2 * tx + 1];
-                    wino_gout_row(a, b, c, d, ot + tx, ys);
+                    wino2_gout_row(a, b, c, d, ot + tx, ys);
                 }
             else
-                for (int64_t tx = 0; tx < nx; tx++) wino_gout_row(g0[2 * tx], g0[2 * tx + 1], 0.0f, 0.0f, ot + tx, ys);
+                for (int64_t tx = 0; tx < nx; tx++) wino2_gout_row(g0[2 * tx], g0[2 * tx + 1], 0.0f, 0.0f, ot + tx, ys);
             if (nx < q->TW) /* the half tile at an odd OW */
-                wino_gout_row(g0[2 * nx], 0.0f, row1 ? g1[2 * nx] : 0.0f, 0.0f, ot + nx, ys);
+                wino2_gout_row(g0[2 * nx], 0.0f, row1 ? g1[2 * nx] : 0.0f, 0.0f, ot + nx, ys);
         }
     }
 }
 
 /* u = G g G^T for a 3x3 filter g (row-major; rot: read it rotated by 180 degrees). G's rows:
  * (1 0 0) (1/2 1/2 1/2) (1/2 -1/2 1/2) (0 0 1). u[xi] goes to u[xi * us]. */
-static inline void wino_filter(const float *g, bool rot, float *u, int64_t us) {
+static inline void wino2_filter(const float *g, bool rot, float *u, int64_t us) {
     float f[3][3], t[4][3];
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++) f[i][j] = rot ? g[(2 - i) * 3 + (2 - j)] : g[i * 3 + j];
@@ -294,7 +278,7 @@ static inline void wino_filter(const float *g, bool rot, float *u, int64_t us) {
 }
 
 /* g (3x3) = G^T du G for du[xi] at du[xi * ds]: the filter gradient from the transformed one. */
-static void wino_filter_grad(const float *du, int64_t ds, float *g) {
+static void wino2_filter_grad(const float *du, int64_t ds, float *g) {
     float s[3][4];
     for (int j = 0; j < 4; j++) {
         const float u0 = du[j * ds], u1 = du[(4 + j) * ds], u2 = du[(8 + j) * ds], u3 = du[(12 + j) * ds];
@@ -462,9 +446,6 @@ static void wino4_filter_grad(const float *du, int64_t ds, float *g) {
 
 /* ---- drivers --------------------------------------------------------------------------------------- */
 
-static ts_status scratch(ts_device *dev, int64_t n, ts_tensor **t) {
-    return ts__new(dev, TS_F32, 1, (int64_t[]){n > 0 ? n : 1}, t);
-}
 
 /* A chunk's work: images n0 .. n0 + m, P tiles. */
 typedef struct wino_chunk {
@@ -485,20 +466,22 @@ static void wino_in_chunk(const wino_plan *q, const float *x, wino_chunk c, floa
     const float *xc = x + c.n0 * q->Ci * q->H * q->W;
 #pragma omp parallel for schedule(static) if (split)
     for (int64_t ch = 0; ch < q->Ci; ch++)
-        wino_in_channel(q, xc, c.m, ch, pads + (split ? omp_get_thread_num() : 0) * wino_pad_size(q), V);
+        (q->m == 4 ? wino4_in_channel : wino2_in_channel)(q, xc, c.m, ch,
+                                                          pads + (split ? omp_get_thread_num() : 0) * wino_pad_size(q), V);
 }
 
 static void wino_out_chunk(const wino_plan *q, const float *M, wino_chunk c, const float *bias, float *out,
                            bool split) {
     float *oc = out + c.n0 * q->Co * q->OH * q->OW;
 #pragma omp parallel for schedule(static) if (split)
-    for (int64_t k = 0; k < q->Co; k++) wino_out_channel(q, M, c.m, k, bias ? bias[k] : 0.0f, oc);
+    for (int64_t k = 0; k < q->Co; k++)
+        (q->m == 4 ? wino4_out_channel : wino2_out_channel)(q, M, c.m, k, bias ? bias[k] : 0.0f, oc);
 }
 
 static void wino_gout_chunk(const wino_plan *q, const float *go, wino_chunk c, float *Yh, bool split) {
     const float *gc = go + c.n0 * q->Co * q->OH * q->OW;
 #pragma omp parallel for schedule(static) if (split)
-    for (int64_t k = 0; k < q->Co; k++) wino_gout_channel(q, gc, c.m, k, Yh);
+    for (int64_t k = 0; k < q->Co; k++) (q->m == 4 ? wino4_gout_channel : wino2_gout_channel)(q, gc, c.m, k, Yh);
 }
 
 /* The 16 products of a chunk: C[xi] = A[xi] op B[xi] (+ beta C[xi]), A at xi * as, B at xi * bs. */
@@ -532,7 +515,7 @@ static ts_status wino_conv(const wino_plan *q, ts_device *dev, const float *x, c
     const int64_t Pb = q->nb * q->tpi, slot = q->nx * (xs(q->Ci * Pb) + xs(q->Co * Pb)), padsz = wino_pad_size(q);
     const int nslots = q->par ? q->nthr : 1;
     ts_tensor *buf = NULL;
-    TS_TRY(scratch(dev, nslots * slot + q->nthr * padsz, &buf));
+    TS_TRY(ts__scratch_f32(dev, nslots * slot + q->nthr * padsz, &buf));
     float *slots = ts__f32(buf), *pads = slots + nslots * slot;
     if (q->par) {
 #pragma omp parallel
@@ -570,7 +553,7 @@ static void wino_filters(const wino_plan *q, const float *w, int64_t K, int64_t 
     if (q->m == 4)
         WINO_FILTER_LOOPS(wino4_filter);
     else
-        WINO_FILTER_LOOPS(wino_filter);
+        WINO_FILTER_LOOPS(wino2_filter);
 }
 #undef WINO_FILTER_LOOPS
 
@@ -579,7 +562,7 @@ ts_status ts__cpu_wino_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_
     ts_device *dev = x->storage->device;
     const wino_plan q = wino_plan_of(g->N, g->C, g->H, g->W, g->K, g->OH, g->OW, g->ph, g->pw);
     ts_tensor *ut = NULL;
-    TS_TRY(scratch(dev, q.nx * xs(g->K * g->C), &ut));
+    TS_TRY(ts__scratch_f32(dev, q.nx * xs(g->K * g->C), &ut));
     wino_filters(&q, ts__f32(w), g->K, g->C, false, ts__f32(ut));
     ts_status st = wino_conv(&q, dev, ts__f32(x), ts__f32(ut), b ? ts__f32(b) : NULL, ts__f32(out));
     ts_tensor_release(ut);
@@ -603,7 +586,7 @@ static ts_status wino_wgrad(const wino_plan *q, ts_device *dev, const float *x, 
     const int64_t slot = q->nx * (xs(q->Ci * Pb) + xs(q->Co * Pb)) + UN;
     const int nslots = q->par ? q->nthr : 1;
     ts_tensor *buf = NULL;
-    TS_TRY(scratch(dev, nslots * slot + q->nthr * padsz, &buf));
+    TS_TRY(ts__scratch_f32(dev, nslots * slot + q->nthr * padsz, &buf));
     float *slots = ts__f32(buf), *pads = slots + nslots * slot;
     for (int t = 0; t < nslots; t++) memset(slots + t * slot + slot - UN, 0, sizeof(float) * (size_t)UN);
     if (q->par) {
@@ -630,35 +613,20 @@ static ts_status wino_wgrad(const wino_plan *q, ts_device *dev, const float *x, 
         if (q->m == 4)
             wino4_filter_grad(dU + i, xs(KC), gw + i * 9);
         else
-            wino_filter_grad(dU + i, xs(KC), gw + i * 9);
+            wino2_filter_grad(dU + i, xs(KC), gw + i * 9);
     }
     ts_tensor_release(buf);
     return TS_OK;
 }
 
 ts_status ts__cpu_wino_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
-                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw) {
     ts_device *dev = x->storage->device;
     const float *go = ts__f32(gout);
-    if (gb) {
-        float *o = ts__f32(gb);
-        const int64_t OHW = g->OH * g->OW;
-#pragma omp parallel for schedule(static) if (g->N * g->K * OHW >= 32768)
-        for (int64_t k = 0; k < g->K; k++) {
-            double s = 0.0;
-            for (int64_t n = 0; n < g->N; n++) {
-                const float *p = go + (n * g->K + k) * OHW;
-                float part = 0.0f;
-                for (int64_t i = 0; i < OHW; i++) part += p[i];
-                s += part;
-            }
-            o[k] = (float)s;
-        }
-    }
     if (gx) { /* the transposed conv: gout (N, K, OH, OW) -> gx (N, C, H, W), padding 2 - p */
         const wino_plan q = wino_plan_of(g->N, g->K, g->OH, g->OW, g->C, g->H, g->W, 2 - g->ph, 2 - g->pw);
         ts_tensor *ut = NULL;
-        TS_TRY(scratch(dev, q.nx * xs(g->K * g->C), &ut));
+        TS_TRY(ts__scratch_f32(dev, q.nx * xs(g->K * g->C), &ut));
         wino_filters(&q, ts__f32(w), g->K, g->C, true, ts__f32(ut));
         ts_status st = wino_conv(&q, dev, go, ts__f32(ut), NULL, ts__f32(gx));
         ts_tensor_release(ut);
