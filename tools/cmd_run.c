@@ -738,12 +738,9 @@ static int liveness_verdict(launcher *L, rank_proc *culprit) {
 
 /* ---- supervision ------------------------------------------------------------------------------ */
 
-/* Notices ranks that exited (leaving them zombies) and reports the first
- * failure. Ranks that exit together are judged together: a rank killed by a
- * signal is the cause, and peers that exit non-zero because it vanished (their
- * collectives fail at once) are not, whatever order waitid finds them in. */
-static void check_exits(launcher *L) {
-    rank_proc *culprit = NULL;
+/* Marks the ranks that exited since the last look (leaving them zombies) and returns the failure to
+ * report among them: a rank killed by a signal before one that exited non-zero; else culprit. */
+static rank_proc *reap_exits(launcher *L, rank_proc *culprit) {
     for (int i = 0; i < L->n; i++) {
         rank_proc *r = &L->ranks[i];
         if (r->exited || r->pid <= 0) continue;
@@ -760,7 +757,25 @@ static void check_exits(launcher *L) {
         stream_read(L, &r->err, r->rank, true);
         if (r->status != 0 && (!culprit || (r->signal && !culprit->signal))) culprit = r;
     }
+    return culprit;
+}
+
+/* Time a rank that exited non-zero gets for a peer's death to become visible (see check_exits). */
+#define EXIT_SETTLE_S 0.25
+
+/* Notices ranks that exited and reports the first failure. Ranks that exit
+ * together are judged together: a rank killed by a signal is the cause, and
+ * peers that exit non-zero because it vanished (their collectives fail at once)
+ * are not, whatever order waitid finds them in. A killed process closes its
+ * sockets before it becomes a zombie, so a peer can see it gone, exit and be
+ * reaped first: a non-zero exit waits up to EXIT_SETTLE_S for such a death. */
+static void check_exits(launcher *L) {
+    rank_proc *culprit = reap_exits(L, NULL);
     if (!culprit || L->failed || L->got_signal) return;
+    for (double until = now_s() + EXIT_SETTLE_S; !culprit->signal && L->nexited < L->n && now_s() < until;) {
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+        culprit = reap_exits(L, culprit);
+    }
     char b[16];
     int blamed = culprit->signal ? -1 : liveness_verdict(L, culprit);
     if (culprit->signal)
