@@ -110,5 +110,20 @@ expect_exit 0 "--sync-bn" "$TS" train --help
 "$TS" train "${common[@]}" --max-steps 20 --sync-bn --checkpoint "$T/s1.ckpt" > "$T/s1.log" 2>&1 || bad "train --sync-bn (1 process): $(cat "$T/s1.log")"
 expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/a.ckpt" "$T/s1.ckpt" --tol 0
 
+
+# --accum-steps: 2 ranks x 16 x 2 micro-batches per step train as one process at 64 (DDP all-reduces on the 2nd)
+ac=(--model mlp --seed 3 --quiet --max-steps 5 --timeout 60)
+if "$TS" train "${ac[@]}" --batch-size 16 --nproc 2 --accum-steps 2 --checkpoint "$T/acc.ckpt" > "$T/acc.log" 2>&1; then ok "train --accum-steps 2 --nproc 2"; else bad "train --accum-steps: $(cat "$T/acc.log")"; fi
+grep -q "\[rank 0\] --accum-steps 2: one optimizer step per 2 batches (64 images over all ranks)" "$T/acc.log" && ok "--accum-steps announced" || bad "no --accum-steps line: $(cat "$T/acc.log")"
+"$TS" train "${ac[@]}" --batch-size 64 --checkpoint "$T/acc64.ckpt" > /dev/null 2>&1 || bad "train at batch 64"
+expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/acc.ckpt" "$T/acc64.ckpt" --tol 1e-5
+"$TS" ckpt show "$T/acc.ckpt" | grep -q "train.accum_steps *int64 *2$" && ok "checkpoint records accum_steps" || bad "no train.accum_steps: $("$TS" ckpt show "$T/acc.ckpt" | head -20)"
+expect_exit 2 "2 batches per step (accum_steps), this run has 1" "$TS" train --model mlp --batch-size 32 --nproc 1 --resume "$T/acc.ckpt"
+expect_exit 2 "--accum-steps must be in" "$TS" train --accum-steps 0
+# --warmup-steps: step 4 of a 10-step warmup from lr/3 runs at 0.3 (1/3 + 2/3 x 3/10) = 0.16; --clip-grad-norm runs
+"$TS" train --model mlp --batch-size 64 --seed 3 --quiet --max-steps 4 --warmup-steps 10 --lr 0.3 --clip-grad-norm 1 --checkpoint "$T/w.ckpt" > "$T/w.log" 2>&1 || bad "train --warmup-steps: $(cat "$T/w.log")"
+"$TS" ckpt show "$T/w.ckpt" | grep -q "optim.lr *float32 *\[1\] *0.16$" && ok "--warmup-steps: lr 0.16 at step 4" || bad "warmup lr: $("$TS" ckpt show "$T/w.ckpt" | grep optim.lr)"
+expect_exit 1 "" "$TS" ckpt diff "$T/w.ckpt" "$T/acc64.ckpt" --tol 0
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

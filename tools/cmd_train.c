@@ -33,6 +33,8 @@ typedef struct train_args {
     bool quiet, sync_bn;
     const char *strategy, *devices, *pp_schedule; /* one process, many devices */
     int64_t micro_batches;
+    int64_t accum_steps, warmup_steps; /* --accum-steps, --warmup-steps */
+    double clip_grad_norm;             /* --clip-grad-norm (0: none) */
 } train_args;
 
 /* What the trainer's callback prints with. */
@@ -165,6 +167,9 @@ static void print_banner(const train_args *a, ts_strategy *s, ts_batch_source *t
     printf(", %lld parameters, %d threads%s\n", (long long)ts_module_num_parameters(ts_strategy_model(s)),
            ts_get_num_threads(), ddp ? " per rank" : "");
     if (ddp && a->sync_bn) printf("--sync-bn: BatchNorm2d layers are SyncBatchNorm over all %d ranks\n", world);
+    if (a->accum_steps > 1)
+        printf("--accum-steps %lld: one optimizer step per %lld batches (%lld images%s)\n", (long long)a->accum_steps,
+               (long long)a->accum_steps, (long long)(a->accum_steps * a->batch_size * world), world > 1 ? " over all ranks" : "");
 }
 
 static int write_metrics(const train_args *a, const ts_train_result *r, int world) {
@@ -209,6 +214,8 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
     to.seed = (uint64_t)a->seed;
     to.batch_size = a->batch_size;
     to.rng = rng;
+    to.accum_steps = a->accum_steps;
+    to.clip_grad_norm = a->clip_grad_norm;
     return to;
 }
 
@@ -265,7 +272,7 @@ int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
-                    .backend = "builtin", .conv_algo = "auto"};
+                    .backend = "builtin", .conv_algo = "auto", .accum_steps = 1};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
@@ -281,6 +288,9 @@ int ts_cmd_train(int argc, char **argv) {
         {"optimizer", CLI_STRING, &a.optimizer, "sgd or adamw", 1, 0},
         {"lr-schedule", CLI_STRING, &a.schedule, "none, step (x0.1 every epoch) or cosine (over all steps)", 1, 0},
         {"label-smoothing", CLI_FLOAT, &a.label_smoothing, "cross-entropy label smoothing", 0, 1},
+        {"warmup-steps", CLI_INT, &a.warmup_steps, "linear learning-rate warmup over the first N steps, from lr/3 (torch's LinearLR), then --lr-schedule over the rest", 0, 1e12},
+        {"accum-steps", CLI_INT, &a.accum_steps, "gradient accumulation: one optimizer step per K batches of --batch-size (DDP all-reduces on the K-th only)", 1, 1 << 20},
+        {"clip-grad-norm", CLI_FLOAT, &a.clip_grad_norm, "clip the gradients' global L2 norm to this before each step (0: off)", 0, 1e12},
         {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
         {"conv-algo", CLI_STRING, &a.conv_algo, "3x3 stride-1 convolutions: auto (Winograd from 16 channels), im2col, winograd, winograd-f2 or winograd-f4", 1, 0},
@@ -374,7 +384,8 @@ int ts_cmd_train(int argc, char **argv) {
     so.pg = pg;
     so.sync_bn = a.sync_bn;
     so.sample_ndim = ts_batch_source_sample_shape(train, so.sample_shape);
-    int64_t nb = ts_batch_source_num_batches(train, 0);
+    /* optimizer steps per epoch: batches / accum_steps, a last shorter step included */
+    int64_t nb = (ts_batch_source_num_batches(train, 0) + a.accum_steps - 1) / a.accum_steps;
     /* the output layer follows the data's classes (an image folder's sub-folders), or --num-classes */
     const int64_t data_classes = ts_batch_source_num_classes(train);
     if (a.num_classes && a.num_classes < data_classes) {
@@ -396,8 +407,10 @@ int ts_cmd_train(int argc, char **argv) {
     if (ts_strategy_new(model, &so, &s) != TS_OK ||
         ts_module_parameters(ts_strategy_model(s), &params) != TS_OK ||
         ts_optimizer_by_name(a.optimizer, &params, a.lr, a.momentum, a.weight_decay, &opt) != TS_OK ||
-        ts_lr_schedule_by_name(a.schedule, a.lr, a.epochs * nb, nb, &sched) != TS_OK)
+        ts_lr_schedule_by_name(a.schedule, a.lr, a.epochs * nb > a.warmup_steps ? a.epochs * nb - a.warmup_steps : 1, nb,
+                               &sched) != TS_OK)
         goto fail;
+    if (a.warmup_steps > 0) sched = ts_lr_with_warmup(sched, a.warmup_steps, 1.0 / 3.0);
     train_view view = {.a = &a};
     cli_progress_init(&view.bar);
     ts_trainer_opts to = trainer_opts(&a, &sched, test, &view, &rng);

@@ -106,6 +106,40 @@ ts_status ts_optimizer_load_state(ts_optimizer *opt, const ts_tensor_list *st);
  * (Values are not checked for finiteness here; ts_trainer_resume does that.) */
 ts_status ts_optimizer_check_state(const ts_optimizer *opt, const ts_tensor_list *st);
 
+/* ---- gradients: clipping, scaling, dynamic loss scaling -------------------------------------------- */
+/* torch.nn.utils.clip_grad_norm_(params, max_norm) with the L2 norm: total = sqrt(sum of the squares of
+ * every element of every gradient) over the entries of params that have one (in double); when
+ * max_norm / (total + 1e-6) < 1 every gradient is multiplied by that factor. *total_norm (may be NULL)
+ * gets total, inf or NaN when a gradient holds one (the gradients are then left as they are, as
+ * torch's error_if_nonfinite=False would poison them with NaN: the caller sees the norm instead).
+ * Under DDP the gradients are already averaged and equal on every rank, so the norm is the global
+ * one and every rank clips alike. Gradients must be F32 (TS_ERR_DTYPE naming the parameter). */
+ts_status ts_clip_grad_norm(const ts_tensor_list *params, double max_norm, double *total_norm);
+/* Multiplies every gradient of params by factor (gradient accumulation's 1/K, the loss scaler's
+ * 1/scale). *finite (may be NULL) is false when any element was inf or NaN before scaling. */
+ts_status ts_scale_grads(const ts_tensor_list *params, float factor, bool *finite);
+
+/* Dynamic loss scaling for f16 training, as torch.amp.GradScaler: multiply the loss by `scale`
+ * before backward, then ts_grad_scaler_unscale divides the gradients by it and says whether any
+ * was inf or NaN; when one was, skip the optimizer step. ts_grad_scaler_update then backs the
+ * scale off (x backoff_factor) after an overflow, or grows it (x growth_factor) after
+ * growth_interval overflow-free steps in a row. The scale is float32, as torch keeps it. */
+typedef struct ts_grad_scaler {
+    float scale;            /* 65536 */
+    float growth_factor;    /* 2 */
+    float backoff_factor;   /* 0.5 */
+    int64_t growth_interval; /* 2000 */
+    int64_t growth_tracker; /* overflow-free steps since the last change (0) */
+} ts_grad_scaler;
+#define TS_GRAD_SCALER_INIT ((ts_grad_scaler){65536.0f, 2.0f, 0.5f, 2000, 0})
+/* Checks the fields: scale finite and > 0, growth_factor > 1, backoff_factor in (0, 1), interval >= 1. */
+ts_status ts_grad_scaler_check(const ts_grad_scaler *gs);
+/* Gradients *= 1 / scale (in one pass that also looks for inf and NaN); *found_inf as described. */
+ts_status ts_grad_scaler_unscale(const ts_grad_scaler *gs, const ts_tensor_list *params, bool *found_inf);
+/* The new scale after a step whose gradients had (found_inf) or had no overflow (torch's
+ * _amp_update_scale_: a grown scale that would be infinite is not taken). */
+void ts_grad_scaler_update(ts_grad_scaler *gs, bool found_inf);
+
 /* ---- learning-rate schedules ------------------------------------------------------------------ */
 typedef enum ts_lr_kind {
     TS_LR_CONSTANT = 0,

@@ -351,6 +351,8 @@ typedef struct ts_train_event {
     double epoch_seconds;     /* training time of this epoch so far */
     const ts_eval_result *eval; /* EPOCH_END on the evaluating rank (0) with an eval source; else NULL */
     const char *checkpoint;   /* CHECKPOINT: the path written */
+    int64_t micro_batches;    /* STEP: batches accumulated into this step (opts.accum_steps, fewer at an epoch's end) */
+    double grad_norm;         /* STEP: the gradients' global L2 norm before clipping (opts.clip_grad_norm; else NaN) */
 } ts_train_event;
 
 /* Called on every rank; a status other than TS_OK stops the run, which returns it. */
@@ -380,13 +382,22 @@ typedef struct ts_trainer_opts {
     int64_t num_classes;       /* the model's outputs when they are not the data's classes (tessera train
                                   --num-classes): recorded as train.num_classes for eval/predict/export to
                                   rebuild the model (0: not recorded; readers take data.num_classes) */
+    /* Gradient accumulation: each optimizer step runs forward + backward on this many batches of the source
+     * (micro-batches of batch_size), adds their gradients, divides them by the count and steps once — K
+     * batches of B train as one batch of K x B would (up to rounding; not BatchNorm's batch statistics).
+     * Under DDP only the last micro-batch's backward all-reduces (no_sync before). An epoch whose batch count
+     * is not a multiple of K ends with a shorter step. Recorded as train.accum_steps; a resumed run must
+     * use the same K. (0 or 1: every batch is a step.) */
+    int64_t accum_steps;
+    /* Before each optimizer step, ts_clip_grad_norm(parameters, clip_grad_norm) (0: no clipping). */
+    double clip_grad_norm;
 } ts_trainer_opts;
 
 #define TS_TRAINER_OPTS_MAGIC 0x7e5a7101u
 #define TS_TRAINER_OPTS_VERSION 1u
 #define TS_TRAINER_OPTS_INIT                                                                                   \
     ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
-                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0})
+                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0})
 
 typedef struct ts_trainer ts_trainer;
 
@@ -410,6 +421,7 @@ typedef struct ts_train_checkpoint_info {
     int64_t seed, batch_size, world_size;
     double loss;                /* the latest step's loss */
     char model[64], optimizer[64]; /* "" when not recorded */
+    int64_t accum_steps;        /* batches per optimizer step (1 when not recorded) */
 } ts_train_checkpoint_info;
 /* Reads path's run description. TS_ERR_FORMAT naming the key when it is not a training checkpoint. */
 ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out);

@@ -37,6 +37,10 @@ struct ts_kernels_optim {
      * p -= step_size m / (sqrt(v) / bc2_sqrt + eps). vmax is NULL unless amsgrad. */
     ts_status (*adamw_step)(ts_tensor *p, const ts_tensor *g, ts_tensor *m, ts_tensor *v, ts_tensor *vmax,
                             const ts_adamw_args *a);
+    /* *sumsq = the sum of g's squared elements, accumulated in double (inf or NaN when g holds one). */
+    ts_status (*grad_sumsq)(const ts_tensor *g, double *sumsq);
+    /* g *= factor in place; *nonfinite |= any element of g (before scaling) is inf or NaN. */
+    ts_status (*grad_scale)(ts_tensor *g, float factor, bool *nonfinite);
 };
 
 /* The CPU backend's instance (src/ops/cpu/optim.c), which device/cpu.c puts in

@@ -17,6 +17,7 @@
  *   data.channels/.height/.width  one sample's shape    data.num_classes  the training source's classes
  *   data.classes        class names, one per line (image folders; what `tessera predict` prints)
  *   train.num_classes   the model's outputs, when set apart from the data's (opts.num_classes)
+ *   train.accum_steps   batches per optimizer step, when more than one (opts.accum_steps)
  *
  * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
  * (so the loop's additions cannot overflow), every floating-point tensor is
@@ -49,6 +50,7 @@
 #define CK_DATA_W "data.width"
 #define CK_DATA_CLASSES "data.num_classes"
 #define CK_DATA_NAMES "data.classes"
+#define CK_ACCUM "train.accum_steps"
 
 struct ts_trainer {
     ts_strategy *s;
@@ -61,6 +63,8 @@ struct ts_trainer {
     int64_t epoch, batch, step; /* where the run goes on */
     double last_loss;
     bool follower; /* not rank 0: never evaluates or writes checkpoints (see leader_of) */
+    int64_t accum;  /* batches per optimizer step (>= 1) */
+    ts_tensor_list params; /* the plain model's parameters: accumulation's scaling and clipping */
 };
 
 /* ---- checkpoint folders: step-<step>.ckpt, the newest `keep` kept ------------------------------------ */
@@ -185,6 +189,10 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     TS_ARG(o->epochs >= 1, "ts_trainer_new: epochs is %lld; it must be at least 1", (long long)o->epochs);
     TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0 && o->keep >= 0,
            "ts_trainer_new: max_steps, checkpoint_every, batch_size and keep must be >= 0");
+    TS_ARG(o->accum_steps >= 0 && o->accum_steps <= (1 << 20), "ts_trainer_new: accum_steps %lld outside [0, 2^20]",
+           (long long)o->accum_steps);
+    TS_ARG(o->clip_grad_norm >= 0 && isfinite(o->clip_grad_norm), "ts_trainer_new: clip_grad_norm %g must be >= 0",
+           o->clip_grad_norm);
     TS_ARG(o->epochs <= TS_TRAIN_MAX_COUNT && o->max_steps <= TS_TRAIN_MAX_COUNT &&
                o->checkpoint_every <= TS_TRAIN_MAX_COUNT && o->batch_size <= TS_TRAIN_MAX_COUNT,
            "ts_trainer_new: epochs %lld, max_steps %lld, checkpoint_every %lld or batch_size %lld is above 2^40",
@@ -222,6 +230,12 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     t->o.optimizer_name = t->optimizer_name;
     t->o.schedule = NULL;
     t->follower = !leader_of(s);
+    t->accum = o->accum_steps > 1 ? o->accum_steps : 1;
+    ts_status st = ts_module_parameters(ts_strategy_model(s), &t->params);
+    if (st != TS_OK) {
+        ts_trainer_free(t);
+        return st;
+    }
     *out = t;
     return TS_OK;
 }
@@ -232,6 +246,7 @@ void ts_trainer_free(ts_trainer *t) {
     free(t->checkpoint_dir);
     free(t->model_name);
     free(t->optimizer_name);
+    ts_tensor_list_clear(&t->params);
     free(t);
 }
 
@@ -296,6 +311,7 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     if (t->o.batch_size > 0) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_BATCH_SIZE, t->o.batch_size));
     if (t->model_name) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, t->model_name, strlen(t->model_name)));
     if (t->o.num_classes > 0) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_NUM_CLASSES, t->o.num_classes));
+    if (t->accum > 1) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_ACCUM, t->accum));
     if (t->optimizer_name)
         TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, t->optimizer_name, strlen(t->optimizer_name)));
     if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, t->o.rng, sizeof *t->o.rng));
@@ -343,6 +359,9 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpo
     ts_ckpt_get_i64(ck, CK_BATCH_SIZE, &out->batch_size);
     TS_TRY(check_range(path, CK_WORLD, out->world_size, 1));
     TS_TRY(check_range(path, CK_BATCH_SIZE, out->batch_size, 0));
+    out->accum_steps = 1;
+    ts_ckpt_get_i64(ck, CK_ACCUM, &out->accum_steps);
+    TS_TRY(check_range(path, CK_ACCUM, out->accum_steps, 1));
     out->loss = NAN;
     ts_ckpt_get_f64(ck, CK_LOSS, &out->loss);
     get_name(ck, CK_MODEL, out->model, sizeof out->model);
@@ -378,6 +397,9 @@ static ts_status check_same_run(const ts_trainer *t, const ts_train_checkpoint_i
                         (long long)(in->batch_size * in->world_size), world, (long long)t->o.batch_size,
                         (long long)(t->o.batch_size * world));
     }
+    if (in->accum_steps != t->accum)
+        return ts_error(TS_ERR_INVALID_ARG, "%s was written with %lld batches per step (accum_steps), this run has "
+                        "%lld", path, (long long)in->accum_steps, (long long)t->accum);
     if ((uint64_t)in->seed != t->o.seed)
         return ts_error(TS_ERR_INVALID_ARG, "%s was written with seed %lld, this run has seed %llu", path,
                         (long long)in->seed, (unsigned long long)t->o.seed);
@@ -502,35 +524,72 @@ static ts_status save_and_notify(ts_trainer *t, epoch_state *e) {
 
 static bool saves(const ts_trainer *t) { return t->checkpoint || t->checkpoint_dir; }
 
-/* One step of the current epoch; *done when the epoch or the run (max_steps) is over. */
+/* Forward + backward of up to `want` batches of the source, their gradients added (DDP: the last one's
+ * backward all-reduces the sum); *m gets how many ran (0: the epoch is over), *last the last one's index. */
+static ts_status accumulate(ts_trainer *t, int64_t want, int64_t *m, int64_t *last, double *loss, int64_t *images) {
+    ts_ddp *ddp = ts_strategy_ddp(t->s);
+    *m = *images = 0;
+    *loss = 0.0;
+    while (*m < want) {
+        ts_batch b;
+        TS_TRY(ts_batch_source_next(t->train, &b));
+        if (!b.x) break;
+        if (ddp) ts_ddp_set_require_sync(ddp, *m == want - 1);
+        float l = 0.0f;
+        ts_status st = ts_strategy_forward_backward(t->s, b.x, b.y, t->o.label_smoothing, &l);
+        if (ddp) ts_ddp_set_require_sync(ddp, true);
+        if (st != TS_OK) return st;
+        *loss += l;
+        *images += b.size;
+        *last = b.index;
+        ++*m;
+    }
+    if (ddp && *m > 0 && *m < want) /* every rank has the same batch count: a short epoch means the source broke */
+        return ts_error(TS_ERR_STATE, "the training source ended after %lld of the %lld batches it announced for "
+                        "epoch %lld (rank %d): the accumulated gradients were never all-reduced", (long long)(t->batch + *m),
+                        (long long)(t->batch + want), (long long)t->epoch + 1, ts_strategy_rank(t->s));
+    *loss /= (double)(*m ? *m : 1);
+    return TS_OK;
+}
+
+/* One optimizer step of the current epoch over up to accum_steps batches; *done when the epoch or the
+ * run (max_steps) is over. */
 static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done, bool *stopped) {
     if (t->o.max_steps > 0 && t->step >= t->o.max_steps) {
         *done = *stopped = true;
         return TS_OK;
     }
-    ts_batch b;
-    TS_TRY(ts_batch_source_next(t->train, &b));
-    if (!b.x) {
+    int64_t left = ts_batch_source_num_batches(t->train, t->epoch) - t->batch;
+    int64_t want = left < t->accum ? left : t->accum, m = 0, last = t->batch - 1, images = 0;
+    if (want <= 0) want = 1; /* a source that announces no more batches still gets asked (it ends the epoch) */
+    double lr = t->has_sched ? ts_lr_schedule_at(&t->sched, t->step) : ts_optimizer_get_lr(t->opt);
+    ts_optimizer_set_lr(t->opt, (float)lr);
+    double loss = 0.0, norm = NAN;
+    ts_status st = accumulate(t, want, &m, &last, &loss, &images);
+    if (st == TS_OK && m == 0) {
         *done = true;
         return TS_OK;
     }
-    double lr = t->has_sched ? ts_lr_schedule_at(&t->sched, t->step) : ts_optimizer_get_lr(t->opt);
-    ts_optimizer_set_lr(t->opt, (float)lr);
-    float loss = 0.0f;
-    TS_TRY(ts_train_step(t->s, t->opt, b.x, b.y, t->o.label_smoothing, &loss));
+    if (st == TS_OK && m > 1) st = ts_scale_grads(&t->params, (float)(1.0 / (double)m), NULL);
+    if (st == TS_OK && t->o.clip_grad_norm > 0) st = ts_clip_grad_norm(&t->params, t->o.clip_grad_norm, &norm);
+    if (st == TS_OK) st = ts_optimizer_step(t->opt);
+    ts_optimizer_zero_grad(t->opt);
+    TS_TRY(st);
     t->step++;
-    t->batch = b.index + 1;
+    t->batch = last + 1;
     t->last_loss = loss;
     if (!isfinite(loss))
         return ts_error(TS_ERR_STATE, "the loss became %f at step %lld (epoch %lld, batch %lld); lower the learning "
-                                      "rate", loss, (long long)t->step, (long long)t->epoch + 1, (long long)b.index);
+                                      "rate", loss, (long long)t->step, (long long)t->epoch + 1, (long long)last);
     e->steps++;
     e->loss_sum += loss;
     e->ev.loss = loss;
     e->ev.lr = lr;
     e->ev.batch = t->batch;
     e->ev.step = t->step;
-    e->ev.epoch_images += b.size * ts_strategy_world_size(t->s); /* every rank ran a batch like this one */
+    e->ev.micro_batches = m;
+    e->ev.grad_norm = norm;
+    e->ev.epoch_images += images * ts_strategy_world_size(t->s); /* every rank ran batches like these */
     e->ev.epoch_seconds = ts_time_now() - e->t0;
     TS_TRY(notify(t, e, TS_TRAIN_STEP));
     if (leader && saves(t) && t->o.checkpoint_every > 0 && t->step % t->o.checkpoint_every == 0)
@@ -556,6 +615,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
         e.ev.step = t->step;
         e.ev.num_batches = ts_batch_source_num_batches(t->train, t->epoch);
         e.ev.lr = ts_optimizer_get_lr(t->opt);
+        e.ev.grad_norm = NAN;
         if ((st = ts_batch_source_seek(t->train, t->epoch, t->batch)) != TS_OK) break;
         ts_strategy_train(t->s, true);
         for (bool done = false; st == TS_OK && !done;) st = run_step(t, &e, leader, &done, &stopped);

@@ -61,7 +61,35 @@ static ts_status cpu_adamw_step(ts_tensor *p, const ts_tensor *g, ts_tensor *m, 
     return TS_OK;
 }
 
+/* g: (n) */
+static ts_status cpu_grad_sumsq(const ts_tensor *g, double *sumsq) {
+    const float *pg = ts__f32(g);
+    int64_t n = ts_tensor_numel(g);
+    double s = 0.0;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static) reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (double)pg[i] * (double)pg[i];
+    *sumsq = s;
+    return TS_OK;
+}
+
+/* g: (n) */
+static ts_status cpu_grad_scale(ts_tensor *g, float factor, bool *nonfinite) {
+    float *pg = ts__f32(g);
+    int64_t n = ts_tensor_numel(g);
+    int bad = 0;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static) reduction(| : bad)
+    for (int64_t i = 0; i < n; i++) {
+        float v = pg[i];
+        bad |= !isfinite(v);
+        pg[i] = v * factor;
+    }
+    if (bad) *nonfinite = true;
+    return TS_OK;
+}
+
 const struct ts_kernels_optim ts_cpu_kernels_optim = {
     .sgd_step = cpu_sgd_step,
     .adamw_step = cpu_adamw_step,
+    .grad_sumsq = cpu_grad_sumsq,
+    .grad_scale = cpu_grad_scale,
 };
