@@ -64,15 +64,30 @@ void ts_log(ts_log_level level, const char *fmt, ...) __attribute__((format(prin
 /* ---- dtypes ------------------------------------------------------------------ */
 typedef enum ts_dtype {
     TS_F32 = 0,
-    TS_F16 = 1,  /* storage reserved; no kernels yet */
-    TS_BF16 = 2, /* storage reserved; no kernels yet */
+    TS_F16 = 1,  /* IEEE binary16: storage, conversions (ts_to_dtype), checkpoints */
+    TS_BF16 = 2, /* bfloat16: storage, conversions (ts_to_dtype), checkpoints, DDP's bf16 all-reduce */
     TS_I64 = 3,  /* indices and labels */
     TS_I32 = 4,
     TS_U8 = 5,
     TS_DTYPE_COUNT
 } ts_dtype;
 size_t ts_dtype_size(ts_dtype dt);
-const char *ts_dtype_name(ts_dtype dt);
+const char *ts_dtype_name(ts_dtype dt); /* "float32", "bfloat16", ... */
+/* A dtype from its name: float32|f32|fp32, float16|f16|fp16|half, bfloat16|bf16, int64, int32, uint8
+ * (TS_ERR_INVALID_ARG naming the string otherwise). */
+ts_status ts_dtype_parse(const char *name, ts_dtype *out);
+/* F32, F16 or BF16. */
+bool ts_dtype_is_float(ts_dtype dt);
+
+/* Float32 <-> bfloat16 / float16, one value: round to nearest, ties to even (PyTorch's and the
+ * hardware's rounding); overflow gives infinity; NaN stays NaN. 16 bits to float32 is exact. */
+uint16_t ts_f32_to_bf16(float f);
+float ts_bf16_to_f32(uint16_t h);
+uint16_t ts_f32_to_f16(float f);
+float ts_f16_to_f32(uint16_t h);
+/* n values from src (dtype from) to dst (dtype to), both F32, F16 or BF16 (TS_ERR_DTYPE otherwise);
+ * the same dtype copies. Host memory; buffers must not overlap. */
+ts_status ts_convert(void *dst, ts_dtype to, const void *src, ts_dtype from, size_t n);
 
 /* ---- devices ------------------------------------------------------------------- */
 typedef struct ts_device ts_device; /* owned by the registry; never freed by users */

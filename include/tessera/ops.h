@@ -177,6 +177,10 @@ ts_status ts_mse_loss(const ts_tensor *pred, const ts_tensor *target, ts_tensor 
 /* ---- device movement --------------------------------------------------------------------------------------- */
 /* A copy of x on dev (a new reference to x when already there); gradients flow back. */
 ts_status ts_to_device(const ts_tensor *x, ts_device *dev, ts_tensor **out);
+/* x converted to dtype dt (F32, F16 or BF16; x too), rounding to nearest even (ts_f32_to_bf16): a new
+ * contiguous tensor on x's device (a new reference to x when it has that dtype already). Gradients flow
+ * back converted to x's dtype (torch's Tensor.to(dtype)). Exported to ONNX as Cast. */
+ts_status ts_to_dtype(const ts_tensor *x, ts_dtype dt, ts_tensor **out);
 
 #ifdef __cplusplus
 }

@@ -126,12 +126,12 @@ ts_status ts_scale_grads(const ts_tensor_list *params, float factor, bool *finit
  * growth_interval overflow-free steps in a row. The scale is float32, as torch keeps it. */
 typedef struct ts_grad_scaler {
     float scale;            /* 65536 */
-    float growth_factor;    /* 2 */
-    float backoff_factor;   /* 0.5 */
+    double growth_factor;   /* 2 (the products are taken in double and rounded to float, as torch does) */
+    double backoff_factor;  /* 0.5 */
     int64_t growth_interval; /* 2000 */
     int64_t growth_tracker; /* overflow-free steps since the last change (0) */
 } ts_grad_scaler;
-#define TS_GRAD_SCALER_INIT ((ts_grad_scaler){65536.0f, 2.0f, 0.5f, 2000, 0})
+#define TS_GRAD_SCALER_INIT ((ts_grad_scaler){65536.0f, 2.0, 0.5, 2000, 0})
 /* Checks the fields: scale finite and > 0, growth_factor > 1, backoff_factor in (0, 1), interval >= 1. */
 ts_status ts_grad_scaler_check(const ts_grad_scaler *gs);
 /* Gradients *= 1 / scale (in one pass that also looks for inf and NaN); *found_inf as described. */

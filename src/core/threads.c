@@ -18,30 +18,6 @@ void ts_set_num_threads(int n) {
 
 int ts_get_num_threads(void) { return omp_get_max_threads(); }
 
-size_t ts_dtype_size(ts_dtype dt) {
-    switch (dt) {
-    case TS_F32: return 4;
-    case TS_F16: return 2;
-    case TS_BF16: return 2;
-    case TS_I64: return 8;
-    case TS_I32: return 4;
-    case TS_U8: return 1;
-    default: return 0;
-    }
-}
-
-const char *ts_dtype_name(ts_dtype dt) {
-    switch (dt) {
-    case TS_F32: return "float32";
-    case TS_F16: return "float16";
-    case TS_BF16: return "bfloat16";
-    case TS_I64: return "int64";
-    case TS_I32: return "int32";
-    case TS_U8: return "uint8";
-    default: return "unknown";
-    }
-}
-
 /* ---- conv algorithm (read by the CPU spatial kernels) ---- */
 static _Atomic int conv_algo = -1; /* -1: not yet read from TS_CONV_ALGO */
 

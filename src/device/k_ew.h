@@ -64,6 +64,9 @@ struct ts_kernels_ew {
                                   int64_t n, int64_t inner);
     /* out = x with its dims permuted: out dim d is x dim perm[d] (any dtype) */
     ts_status (*permute)(ts_tensor *out, const ts_tensor *x, const int *perm);
+    /* out = x converted to out's dtype (both contiguous, same shape; F32, F16 or BF16), rounding as
+     * core/half.h */
+    ts_status (*cast)(ts_tensor *out, const ts_tensor *x);
 };
 
 /* The CPU backend's instance (src/ops/cpu/ew.c), which device/cpu.c puts in

@@ -769,6 +769,14 @@ static ts_status emit_group_norm(exporter *e, emit_args *x) {
     return node(e, "Add", x->node_name, 2, (const char *[]){last, br}, x->out, 0, NULL);
 }
 
+static ts_status emit_cast(exporter *e, emit_args *x) {
+    int to;
+    if (!onnx_dtype((ts_dtype)x->r->a.i[0], &to))
+        return ts_error(TS_ERR_UNSUPPORTED, "to_dtype: ONNX has no type for %s", ts_dtype_name((ts_dtype)x->r->a.i[0]));
+    attr at[] = {A_INT("to", to)};
+    return node(e, "Cast", x->node_name, 1, x->in, x->out, 1, at);
+}
+
 /* The mapping table: one line per traced op kind; a kind left out has no ONNX mapping.
  * A new elementwise op with a same-named ONNX operator is one line: {emit_plain, "Sigmoid"}. */
 static const struct {
@@ -811,6 +819,7 @@ static const struct {
     [TS_OP_ADAPTIVE_AVGPOOL2D] = {emit_adaptive_avgpool, "GlobalAveragePool / AveragePool"},
     [TS_OP_LAYER_NORM] = {emit_layer_norm, "LayerNormalization"},
     [TS_OP_GROUP_NORM] = {emit_group_norm, "Reshape+InstanceNormalization+Reshape+Mul+Add"},
+    [TS_OP_CAST] = {emit_cast, "Cast"},
     /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead) */
 };
 

@@ -274,3 +274,51 @@ ts_status ts_to_device(const ts_tensor *x, ts_device *dev, ts_tensor **out) {
     *out = o;
     return TS_OK;
 }
+
+/* ---- dtype conversion -------------------------------------------------------------------------------------- */
+static ts_status cast_to(const ts_tensor *x, ts_dtype dt, ts_tensor **out) {
+    ts_tensor *c = NULL, *o = NULL;
+    ts_device *dev = x->storage->device;
+    if (!dev->k_ew->cast)
+        return ts_error(TS_ERR_UNSUPPORTED, "to_dtype: no conversion kernel on device %s", ts_device_name(dev));
+    TS_TRY(ts__contiguous(x, &c));
+    ts_status st = ts__new(dev, dt, x->ndim, x->shape, &o);
+    if (st == TS_OK) st = dev->k_ew->cast(o, c);
+    ts_tensor_release(c);
+    if (st != TS_OK) {
+        ts_tensor_release(o);
+        return st;
+    }
+    *out = o;
+    return TS_OK;
+}
+
+static ts_status to_dtype_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
+    return cast_to(g, (ts_dtype)n->p.i[0], &gin[0]);
+}
+
+ts_status ts_to_dtype(const ts_tensor *x, ts_dtype dt, ts_tensor **out) {
+    TS_ARG(x && out, "to_dtype: NULL argument");
+    if (!ts_dtype_is_float(x->dtype) || !ts_dtype_is_float(dt))
+        return ts_error(TS_ERR_DTYPE, "to_dtype: %s to %s (want float32, float16 or bfloat16)", ts_dtype_name(x->dtype),
+                        ts_dtype_name(dt));
+    if (x->dtype == dt) {
+        *out = ts_tensor_retain((ts_tensor *)x);
+        return TS_OK;
+    }
+    ts_tensor *o = NULL;
+    TS_TRY(cast_to(x, dt, &o));
+    ts_node *n = NULL;
+    ts_status st = ts__node_new("to_dtype", to_dtype_backward, 1, &x, &n);
+    if (n) {
+        n->p.i[0] = x->dtype; /* the gradient goes back in x's dtype */
+        st = ts__node_attach(n, o);
+    }
+    if (st == TS_OK) st = ts__trace_op(TS_OP_CAST, 1, &x, o, &(ts__trace_attrs){.i = {(int64_t)dt}});
+    if (st != TS_OK) {
+        ts_tensor_release(o);
+        return st;
+    }
+    *out = o;
+    return TS_OK;
+}

@@ -63,6 +63,7 @@ typedef enum ts__op_kind {
     TS_OP_ADAPTIVE_AVGPOOL2D, /* in: x (N, C, H, W) or (C, H, W); i[0], i[1]: output h, w */
     TS_OP_LAYER_NORM,       /* in: x, weight|NULL, bias|NULL; i[0]: normalized_ndim; f[0]: eps */
     TS_OP_GROUP_NORM,       /* in: x (N, C, *), weight|NULL, bias|NULL; i[0]: num_groups; f[0]: eps */
+    TS_OP_CAST,             /* in: x; i[0]: the ts_dtype converted to */
     TS_OP_COUNT
 } ts__op_kind;
 

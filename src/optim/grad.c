@@ -69,9 +69,9 @@ ts_status ts_grad_scaler_check(const ts_grad_scaler *gs) {
     TS_ARG(gs, "ts_grad_scaler_check: NULL argument");
     TS_ARG(isfinite(gs->scale) && gs->scale > 0, "grad scaler: scale %g must be finite and > 0", (double)gs->scale);
     TS_ARG(isfinite(gs->growth_factor) && gs->growth_factor > 1, "grad scaler: growth_factor %g must be > 1",
-           (double)gs->growth_factor);
+           gs->growth_factor);
     TS_ARG(gs->backoff_factor > 0 && gs->backoff_factor < 1, "grad scaler: backoff_factor %g must be in (0, 1)",
-           (double)gs->backoff_factor);
+           gs->backoff_factor);
     TS_ARG(gs->growth_interval >= 1, "grad scaler: growth_interval %lld must be >= 1", (long long)gs->growth_interval);
     TS_ARG(gs->growth_tracker >= 0 && gs->growth_tracker < gs->growth_interval,
            "grad scaler: growth_tracker %lld must be in [0, growth_interval)", (long long)gs->growth_tracker);
@@ -91,7 +91,7 @@ ts_status ts_grad_scaler_unscale(const ts_grad_scaler *gs, const ts_tensor_list 
 void ts_grad_scaler_update(ts_grad_scaler *gs, bool found_inf) {
     if (!gs) return;
     if (found_inf) {
-        gs->scale *= gs->backoff_factor;
+        gs->scale = (float)((double)gs->scale * gs->backoff_factor);
         gs->growth_tracker = 0;
         return;
     }
@@ -100,7 +100,7 @@ void ts_grad_scaler_update(ts_grad_scaler *gs, bool found_inf) {
         gs->growth_tracker = ok;
         return;
     }
-    float grown = gs->scale * gs->growth_factor;
+    float grown = (float)((double)gs->scale * gs->growth_factor);
     if (isfinite(grown)) gs->scale = grown;
     gs->growth_tracker = 0;
 }

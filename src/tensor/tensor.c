@@ -323,6 +323,8 @@ double ts_tensor_item(const ts_tensor *t, int64_t i) {
     case TS_I64: { int64_t v; memcpy(&v, buf, 8); return (double)v; }
     case TS_I32: { int32_t v; memcpy(&v, buf, 4); return v; }
     case TS_U8: return buf[0];
+    case TS_F16: { uint16_t h; memcpy(&h, buf, 2); return ts_f16_to_f32(h); }
+    case TS_BF16: { uint16_t h; memcpy(&h, buf, 2); return ts_bf16_to_f32(h); }
     default: return NAN;
     }
 }

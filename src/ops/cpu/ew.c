@@ -500,6 +500,22 @@ static ts_status cpu_permute(ts_tensor *out, const ts_tensor *x, const int *perm
     return TS_OK;
 }
 
+/* out, x: contiguous, same numel; chunks of CAST_CHUNK elements over the threads */
+#define CAST_CHUNK 16384
+static ts_status cpu_cast(ts_tensor *out, const ts_tensor *x) {
+    int64_t n = ts_tensor_numel(x), chunks = (n + CAST_CHUNK - 1) / CAST_CHUNK;
+    size_t so = ts_dtype_size(out->dtype), sx = ts_dtype_size(x->dtype);
+    unsigned char *po = ts__ptr(out);
+    const unsigned char *px = ts__ptr(x);
+    int bad = 0;
+#pragma omp parallel for if (chunks > 1) schedule(static) reduction(| : bad)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i = c * CAST_CHUNK, m = n - i < CAST_CHUNK ? n - i : CAST_CHUNK;
+        bad |= ts_convert(po + (size_t)i * so, out->dtype, px + (size_t)i * sx, x->dtype, (size_t)m) != TS_OK;
+    }
+    return bad ? ts_error(TS_ERR_DTYPE, "cast: %s to %s", ts_dtype_name(x->dtype), ts_dtype_name(out->dtype)) : TS_OK;
+}
+
 const struct ts_kernels_ew ts_cpu_kernels_ew = {
     .fill = cpu_fill,
     .copy = cpu_copy,
@@ -518,4 +534,5 @@ const struct ts_kernels_ew ts_cpu_kernels_ew = {
     .max_dim = cpu_max_dim,
     .max_dim_backward = cpu_max_dim_backward,
     .permute = cpu_permute,
+    .cast = cpu_cast,
 };
