@@ -5,7 +5,8 @@
  * on virtual devices, and DDP over 2 ranks, where only the K-th backward
  * all-reduces); an epoch's last short step; resume with the same K is
  * bit-identical and a different K is refused; ts_clip_grad_norm and
- * ts_scale_grads against hand-computed values; the grad scaler's rules.
+ * ts_scale_grads against hand-computed values; the grad scaler's rules;
+ * DDP with bfloat16 gradient communication (close to float32, replicas equal).
  */
 #include "test_util.h"
 #include "rank_threads.h"
@@ -67,6 +68,7 @@ typedef struct cfg {
     double clip;
     ts_strategy_kind kind;
     const char *save, *resume; /* checkpoint written every 2 steps / resumed from */
+    ts_dtype comm;             /* DDP's all-reduce dtype (0: float32) */
 } cfg;
 
 typedef struct result {
@@ -98,6 +100,9 @@ static ts_status train(const cfg *c, ts_process_group *pg, result *r) {
     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
     so.kind = c->kind;
     so.pg = pg;
+    ts_ddp_options dopt = TS_DDP_OPTIONS_INIT;
+    dopt.comm_dtype = c->comm;
+    so.ddp = &dopt;
     ts_dataset_source_opts dso = TS_DATASET_SOURCE_OPTS_INIT;
     dso.batch_size = c->batch;
     dso.seed = 11;
@@ -154,7 +159,7 @@ static double max_diff(const result *a, const result *b) {
 /* 96 samples: 4 batches of 8 per step vs 1 batch of 32, 2 epochs (6 steps). */
 static void test_accum_equals_big_batch(void) {
     ts_dataset *ds = make_dataset(96, 5);
-    cfg big = {ds, 32, 1, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL}, small = big, data = big;
+    cfg big = {ds, 32, 1, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32}, small = big, data = big;
     small.batch = 8;
     small.accum = 4;
     data.batch = 8;
@@ -187,7 +192,7 @@ static void test_accum_equals_big_batch(void) {
 /* 100 samples at 8: 13 batches, the last of 4 samples; K = 4 makes steps of 4, 4, 4 and 1 batches. */
 static void test_short_last_step(void) {
     ts_dataset *ds = make_dataset(100, 6);
-    cfg c = {ds, 8, 4, 1, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL};
+    cfg c = {ds, 8, 4, 1, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32};
     result r = {0};
     CHECK_OK(train(&c, NULL, &r));
     CHECK(r.steps == 4 && r.events == 4);
@@ -201,7 +206,7 @@ static void test_accum_resume(void) {
     ts_dataset *ds = make_dataset(96, 7);
     char ck[512];
     snprintf(ck, sizeof ck, "%s/accum.ckpt", tu_tmpdir());
-    cfg whole = {ds, 8, 3, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL}, first = whole, rest = whole, other = whole;
+    cfg whole = {ds, 8, 3, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32}, first = whole, rest = whole, other = whole;
     first.max_steps = 5; /* stops after step 5 (mid-epoch 2: epochs have 4 steps), last save at step 4 */
     first.save = ck;
     rest.resume = ck;
@@ -237,7 +242,7 @@ static ts_status ddp_rank(rank_ctx *c, ts_process_group *pg) { return train(c->a
 
 static void test_ddp_accum(void) {
     ts_dataset *ds = make_dataset(96, 8);
-    cfg one = {ds, 32, 1, 2, 0, 0.1, TS_STRATEGY_NONE, NULL, NULL}, ddp = one, unclipped = one;
+    cfg one = {ds, 32, 1, 2, 0, 0.1, TS_STRATEGY_NONE, NULL, NULL, TS_F32}, ddp = one, unclipped = one;
     unclipped.clip = 0.0;
     ddp.batch = 4;
     ddp.accum = 4;
@@ -349,11 +354,32 @@ static void test_grad_scaler_rules(void) {
     ts_tensor_list_clear(&l);
 }
 
+/* bfloat16 buckets: every rank ends with the same parameters, near the float32 run's but not equal to them */
+static void test_ddp_bf16_comm(void) {
+    ts_dataset *ds = make_dataset(96, 9);
+    cfg f32 = {ds, 8, 1, 2, 0, 0.0, TS_STRATEGY_DDP, NULL, NULL, TS_F32}, bf16 = f32;
+    bf16.comm = TS_BF16;
+    rank_ctx a[2], b[2];
+    if (run_ranks(2, ddp_rank, &f32, a) && run_ranks(2, ddp_rank, &bf16, b)) {
+        double w = max_diff(&a[0].r, &b[0].r), scale = 0;
+        for (int64_t i = 0; i < a[0].r.nparams; i++) scale = fmax(scale, fabs((double)a[0].r.params[i]));
+        fprintf(stderr, "  DDP 2 ranks, 12 steps: bfloat16 vs float32 communication, max abs diff %.3g (largest "
+                        "parameter %.3g)\n", w, scale);
+        CHECK(w > 0 && w <= 2e-2 * scale);
+        CHECK(memcmp(b[0].r.params, b[1].r.params, sizeof(float) * (size_t)b[0].r.nparams) == 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(a[i].r.params);
+        free(b[i].r.params);
+    }
+    ts_dataset_free(ds);
+}
+
 int main(int argc, char **argv) {
     ts_set_num_threads(1);
     static const tu_test tests[] = {
         T(test_accum_equals_big_batch), T(test_short_last_step), T(test_accum_resume), T(test_ddp_accum),
-        T(test_clip_and_scale), T(test_grad_scaler_rules),
+        T(test_clip_and_scale), T(test_grad_scaler_rules), T(test_ddp_bf16_comm),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();

@@ -207,6 +207,33 @@ static void body_all_reduce(ts_process_group *pg, int rank, int world, void *arg
         fill(p, n, rank);
         ROK(ts_all_reduce_buffer(pg, p, (size_t)n, TS_F32, TS_REDUCE_SUM, NULL));
         CHECK_VALUES(p, n, S * (i % 7 + 1), 0);
+        /* bfloat16 (2-byte elements: odd lengths cross every 4-byte boundary); the values and their sums
+         * (<= 36 x 7 = 252) are exact in bfloat16's 8 bits */
+        ts_tensor *h = vec(n, TS_BF16), *hs = vec(n * world, TS_BF16);
+        uint16_t *ph = ts_tensor_data(h), *phs = ts_tensor_data(hs);
+        for (int op = 0; op < 4; op++) {
+            fill(p, n, rank);
+            ROK(ts_convert(ph, TS_BF16, p, TS_F32, (size_t)n));
+            ROK(ts_all_reduce(pg, h, (ts_reduce_op)op, NULL));
+            ROK(ts_convert(p, TS_F32, ph, TS_BF16, (size_t)n));
+            switch (op) {
+            case TS_REDUCE_SUM: CHECK_VALUES(p, n, S * (i % 7 + 1), 0); break;
+            case TS_REDUCE_AVG: CHECK_VALUES(p, n, S / world * (i % 7 + 1), 0); break;
+            case TS_REDUCE_MAX: CHECK_VALUES(p, n, world * (i % 7 + 1), 0); break;
+            case TS_REDUCE_MIN: CHECK_VALUES(p, n, (i % 7 + 1), 0); break;
+            }
+        }
+        for (int r = 0; r < world; r++) { /* block r of rank k holds (k + 1) (r + 1) (i % 7 + 1) */
+            for (int64_t i = 0; i < n; i++) p[i] = (float)((rank + 1) * (r + 1) * (i % 7 + 1));
+            ROK(ts_convert(phs + (size_t)r * (size_t)n, TS_BF16, p, TS_F32, (size_t)n));
+        }
+        if (world <= 4) { /* sums <= 10 x 4 x 7 = 280: exact up to 256, then steps of 2 */
+            ROK(ts_reduce_scatter(pg, h, hs, TS_REDUCE_SUM, NULL));
+            ROK(ts_convert(p, TS_F32, ph, TS_BF16, (size_t)n));
+            CHECK_VALUES(p, n, S * (rank + 1) * (i % 7 + 1), 0);
+        }
+        ts_tensor_release(h);
+        ts_tensor_release(hs);
         ts_tensor_release(t);
     }
 }

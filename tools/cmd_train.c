@@ -35,6 +35,8 @@ typedef struct train_args {
     int64_t micro_batches;
     int64_t accum_steps, warmup_steps; /* --accum-steps, --warmup-steps */
     double clip_grad_norm;             /* --clip-grad-norm (0: none) */
+    const char *ddp_comm;              /* --ddp-comm: fp32 or bf16 */
+    ts_dtype comm_dtype;
 } train_args;
 
 /* What the trainer's callback prints with. */
@@ -167,6 +169,7 @@ static void print_banner(const train_args *a, ts_strategy *s, ts_batch_source *t
     printf(", %lld parameters, %d threads%s\n", (long long)ts_module_num_parameters(ts_strategy_model(s)),
            ts_get_num_threads(), ddp ? " per rank" : "");
     if (ddp && a->sync_bn) printf("--sync-bn: BatchNorm2d layers are SyncBatchNorm over all %d ranks\n", world);
+    if (ddp && a->comm_dtype == TS_BF16) printf("--ddp-comm bf16: gradient buckets are all-reduced in bfloat16\n");
     if (a->accum_steps > 1)
         printf("--accum-steps %lld: one optimizer step per %lld batches (%lld images%s)\n", (long long)a->accum_steps,
                (long long)a->accum_steps, (long long)(a->accum_steps * a->batch_size * world), world > 1 ? " over all ranks" : "");
@@ -264,6 +267,10 @@ static int check_names(const cli_command *cmd, train_args *a) {
         return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
     if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
     if (ts_conv_algo_parse(a->conv_algo, &a->algo) != TS_OK) return cli_usage_error(cmd, "--conv-algo: %s", ts_last_error());
+    if (ts_dtype_parse(a->ddp_comm, &a->comm_dtype) != TS_OK || (a->comm_dtype != TS_F32 && a->comm_dtype != TS_BF16))
+        return cli_usage_error(cmd, "--ddp-comm '%s': expected fp32 or bf16", a->ddp_comm);
+    if (a->comm_dtype == TS_BF16 && strcmp(a->backend, "builtin") != 0)
+        return cli_usage_error(cmd, "--ddp-comm bf16 needs --backend builtin (MPI has no bfloat16 reduction)");
     if (access(a->data, R_OK) != 0) return cli_usage_error(cmd, "--data %s: %s", a->data, strerror(errno));
     return 0;
 }
@@ -272,7 +279,7 @@ int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
-                    .backend = "builtin", .conv_algo = "auto", .accum_steps = 1};
+                    .backend = "builtin", .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32"};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
@@ -310,6 +317,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"schedule", CLI_STRING, &a.pp_schedule, "--strategy pipeline: gpipe or 1f1b", 1, 0},
         {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
         {"backend", CLI_STRING, &a.backend, "process group backend: builtin, or mpi (under mpirun; --nproc starts mpirun)", 1, 0},
+        {"ddp-comm", CLI_STRING, &a.ddp_comm, "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", 1, 0},
         {"sync-bn", CLI_BOOL, &a.sync_bn, "with --nproc > 1: BatchNorm statistics over all ranks' batches (SyncBatchNorm)", 1, 0},
     };
     const cli_command cmd = {
@@ -383,6 +391,9 @@ int ts_cmd_train(int argc, char **argv) {
     }
     so.pg = pg;
     so.sync_bn = a.sync_bn;
+    ts_ddp_options dopt = TS_DDP_OPTIONS_INIT;
+    dopt.comm_dtype = a.comm_dtype;
+    so.ddp = &dopt;
     so.sample_ndim = ts_batch_source_sample_shape(train, so.sample_shape);
     /* optimizer steps per epoch: batches / accum_steps, a last shorter step included */
     int64_t nb = (ts_batch_source_num_batches(train, 0) + a.accum_steps - 1) / a.accum_steps;

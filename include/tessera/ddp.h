@@ -81,10 +81,16 @@ typedef struct ts_ddp_options {
     double first_bucket_cap_mb; /* cap of bucket 0; default 1 (PyTorch's first bucket); <= 0: bucket_cap_mb */
     bool broadcast_buffers;     /* rank 0's buffers to every rank at each ts_ddp_forward; default true */
     bool average_gradients;     /* true (default): AVG, the sum divided by the world size; false: SUM */
+    /* The buckets' all-reduce dtype: TS_F32 (default), or TS_BF16 — gradient compression as PyTorch's
+     * bf16_compress_hook: each bucket is rounded to bfloat16, all-reduced in bfloat16 (half the bytes;
+     * every hop sums in float32 and rounds back) and widened into the float32 gradients. Needs a backend
+     * that reduces bfloat16 (the builtin one; ts_ddp_new refuses others). */
+    ts_dtype comm_dtype;
 } ts_ddp_options;
 
-#define TS_DDP_OPTIONS_INIT \
-    ((ts_ddp_options){sizeof(ts_ddp_options), TS_DDP_OPTIONS_MAGIC, TS_DDP_OPTIONS_VERSION, 25.0, 1.0, true, true})
+#define TS_DDP_OPTIONS_INIT                                                                                    \
+    ((ts_ddp_options){sizeof(ts_ddp_options), TS_DDP_OPTIONS_MAGIC, TS_DDP_OPTIONS_VERSION, 25.0, 1.0, true, true, \
+                      TS_F32})
 
 typedef struct ts_ddp ts_ddp;
 

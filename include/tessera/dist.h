@@ -171,6 +171,8 @@ int ts_pg_rank(const ts_process_group *pg);
 int ts_pg_size(const ts_process_group *pg);
 int ts_pg_local_rank(const ts_process_group *pg);
 const char *ts_pg_backend_name(const ts_process_group *pg);
+/* Whether the group's backend reduces dt (float32 always; bfloat16 on the builtin backend). */
+bool ts_pg_reduces_dtype(const ts_process_group *pg, ts_dtype dt);
 double ts_pg_timeout(const ts_process_group *pg);
 /* Aborts: every pending and later call fails fast; peers see this rank as gone. */
 void ts_pg_abort(ts_process_group *pg, const char *reason);
@@ -239,9 +241,11 @@ ts_status ts_work_wait(ts_work *w, double timeout_s);
 bool ts_work_is_completed(ts_work *w);
 void ts_work_free(ts_work *w); /* waits first if still running */
 
-/* Collectives on contiguous CPU tensors (f32 reduce ops; any dtype for broadcast,
- * all_gather, send/recv). In place unless an out tensor is given. `work`: NULL
- * blocks; otherwise *work is a new handle and t must stay alive until it completes. */
+/* Collectives on contiguous CPU tensors (reduce ops take float32, and bfloat16 on the builtin backend —
+ * each hop combines in float32 and rounds back, as NCCL's bf16 reductions; the MPI backend refuses
+ * bfloat16 with TS_ERR_DTYPE; any dtype for broadcast, all_gather, send/recv). In place unless an out
+ * tensor is given. `work`: NULL blocks; otherwise *work is a new handle and t must stay alive until it
+ * completes. */
 ts_status ts_all_reduce(ts_process_group *pg, ts_tensor *t, ts_reduce_op op, ts_work **work);
 ts_status ts_broadcast(ts_process_group *pg, ts_tensor *t, int root, ts_work **work);
 /* Result on root only (others' t unspecified afterwards). */

@@ -31,7 +31,7 @@ typedef struct ts__backend_ops {
     const char *name;
     /* *state receives the backend's private state (freed by destroy). */
     ts_status (*init)(const ts__backend_ctx *ctx, void **state);
-    /* In place over count elements; reduce ops need TS_F32 (checked by pg.c). */
+    /* In place over count elements; reduce ops take TS_F32, and TS_BF16 where reduces_bf16 (pg.c checks). */
     ts_status (*all_reduce)(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op);
     ts_status (*broadcast)(void *st, void *buf, size_t count, ts_dtype dt, int root);
     /* Result on root; other ranks' buf is clobbered. */
@@ -47,6 +47,7 @@ typedef struct ts__backend_ops {
     void (*abort)(void *st, const char *reason);
     /* After the last operation: closes connections, frees state. */
     void (*destroy)(void *st);
+    bool reduces_bf16; /* all_reduce, reduce and reduce_scatter take TS_BF16 (combined in float32 per hop) */
 } ts__backend_ops;
 
 /* The backends built into this library. An MPI backend adds itself here and

@@ -288,6 +288,9 @@ int ts_pg_rank(const ts_process_group *pg) { return pg ? pg->rank : -1; }
 int ts_pg_size(const ts_process_group *pg) { return pg ? pg->world : 0; }
 int ts_pg_local_rank(const ts_process_group *pg) { return pg ? pg->local_rank : -1; }
 const char *ts_pg_backend_name(const ts_process_group *pg) { return pg && pg->be ? pg->be->name : ""; }
+bool ts_pg_reduces_dtype(const ts_process_group *pg, ts_dtype dt) {
+    return pg && pg->be && (dt == TS_F32 || (dt == TS_BF16 && pg->be->reduces_bf16));
+}
 double ts_pg_timeout(const ts_process_group *pg) { return pg ? pg->timeout_s : 0.0; }
 const char *ts__pg_name(const ts_process_group *pg) { return pg ? pg->name : ""; }
 bool ts__pg_aborted(const ts_process_group *pg) { return pg && atomic_load(&pg->aborted); }
@@ -648,8 +651,11 @@ static ts_status check_tensor(const ts_process_group *pg, const char *op, const 
 
 static ts_status check_op(const ts_process_group *pg, const char *op, ts_reduce_op rop, ts_dtype dt) {
     TS_ARG(rop >= TS_REDUCE_SUM && rop <= TS_REDUCE_MIN, "%s: unknown reduce op %d (rank %d)", op, (int)rop, pg->rank);
-    if (dt != TS_F32)
-        return ts_error(TS_ERR_DTYPE, "%s: reduce ops need f32, got %s (rank %d)", op,
+    if (dt == TS_BF16 && !pg->be->reduces_bf16)
+        return ts_error(TS_ERR_DTYPE, "%s: the %s backend reduces float32 only, not bfloat16 (rank %d)", op,
+                        pg->be->name, pg->rank);
+    if (dt != TS_F32 && dt != TS_BF16)
+        return ts_error(TS_ERR_DTYPE, "%s: reduce ops need float32 or bfloat16, got %s (rank %d)", op,
                         (unsigned)dt < TS_DTYPE_COUNT ? ts_dtype_name(dt) : "an unknown dtype", pg->rank);
     return TS_OK;
 }
@@ -740,6 +746,9 @@ ts_status ts_reduce_scatter(ts_process_group *pg, ts_tensor *out, const ts_tenso
     TS_TRY(check_tensor(pg, "reduce_scatter", "in", in));
     TS_TRY(check_op(pg, "reduce_scatter", op, ts_tensor_dtype(in)));
     TS_TRY(check_op(pg, "reduce_scatter", op, ts_tensor_dtype(out)));
+    if (ts_tensor_dtype(in) != ts_tensor_dtype(out))
+        return ts_error(TS_ERR_DTYPE, "reduce_scatter: in is %s, out %s (rank %d)", ts_dtype_name(ts_tensor_dtype(in)),
+                        ts_dtype_name(ts_tensor_dtype(out)), pg->rank);
     char a[96], b[96];
     if (ts_tensor_numel(in) != (int64_t)pg->world * ts_tensor_numel(out))
         return ts_error(TS_ERR_SHAPE,
@@ -750,7 +759,7 @@ ts_status ts_reduce_scatter(ts_process_group *pg, ts_tensor *out, const ts_tenso
                         ts_shape_str(ts_tensor_ndim(out), ts_tensor_shape(out), b, sizeof b),
                         (long long)ts_tensor_numel(out), (long long)pg->world * ts_tensor_numel(out), pg->rank);
     return queue(pg, W_REDUCE_SCATTER, ts_tensor_data(out), ts_tensor_data((ts_tensor *)in),
-                 (size_t)ts_tensor_numel(out), TS_F32, op, 0, 0, out, (ts_tensor *)in, work);
+                 (size_t)ts_tensor_numel(out), ts_tensor_dtype(out), op, 0, 0, out, (ts_tensor *)in, work);
 }
 
 ts_status ts_barrier(ts_process_group *pg, ts_work **work) {

@@ -36,6 +36,7 @@ typedef struct ddp_param {
 
 typedef struct ddp_bucket {
     float *buf;
+    uint16_t *buf16; /* comm_dtype TS_BF16: what goes on the wire */
     size_t numel;
     int *members; /* parameter indices */
     int nmembers;
@@ -98,12 +99,19 @@ static ts_status wait_all(ts_ddp *d) {
     return first;
 }
 
+/* Starts the all-reduce of bucket bk (in comm_dtype: a bfloat16 bucket is rounded first). */
+static ts_status launch(ts_ddp *d, ddp_bucket *bk) {
+    ts_reduce_op op = d->opts.average_gradients ? TS_REDUCE_AVG : TS_REDUCE_SUM;
+    if (!bk->buf16) return ts_all_reduce_buffer(d->pg, bk->buf, bk->numel, TS_F32, op, &bk->work);
+    TS_TRY(ts_convert(bk->buf16, TS_BF16, bk->buf, TS_F32, bk->numel));
+    return ts_all_reduce_buffer(d->pg, bk->buf16, bk->numel, TS_BF16, op, &bk->work);
+}
+
 /* Launches ready buckets in index order. */
 static void launch_ready(ts_ddp *d) {
     while (d->pass_status == TS_OK && d->next_launch < d->nb && d->b[d->next_launch].pending == 0) {
         ddp_bucket *bk = &d->b[d->next_launch];
-        ts_reduce_op op = d->opts.average_gradients ? TS_REDUCE_AVG : TS_REDUCE_SUM;
-        ts_status st = ts_all_reduce_buffer(d->pg, bk->buf, bk->numel, TS_F32, op, &bk->work);
+        ts_status st = launch(d, bk);
         if (st != TS_OK) {
             bk->work = NULL;
             pass_fail(d, st, "launching the all-reduce of a gradient bucket");
@@ -116,8 +124,10 @@ static void launch_ready(ts_ddp *d) {
     }
 }
 
-/* Copies the reduced buckets back into the parameters' gradients. */
+/* Copies the reduced buckets back into the parameters' gradients (widening bfloat16 buckets first). */
 static ts_status write_back(ts_ddp *d) {
+    for (int b = 0; b < d->nb; b++)
+        if (d->b[b].buf16) TS_TRY(ts_convert(d->b[b].buf, TS_F32, d->b[b].buf16, TS_BF16, d->b[b].numel));
     for (int i = 0; i < d->params.n; i++) {
         ddp_param *p = &d->p[i];
         if (p->bucket < 0) continue;
@@ -257,6 +267,8 @@ static ts_status build_buckets(ts_ddp *d) {
         bk->buf = ts__calloc(bk->numel ? bk->numel : 1, sizeof(float));
         bk->members = ts__calloc((size_t)bk->nmembers, sizeof(int));
         if (!bk->buf || !bk->members) return TS_ERR_NOMEM;
+        if (d->opts.comm_dtype == TS_BF16 && !(bk->buf16 = ts__calloc(bk->numel ? bk->numel : 1, sizeof(uint16_t))))
+            return TS_ERR_NOMEM;
         bk->nmembers = 0;
     }
     for (int i = d->params.n - 1; i >= 0; i--) {
@@ -282,6 +294,12 @@ ts_status ts_ddp_new(ts_module *model, ts_process_group *pg, const ts_ddp_option
     }
     if (!(o.bucket_cap_mb > 0) || !isfinite(o.bucket_cap_mb) || !isfinite(o.first_bucket_cap_mb))
         return ts_error(TS_ERR_INVALID_ARG, "ts_ddp_new: bucket_cap_mb must be > 0 (got %g)", o.bucket_cap_mb);
+    if (o.comm_dtype != TS_F32 && o.comm_dtype != TS_BF16)
+        return ts_error(TS_ERR_INVALID_ARG, "ts_ddp_new: comm_dtype %s (want float32 or bfloat16)",
+                        ts_dtype_name(o.comm_dtype));
+    if (o.comm_dtype == TS_BF16 && !ts_pg_reduces_dtype(pg, TS_BF16))
+        return ts_error(TS_ERR_UNSUPPORTED, "ts_ddp_new: the %s backend cannot all-reduce bfloat16 gradients (use the "
+                        "builtin backend, or float32 communication)", ts_pg_backend_name(pg));
 
     ts_status st = TS_OK;
     ts_ddp *d = ts__calloc(1, sizeof *d);
@@ -340,6 +358,7 @@ void ts_ddp_free(ts_ddp *d) {
         (void)wait_all(d);
         for (int b = 0; b < d->nb; b++) {
             free(d->b[b].buf);
+            free(d->b[b].buf16);
             free(d->b[b].members);
         }
         free(d->b);
@@ -449,10 +468,9 @@ ts_status ts_ddp_join(ts_ddp *d) {
             st = broadcast_list(d, &d->buffers, 0);
             if (st != TS_OK) return ts__error_prefix(st, "ts_ddp_join: shadowing the buffer broadcast");
         }
-        ts_reduce_op op = d->opts.average_gradients ? TS_REDUCE_AVG : TS_REDUCE_SUM;
         for (int b = 0; b < d->nb && st == TS_OK; b++) {
             memset(d->b[b].buf, 0, d->b[b].numel * sizeof(float));
-            st = ts_all_reduce_buffer(d->pg, d->b[b].buf, d->b[b].numel, TS_F32, op, &d->b[b].work);
+            st = launch(d, &d->b[b]);
             if (st != TS_OK) d->b[b].work = NULL;
         }
         ts_status st2 = wait_all(d);

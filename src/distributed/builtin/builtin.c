@@ -279,7 +279,8 @@ static size_t rx_allowed(const stream *rx, const stream *tx, int gate) {
     if (gate != GATE_RX_BY_TX) return s->len;
     if (rx->cur < tx->cur) return s->len;
     if (rx->cur > tx->cur) return 0;
-    return TS_MIN(tx->done, s->len) & ~(size_t)3;
+    size_t es = ts__rop_esize(s->op);
+    return TS_MIN(tx->done, s->len) / es * es;
 }
 
 static ts_status run(builtin *b, stream *tx, stream *rx, int gate) {
@@ -349,11 +350,13 @@ static ts_status exchange(builtin *b, int to, const void *sbuf, int from, void *
 }
 
 /* ---- algorithms ------------------------------------------------------------------------------------ */
-static ts__rop rop_of(ts_reduce_op op) {
+/* The receive op of a reduction over dt elements (F32 or BF16: pg.c checks). */
+static ts__rop rop_of(ts_reduce_op op, ts_dtype dt) {
+    bool bf = dt == TS_BF16;
     switch (op) {
-    case TS_REDUCE_MAX: return TS__ROP_MAX;
-    case TS_REDUCE_MIN: return TS__ROP_MIN;
-    default: return TS__ROP_SUM;
+    case TS_REDUCE_MAX: return bf ? TS__ROP_MAX_BF16 : TS__ROP_MAX;
+    case TS_REDUCE_MIN: return bf ? TS__ROP_MIN_BF16 : TS__ROP_MIN;
+    default: return bf ? TS__ROP_SUM_BF16 : TS__ROP_SUM;
     }
 }
 
@@ -365,12 +368,12 @@ static void chunk_of(size_t count, int n, int i, size_t *off, size_t *len) {
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
-static ts_status rd_all_reduce(builtin *b, float *buf, size_t count, ts_reduce_op op) {
+static ts_status rd_all_reduce(builtin *b, void *buf, size_t count, ts_dtype dt, ts_reduce_op op) {
     int n = b->world, r = b->rank, p2 = 1;
     while (p2 * 2 <= n) p2 *= 2;
     int rem = n - p2;
-    size_t bytes = count * 4;
-    ts__rop rop = rop_of(op);
+    size_t bytes = count * ts_dtype_size(dt);
+    ts__rop rop = rop_of(op, dt);
     float scale = op == TS_REDUCE_AVG ? 1.0f / (float)n : 1.0f;
     if (r >= p2) { /* fold in, then receive the result */
         TS_TRY(exchange(b, r - p2, buf, -1, NULL, bytes, TS__ROP_COPY, 1.0f, GATE_NONE));
@@ -387,7 +390,7 @@ static ts_status rd_all_reduce(builtin *b, float *buf, size_t count, ts_reduce_o
     return TS_OK;
 }
 
-/* Ring over n chunks of `count` f32 elements split by chunk_of (or blocks of
+/* Ring over n chunks of `count` elements of esize bytes split by chunk_of (or blocks of
  * `block` elements when block > 0); steps k0 .. k1-1 of the 2n-2 step
  * schedule, chunk indices shifted by `shift`. */
 static ts_status ring(builtin *b, char *base, size_t count, size_t block, size_t esize, int k0, int k1, int shift,
@@ -416,9 +419,10 @@ static ts_status bi_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, t
     builtin *b = st;
     begin(b, K_ALL_REDUCE, dt, (int)op, 0, count);
     if (b->world == 1) return TS_OK;
-    if (count * 4 <= b->ring_threshold) return rd_all_reduce(b, buf, count, op);
+    size_t es = ts_dtype_size(dt);
+    if (count * es <= b->ring_threshold) return rd_all_reduce(b, buf, count, dt, op);
     float scale = op == TS_REDUCE_AVG ? 1.0f / (float)b->world : 1.0f;
-    return ring(b, buf, count, 0, 4, 0, 2 * b->world - 2, 0, rop_of(op), scale);
+    return ring(b, buf, count, 0, es, 0, 2 * b->world - 2, 0, rop_of(op, dt), scale);
 }
 
 static ts_status bi_broadcast(void *st, void *buf, size_t count, ts_dtype dt, int root) {
@@ -438,7 +442,7 @@ static ts_status bi_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_re
     if (n == 1) return TS_OK;
     float scale = op == TS_REDUCE_AVG && pos == n - 1 ? 1.0f / (float)n : 1.0f;
     return exchange(b, pos < n - 1 ? mod(b->rank + 1, n) : -1, buf, pos > 0 ? mod(b->rank - 1, n) : -1, buf,
-                    count * 4, rop_of(op), scale, 0);
+                    count * ts_dtype_size(dt), rop_of(op, dt), scale, 0);
 }
 
 static ts_status bi_all_gather(void *st, void *out, const void *in, size_t count, ts_dtype dt) {
@@ -455,7 +459,7 @@ static ts_status bi_reduce_scatter(void *st, void *out, const void *in, size_t c
                                    ts_reduce_op op) {
     builtin *b = st;
     begin(b, K_REDUCE_SCATTER, dt, (int)op, 0, count);
-    size_t bytes = count * 4, total = bytes * (size_t)b->world;
+    size_t es = ts_dtype_size(dt), bytes = count * es, total = bytes * (size_t)b->world;
     if (b->world == 1) {
         if (out != in && bytes) memmove(out, in, bytes);
         return TS_OK;
@@ -469,7 +473,7 @@ static ts_status bi_reduce_scatter(void *st, void *out, const void *in, size_t c
     if (total) memcpy(b->scratch, in, total);
     float scale = op == TS_REDUCE_AVG ? 1.0f / (float)b->world : 1.0f;
     /* shift -1: send block r-k-1, receive block r-k-2, so rank r finishes block r. */
-    TS_TRY(ring(b, b->scratch, 0, count, 4, 0, b->world - 1, -1, rop_of(op), scale));
+    TS_TRY(ring(b, b->scratch, 0, count, es, 0, b->world - 1, -1, rop_of(op, dt), scale));
     if (bytes) memcpy(out, (char *)b->scratch + (size_t)b->rank * bytes, bytes);
     return TS_OK;
 }
@@ -479,7 +483,7 @@ static ts_status bi_barrier(void *st) {
     begin(b, K_BARRIER, TS_F32, 0, 0, 1);
     if (b->world == 1) return TS_OK;
     float v = 0;
-    return rd_all_reduce(b, &v, 1, TS_REDUCE_SUM);
+    return rd_all_reduce(b, &v, 1, TS_F32, TS_REDUCE_SUM);
 }
 
 static ts_status bi_send(void *st, const void *buf, size_t count, ts_dtype dt, int dst, int tag) {
@@ -707,6 +711,17 @@ static ts_status bi_init(const ts__backend_ctx *ctx, void **state) {
 }
 
 const ts__backend_ops ts__builtin_backend = {
-    "builtin",     bi_init,    bi_all_reduce, bi_broadcast, bi_reduce, bi_all_gather,
-    bi_reduce_scatter, bi_barrier, bi_send,   bi_recv,      bi_abort,  bi_destroy,
+    .name = "builtin",
+    .init = bi_init,
+    .all_reduce = bi_all_reduce,
+    .broadcast = bi_broadcast,
+    .reduce = bi_reduce,
+    .all_gather = bi_all_gather,
+    .reduce_scatter = bi_reduce_scatter,
+    .barrier = bi_barrier,
+    .send = bi_send,
+    .recv = bi_recv,
+    .abort = bi_abort,
+    .destroy = bi_destroy,
+    .reduces_bf16 = true,
 };

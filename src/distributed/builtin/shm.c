@@ -39,6 +39,7 @@
  * kill(pid, 0) + /proc/<pid>/stat (a zombie is gone too).
  */
 #include "distributed/builtin/transport.h"
+#include "core/half.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -390,7 +391,32 @@ static inline float ldf(const unsigned char *p) {
     return v;
 }
 
-void ts__reduce_f32(float *restrict dst, const void *restrict src, size_t n, ts__rop op, float scale) {
+static inline float ldbf(const unsigned char *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return ts__bf16_to_f32(v);
+}
+
+static inline void stbf(unsigned char *p, float f) {
+    uint16_t v = ts__bf16_from_f32(f);
+    memcpy(p, &v, sizeof v);
+}
+
+/* bfloat16 elements: combined in float32, rounded back */
+static void reduce_bf16(unsigned char *restrict d, const unsigned char *restrict s, size_t n, ts__rop op, float scale) {
+    for (size_t i = 0; i < n; i++) {
+        float a = ldbf(d + 2 * i), b = ldbf(s + 2 * i), v;
+        if (op == TS__ROP_SUM_BF16)
+            v = a + b;
+        else if (op == TS__ROP_MAX_BF16)
+            v = a > b ? a : b;
+        else
+            v = a < b ? a : b;
+        stbf(d + 2 * i, scale != 1.0f ? v * scale : v);
+    }
+}
+
+static void reduce_f32(float *restrict dst, const void *restrict src, size_t n, ts__rop op, float scale) {
     const unsigned char *s = src;
     switch (op) {
     case TS__ROP_SUM:
@@ -411,9 +437,26 @@ void ts__reduce_f32(float *restrict dst, const void *restrict src, size_t n, ts_
             dst[i] = dst[i] < v ? dst[i] : v;
         }
         return;
-    case TS__ROP_COPY:
-        memcpy(dst, src, n * 4);
+    default:
         return;
+    }
+}
+
+void ts__reduce(void *restrict dst, const void *restrict src, size_t n, ts__rop op, float scale) {
+    if (op == TS__ROP_COPY)
+        memcpy(dst, src, n);
+    else if (op >= TS__ROP_SUM_BF16)
+        reduce_bf16(dst, src, n, op, scale);
+    else if (((uintptr_t)dst & 3) == 0)
+        reduce_f32(dst, src, n, op, scale);
+    else { /* an unaligned destination (never from the collectives, which reduce into float buffers) */
+        unsigned char *d = dst;
+        for (size_t i = 0; i < n; i++) {
+            float v;
+            memcpy(&v, d + 4 * i, 4);
+            reduce_f32(&v, (const unsigned char *)src + 4 * i, 1, op, scale);
+            memcpy(d + 4 * i, &v, 4);
+        }
     }
 }
 
@@ -438,8 +481,8 @@ static long shm_try_recv(ts__link *l, void *dst, size_t n, ts__rop op, float sca
     ring_hdr *r = k->rx;
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-    size_t m = TS_MIN(TS_MIN((size_t)(head - tail), n), k->chunk);
-    if (op != TS__ROP_COPY) m &= ~(size_t)3;
+    size_t m = TS_MIN(TS_MIN((size_t)(head - tail), n), k->chunk), es = ts__rop_esize(op);
+    m -= m % es;
     if (m == 0) return 0;
     size_t off = (size_t)(tail % k->rxcap), first = TS_MIN(m, k->rxcap - off);
     unsigned char *d = dst;
@@ -447,19 +490,19 @@ static long shm_try_recv(ts__link *l, void *dst, size_t n, ts__rop op, float sca
         memcpy(d, k->rxdata + off, first);
         if (m > first) memcpy(d + first, k->rxdata, m - first);
     } else {
-        size_t whole = first & ~(size_t)3;
-        ts__reduce_f32((float *)d, k->rxdata + off, whole / 4, op, scale);
+        size_t whole = first - first % es;
+        ts__reduce(d, k->rxdata + off, whole / es, op, scale);
         size_t done = whole, from = 0; /* from: offset at the ring start for the rest */
         if (first != whole) {          /* an element straddles the end of the ring */
             unsigned char tmp[4];
             size_t a = first - whole;
             memcpy(tmp, k->rxdata + off + whole, a);
-            memcpy(tmp + a, k->rxdata, 4 - a);
-            ts__reduce_f32((float *)(d + whole), tmp, 1, op, scale);
-            done += 4;
-            from = 4 - a;
+            memcpy(tmp + a, k->rxdata, es - a);
+            ts__reduce(d + whole, tmp, 1, op, scale);
+            done += es;
+            from = es - a;
         }
-        if (m > done) ts__reduce_f32((float *)(d + done), k->rxdata + from, (m - done) / 4, op, scale);
+        if (m > done) ts__reduce(d + done, k->rxdata + from, (m - done) / es, op, scale);
     }
     atomic_store_explicit(&r->tail, tail + m, memory_order_release);
     return (long)m;

@@ -85,12 +85,12 @@ static long tcp_try_recv(ts__link *l, void *dst, size_t n, ts__rop op, float sca
     if (op == TS__ROP_COPY) return recv_raw(l, dst, n);
     tcp_link *k = (tcp_link *)l;
     if (!k->stage && !(k->stage = ts__malloc(STAGE_BYTES))) return TS_ERR_NOMEM;
-    /* n is a multiple of 4 and the partial bytes belong to this message. */
-    size_t want = TS_MIN(n, (size_t)STAGE_BYTES) - k->partial;
+    /* n is a multiple of the element size and the partial bytes belong to this message. */
+    size_t es = ts__rop_esize(op), want = TS_MIN(n, (size_t)STAGE_BYTES) - k->partial;
     long r = recv_raw(l, k->stage + k->partial, want);
     if (r <= 0) return r;
-    size_t have = k->partial + (size_t)r, whole = have & ~(size_t)3;
-    ts__reduce_f32(dst, k->stage, whole / 4, op, scale);
+    size_t have = k->partial + (size_t)r, whole = have - have % es;
+    ts__reduce(dst, k->stage, whole / es, op, scale);
     k->partial = have - whole;
     if (k->partial) memmove(k->stage, k->stage + whole, k->partial);
     return (long)whole;

@@ -23,10 +23,25 @@
 #include <stddef.h>
 
 /* What a receive does with the incoming bytes. COPY moves bytes; the others
- * combine f32 elements into the destination: dst[i] = op(dst[i], in[i]), then
- * dst[i] *= scale when scale != 1 (the last step of an average). Reducing
- * receives only consume whole 4-byte elements. */
-typedef enum ts__rop { TS__ROP_COPY = 0, TS__ROP_SUM, TS__ROP_MAX, TS__ROP_MIN } ts__rop;
+ * combine elements into the destination: dst[i] = op(dst[i], in[i]), then
+ * dst[i] *= scale when scale != 1 (the last step of an average). The f32 ops
+ * work on 4-byte elements; the _BF16 ones on 2-byte bfloat16 elements, each
+ * combined in float32 and rounded back to nearest even (what NCCL does for
+ * bf16). Reducing receives only consume whole elements (ts__rop_esize). */
+typedef enum ts__rop {
+    TS__ROP_COPY = 0,
+    TS__ROP_SUM,
+    TS__ROP_MAX,
+    TS__ROP_MIN,
+    TS__ROP_SUM_BF16,
+    TS__ROP_MAX_BF16,
+    TS__ROP_MIN_BF16,
+} ts__rop;
+
+/* Bytes per element a receive with op consumes at a time (1 for COPY). */
+static inline size_t ts__rop_esize(ts__rop op) {
+    return op == TS__ROP_COPY ? 1 : op >= TS__ROP_SUM_BF16 ? 2 : 4;
+}
 
 typedef struct ts__link ts__link;
 typedef struct ts__link_vt {
@@ -46,9 +61,10 @@ struct ts__link {
     int fd;   /* a socket to poll() while idle, or -1 (shared memory: spin/yield) */
 };
 
-/* dst[i] = op(dst[i], src[i]) (then *scale when scale != 1) over n f32
- * elements; src may be unaligned (it often points into a ring buffer). */
-void ts__reduce_f32(float *dst, const void *src, size_t n, ts__rop op, float scale);
+/* dst[i] = op(dst[i], src[i]) (then *scale when scale != 1) over n elements of
+ * op's type (ts__rop_esize bytes each); src and dst may be unaligned (src often
+ * points into a ring buffer). COPY copies n bytes. */
+void ts__reduce(void *dst, const void *src, size_t n, ts__rop op, float scale);
 
 /* ---- shared memory (shm.c) ---------------------------------------------------------------- */
 /* A segment holds this rank's incoming rings, one per rank of its host (slot =
