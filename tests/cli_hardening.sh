@@ -45,6 +45,9 @@ expect_exit 2 "is a character device" "$TS" ckpt show /dev/zero
 expect_exit 2 "--max-bytes 1000000000000000: 2 ranks would allocate" "$TS" bench allreduce --max-bytes 1e15
 expect_exit 2 "--max-bytes '12q' is not a byte count" "$TS" bench allreduce --max-bytes 12q
 expect_exit 2 "--step 3: expected 2 or 4" "$TS" bench allreduce --step 3
+expect_exit 2 "--dtype 'int8': expected float32 or bfloat16" "$TS" bench allreduce --dtype int8
+# the bfloat16 all-reduce (what --ddp-comm bf16 runs) checks its sums exactly at every size, odd counts included
+expect_exit 0 "all_reduce bfloat16 sum, 3 processes" "$TS" bench allreduce -n 3 --min-bytes 6 --max-bytes 2m --step 4 --time 0.01 --dtype bf16
 
 if [ ! -f "$DATA/train-images-idx3-ubyte.gz" ]; then
   echo "skip: no $DATA (the training checks need it)"

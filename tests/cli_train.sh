@@ -125,5 +125,11 @@ expect_exit 2 "--accum-steps must be in" "$TS" train --accum-steps 0
 "$TS" ckpt show "$T/w.ckpt" | grep -q "optim.lr *float32 *\[1\] *0.16$" && ok "--warmup-steps: lr 0.16 at step 4" || bad "warmup lr: $("$TS" ckpt show "$T/w.ckpt" | grep optim.lr)"
 expect_exit 1 "" "$TS" ckpt diff "$T/w.ckpt" "$T/acc64.ckpt" --tol 0
 
+# --ddp-comm bf16: bfloat16 gradient buckets; announced; bad values and the MPI backend are refused by name
+if "$TS" train --model mlp --seed 3 --quiet --max-steps 4 --timeout 60 --batch-size 16 --nproc 2 --ddp-comm bf16 --checkpoint "$T/bf.ckpt" > "$T/bf.log" 2>&1; then ok "train --ddp-comm bf16"; else bad "train --ddp-comm bf16: $(cat "$T/bf.log")"; fi
+grep -q "\[rank 0\] --ddp-comm bf16: gradient buckets are all-reduced in bfloat16" "$T/bf.log" && ok "--ddp-comm bf16 announced" || bad "no --ddp-comm line: $(cat "$T/bf.log")"
+expect_exit 2 "--ddp-comm 'fp8': expected fp32 or bf16" "$TS" train --ddp-comm fp8
+expect_exit 2 "--ddp-comm bf16 needs --backend builtin" "$TS" train --ddp-comm bf16 --backend mpi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

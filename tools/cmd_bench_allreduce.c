@@ -13,7 +13,9 @@
  * with --json. Each size is first checked once for exact results.
  *
  *   tessera bench allreduce [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4]
- *                   [--time S] [--transport shm|tcp] [--backend builtin|mpi] [--json]
+ *                   [--time S] [--transport shm|tcp] [--backend builtin|mpi] [--dtype float32|bfloat16] [--json]
+ *
+ * --dtype bfloat16 times the reduction DDP's --ddp-comm bf16 runs: half the bytes per element.
  *
  * --backend mpi runs under mpirun instead of forking (MPI's ranks are its
  * processes): `mpirun -n 2 tessera bench allreduce --backend mpi`.
@@ -46,7 +48,20 @@ typedef struct bench_opts {
     double time_s;
     bool json;
     const char *backend;
+    ts_dtype dt; /* float32 or bfloat16 */
 } bench_opts;
+
+/* Every element of buf (count of dt) = v. */
+static void fill_value(void *buf, size_t count, ts_dtype dt, float v) {
+    if (dt == TS_F32)
+        for (size_t i = 0; i < count; i++) ((float *)buf)[i] = v;
+    else
+        for (size_t i = 0; i < count; i++) ((uint16_t *)buf)[i] = ts_f32_to_bf16(v);
+}
+
+static float value_at(const void *buf, size_t i, ts_dtype dt) {
+    return dt == TS_F32 ? ((const float *)buf)[i] : ts_bf16_to_f32(((const uint16_t *)buf)[i]);
+}
 
 static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -87,44 +102,46 @@ static int run_rank(const bench_opts *o, int rank) {
         return 1;
     }
     int n = ts_pg_size(pg);
-    size_t maxcount = (o->max_bytes + 3) / 4;
-    float *buf = aligned_alloc(64, ((maxcount * 4 + 63) / 64) * 64 + 64);
+    const ts_dtype dt = o->dt;
+    const size_t es = ts_dtype_size(dt);
+    size_t maxcount = (o->max_bytes + es - 1) / es;
+    void *buf = aligned_alloc(64, ((maxcount * es + 63) / 64) * 64 + 64);
     if (!buf) {
-        fprintf(stderr, "rank %d: cannot allocate the %zu-byte buffer of --max-bytes: %s\n", rank, maxcount * 4,
+        fprintf(stderr, "rank %d: cannot allocate the %zu-byte buffer of --max-bytes: %s\n", rank, maxcount * es,
                 strerror(errno ? errno : ENOMEM));
         ts_pg_free(pg);
         return 1;
     }
-    memset(buf, 0, maxcount * 4);
+    memset(buf, 0, maxcount * es);
     int rc = 0;
     bool first = true;
     if (rank == 0) {
         if (o->json) printf("[\n");
         else
-            printf("# all_reduce f32 sum, %d processes, backend %s\n# %12s %12s %12s %12s %12s\n", n,
+            printf("# all_reduce %s sum, %d processes, backend %s\n# %12s %12s %12s %12s %12s\n", ts_dtype_name(dt), n,
                    ts_pg_backend_name(pg), "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
     }
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= (size_t)o->step) {
-        size_t count = bytes / 4;
+        size_t count = bytes / es;
         if (count == 0) continue;
-        /* exact check: every element sums to n(n+1)/2 */
-        for (size_t i = 0; i < count; i++) buf[i] = (float)(rank + 1);
-        if (ts_all_reduce_buffer(pg, buf, count, TS_F32, TS_REDUCE_SUM, NULL) != TS_OK) {
+        /* exact check: every element sums to n(n+1)/2 (exact in bfloat16 up to 22 ranks) */
+        fill_value(buf, count, dt, (float)(rank + 1));
+        if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
             fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
             rc = 1;
             break;
         }
-        for (size_t i = 0; i < count; i++)
-            if (buf[i] != (float)(n * (n + 1) / 2)) {
-                fprintf(stderr, "rank %d: wrong result at %zu of %zu: %g\n", rank, i, count, (double)buf[i]);
+        for (size_t i = 0; i < count && (dt == TS_F32 || n <= 22); i++)
+            if (value_at(buf, i, dt) != (float)(n * (n + 1) / 2)) {
+                fprintf(stderr, "rank %d: wrong result at %zu of %zu: %g\n", rank, i, count, (double)value_at(buf, i, dt));
                 rc = 1;
                 break;
             }
-        memset(buf, 0, count * 4);
+        memset(buf, 0, count * es);
         /* warm up, then pick an iteration count that takes about time_s (all ranks agree: rank 0 decides) */
         double t0 = ts_time_now();
         int warm = bytes <= (1u << 20) ? 50 : 3; /* the same on every rank: collectives must match */
-        for (int it = 0; it < warm; it++) ts_all_reduce_buffer(pg, buf, count, TS_F32, TS_REDUCE_SUM, NULL);
+        for (int it = 0; it < warm; it++) ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL);
         float iters_f = (float)(o->time_s / ((ts_time_now() - t0) / warm));
         iters_f = iters_f < 3 ? 3 : iters_f > 100000 ? 100000 : iters_f;
         ts_all_reduce_buffer(pg, &iters_f, 1, TS_F32, TS_REDUCE_MAX, NULL);
@@ -132,21 +149,21 @@ static int run_rank(const bench_opts *o, int rank) {
         ts_barrier(pg, NULL);
         t0 = ts_time_now();
         for (int it = 0; it < iters; it++)
-            if (ts_all_reduce_buffer(pg, buf, count, TS_F32, TS_REDUCE_SUM, NULL) != TS_OK) {
+            if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
                 fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
                 rc = 1;
                 break;
             }
-        double dt = (ts_time_now() - t0) / iters;
+        double sec = (ts_time_now() - t0) / iters;
         if (rc) break;
-        double algbw = (double)(count * 4) / dt / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
+        double algbw = (double)(count * es) / sec / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
         if (rank == 0) {
             if (o->json)
                 printf("%s  {\"bytes\": %zu, \"count\": %zu, \"nprocs\": %d, \"iters\": %d, \"time_us\": %.3f, "
                        "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f}",
-                       first ? "" : ",\n", count * 4, count, n, iters, dt * 1e6, algbw, busbw);
+                       first ? "" : ",\n", count * es, count, n, iters, sec * 1e6, algbw, busbw);
             else
-                printf("  %12zu %12zu %12.2f %12.3f %12.3f\n", count * 4, count, dt * 1e6, algbw, busbw);
+                printf("  %12zu %12zu %12.2f %12.3f %12.3f\n", count * es, count, sec * 1e6, algbw, busbw);
             fflush(stdout);
         }
         first = false;
@@ -159,7 +176,7 @@ static int run_rank(const bench_opts *o, int rank) {
 }
 
 int ts_bench_allreduce(int argc, char **argv) {
-    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin"};
+    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin", TS_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) o.json = true;
@@ -178,12 +195,18 @@ int ts_bench_allreduce(int argc, char **argv) {
         else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
         else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
         else if (strcmp(a, "--backend") == 0 && v) o.backend = argv[++i];
+        else if (strcmp(a, "--dtype") == 0 && v) {
+            if (ts_dtype_parse(argv[++i], &o.dt) != TS_OK || (o.dt != TS_F32 && o.dt != TS_BF16)) {
+                fprintf(stderr, "tessera bench allreduce: --dtype '%s': expected float32 or bfloat16\n", v);
+                return 2;
+            }
+        }
         else {
             FILE *f = strcmp(a, "--help") == 0 ? stdout : stderr;
             if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", a);
             fprintf(f,
                     "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
-                    "[--backend builtin|mpi] [--json]\n",
+                    "[--backend builtin|mpi] [--dtype float32|bfloat16] [--json]\n",
                     "tessera bench allreduce");
             return f == stdout ? 0 : 2;
         }
