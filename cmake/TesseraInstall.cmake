@@ -88,6 +88,10 @@ endfunction()
 
 # What libtessera.a needs, in link order (the pkg-config modules come after, from Requires.private).
 set(TS_PC_PRIVATE "")
+if(TS_WITH_DNNL)
+  ts_pc_link_flags(f ${DNNL_LIB})
+  list(APPEND TS_PC_PRIVATE ${f})
+endif()
 ts_pc_link_flags(f ${OPENBLAS_LIB})
 list(APPEND TS_PC_PRIVATE ${f})
 if(TS_WITH_MPI)

@@ -28,6 +28,14 @@ Output: tests/golden/precision.tsg.gz (gzip), in the TSGOLD1 format of scripts/g
   "scaler<k>/found_inf" i32 (S): whether step s's gradients held an inf/NaN
   "scaler<k>/scale"     f32 (S): scaler.get_scale() after step s's update()
   "scaler<k>/stepped"   i32 (S): whether optimizer.step ran at step s (the parameter changed)
+  "step/x", "step/target"  a batch (8, 1, 28, 28) f32 and (8) i64 for a small CNN: nn.Sequential(
+                        Conv2d(1, 8, 3, padding=1), BatchNorm2d(8), ReLU(), MaxPool2d(2),
+                        Conv2d(8, 16, 3, padding=1), BatchNorm2d(16), ReLU(), MaxPool2d(2),
+                        Flatten(), Linear(784, 10))
+  "step/init/<key>"     its initial state dict (torch.manual_seed(1) default init; num_batches_tracked i64)
+  "step/fp32/<key>", "step/bf16/<key>"  every float entry after 2 steps of SGD(lr 0.02, momentum 0.9) on the
+                        batch with cross-entropy, in float32, and under torch.autocast("cpu", torch.bfloat16)
+  "step/fp32/loss", "step/bf16/loss"   f32 (2): the two steps' losses
 """
 import os
 import sys
@@ -88,6 +96,41 @@ def scaler_case(init_scale, growth, backoff, interval, found):
             np.array(scales, dtype=np.float32), np.array(stepped, dtype=np.int32))
 
 
+def small_cnn():
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(784, 10))
+
+
+def bf16_step_records():
+    torch.manual_seed(1)
+    model = small_cnn()
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(8, 1, 28, 28, generator=g)
+    target = torch.randint(0, 10, (8,), generator=g)
+    recs = [("step/x", x), ("step/target", target)] + [("step/init/" + k, v) for k, v in init.items()]
+    for mode in ("fp32", "bf16"):
+        m = small_cnn()
+        m.load_state_dict(init)
+        m.train()
+        opt = torch.optim.SGD(m.parameters(), lr=0.02, momentum=0.9)
+        losses = []
+        for _ in range(2):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+                loss = torch.nn.functional.cross_entropy(m(x), target)
+            loss.float().backward()
+            opt.step()
+            losses.append(loss.float().item())
+        for k, v in m.state_dict().items():
+            if v.dtype == torch.float32:
+                recs.append(("step/%s/%s" % (mode, k), v.detach()))
+        recs.append(("step/%s/loss" % mode, np.array(losses, dtype=np.float32)))
+    return recs
+
+
 def main():
     torch.manual_seed(0)
     recs = [("torch_version", np.array([ord(c) for c in torch.__version__], dtype=np.int32))]
@@ -107,6 +150,7 @@ def main():
         cfg, factors, found, scales, stepped = scaler_case(*c)
         recs += [("scaler%d/config" % k, cfg), ("scaler%d/factors" % k, factors), ("scaler%d/found_inf" % k, found), ("scaler%d/scale" % k, scales),
                  ("scaler%d/stepped" % k, stepped)]
+    recs += bf16_step_records()
     write(os.path.join(OUT, "precision.tsg.gz"), recs, compress=True)
 
 

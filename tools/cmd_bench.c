@@ -14,7 +14,7 @@
 #define NBATCHES 16
 
 static int bench_train(int argc, char **argv) {
-    const char *model_name = "cnn", *conv_algo = "auto";
+    const char *model_name = "cnn", *conv_algo = "auto", *precision = "fp32";
     int64_t threads = 0, steps = 100, batch = 64, warmup = 10, image_size = 0, classes = 0;
     bool json = false;
     const cli_flag flags[] = {
@@ -22,7 +22,8 @@ static int bench_train(int argc, char **argv) {
         {"image-size", CLI_INT, &image_size, "ResNets: the input's side (default 224)", 0, 4096},
         {"classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
         {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
-        {"conv-algo", CLI_STRING, &conv_algo, "3x3 stride-1 convolutions: auto, im2col, winograd, winograd-f2 or winograd-f4", 1, 0},
+        {"conv-algo", CLI_STRING, &conv_algo, "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", 1, 0},
+        {"precision", CLI_STRING, &precision, "matmul/conv precision: fp32 or bf16 (operands rounded to bfloat16, float32 accumulation)", 1, 0},
         {"steps", CLI_INT, &steps, "timed steps", 1, 1e9},
         {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},
         {"batch-size", CLI_INT, &batch, "images per step", 1, 1 << 20},
@@ -38,6 +39,9 @@ static int bench_train(int argc, char **argv) {
     ts_conv_algo algo;
     if (ts_conv_algo_parse(conv_algo, &algo) != TS_OK) return cli_usage_error(&cmd, "--conv-algo: %s", ts_last_error());
     ts_set_conv_algo(algo);
+    ts_dtype prec;
+    if (ts_dtype_parse(precision, &prec) != TS_OK || ts_set_matmul_precision(prec) != TS_OK)
+        return cli_usage_error(&cmd, "--precision '%s': expected fp32 or bf16", precision);
 
     ts_rng rng;
     ts_rng_seed(&rng, 0);
@@ -79,14 +83,14 @@ static int bench_train(int argc, char **argv) {
     double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
     if (json)
         printf("{\"framework\": \"tessera\", \"model\": \"%s\", \"image_size\": %lld, \"threads\": %d, "
-               "\"conv_algo\": \"%s\", \"batch_size\": %lld, \"steps\": %lld, \"seconds\": %.4f, "
-               "\"images_per_second\": %.1f, \"final_loss\": %.5f}\n",
-               model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo), (long long)batch,
-               (long long)steps, dt, ips, loss);
+               "\"conv_algo\": \"%s\", \"precision\": \"%s\", \"gemm\": \"%s\", \"batch_size\": %lld, \"steps\": %lld, "
+               "\"seconds\": %.4f, \"images_per_second\": %.1f, \"final_loss\": %.5f}\n",
+               model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),
+               ts_cpu_gemm_library(), (long long)batch, (long long)steps, dt, ips, loss);
     else
-        printf("%s, batch %lld, %d threads, conv %s: %.1f images/s (%.2f ms/step over %lld steps)\n", model_name,
-               (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ips, 1e3 * dt / (double)steps,
-               (long long)steps);
+        printf("%s, batch %lld, %d threads, conv %s, %s (%s): %.1f images/s (%.2f ms/step over %lld steps)\n",
+               model_name, (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),
+               ts_cpu_gemm_library(), ips, 1e3 * dt / (double)steps, (long long)steps);
     status = 0;
     goto done;
 fail:

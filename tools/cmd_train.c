@@ -36,6 +36,8 @@ typedef struct train_args {
     int64_t accum_steps, warmup_steps; /* --accum-steps, --warmup-steps */
     double clip_grad_norm;             /* --clip-grad-norm (0: none) */
     const char *ddp_comm;              /* --ddp-comm: fp32 or bf16 */
+    const char *precision;             /* --precision: fp32 or bf16 */
+    ts_dtype prec;
     ts_dtype comm_dtype;
 } train_args;
 
@@ -170,6 +172,9 @@ static void print_banner(const train_args *a, ts_strategy *s, ts_batch_source *t
            ts_get_num_threads(), ddp ? " per rank" : "");
     if (ddp && a->sync_bn) printf("--sync-bn: BatchNorm2d layers are SyncBatchNorm over all %d ranks\n", world);
     if (ddp && a->comm_dtype == TS_BF16) printf("--ddp-comm bf16: gradient buckets are all-reduced in bfloat16\n");
+    if (a->prec == TS_BF16)
+        printf("--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation (%s)\n",
+               ts_cpu_gemm_library());
     if (a->accum_steps > 1)
         printf("--accum-steps %lld: one optimizer step per %lld batches (%lld images%s)\n", (long long)a->accum_steps,
                (long long)a->accum_steps, (long long)(a->accum_steps * a->batch_size * world), world > 1 ? " over all ranks" : "");
@@ -185,10 +190,12 @@ static int write_metrics(const train_args *a, const ts_train_result *r, int worl
     fprintf(f,
             "{\n  \"model\": \"%s\",\n  \"test_accuracy\": %.6f,\n  \"images_per_second\": %.1f,\n"
             "  \"epochs\": %lld,\n  \"steps\": %lld,\n  \"final_loss\": %.6f,\n  \"train_seconds\": %.3f,\n"
-            "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"processes\": %d,\n  \"data\": \"%s\"\n}\n",
+            "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"processes\": %d,\n  \"data\": \"%s\",\n"
+            "  \"precision\": \"%s\",\n  \"accum_steps\": %lld,\n  \"ddp_comm\": \"%s\"\n}\n",
             a->model, r->eval.accuracy, r->images_per_second, (long long)r->epochs, (long long)r->steps,
             isfinite(r->final_loss) ? r->final_loss : -1.0, r->train_seconds, ts_get_num_threads(),
-            (long long)a->batch_size, world, base ? base + 1 : a->data);
+            (long long)a->batch_size, world, base ? base + 1 : a->data, ts_dtype_name(a->prec),
+            (long long)a->accum_steps, ts_dtype_name(a->comm_dtype));
     if (fclose(f) != 0) {
         fprintf(stderr, "tessera train: --metrics-json %s: %s\n", a->metrics_json, strerror(errno));
         return 1;
@@ -267,6 +274,8 @@ static int check_names(const cli_command *cmd, train_args *a) {
         return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
     if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
     if (ts_conv_algo_parse(a->conv_algo, &a->algo) != TS_OK) return cli_usage_error(cmd, "--conv-algo: %s", ts_last_error());
+    if (ts_dtype_parse(a->precision, &a->prec) != TS_OK || (a->prec != TS_F32 && a->prec != TS_BF16))
+        return cli_usage_error(cmd, "--precision '%s': expected fp32 or bf16", a->precision);
     if (ts_dtype_parse(a->ddp_comm, &a->comm_dtype) != TS_OK || (a->comm_dtype != TS_F32 && a->comm_dtype != TS_BF16))
         return cli_usage_error(cmd, "--ddp-comm '%s': expected fp32 or bf16", a->ddp_comm);
     if (a->comm_dtype == TS_BF16 && strcmp(a->backend, "builtin") != 0)
@@ -279,7 +288,8 @@ int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
-                    .backend = "builtin", .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32"};
+                    .backend = "builtin", .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32",
+                    .precision = "fp32"};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
@@ -300,7 +310,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"clip-grad-norm", CLI_FLOAT, &a.clip_grad_norm, "clip the gradients' global L2 norm to this before each step (0: off)", 0, 1e12},
         {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
-        {"conv-algo", CLI_STRING, &a.conv_algo, "3x3 stride-1 convolutions: auto (Winograd from 16 channels), im2col, winograd, winograd-f2 or winograd-f4", 1, 0},
+        {"conv-algo", CLI_STRING, &a.conv_algo, "convolutions: auto (3x3 stride-1 ones by Winograd from 16 channels; oneDNN under --precision bf16), im2col, winograd, winograd-f2, winograd-f4 or onednn (oneDNN's primitives)", 1, 0},
         {"checkpoint", CLI_STRING, &a.checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
         {"checkpoint-dir", CLI_STRING, &a.checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
         {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
@@ -317,6 +327,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"schedule", CLI_STRING, &a.pp_schedule, "--strategy pipeline: gpipe or 1f1b", 1, 0},
         {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
         {"backend", CLI_STRING, &a.backend, "process group backend: builtin, or mpi (under mpirun; --nproc starts mpirun)", 1, 0},
+        {"precision", CLI_STRING, &a.precision, "fp32, or bf16: matmuls and convolutions round their operands to bfloat16 and accumulate in float32 (AVX512_BF16 through oneDNN); weights, optimizer, losses and normalisation stay float32", 1, 0},
         {"ddp-comm", CLI_STRING, &a.ddp_comm, "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", 1, 0},
         {"sync-bn", CLI_BOOL, &a.sync_bn, "with --nproc > 1: BatchNorm statistics over all ranks' batches (SyncBatchNorm)", 1, 0},
     };
@@ -344,6 +355,7 @@ int ts_cmd_train(int argc, char **argv) {
     if (a.nproc > 1 && !in_job) return relaunch(argc, argv, a.nproc, mpi);
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
     ts_set_conv_algo(a.algo);
+    ts_set_matmul_precision(a.prec);
     ts_train_checkpoint_info ck; /* resume: the checkpoint's seed decides the data order */
     char latest[4096];
     if ((rc = find_restart(&a, latest, sizeof latest)) != 0) return rc;

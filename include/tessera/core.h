@@ -161,14 +161,30 @@ typedef enum ts_conv_algo {
     TS_CONV_IM2COL = 1,
     TS_CONV_WINOGRAD = 2,
     TS_CONV_WINOGRAD_F2 = 3,
-    TS_CONV_WINOGRAD_F4 = 4
+    TS_CONV_WINOGRAD_F4 = 4,
+    TS_CONV_ONEDNN = 5 /* oneDNN's convolution primitives for every one-group conv (builds with oneDNN; else
+                          AUTO's choice); AUTO takes them under bfloat16 matmul precision */
 } ts_conv_algo;
 void ts_set_conv_algo(ts_conv_algo a);
 ts_conv_algo ts_get_conv_algo(void);
-/* "auto" | "im2col" | "winograd" | "winograd-f2" | "winograd-f4" -> *out; TS_ERR_INVALID_ARG naming s
- * otherwise. */
+/* "auto" | "im2col" | "winograd" | "winograd-f2" | "winograd-f4" | "onednn" -> *out; TS_ERR_INVALID_ARG
+ * naming s otherwise. */
 ts_status ts_conv_algo_parse(const char *s, ts_conv_algo *out);
 const char *ts_conv_algo_name(ts_conv_algo a);
+
+/* The precision of float32 matrix products — matmul, bmm, linear, conv2d, forward and backward — as
+ * torch.set_float32_matmul_precision: TS_F32 (the default) multiplies in float32; TS_BF16 rounds both
+ * operands to bfloat16 (nearest even) and accumulates the products in float32 (exact products: 8-bit
+ * mantissas), on AVX512_BF16 through oneDNN where the CPU has it. Tensors, every other op (losses,
+ * softmax, normalisation statistics, optimizers) and the stored weights stay float32: this is the
+ * autocast of `tessera train --precision bf16`. Convolutions run im2col under TS_BF16 (Winograd's
+ * transforms would round in bfloat16). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16
+ * sets the starting value. Other dtypes are refused (TS_ERR_INVALID_ARG). */
+ts_status ts_set_matmul_precision(ts_dtype dt);
+ts_dtype ts_get_matmul_precision(void);
+/* What runs float32 GEMMs on the CPU: "onednn" or "openblas" (TS_GEMM=openblas|onednn chooses where both
+ * are built; oneDNN is the default when present). */
+const char *ts_cpu_gemm_library(void);
 
 /* ---- random numbers ------------------------------------------------------------------ */
 /* A seeded generator (PCG-XSL-RR 128/64); reproducible across runs and machines. */

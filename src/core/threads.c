@@ -22,8 +22,8 @@ int ts_get_num_threads(void) { return omp_get_max_threads(); }
 static _Atomic int conv_algo = -1; /* -1: not yet read from TS_CONV_ALGO */
 
 static int conv_algo_index(const char *s) {
-    static const char *const names[] = {"auto", "im2col", "winograd", "winograd-f2", "winograd-f4"};
-    for (int i = 0; s && i < 5; i++)
+    static const char *const names[] = {"auto", "im2col", "winograd", "winograd-f2", "winograd-f4", "onednn"};
+    for (int i = 0; s && i < 6; i++)
         if (strcmp(s, names[i]) == 0) return i;
     return -1;
 }
@@ -34,7 +34,7 @@ ts_status ts_conv_algo_parse(const char *s, ts_conv_algo *out) {
         *out = (ts_conv_algo)i;
         return TS_OK;
     }
-    return ts_error(TS_ERR_INVALID_ARG, "conv algorithm '%s': expected auto, im2col, winograd, winograd-f2 or winograd-f4", s ? s : "(null)");
+    return ts_error(TS_ERR_INVALID_ARG, "conv algorithm '%s': expected auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", s ? s : "(null)");
 }
 
 const char *ts_conv_algo_name(ts_conv_algo a) {
@@ -44,11 +44,37 @@ const char *ts_conv_algo_name(ts_conv_algo a) {
     case TS_CONV_WINOGRAD: return "winograd";
     case TS_CONV_WINOGRAD_F2: return "winograd-f2";
     case TS_CONV_WINOGRAD_F4: return "winograd-f4";
+    case TS_CONV_ONEDNN: return "onednn";
     default: return "unknown";
     }
 }
 
 void ts_set_conv_algo(ts_conv_algo a) { conv_algo = (int)a; }
+
+/* ---- matmul precision (read by the CPU blas kernels and the conv dispatch) ---- */
+static _Atomic int matmul_precision = -1; /* -1: not yet read from TS_MATMUL_PRECISION */
+
+ts_status ts_set_matmul_precision(ts_dtype dt) {
+    TS_ARG(dt == TS_F32 || dt == TS_BF16, "ts_set_matmul_precision: %s (want float32 or bfloat16)", ts_dtype_name(dt));
+    matmul_precision = (int)dt;
+    return TS_OK;
+}
+
+ts_dtype ts_get_matmul_precision(void) {
+    int p = matmul_precision;
+    if (p < 0) {
+        const char *e = getenv("TS_MATMUL_PRECISION");
+        ts_dtype dt = TS_F32;
+        if (e && *e && (ts_dtype_parse(e, &dt) != TS_OK || (dt != TS_F32 && dt != TS_BF16))) {
+            ts_log(TS_LOG_WARN, "TS_MATMUL_PRECISION=%s: expected fp32 or bf16; using fp32", e);
+            dt = TS_F32;
+        }
+        int expect = -1;
+        atomic_compare_exchange_strong(&matmul_precision, &expect, (int)dt);
+        p = matmul_precision;
+    }
+    return (ts_dtype)p;
+}
 
 ts_conv_algo ts_get_conv_algo(void) {
     int a = conv_algo;
@@ -56,7 +82,7 @@ ts_conv_algo ts_get_conv_algo(void) {
         const char *e = getenv("TS_CONV_ALGO");
         int v = e && *e ? conv_algo_index(e) : TS_CONV_AUTO;
         if (v < 0) {
-            ts_log(TS_LOG_WARN, "TS_CONV_ALGO=%s: expected auto, im2col, winograd, winograd-f2 or winograd-f4; using auto", e);
+            ts_log(TS_LOG_WARN, "TS_CONV_ALGO=%s: expected auto, im2col, winograd, winograd-f2, winograd-f4 or onednn; using auto", e);
             v = TS_CONV_AUTO;
         }
         int expect = -1;

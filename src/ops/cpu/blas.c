@@ -1,28 +1,53 @@
 /*
- * ops/cpu/blas.c — sgemm through OpenBLAS, always single-threaded inside;
- * the threads are ours.
+ * ops/cpu/blas.c — sgemm on the CPU: oneDNN's JIT kernels where the build has
+ * them (AVX-512 and AVX512_BF16 picked from cpuid at run time), else OpenBLAS;
+ * always single-threaded inside: the threads are ours.
  *
- * OpenBLAS 0.3.21 (Debian's OpenMP build) keeps ONE global thread count, and
- * openblas_set_num_threads frees and reallocates its per-thread buffers: called
- * while another thread runs a sgemm — from inside an OpenMP team (conv2d's
- * per-image gemms), from another device's worker with a different budget, or
- * from another rank thread — it corrupts that sgemm's result (wrong conv2d
- * gradients about once in 60 steps on two threads; scripts/openblas_race.c
- * reproduces it without Tessera). Its own threading even calls that setter
- * from inside a sgemm whenever the caller's OpenMP budget differs from the
- * global count. So OpenBLAS is set to one thread once, before its first use,
- * and never touched again (it then never resizes anything), and a large sgemm
- * outside a parallel region is split here: C's rows or columns in one
- * contiguous block per thread of an OpenMP team, each block one single-threaded
- * OpenBLAS call. A split along M or N leaves every element's sum over K in the
- * same order, so the result is the same for any thread count.
+ * Which library. OpenBLAS is held to its AVX2 (Haswell) kernels on this
+ * project's machines (OPENBLAS_CORETYPE=Haswell: older builds miscompute with
+ * their AVX-512 kernels there), about half the FMA peak of an AVX-512 core;
+ * oneDNN's dnnl_sgemm reaches the peak (`tessera bench gemm` prints both).
+ * TS_GEMM=openblas|onednn picks one where both are built (ts_cpu_gemm_library).
+ *
+ * bfloat16 precision (ts_set_matmul_precision(TS_BF16)): both operands are
+ * rounded to bfloat16 (core/half.h) and the products accumulated in float32.
+ * With oneDNN, the operands are rounded into bfloat16 copies as stored
+ * (transposes go to the primitive as strides) and multiplied by a matmul primitive (bf16 x bf16 -> f32, beta 1 as a
+ * sum post-op), cached per shape; without it, or for an alpha/beta it does not
+ * take, the operands are rounded in float32 and go through sgemm: the same
+ * products (a product of two bfloat16 values is exact in float32), summed in
+ * another order.
+ *
+ * Threads. OpenBLAS 0.3.21 (Debian's OpenMP build) keeps ONE global thread
+ * count, and openblas_set_num_threads frees and reallocates its per-thread
+ * buffers: called while another thread runs a sgemm — from inside an OpenMP
+ * team (conv2d's per-image gemms), from another device's worker with a
+ * different budget, or from another rank thread — it corrupts that sgemm's
+ * result (wrong conv2d gradients about once in 60 steps on two threads;
+ * scripts/openblas_race.c reproduces it without Tessera). Its own threading even
+ * calls that setter from inside a sgemm whenever the caller's OpenMP budget
+ * differs from the global count. So OpenBLAS is set to one thread once, before
+ * its first use, and never touched again, and oneDNN (OpenMP runtime) is called
+ * with the calling thread's OpenMP count set to 1 for the call. A large product
+ * outside a parallel region is split here: C's rows or columns in one contiguous
+ * block per thread of an OpenMP team, each block one single-threaded call. A
+ * split along M or N leaves every element's sum over K in the same order, so
+ * the result is the same for any thread count.
  */
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
+#include "core/half.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#ifdef TS_HAVE_DNNL
+#include <dnnl.h>
+#endif
 
 void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
 
@@ -30,47 +55,258 @@ void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
 #define SGEMM_PAR_MIN (1 << 21)
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+static bool use_dnnl; /* set once by blas_init */
+
 /* OpenBLAS's OpenMP build also sets the calling thread's OpenMP count: put it back. */
-static void blas_single_threaded(void) {
+static void blas_init(void) {
     int n = omp_get_max_threads();
     openblas_set_num_threads(1);
     omp_set_num_threads(n);
+#ifdef TS_HAVE_DNNL
+    const char *e = getenv("TS_GEMM");
+    use_dnnl = !(e && strcasecmp(e, "openblas") == 0);
+    if (e && *e && strcasecmp(e, "openblas") != 0 && strcasecmp(e, "onednn") != 0)
+        ts_log(TS_LOG_WARN, "TS_GEMM=%s: expected openblas or onednn; using onednn", e);
+#endif
 }
+
+const char *ts_cpu_gemm_library(void) {
+    pthread_once(&blas_once, blas_init);
+    return use_dnnl ? "onednn" : "openblas";
+}
+
+#ifdef TS_HAVE_DNNL
+/* Runs f with the calling thread's OpenMP count at 1 (oneDNN threads with it), then restores it. */
+#define ONE_THREAD(f)                              \
+    do {                                           \
+        int saved_ = omp_get_max_threads();        \
+        if (saved_ != 1) omp_set_num_threads(1);   \
+        f;                                         \
+        if (saved_ != 1) omp_set_num_threads(saved_); \
+    } while (0)
+#endif
 
 static void sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+#ifdef TS_HAVE_DNNL
+    if (use_dnnl) {
+        ONE_THREAD((void)dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+        return;
+    }
+#endif
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
                 (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+/* ---- bfloat16 precision ---------------------------------------------------------------------------- */
+/* Scratch of `bytes` for the rounded operands, from the device's (caching) allocator. */
+static ts_tensor *scratch_bytes(ts_device *d, size_t bytes) {
+    ts_tensor *t = NULL;
+    return ts__scratch_f32(d, (int64_t)((bytes + 3) / 4), &t) == TS_OK ? t : NULL;
+}
+
+/* X (rows x cols as stored, leading dimension ld) into dst, contiguous rows x cols, each value rounded to
+ * bfloat16: as 16-bit values (dst16) or as float32 (dst32). Row by row, as stored: the loops vectorise;
+ * transposes stay with the product. */
+static void round_rows(int64_t rows, int64_t cols, const float *X, int64_t ld, uint16_t *dst16, float *dst32) {
+    for (int64_t i = 0; i < rows; i++) {
+        const float *x = X + i * ld;
+        if (dst16) {
+            uint16_t *o = dst16 + i * cols;
+            for (int64_t j = 0; j < cols; j++) o[j] = ts__bf16_from_f32(x[j]);
+        } else {
+            float *o = dst32 + i * cols;
+            for (int64_t j = 0; j < cols; j++) o[j] = ts__bf16_to_f32(ts__bf16_from_f32(x[j]));
+        }
+    }
+}
+
+#ifdef TS_HAVE_DNNL
+/* bf16 x bf16 -> f32 matmul primitives, one per (M, N, K, transposes, ldc, accumulate); a small table searched
+ * linearly (a network has a few dozen shapes), the oldest replaced when full. */
+#define PRIM_CACHE 128
+typedef struct prim_entry {
+    int64_t M, N, K, ldc;
+    bool ta, tb, acc;
+    dnnl_primitive_t prim;
+    size_t scratch_bytes;
+    uint64_t used;
+} prim_entry;
+static prim_entry prims[PRIM_CACHE];
+static int nprims;
+static uint64_t prim_clock;
+static pthread_mutex_t prim_mu = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t dnnl_eng;
+static bool dnnl_eng_ok;
+
+/* The logical (rows, cols) operand of a product, stored contiguously as (cols, rows) when transposed. */
+static bool operand_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool t, dnnl_data_type_t dt) {
+    dnnl_dims_t dims = {rows, cols}, strides = {t ? 1 : cols, t ? rows : 1};
+    return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides) == dnnl_success;
+}
+
+static bool prim_make(prim_entry *e) {
+    dnnl_memory_desc_t a, b, c;
+    dnnl_dims_t cd = {e->M, e->N}, cs = {e->ldc, 1};
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    bool ok = operand_md(&a, e->M, e->K, e->ta, dnnl_bf16) && operand_md(&b, e->K, e->N, e->tb, dnnl_bf16) &&
+              dnnl_memory_desc_init_by_strides(&c, 2, cd, dnnl_f32, cs) == dnnl_success &&
+              dnnl_matmul_desc_init(&md, &a, &b, NULL, &c) == dnnl_success &&
+              dnnl_primitive_attr_create(&attr) == dnnl_success &&
+              dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+    if (ok && e->acc)
+        ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, dnnl_eng, NULL) == dnnl_success;
+    const dnnl_memory_desc_t *sp = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
+    e->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    ok = ok && dnnl_primitive_create(&e->prim, pd) == dnnl_success;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ok;
+}
+
+/* The cached primitive for this shape (NULL when oneDNN cannot make one). */
+static dnnl_primitive_t prim_get(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t ldc, bool acc,
+                                 size_t *scratch_bytes) {
+    dnnl_primitive_t p = NULL;
+    pthread_mutex_lock(&prim_mu);
+    if (!dnnl_eng_ok) dnnl_eng_ok = dnnl_engine_create(&dnnl_eng, dnnl_cpu, 0) == dnnl_success;
+    for (int i = 0; dnnl_eng_ok && i < nprims && !p; i++) {
+        prim_entry *e = &prims[i];
+        if (e->M == M && e->N == N && e->K == K && e->ta == ta && e->tb == tb && e->ldc == ldc && e->acc == acc) {
+            e->used = ++prim_clock;
+            p = e->prim;
+            *scratch_bytes = e->scratch_bytes;
+        }
+    }
+    if (!p && dnnl_eng_ok) {
+        int slot = nprims < PRIM_CACHE ? nprims : 0;
+        for (int i = 1; nprims == PRIM_CACHE && i < PRIM_CACHE; i++)
+            if (prims[i].used < prims[slot].used) slot = i;
+        /* a replaced primitive may still run on another thread: it is kept (leaked) rather than destroyed */
+        prim_entry e = {M, N, K, ldc, ta, tb, acc, NULL, 0, ++prim_clock};
+        if (prim_make(&e)) {
+            prims[slot] = e;
+            if (nprims < PRIM_CACHE) nprims++;
+            p = e.prim;
+            *scratch_bytes = e.scratch_bytes;
+        }
+    }
+    pthread_mutex_unlock(&prim_mu);
+    return p;
+}
+
+/* C = op(A) op(B) (+ C when acc) in bfloat16 x bfloat16 -> float32; false when oneDNN could not run it. */
+static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, bool acc, float *C, int64_t ldc) {
+    size_t sbytes = 0;
+    dnnl_primitive_t p = prim_get(M, N, K, ta, tb, ldc, acc, &sbytes);
+    if (!p) return false;
+    ts_tensor *ta_ = scratch_bytes(d, (size_t)(M * K) * 2), *tb_ = scratch_bytes(d, (size_t)(K * N) * 2),
+              *tw = sbytes ? scratch_bytes(d, sbytes) : NULL;
+    uint16_t *a = ta_ ? ts__ptr(ta_) : NULL, *b = tb_ ? ts__ptr(tb_) : NULL;
+    void *ws = tw ? ts__ptr(tw) : NULL;
+    bool ok = a && b && (!sbytes || ws);
+    if (!ok) goto done;
+    round_rows(ta ? K : M, ta ? M : K, A, lda, a, NULL);
+    round_rows(tb ? N : K, tb ? K : N, B, ldb, b, NULL);
+    dnnl_memory_desc_t ad, bd, cd, sd;
+    dnnl_dims_t cd_ = {M, N}, cs = {ldc, 1}, sdim = {(int64_t)sbytes};
+    dnnl_memory_t am = NULL, bm = NULL, cm = NULL, sm = NULL;
+    dnnl_stream_t s = NULL;
+    ok = operand_md(&ad, M, K, ta, dnnl_bf16) && operand_md(&bd, K, N, tb, dnnl_bf16) &&
+              dnnl_memory_desc_init_by_strides(&cd, 2, cd_, dnnl_f32, cs) == dnnl_success &&
+              dnnl_memory_create(&am, &ad, dnnl_eng, a) == dnnl_success &&
+              dnnl_memory_create(&bm, &bd, dnnl_eng, b) == dnnl_success &&
+              dnnl_memory_create(&cm, &cd, dnnl_eng, C) == dnnl_success &&
+              dnnl_stream_create(&s, dnnl_eng, dnnl_stream_default_flags) == dnnl_success;
+    if (ok && sbytes)
+        ok = dnnl_memory_desc_init_by_tag(&sd, 1, sdim, dnnl_u8, dnnl_a) == dnnl_success &&
+             dnnl_memory_create(&sm, &sd, dnnl_eng, ws) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
+                                   {DNNL_ARG_SCRATCHPAD, sm}};
+        dnnl_status_t st = dnnl_success;
+        ONE_THREAD(st = dnnl_primitive_execute(p, s, sbytes ? 4 : 3, args));
+        ok = st == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
+    }
+    if (s) dnnl_stream_destroy(s);
+    if (am) dnnl_memory_destroy(am);
+    if (bm) dnnl_memory_destroy(bm);
+    if (cm) dnnl_memory_destroy(cm);
+    if (sm) dnnl_memory_destroy(sm);
+done:
+    ts_tensor_release(ta_);
+    ts_tensor_release(tb_);
+    ts_tensor_release(tw);
+    return ok;
+}
+#endif
+
+/* One product in bfloat16 precision (see the top of the file). */
+static ts_status gemm1_bf16(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+#ifdef TS_HAVE_DNNL
+    if (use_dnnl && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0 &&
+        gemm_bf16_dnnl(d, ta, tb, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc))
+        return TS_OK;
+#endif
+    ts_tensor *ta_ = scratch_bytes(d, (size_t)(M * K) * 4), *tb_ = scratch_bytes(d, (size_t)(K * N) * 4);
+    if (!ta_ || !tb_) {
+        ts_tensor_release(ta_);
+        ts_tensor_release(tb_);
+        return ts_error(TS_ERR_NOMEM, "sgemm (bfloat16 precision): %lld x %lld x %lld operands", (long long)M,
+                        (long long)N, (long long)K);
+    }
+    float *a = ts__ptr(ta_), *b = ts__ptr(tb_);
+    round_rows(ta ? K : M, ta ? M : K, A, lda, NULL, a);
+    round_rows(tb ? N : K, tb ? K : N, B, ldb, NULL, b);
+    sgemm1(ta, tb, M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
+    ts_tensor_release(ta_);
+    ts_tensor_release(tb_);
+    return TS_OK;
+}
+
+static ts_status gemm1(ts_device *d, bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                       int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (bf16) return gemm1_bf16(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return TS_OK;
 }
 
 // C: (M, N) = alpha op(A): (M, K) @ op(B): (K, N) + beta C, row-major; op(A) = A^T when ta (A stored (K, M))
 static ts_status cpu_sgemm(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                            int64_t ldc) {
-    (void)d;
     if (M == 0 || N == 0) return TS_OK;
-    pthread_once(&blas_once, blas_single_threaded);
+    pthread_once(&blas_once, blas_init);
+    const bool bf16 = ts_get_matmul_precision() == TS_BF16;
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
-    if (nthr <= 1 || (double)M * (double)N * (double)K < SGEMM_PAR_MIN) {
-        sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return TS_OK;
-    }
+    if (nthr <= 1 || (double)M * (double)N * (double)K < SGEMM_PAR_MIN)
+        return gemm1(d, bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     const bool by_rows = M >= N; /* split the longer side of C */
     const int64_t len = by_rows ? M : N, align = by_rows ? 8 : 16;
-#pragma omp parallel num_threads(nthr)
+    int bad = 0;
+#pragma omp parallel num_threads(nthr) reduction(| : bad)
     {
         const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
         const int64_t per = ((len + nt - 1) / nt + align - 1) / align * align;
         const int64_t lo = TS_MIN(len, t * per), hi = TS_MIN(len, lo + per);
         if (hi > lo) {
             if (by_rows) /* rows lo..hi of C: rows of A, or columns of the stored A^T */
-                sgemm1(ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc,
-                       ldc);
+                bad |= gemm1(d, bf16, ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta,
+                             C + lo * ldc, ldc) != TS_OK;
             else /* columns lo..hi of C: columns of B, or rows of the stored B^T */
-                sgemm1(ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+                bad |= gemm1(d, bf16, ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta,
+                             C + lo, ldc) != TS_OK;
         }
     }
-    return TS_OK;
+    return bad ? ts_error(TS_ERR_NOMEM, "sgemm (bfloat16 precision): out of memory for the rounded operands") : TS_OK;
 }
 
 /* A batch of products. Products big enough to split (cpu_sgemm's rule) run one
@@ -82,7 +318,8 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
                                    const int64_t *boff, float beta, float *C, int64_t ldc, int64_t cstride,
                                    int64_t batch) {
     if (M == 0 || N == 0 || batch == 0) return TS_OK;
-    pthread_once(&blas_once, blas_single_threaded);
+    pthread_once(&blas_once, blas_init);
+    const bool bf16 = ts_get_matmul_precision() == TS_BF16;
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
     double work = (double)M * (double)N * (double)K;
     if (batch == 1 || nthr <= 1 || work >= SGEMM_PAR_MIN) {
@@ -91,10 +328,12 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
                              ldc));
         return TS_OK;
     }
-#pragma omp parallel for num_threads(nthr) if (work * (double)batch >= SGEMM_PAR_MIN) schedule(static)
+    int bad = 0;
+#pragma omp parallel for num_threads(nthr) if (work * (double)batch >= SGEMM_PAR_MIN) schedule(static) reduction(| : bad)
     for (int64_t i = 0; i < batch; i++)
-        sgemm1(ta, tb, M, N, K, alpha, A + aoff[i], lda, B + boff[i], ldb, beta, C + i * cstride, ldc);
-    return TS_OK;
+        bad |= gemm1(d, bf16, ta, tb, M, N, K, alpha, A + aoff[i], lda, B + boff[i], ldb, beta, C + i * cstride, ldc) !=
+               TS_OK;
+    return bad ? ts_error(TS_ERR_NOMEM, "sgemm (bfloat16 precision): out of memory for the rounded operands") : TS_OK;
 }
 
 const struct ts_kernels_blas ts_cpu_kernels_blas = {

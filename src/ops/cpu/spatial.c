@@ -21,6 +21,7 @@
 #include "device/k_blas.h"
 #include "device/k_spatial.h"
 #include "ops/cpu/winograd.h"
+#include "ops/cpu/dnnl_conv.h"
 
 #include <math.h>
 #include <omp.h>
@@ -313,6 +314,8 @@ static void conv_fwd_image(const conv_job *j, float *col, int64_t n) {
 // out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image (or block) and group, + b
 static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                             const ts_tensor *b) {
+    ts_status st;
+    if (ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d(g, out, x, w, b, &st)) return st;
     if (ts__cpu_wino_ok(g)) return ts__cpu_wino_conv2d(g, out, x, w, b);
     conv_job j = conv_job_init(g, x, w);
     j.pb = b ? ts__f32(b) : NULL;
@@ -436,6 +439,11 @@ static void conv_grad_bias(const ts_conv2d_geom *g, const float *go, float *gb) 
 
 static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+    ts_status st;
+    if (ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
+        if (st == TS_OK && gb) conv_grad_bias(g, ts__f32(gout), ts__f32(gb));
+        return st;
+    }
     if (ts__cpu_wino_ok(g)) {
         if (gb) conv_grad_bias(g, ts__f32(gout), ts__f32(gb));
         return ts__cpu_wino_conv2d_backward(g, gout, x, w, gx, gw);

@@ -1,0 +1,307 @@
+/*
+ * ops/cpu/dnnl_conv.c — conv2d forward, backward-data and backward-weights
+ * through oneDNN's convolution primitives (see dnnl_conv.h).
+ *
+ * Each call: the cached primitive for (geometry, precision, pass) — created on
+ * first use with format "any", so oneDNN picks its blocked layouts (nChw16c,
+ * OIhw16i16o) and its JIT kernel for this CPU (AVX-512, AVX512_BF16) — then our
+ * plain float32 NCHW / OIHW tensors are reordered into the primitive's layouts
+ * (rounding to bfloat16 on the way under bfloat16 precision: oneDNN's reorders
+ * round to nearest even), the primitive runs, and its float32 output is
+ * reordered back. Reorder primitives are cached with the convolution. Every
+ * primitive uses a user scratchpad (from the device's allocator), so one
+ * primitive may run on several threads at once. oneDNN threads the call over
+ * the calling thread's OpenMP budget.
+ *
+ * Rounding: oneDNN's kernels sum in their own order (and backward-weights
+ * reduces over threads), so results differ from im2col's by float rounding and
+ * may differ between thread counts — which is why this path is not the float32
+ * default (TS_CONV_ONEDNN chooses it) and is the default only under bfloat16
+ * precision, where rounding is coarser anyway.
+ */
+#include "tensor/tensor.h"
+#include "ops/cpu/dnnl_conv.h"
+
+#ifndef TS_HAVE_DNNL
+bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
+    (void)g;
+    return false;
+}
+bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
+                         const ts_tensor *b, ts_status *st) {
+    (void)g, (void)out, (void)x, (void)w, (void)b, (void)st;
+    return false;
+}
+bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st) {
+    (void)g, (void)gout, (void)x, (void)w, (void)gx, (void)gw, (void)st;
+    return false;
+}
+#else
+#include <dnnl.h>
+#include <pthread.h>
+#include <string.h>
+
+bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
+    if (g->groups != 1 || strcmp(ts_cpu_gemm_library(), "onednn") != 0) return false;
+    ts_conv_algo a = ts_get_conv_algo();
+    return a == TS_CONV_ONEDNN || (a == TS_CONV_AUTO && ts_get_matmul_precision() == TS_BF16);
+}
+
+enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_WEIGHTS = 2 };
+
+/* One cached primitive: the convolution of one pass and the reorders of its three tensors
+ * (in0, in1: inputs, from our layout; t2: the output, back to ours), NULL where none is needed. */
+typedef struct conv_entry {
+    ts_conv2d_geom g;
+    int pass;
+    bool bf16, bias;
+    dnnl_primitive_t conv, reorder[3];
+    dnnl_memory_desc_t user_md[3], prim_md[3];
+    size_t scratch;
+    uint64_t used;
+} conv_entry;
+
+#define CONV_CACHE 256
+static conv_entry cache[CONV_CACHE];
+static int ncache;
+static uint64_t clock_;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static dnnl_engine_t eng;
+static bool eng_ok;
+
+static bool same_geom(const ts_conv2d_geom *a, const ts_conv2d_geom *b) {
+    return a->N == b->N && a->C == b->C && a->H == b->H && a->W == b->W && a->K == b->K && a->OH == b->OH &&
+           a->OW == b->OW && a->kh == b->kh && a->kw == b->kw && a->sh == b->sh && a->sw == b->sw &&
+           a->ph == b->ph && a->pw == b->pw && a->dh == b->dh && a->dw == b->dw && a->groups == b->groups;
+}
+
+static bool md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_format_tag_t tag) {
+    dnnl_dims_t d;
+    for (int i = 0; i < nd; i++) d[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, nd, d, dnnl_f32, tag) == dnnl_success;
+}
+
+static bool md_any(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_data_type_t dt) {
+    dnnl_dims_t d;
+    for (int i = 0; i < nd; i++) d[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, nd, d, dt, dnnl_format_tag_any) == dnnl_success;
+}
+
+/* A reorder from src to dst (NULL with *ok true when they are the same layout and type). */
+static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst, bool *ok) {
+    if (dnnl_memory_desc_equal(src, dst)) return NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t p = NULL;
+    if (dnnl_reorder_primitive_desc_create(&pd, src, eng, dst, eng, NULL) != dnnl_success ||
+        dnnl_primitive_create(&p, pd) != dnnl_success)
+        *ok = false;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return p;
+}
+
+static void entry_destroy(conv_entry *e) {
+    if (e->conv) dnnl_primitive_destroy(e->conv);
+    for (int i = 0; i < 3; i++)
+        if (e->reorder[i]) dnnl_primitive_destroy(e->reorder[i]);
+    memset(e, 0, sizeof *e);
+}
+
+/* Builds the entry's primitives; false when oneDNN has no implementation for it. */
+static bool entry_make(conv_entry *e) {
+    const ts_conv2d_geom *g = &e->g;
+    int64_t xd[4] = {g->N, g->C, g->H, g->W}, wd[4] = {g->K, g->C, g->kh, g->kw}, yd[4] = {g->N, g->K, g->OH, g->OW},
+            bd[1] = {g->K};
+    dnnl_dims_t strides = {g->sh, g->sw}, dil = {g->dh - 1, g->dw - 1}, pl = {g->ph, g->pw},
+                pr = {(g->OH - 1) * g->sh + (g->kh - 1) * g->dh + 1 - g->H - g->ph,
+                      (g->OW - 1) * g->sw + (g->kw - 1) * g->dw + 1 - g->W - g->pw};
+    if (pr[0] < 0 || pr[1] < 0) return false;
+    dnnl_data_type_t in = e->bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t xa, wa, ya, xo, wo, yo, bm, xu, wu, yu;
+    bool ok = md_any(&xa, 4, xd, in) && md_any(&wa, 4, wd, in) && md_any(&ya, 4, yd, in) && md_any(&xo, 4, xd, dnnl_f32) &&
+              md_any(&wo, 4, wd, dnnl_f32) && md_any(&yo, 4, yd, dnnl_f32) && md_plain(&bm, 1, bd, dnnl_a) &&
+              md_plain(&xu, 4, xd, dnnl_nchw) && md_plain(&wu, 4, wd, dnnl_oihw) && md_plain(&yu, 4, yd, dnnl_nchw);
+    if (!ok) return false;
+    dnnl_convolution_desc_t fwd, cd;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t hint = NULL, pd = NULL;
+    /* the forward descriptor (a backward pass's hint): inputs in the pass's type, output float32 */
+    ok = dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct, &xa, &wa,
+                                                    e->bias ? &bm : NULL, &yo, strides, dil, pl, pr) == dnnl_success &&
+         dnnl_primitive_attr_create(&attr) == dnnl_success &&
+         dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
+    if (ok && e->pass == PASS_FWD) {
+        ok = dnnl_primitive_desc_create(&pd, &fwd, attr, eng, NULL) == dnnl_success;
+    } else if (ok) {
+        /* the hint: the forward of the same types with a bfloat16 output where the pass reads one */
+        dnnl_convolution_desc_t hf;
+        ok = dnnl_dilated_convolution_forward_desc_init(&hf, dnnl_forward_training, dnnl_convolution_direct, &xa, &wa,
+                                                        NULL, &ya, strides, dil, pl, pr) == dnnl_success &&
+             dnnl_primitive_desc_create(&hint, &hf, NULL, eng, NULL) == dnnl_success;
+        if (ok && e->pass == PASS_BWD_DATA)
+            ok = dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &xo, &wa, &ya, strides,
+                                                                  dil, pl, pr) == dnnl_success;
+        else if (ok)
+            ok = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &xa, &wo, NULL, &ya,
+                                                                     strides, dil, pl, pr) == dnnl_success;
+        ok = ok && dnnl_primitive_desc_create(&pd, &cd, attr, eng, hint) == dnnl_success;
+    }
+    /* the three tensors: (in0, in1, out) of each pass */
+    static const dnnl_query_t q[3][3] = {
+        {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md},
+        {dnnl_query_diff_dst_md, dnnl_query_weights_md, dnnl_query_diff_src_md},
+        {dnnl_query_src_md, dnnl_query_diff_dst_md, dnnl_query_diff_weights_md},
+    };
+    const dnnl_memory_desc_t *user[3][3] = {{&xu, &wu, &yu}, {&yu, &wu, &xu}, {&xu, &yu, &wu}};
+    for (int i = 0; ok && i < 3; i++) {
+        const dnnl_memory_desc_t *m = dnnl_primitive_desc_query_md(pd, q[e->pass][i], 0);
+        if (!m) {
+            ok = false;
+            break;
+        }
+        e->prim_md[i] = *m;
+        e->user_md[i] = *user[e->pass][i];
+        e->reorder[i] = i < 2 ? make_reorder(&e->user_md[i], &e->prim_md[i], &ok)
+                              : make_reorder(&e->prim_md[i], &e->user_md[i], &ok);
+    }
+    const dnnl_memory_desc_t *sp = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
+    e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    ok = ok && dnnl_primitive_create(&e->conv, pd) == dnnl_success;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ok;
+}
+
+/* The cached entry for this call (a copy: its primitives live as long as the cache slot, and a replaced
+ * slot's primitives are never destroyed while another thread may run them: they are kept); false when
+ * oneDNN has none. */
+static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool bias, conv_entry *out) {
+    bool found = false;
+    pthread_mutex_lock(&mu);
+    if (!eng_ok) eng_ok = dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success;
+    for (int i = 0; eng_ok && i < ncache && !found; i++) {
+        conv_entry *e = &cache[i];
+        if (e->pass == pass && e->bf16 == bf16 && e->bias == bias && same_geom(&e->g, g)) {
+            e->used = ++clock_;
+            *out = *e;
+            found = true;
+        }
+    }
+    if (!found && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
+        conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .bias = bias, .used = ++clock_};
+        if (entry_make(&e)) {
+            cache[ncache++] = e;
+            *out = e;
+            found = true;
+        } else {
+            ts_log(TS_LOG_DEBUG, "oneDNN has no convolution for %lldx%lldx%lldx%lld -> %lld channels, %dx%d kernel, "
+                                 "pass %d: own algorithm", (long long)g->N, (long long)g->C, (long long)g->H,
+                   (long long)g->W, (long long)g->K, g->kh, g->kw, pass);
+            entry_destroy(&e);
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return found;
+}
+
+static dnnl_status_t run(dnnl_primitive_t p, dnnl_stream_t s, int n, const dnnl_exec_arg_t *args) {
+    dnnl_status_t st = dnnl_primitive_execute(p, s, n, args);
+    return st == dnnl_success ? dnnl_stream_wait(s) : st;
+}
+
+/* Runs entry e on user buffers u[0], u[1] (inputs) and u[2] (output), bias (fwd, or NULL). */
+static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], const float *bias) {
+    static const int fwd_args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    static const int bd_args[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
+    static const int bw_args[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
+    const int *ids = e->pass == PASS_FWD ? fwd_args : e->pass == PASS_BWD_DATA ? bd_args : bw_args;
+    ts_tensor *buf[4] = {NULL, NULL, NULL, NULL};
+    dnnl_memory_t um[3] = {NULL, NULL, NULL}, pm[3] = {NULL, NULL, NULL}, bm = NULL, sm = NULL;
+    dnnl_stream_t s = NULL;
+    dnnl_status_t ds = dnnl_success;
+    ts_status st = TS_OK;
+    ds = dnnl_stream_create(&s, eng, dnnl_stream_default_flags);
+    for (int i = 0; i < 3 && ds == dnnl_success && st == TS_OK; i++) {
+        ds = dnnl_memory_create(&um[i], &e->user_md[i], eng, u[i]);
+        if (ds != dnnl_success) break;
+        if (!e->reorder[i]) { /* the primitive takes our layout */
+            ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, u[i]);
+            continue;
+        }
+        size_t bytes = dnnl_memory_desc_get_size(&e->prim_md[i]);
+        if ((st = ts__scratch_f32(dev, (int64_t)(bytes / 4 + 1), &buf[i])) != TS_OK) break;
+        ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, ts__ptr(buf[i]));
+        if (ds == dnnl_success && i < 2) {
+            dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, pm[i]}};
+            ds = run(e->reorder[i], s, 2, ra);
+        }
+    }
+    if (ds == dnnl_success && st == TS_OK && bias) {
+        dnnl_memory_desc_t bmd;
+        dnnl_dims_t bd = {e->g.K};
+        ds = dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
+        if (ds == dnnl_success) ds = dnnl_memory_create(&bm, &bmd, eng, (void *)bias);
+    }
+    if (ds == dnnl_success && st == TS_OK && e->scratch) {
+        dnnl_memory_desc_t smd;
+        dnnl_dims_t sd = {(int64_t)e->scratch};
+        st = ts__scratch_f32(dev, (int64_t)(e->scratch / 4 + 1), &buf[3]);
+        if (st == TS_OK) ds = dnnl_memory_desc_init_by_tag(&smd, 1, sd, dnnl_u8, dnnl_a);
+        if (st == TS_OK && ds == dnnl_success) ds = dnnl_memory_create(&sm, &smd, eng, ts__ptr(buf[3]));
+    }
+    if (ds == dnnl_success && st == TS_OK) {
+        dnnl_exec_arg_t args[5];
+        int n = 0;
+        for (int i = 0; i < 3; i++) args[n++] = (dnnl_exec_arg_t){ids[i], pm[i]};
+        if (bm) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
+        if (sm) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sm};
+        ds = run(e->conv, s, n, args);
+    }
+    if (ds == dnnl_success && st == TS_OK && e->reorder[2]) {
+        dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, pm[2]}, {DNNL_ARG_TO, um[2]}};
+        ds = run(e->reorder[2], s, 2, ra);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (um[i]) dnnl_memory_destroy(um[i]);
+        if (pm[i]) dnnl_memory_destroy(pm[i]);
+    }
+    if (bm) dnnl_memory_destroy(bm);
+    if (sm) dnnl_memory_destroy(sm);
+    if (s) dnnl_stream_destroy(s);
+    for (int i = 0; i < 4; i++) ts_tensor_release(buf[i]);
+    if (st == TS_OK && ds != dnnl_success)
+        st = ts_error(TS_ERR_UNSUPPORTED, "conv2d through oneDNN (pass %d, %lldx%lldx%lldx%lld -> %lld channels): oneDNN "
+                      "status %d", e->pass, (long long)e->g.N, (long long)e->g.C, (long long)e->g.H, (long long)e->g.W,
+                      (long long)e->g.K, (int)ds);
+    return st;
+}
+
+bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
+                         const ts_tensor *b, ts_status *st) {
+    conv_entry e;
+    if (!entry_get(g, PASS_FWD, ts_get_matmul_precision() == TS_BF16, b != NULL, &e)) return false;
+    void *u[3] = {ts__ptr(x), ts__ptr(w), ts__ptr(out)};
+    *st = execute(&e, out->storage->device, u, b ? ts__f32(b) : NULL);
+    return true;
+}
+
+bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st) {
+    const bool bf16 = ts_get_matmul_precision() == TS_BF16;
+    conv_entry ed, ew;
+    if ((gx && !entry_get(g, PASS_BWD_DATA, bf16, false, &ed)) || (gw && !entry_get(g, PASS_BWD_WEIGHTS, bf16, false, &ew)))
+        return false;
+    ts_device *dev = gout->storage->device;
+    *st = TS_OK;
+    if (gx) {
+        void *u[3] = {ts__ptr(gout), ts__ptr(w), ts__ptr(gx)};
+        *st = execute(&ed, dev, u, NULL);
+    }
+    if (gw && *st == TS_OK) {
+        void *u[3] = {ts__ptr(x), ts__ptr(gout), ts__ptr(gw)};
+        *st = execute(&ew, dev, u, NULL);
+    }
+    return true;
+}
+#endif

@@ -1,0 +1,26 @@
+/*
+ * ops/cpu/dnnl_conv.h — convolutions through oneDNN's convolution primitives
+ * (what PyTorch's CPU build runs): the CPU spatial kernels (spatial.c) hand a
+ * conv2d here when ts__cpu_dnnl_conv_ok says so, and fall back to their own
+ * algorithms when oneDNN cannot make a primitive for the geometry.
+ */
+#ifndef TS_OPS_CPU_DNNL_CONV_H
+#define TS_OPS_CPU_DNNL_CONV_H
+
+#include "device/k_spatial.h"
+
+/* Whether conv2d of this geometry goes to oneDNN: built with it (TS_HAVE_DNNL), one group, and the
+ * algorithm setting: TS_CONV_ONEDNN, or TS_CONV_AUTO under bfloat16 matmul precision (where Winograd
+ * is off and im2col would round its columns one product at a time). */
+bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g);
+
+/* The k_spatial conv2d / conv2d_backward contracts (the bias gradient stays with the caller). They return
+ * false, having touched nothing, when oneDNN cannot run the geometry (the caller then runs its own
+ * algorithm); true with *st the outcome otherwise. Under bfloat16 matmul precision the operands are
+ * rounded to bfloat16 and the results accumulated and stored in float32. */
+bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
+                         const ts_tensor *b, ts_status *st);
+bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st);
+
+#endif
