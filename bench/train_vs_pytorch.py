@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """PyTorch side of bench/train_vs_pytorch.sh: trains the reference CNN on
 in-memory batches (batch 64, SGD with momentum) and prints images/s as JSON.
+PRECISION bf16 runs the forward under torch.autocast("cpu", dtype=torch.bfloat16).
 
-usage: /usr/bin/python3 bench/train_vs_pytorch.py THREADS [STEPS] [BATCH]
+usage: python3 bench/train_vs_pytorch.py THREADS [STEPS] [BATCH] [fp32|bf16]
 """
 import json
 import sys
@@ -16,6 +17,7 @@ def main():
     threads = int(sys.argv[1])
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     batch = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+    bf16 = len(sys.argv) > 4 and sys.argv[4] == "bf16"
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = nn.Sequential(
@@ -30,7 +32,8 @@ def main():
 
     def step(i):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xs[i % nbatches]), ys[i % nbatches])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(model(xs[i % nbatches]), ys[i % nbatches])
         loss.backward()
         opt.step()
         return loss
@@ -42,8 +45,9 @@ def main():
         loss = step(i)
     dt = time.perf_counter() - t0
     print(json.dumps({"framework": "pytorch " + torch.__version__, "threads": threads, "batch_size": batch,
+                      "precision": "bf16" if bf16 else "fp32",
                       "steps": steps, "seconds": dt, "images_per_second": steps * batch / dt,
-                      "final_loss": float(loss)}))
+                      "final_loss": float(loss.detach())}))
 
 
 if __name__ == "__main__":

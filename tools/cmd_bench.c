@@ -6,6 +6,7 @@
  */
 #include "cli.h"
 #include "commands.h"
+#include <immintrin.h>
 
 #include "tessera.h"
 
@@ -106,7 +107,77 @@ done:
     return status;
 }
 
-/* sgemm C = A B of n x n float32 matrices through ts_matmul (OpenBLAS): the best of `reps` GFLOP/s. */
+/* ---- the physical limit: FMA throughput of one thread, measured ---------------------------------------- */
+/* 16 independent accumulator chains (latency x pipes of any current core) of `iters` FMAs each. The targets
+ * are per function: the binary assumes no ISA, and each kernel runs only where cpuid has it. */
+#define PEAK_CHAINS 16
+__attribute__((target("avx2,fma"))) static double peak_avx2(int64_t iters) {
+    __m256 acc[PEAK_CHAINS], x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-6f);
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm256_set1_ps((float)i);
+    double t0 = ts_time_now();
+    for (int64_t k = 0; k < iters; k++)
+        for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm256_fmadd_ps(acc[i], x, y);
+    double dt = ts_time_now() - t0;
+    float sink = 0;
+    for (int i = 0; i < PEAK_CHAINS; i++) sink += _mm256_cvtss_f32(acc[i]);
+    return sink == 12345.0f ? 0 : (double)iters * PEAK_CHAINS * 8 * 2 / dt / 1e9;
+}
+
+__attribute__((target("avx512f"))) static double peak_avx512(int64_t iters) {
+    __m512 acc[PEAK_CHAINS], x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-6f);
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
+    double t0 = ts_time_now();
+    for (int64_t k = 0; k < iters; k++)
+        for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_fmadd_ps(acc[i], x, y);
+    double dt = ts_time_now() - t0;
+    float sink = 0;
+    for (int i = 0; i < PEAK_CHAINS; i++) sink += _mm512_reduce_add_ps(acc[i]);
+    return sink == 12345.0f ? 0 : (double)iters * PEAK_CHAINS * 16 * 2 / dt / 1e9;
+}
+
+/* vdpbf16ps: 16 lanes x 2 bfloat16 products each, accumulated in float32 (4 flops per lane) */
+__attribute__((target("avx512f,avx512bf16"))) static double peak_bf16(int64_t iters) {
+    __m512 acc[PEAK_CHAINS];
+    __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+    for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_set1_ps((float)i);
+    double t0 = ts_time_now();
+    for (int64_t k = 0; k < iters; k++)
+        for (int i = 0; i < PEAK_CHAINS; i++) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    double dt = ts_time_now() - t0;
+    float sink = 0;
+    for (int i = 0; i < PEAK_CHAINS; i++) sink += _mm512_reduce_add_ps(acc[i]);
+    return sink == 12345.0f ? 0 : (double)iters * PEAK_CHAINS * 16 * 4 / dt / 1e9;
+}
+
+/* Best of 5 runs of ~50 ms, for each thread of an OpenMP team of `threads` (the sum over threads). */
+static double peak_of(double (*fn)(int64_t), int threads) {
+    double best = 0;
+    for (int r = 0; r < 5; r++) {
+        double sum = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : sum)
+        sum += fn(4000000);
+        best = sum > best ? sum : best;
+    }
+    return best;
+}
+
+/* C = A B of n x n float32 matrices through ts_matmul: the best of `reps` GFLOP/s. */
+static ts_status time_matmul(const ts_tensor *a, const ts_tensor *b, int64_t n, int64_t reps, double *gflops) {
+    double best = 1e30;
+    for (int64_t r = 0; r <= reps; r++) { /* the first is a warm-up */
+        ts_tensor *c = NULL;
+        double t0 = ts_time_now();
+        ts_status st = ts_matmul(a, b, &c);
+        if (st != TS_OK) return st;
+        double dt = ts_time_now() - t0;
+        ts_tensor_release(c);
+        if (r > 0 && dt < best) best = dt;
+    }
+    *gflops = 2.0 * (double)n * (double)n * (double)n / best / 1e9;
+    return TS_OK;
+}
+
+/* The GEMM rates of this CPU: OpenBLAS's and oneDNN's float32, bfloat16 precision, and the FMA peaks. */
 static int bench_gemm(int argc, char **argv) {
     int64_t n = 1024, threads = 0, reps = 10;
     bool json = false;
@@ -117,40 +188,58 @@ static int bench_gemm(int argc, char **argv) {
         {"json", CLI_BOOL, &json, "print one JSON object", 1, 0},
     };
     const cli_command cmd = {"bench gemm", "tessera bench gemm [flags]",
-                             "The sgemm rate (2 n^3 flops per product) of the CPU through Tessera's matmul: the peak\n"
-                             "a training benchmark's GFLOP/s is compared to.",
+                             "GEMM rates (2 n^3 flops per product) through Tessera's matmul — float32 through OpenBLAS\n"
+                             "and through oneDNN, and bfloat16 precision (--precision bf16) — beside the FMA peak of the\n"
+                             "same threads measured in the same run (AVX2, AVX-512 and AVX512_BF16 dot products, where\n"
+                             "the CPU has them): the limits the training benchmarks are compared to.",
                              flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if (threads > 0) ts_set_num_threads((int)threads);
+    const int nt = ts_get_num_threads();
     ts_rng rng;
     ts_rng_seed(&rng, 0);
-    ts_tensor *a = NULL, *b = NULL, *c = NULL;
+    ts_tensor *a = NULL, *b = NULL;
     int64_t shape[2] = {n, n};
-    double best = 1e30;
+    const char *saved_lib = ts_cpu_gemm_library();
+    ts_dtype saved_prec = ts_get_matmul_precision();
+    double openblas = 0, onednn = 0, bf16 = 0;
     if (ts_tensor_empty(NULL, TS_F32, 2, shape, &a) != TS_OK || ts_tensor_normal_(a, 0, 1, &rng) != TS_OK ||
-        ts_tensor_empty(NULL, TS_F32, 2, shape, &b) != TS_OK || ts_tensor_normal_(b, 0, 1, &rng) != TS_OK)
+        ts_tensor_empty(NULL, TS_F32, 2, shape, &b) != TS_OK || ts_tensor_normal_(b, 0, 1, &rng) != TS_OK ||
+        ts_set_matmul_precision(TS_F32) != TS_OK || ts_set_cpu_gemm_library("openblas") != TS_OK ||
+        time_matmul(a, b, n, reps, &openblas) != TS_OK)
         goto fail;
-    for (int64_t r = 0; r <= reps; r++) { /* the first is a warm-up */
-        double t0 = ts_time_now();
-        if (ts_matmul(a, b, &c) != TS_OK) goto fail;
-        double dt = ts_time_now() - t0;
-        ts_tensor_release(c);
-        c = NULL;
-        if (r > 0 && dt < best) best = dt;
-    }
-    double gflops = 2.0 * (double)n * (double)n * (double)n / best / 1e9;
+    bool have_dnnl = ts_set_cpu_gemm_library("onednn") == TS_OK;
+    if (have_dnnl && time_matmul(a, b, n, reps, &onednn) != TS_OK) goto fail;
+    if (ts_set_matmul_precision(TS_BF16) != TS_OK || time_matmul(a, b, n, reps, &bf16) != TS_OK) goto fail;
+    ts_set_matmul_precision(saved_prec);
+    ts_set_cpu_gemm_library(saved_lib);
+    __builtin_cpu_init();
+    double p2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? peak_of(peak_avx2, nt) : 0;
+    double p512 = __builtin_cpu_supports("avx512f") ? peak_of(peak_avx512, nt) : 0;
+    double pbf = __builtin_cpu_supports("avx512bf16") ? peak_of(peak_bf16, nt) : 0;
+    double peak = p512 > p2 ? p512 : p2;
     if (json)
-        printf("{\"framework\": \"tessera\", \"size\": %lld, \"threads\": %d, \"seconds\": %.6f, \"gflops\": %.2f}\n",
-               (long long)n, ts_get_num_threads(), best, gflops);
-    else
-        printf("sgemm %lld x %lld, %d threads: %.1f GFLOP/s (best of %lld)\n", (long long)n, (long long)n,
-               ts_get_num_threads(), gflops, (long long)reps);
+        printf("{\"framework\": \"tessera\", \"size\": %lld, \"threads\": %d, \"openblas_gflops\": %.2f, "
+               "\"onednn_gflops\": %.2f, \"bf16_gflops\": %.2f, \"gflops\": %.2f, \"fma_peak_avx2\": %.2f, "
+               "\"fma_peak_avx512\": %.2f, \"bf16_peak\": %.2f}\n",
+               (long long)n, nt, openblas, onednn, bf16, have_dnnl ? onednn : openblas, p2, p512, pbf);
+    else {
+        printf("gemm %lld x %lld x %lld, %d thread%s (GFLOP/s, best of %lld):\n", (long long)n, (long long)n,
+               (long long)n, nt, nt == 1 ? "" : "s", (long long)reps);
+        printf("  float32, OpenBLAS       %8.1f  (%.0f%% of the FMA peak)\n", openblas, peak > 0 ? 100 * openblas / peak : 0);
+        if (have_dnnl)
+            printf("  float32, oneDNN         %8.1f  (%.0f%% of the FMA peak)\n", onednn, peak > 0 ? 100 * onednn / peak : 0);
+        printf("  bfloat16 precision      %8.1f  (%.2fx float32%s)\n", bf16, bf16 / (have_dnnl ? onednn : openblas),
+               pbf > 0 ? "" : "; no AVX512_BF16 here");
+        printf("  FMA peak: AVX2 %.1f, AVX-512 %.1f, AVX512_BF16 dot products %.1f (0: not on this CPU)\n", p2, p512, pbf);
+    }
     ts_tensor_release(a);
     ts_tensor_release(b);
     return 0;
 fail:
     fprintf(stderr, "tessera bench gemm: %s\n", ts_last_error());
+    ts_set_matmul_precision(saved_prec);
     ts_tensor_release(a);
     ts_tensor_release(b);
     return 1;

@@ -185,6 +185,8 @@ ts_dtype ts_get_matmul_precision(void);
 /* What runs float32 GEMMs on the CPU: "onednn" or "openblas" (TS_GEMM=openblas|onednn chooses where both
  * are built; oneDNN is the default when present). */
 const char *ts_cpu_gemm_library(void);
+/* Chooses it: "onednn" (TS_ERR_UNSUPPORTED in a build without oneDNN) or "openblas". Process-wide. */
+ts_status ts_set_cpu_gemm_library(const char *name);
 
 /* ---- random numbers ------------------------------------------------------------------ */
 /* A seeded generator (PCG-XSL-RR 128/64); reproducible across runs and machines. */

@@ -55,7 +55,7 @@ void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
 #define SGEMM_PAR_MIN (1 << 21)
 
 static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
-static bool use_dnnl; /* set once by blas_init */
+static _Atomic bool use_dnnl; /* set by blas_init (TS_GEMM) and ts_set_cpu_gemm_library */
 
 /* OpenBLAS's OpenMP build also sets the calling thread's OpenMP count: put it back. */
 static void blas_init(void) {
@@ -73,6 +73,18 @@ static void blas_init(void) {
 const char *ts_cpu_gemm_library(void) {
     pthread_once(&blas_once, blas_init);
     return use_dnnl ? "onednn" : "openblas";
+}
+
+ts_status ts_set_cpu_gemm_library(const char *name) {
+    pthread_once(&blas_once, blas_init);
+    bool dnnl = name && strcasecmp(name, "onednn") == 0;
+    TS_ARG(dnnl || (name && strcasecmp(name, "openblas") == 0), "GEMM library '%s': expected onednn or openblas",
+           name ? name : "(null)");
+#ifndef TS_HAVE_DNNL
+    if (dnnl) return ts_error(TS_ERR_UNSUPPORTED, "GEMM library onednn: this build has no oneDNN (libdnnl-dev)");
+#endif
+    use_dnnl = dnnl;
+    return TS_OK;
 }
 
 #ifdef TS_HAVE_DNNL
