@@ -145,6 +145,74 @@ static void test_to_dtype_op(void) {
     ts_tensor_release(x);
 }
 
+/* Ops on 16-bit tensors compute in float32 and round the result (PyTorch's CPU rule): each result equals
+ * the float32 op on the widened inputs, rounded; mixed dtypes give float32; gradients come back in each
+ * input's dtype. */
+static void test_half_ops(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 12);
+    int64_t sh[2] = {7, 33};
+    ts_tensor *a32 = tu_rand(&r, 2, sh, -4.0f, 4.0f, false), *b32 = tu_rand(&r, 2, sh, 0.5f, 4.0f, false);
+    for (int k = 0; k < 2; k++) {
+        ts_dtype dt = k ? TS_F16 : TS_BF16;
+        ts_tensor *a = NULL, *b = NULL, *fa = NULL, *fb = NULL;
+        CHECK_OK(ts_to_dtype(a32, dt, &a));
+        CHECK_OK(ts_to_dtype(b32, dt, &b));
+        ts_tensor_set_requires_grad(a, true);
+        CHECK_OK(ts_to_dtype(a, TS_F32, &fa));
+        CHECK_OK(ts_to_dtype(b, TS_F32, &fb));
+        ts_tensor *h[6] = {NULL}, *f[6] = {NULL};
+        CHECK_OK(ts_div(a, b, &h[0]));
+        CHECK_OK(ts_div(fa, fb, &f[0]));
+        CHECK_OK(ts_gelu(a, false, &h[1]));
+        CHECK_OK(ts_gelu(fa, false, &f[1]));
+        CHECK_OK(ts_softmax(a, 1, &h[2]));
+        CHECK_OK(ts_softmax(fa, 1, &f[2]));
+        CHECK_OK(ts_sum(a, &h[3]));
+        CHECK_OK(ts_sum(fa, &f[3]));
+        CHECK_STATUS(ts_matmul(a, b, &h[4]), TS_ERR_SHAPE); /* (7, 33) @ (7, 33), checked after the widening */
+        CHECK_ERR_MENTIONS("matmul");
+        ts_tensor *bt = NULL;
+        CHECK_OK(ts_transpose(b, 0, 1, &bt));
+        CHECK_OK(ts_matmul(a, bt, &h[4]));
+        ts_tensor *fbt = NULL;
+        CHECK_OK(ts_transpose(fb, 0, 1, &fbt));
+        CHECK_OK(ts_matmul(fa, fbt, &f[4]));
+        CHECK_OK(ts_mul(a, b32, &h[5])); /* mixed: float32 */
+        CHECK_OK(ts_mul(fa, b32, &f[5]));
+        int bad = 0;
+        for (int i = 0; i < 6; i++) {
+            ts_dtype want = i == 5 ? TS_F32 : dt;
+            if (ts_tensor_dtype(h[i]) != want) {
+                bad++;
+                continue;
+            }
+            ts_tensor *ref = NULL;
+            CHECK_OK(ts_to_dtype(f[i], want, &ref));
+            for (int64_t j = 0; j < ts_tensor_numel(ref); j++)
+                bad += ts_tensor_item(ref, j) != ts_tensor_item(h[i], j);
+            ts_tensor_release(ref);
+        }
+        CHECK(bad == 0);
+        /* backward through the 16-bit sum: d sum(a) / da = 1, in a's dtype */
+        CHECK_OK(ts_backward(h[3], NULL, false));
+        ts_tensor *g = ts_tensor_grad(a);
+        CHECK(g && ts_tensor_dtype(g) == dt && ts_tensor_item(g, 5) == 1.0);
+        for (int i = 0; i < 6; i++) {
+            ts_tensor_release(h[i]);
+            ts_tensor_release(f[i]);
+        }
+        ts_tensor_release(bt);
+        ts_tensor_release(fbt);
+        ts_tensor_release(a);
+        ts_tensor_release(b);
+        ts_tensor_release(fa);
+        ts_tensor_release(fb);
+    }
+    ts_tensor_release(a32);
+    ts_tensor_release(b32);
+}
+
 /* bfloat16 and float16 tensors go through a checkpoint bit for bit. */
 static void test_checkpoint_16bit(void) {
     ts_rng r;
@@ -442,7 +510,7 @@ int main(int argc, char **argv) {
         fputc('\n', stderr);
     }
     static const tu_test tests[] = {
-        T(test_convert_golden), T(test_every_pattern), T(test_to_dtype_op), T(test_checkpoint_16bit),
+        T(test_convert_golden), T(test_every_pattern), T(test_to_dtype_op), T(test_half_ops), T(test_checkpoint_16bit),
         T(test_grad_scaler_golden), T(test_matmul_precision), T(test_bf16_step_vs_torch),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);

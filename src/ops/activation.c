@@ -7,6 +7,7 @@
  * log_softmax in loss.c.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "device/k_misc.h"
@@ -29,7 +30,18 @@ static ts_status unary_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     return st;
 }
 
+typedef struct unary_args {
+    const char *name;
+    ts_unop op;
+} unary_args;
+static ts_status unary_op(const char *name, ts_unop op, const ts_tensor *x_in, ts_tensor **out);
+static ts_status unary_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return unary_op(((const unary_args *)arg)->name, ((const unary_args *)arg)->op, a, out);
+}
+
 static ts_status unary_op(const char *name, ts_unop op, const ts_tensor *x_in, ts_tensor **out) {
+    if (ts__any_half(x_in, NULL)) return ts__half_op(unary_thunk, x_in, NULL, &(unary_args){name, op}, out);
     TS_TRY(ts__check_f32(name, "x", x_in));
     TS_ARG(out, "%s: NULL out", name);
     ts_status st;
@@ -76,7 +88,13 @@ static ts_status softmax_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) 
     return st;
 }
 
+static ts_status softmax_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return ts_softmax(a, *(const int *)arg, out);
+}
+
 ts_status ts_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
+    if (ts__any_half(x_in, NULL)) return ts__half_op(softmax_thunk, x_in, NULL, &dim, out);
     TS_TRY(ts__check_f32("softmax", "x", x_in));
     TS_ARG(out, "softmax: NULL out");
     int nd = x_in->ndim ? x_in->ndim : 1; /* a 0-d tensor acts as one element along dim 0 */

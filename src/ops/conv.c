@@ -4,6 +4,7 @@
  * PyTorch: H_out = (H + 2p - d(k-1) - 1) / s + 1.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_spatial.h"
 #include "ops/trace.h"
@@ -99,8 +100,24 @@ fail:
     return st;
 }
 
+typedef struct conv_args {
+    const ts_tensor *b;
+    ts_conv2d_params p;
+} conv_args;
+/* conv2d on float32 x and w; the bias goes up to float32 here when it is 16-bit */
+static ts_status conv_thunk(const ts_tensor *x, const ts_tensor *w, const void *arg, ts_tensor **out) {
+    const conv_args *c = arg;
+    ts_tensor *fb = NULL;
+    if (c->b) TS_TRY(ts_to_dtype(c->b, TS_F32, &fb));
+    ts_status st = ts_conv2d(x, w, fb, c->p, out);
+    ts_tensor_release(fb);
+    return st;
+}
+
 ts_status ts_conv2d(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_conv2d_params p,
                     ts_tensor **out) {
+    if (ts__any_half(x_in, w_in) || ts__any_half(b, NULL))
+        return ts__half_op(conv_thunk, x_in, w_in, &(conv_args){b, p}, out);
     TS_ARG(out, "conv2d: NULL out");
     TS_TRY(conv_check(x_in, w_in, b, &p));
     ts_status st;

@@ -3,6 +3,7 @@
  * mean, and moving tensors between devices, with their backward functions.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "ops/reduce.h"
@@ -107,7 +108,18 @@ static ts_status binary_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return TS_OK;
 }
 
+typedef struct binary_args {
+    const char *name;
+    ts_binop op;
+} binary_args;
+static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
+static ts_status binary_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const binary_args *p = arg;
+    return binary_op(p->name, p->op, a, b, out);
+}
+
 static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
+    if (ts__any_half(a, b)) return ts__half_op(binary_thunk, a, b, &(binary_args){name, op}, out);
     ts__op_kind kind = op == TS_BIN_ADD   ? TS_OP_ADD
                        : op == TS_BIN_SUB ? TS_OP_SUB
                        : op == TS_BIN_MUL ? TS_OP_MUL
@@ -157,7 +169,13 @@ static ts_status scale_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return g->storage->device->k_ew->scale(gin[0], g, n->p.f[0]);
 }
 
+static ts_status scale_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return ts_scale(a, *(const float *)arg, out);
+}
+
 ts_status ts_scale(const ts_tensor *a, float s, ts_tensor **out) {
+    if (ts__any_half(a, NULL)) return ts__half_op(scale_thunk, a, NULL, &s, out);
     TS_TRY(ts__check_f32("scale", "a", a));
     TS_ARG(out, "scale: NULL out");
     ts_tensor *x = NULL, *o = NULL;
@@ -186,7 +204,13 @@ static ts_status relu_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return g->storage->device->k_ew->relu_backward(gin[0], g, ts__node_saved(n, 0));
 }
 
+static ts_status relu_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b, (void)arg;
+    return ts_relu(a, out);
+}
+
 ts_status ts_relu(const ts_tensor *x, ts_tensor **out) {
+    if (ts__any_half(x, NULL)) return ts__half_op(relu_thunk, x, NULL, NULL, out);
     TS_TRY(ts__check_f32("relu", "x", x));
     TS_ARG(out, "relu: NULL out");
     ts_tensor *c = NULL, *o = NULL;
@@ -215,7 +239,14 @@ static ts_status sum_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return g->storage->device->k_ew->expand_scalar(gin[0], g, n->p.f[0]);
 }
 
+static ts_status reduce_all(const char *name, const ts_tensor *x, bool mean, ts_tensor **out);
+static ts_status reduce_all_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return reduce_all(*(const bool *)arg ? "mean" : "sum", a, *(const bool *)arg, out);
+}
+
 static ts_status reduce_all(const char *name, const ts_tensor *x, bool mean, ts_tensor **out) {
+    if (ts__any_half(x, NULL)) return ts__half_op(reduce_all_thunk, x, NULL, &mean, out);
     TS_TRY(ts__check_f32(name, "x", x));
     TS_ARG(out, "%s: NULL out", name);
     ts_tensor *c = NULL, *o = NULL;

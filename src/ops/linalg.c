@@ -10,6 +10,7 @@
  * batch and then summed over the broadcast dims (ops/reduce.h).
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
 #include "device/k_ew.h"
@@ -76,7 +77,12 @@ fail:
     return st;
 }
 
+static ts_status matmul_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    return arg ? ts_bmm(a, b, out) : ts_matmul(a, b, out);
+}
+
 ts_status ts_matmul(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
+    if (ts__any_half(a_in, b_in)) return ts__half_op(matmul_thunk, a_in, b_in, NULL, out);
     TS_TRY(ts__check_f32("matmul", "a", a_in));
     TS_TRY(ts__check_f32("matmul", "b", b_in));
     TS_TRY(ts__check_same_device("matmul", a_in, b_in));
@@ -311,6 +317,7 @@ fail:
 }
 
 ts_status ts_bmm(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
+    if (ts__any_half(a, b)) return ts__half_op(matmul_thunk, a, b, "bmm", out);
     TS_TRY(ts__check_f32("bmm", "a", a));
     TS_TRY(ts__check_f32("bmm", "b", b));
     TS_TRY(ts__check_ndim("bmm", "a", a, 3));
@@ -347,7 +354,18 @@ static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return TS_OK;
 }
 
+/* linear on float32 x and w; the bias (arg) goes up to float32 here when it is 16-bit */
+static ts_status linear_thunk(const ts_tensor *x, const ts_tensor *w, const void *arg, ts_tensor **out) {
+    const ts_tensor *b = arg;
+    ts_tensor *fb = NULL;
+    if (b) TS_TRY(ts_to_dtype(b, TS_F32, &fb));
+    ts_status st = ts_linear(x, w, fb, out);
+    ts_tensor_release(fb);
+    return st;
+}
+
 ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out) {
+    if (ts__any_half(x_in, w_in) || ts__any_half(b, NULL)) return ts__half_op(linear_thunk, x_in, w_in, b, out);
     TS_TRY(ts__check_f32("linear", "x", x_in));
     TS_TRY(ts__check_f32("linear", "weight", w_in));
     TS_TRY(ts__check_ndim("linear", "x", x_in, 2));

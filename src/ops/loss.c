@@ -16,6 +16,7 @@
  * ts_cross_entropy is ts_cross_entropy_ex with the default options.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
 #include "ops/trace.h"
@@ -33,7 +34,13 @@ static ts_status log_softmax_backward(ts_node *n, ts_tensor *g_in, ts_tensor **g
     return st;
 }
 
+static ts_status log_softmax_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return ts_log_softmax(a, *(const int *)arg, out);
+}
+
 ts_status ts_log_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
+    if (ts__any_half(x_in, NULL)) return ts__half_op(log_softmax_thunk, x_in, NULL, &dim, out);
     TS_TRY(ts__check_f32("log_softmax", "x", x_in));
     TS_ARG(out, "log_softmax: NULL out");
     int nd = x_in->ndim ? x_in->ndim : 1; /* a 0-d tensor acts as one element along dim 0 */
@@ -88,8 +95,18 @@ static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor *
     return st;
 }
 
+typedef struct ce_args {
+    const ts_tensor *target;
+    const ts_cross_entropy_opts *opts;
+} ce_args;
+static ts_status ce_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return ts_cross_entropy_ex(a, ((const ce_args *)arg)->target, ((const ce_args *)arg)->opts, out);
+}
+
 ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *target_in, const ts_cross_entropy_opts *opts,
                               ts_tensor **out) {
+    if (ts__any_half(logits_in, NULL)) return ts__half_op(ce_thunk, logits_in, NULL, &(ce_args){target_in, opts}, out);
     const ts_cross_entropy_opts o = opts ? *opts : TS_CROSS_ENTROPY_OPTS_INIT;
     TS_TRY(ts__check_f32("cross_entropy", "logits", logits_in));
     TS_ARG(target_in, "cross_entropy: target is NULL");

@@ -13,6 +13,7 @@
  * Backward runs the same groups the other way with expand_dim.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "ops/reduce.h"
@@ -157,8 +158,24 @@ static ts_status sum_dims_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin)
     return st;
 }
 
+typedef struct dims_args {
+    const char *name;
+    bool mean, keepdim;
+    int ndims;
+    const int *dims;
+} dims_args;
+static ts_status reduce_dims(const char *name, bool mean, const ts_tensor *x_in, int ndims, const int *dims,
+                             bool keepdim, ts_tensor **out);
+static ts_status dims_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const dims_args *p = arg;
+    (void)b;
+    return reduce_dims(p->name, p->mean, a, p->ndims, p->dims, p->keepdim, out);
+}
+
 static ts_status reduce_dims(const char *name, bool mean, const ts_tensor *x_in, int ndims, const int *dims,
                              bool keepdim, ts_tensor **out) {
+    if (ts__any_half(x_in, NULL))
+        return ts__half_op(dims_thunk, x_in, NULL, &(dims_args){name, mean, keepdim, ndims, dims}, out);
     TS_TRY(ts__check_f32(name, "x", x_in));
     TS_ARG(out, "%s: NULL out", name);
     TS_ARG(ndims >= 0 && ndims <= TS_MAX_DIMS, "%s: ndims %d is out of range [0, %d]", name, ndims, TS_MAX_DIMS);

@@ -1,0 +1,23 @@
+/*
+ * ops/half.c — 16-bit inputs of float ops: up to float32, the op, and back (see half.h).
+ */
+#include "ops/half.h"
+#include "tessera/ops.h"
+
+static bool is_half(const ts_tensor *t) { return t && (t->dtype == TS_F16 || t->dtype == TS_BF16); }
+
+bool ts__any_half(const ts_tensor *a, const ts_tensor *b) { return is_half(a) || is_half(b); }
+
+ts_status ts__half_op(ts__op2_fn fn, const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    TS_ARG(a && out, "16-bit op: NULL argument");
+    ts_dtype dt = b && b->dtype != a->dtype ? TS_F32 : a->dtype;
+    ts_tensor *fa = NULL, *fb = NULL, *o = NULL;
+    ts_status st = ts_to_dtype(a, TS_F32, &fa);
+    if (st == TS_OK && b) st = ts_to_dtype(b, TS_F32, &fb);
+    if (st == TS_OK) st = fn(fa, fb, arg, &o);
+    if (st == TS_OK) st = ts_to_dtype(o, ts_tensor_dtype(o) == TS_F32 ? dt : ts_tensor_dtype(o), out);
+    ts_tensor_release(o);
+    ts_tensor_release(fa);
+    ts_tensor_release(fb);
+    return st;
+}
