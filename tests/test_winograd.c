@@ -4,8 +4,10 @@
  * a direct convolution in double (within 1e-5 of the largest value: F(4x4)'s rounding
  * is up to ~5e-6 with 32 channels, F(2x2)'s ~1e-6) over paddings 0..2 (the input gradient's
  * transposed conv then pads 2..0), odd and one-tile planes, one image and
- * several chunks; the chunk-per-thread and the split paths agree; AUTO takes
- * Winograd only from 16 channels; the algorithm names parse.
+ * several chunks; the chunk-per-thread and the split paths agree; oneDNN's
+ * convolution primitives (--conv-algo onednn, AUTO's choice in builds with oneDNN)
+ * against the same reference; without oneDNN's GEMMs AUTO takes Winograd only from
+ * 16 channels; the algorithm names parse.
  */
 #include "test_util.h"
 
@@ -119,9 +121,10 @@ static void test_against_direct(void) {
                   ts_tensor_data_f32(r), OH, OW, ro, rgx, rgw, rgb);
         /* F(2x2) tiles; F(4x4) on planes of 4x4 or more; 1 thread; 2: chunks one per thread, or split
          * transforms and gemms */
-        for (int run = 0; run < 4; run++) {
+        const bool dnnl = ts_set_cpu_gemm_library("onednn") == TS_OK; /* runs 4, 5: oneDNN's primitives */
+        for (int run = 0; run < (dnnl ? 6 : 4); run++) {
             const int t = 1 + run % 2;
-            const ts_conv_algo algo = run < 2 ? TS_CONV_WINOGRAD_F2 : TS_CONV_WINOGRAD_F4;
+            const ts_conv_algo algo = run < 2 ? TS_CONV_WINOGRAD_F2 : run < 4 ? TS_CONV_WINOGRAD_F4 : TS_CONV_ONEDNN;
             ts_set_conv_algo(algo);
             ts_set_num_threads(t);
             ts_tensor *res[4] = {0};
@@ -159,6 +162,8 @@ static void test_against_direct(void) {
 /* The two algorithms agree to rounding; AUTO takes Winograd from 16 channels on (the results then
  * differ from im2col's in the last bits) and im2col below (bitwise im2col's). */
 static void test_auto_policy(void) {
+    const char *lib = ts_cpu_gemm_library();
+    CHECK_OK(ts_set_cpu_gemm_library("openblas")); /* AUTO's own-algorithm policy: no oneDNN */
     ts_rng rng;
     ts_rng_seed(&rng, 22);
     const int64_t chans[2] = {8, 16};
@@ -198,6 +203,7 @@ static void test_auto_policy(void) {
         ts_tensor_release(b);
         ts_tensor_release(r);
     }
+    CHECK_OK(ts_set_cpu_gemm_library(lib));
 }
 
 static void test_names(void) {
@@ -208,6 +214,8 @@ static void test_names(void) {
     CHECK(a == TS_CONV_IM2COL);
     CHECK_OK(ts_conv_algo_parse("auto", &a));
     CHECK(a == TS_CONV_AUTO);
+    CHECK_OK(ts_conv_algo_parse("onednn", &a));
+    CHECK(a == TS_CONV_ONEDNN && strcmp(ts_conv_algo_name(a), "onednn") == 0);
     CHECK_STATUS(ts_conv_algo_parse("fft", &a), TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("'fft'");
     CHECK(strcmp(ts_conv_algo_name(TS_CONV_WINOGRAD), "winograd") == 0);

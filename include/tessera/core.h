@@ -145,16 +145,18 @@ ts_status ts_device_run_parallel(ts_device *const *devs, int n, ts_task_fn fn, v
 void ts_set_num_threads(int n);
 int ts_get_num_threads(void);
 
-/* How CPU conv2d computes 3x3 stride-1 convolutions (forward and both gradients):
- * im2col + sgemm, or Winograd's F(2x2, 3x3) (16 multiplies per 4 outputs instead of 36) or
- * F(4x4, 3x3) (36 per 16 instead of 144). Winograd's results differ from im2col's by float
- * rounding: ~1e-6 (F(2x2)) and ~5e-6 (F(4x4)) of the largest value. AUTO (the default) takes
- * F(2x2) Winograd where it applies (3x3, stride 1, dilation 1, one group, padding <= 2) with at
- * least 16 input and output channels; WINOGRAD takes Winograd wherever it applies, F(4x4) where
+/* How CPU conv2d computes convolutions (forward and both gradients): oneDNN's convolution
+ * primitives (builds with oneDNN: its JIT kernels for this CPU, the same as PyTorch's), or our own:
+ * im2col + sgemm, and for 3x3 stride-1 ones Winograd's F(2x2, 3x3) (16 multiplies per 4 outputs
+ * instead of 36) or F(4x4, 3x3) (36 per 16 instead of 144). Winograd's results differ from
+ * im2col's by float rounding: ~1e-6 (F(2x2)) and ~5e-6 (F(4x4)) of the largest value. AUTO (the
+ * default) takes oneDNN for every one-group convolution where the build has it and the GEMMs run
+ * there (ts_cpu_gemm_library), else F(2x2) Winograd where it applies (3x3, stride 1, dilation 1,
+ * one group, padding <= 2) with at least 16 input and output channels; WINOGRAD takes Winograd wherever it applies, F(4x4) where
  * the output plane holds a 4x4 tile, the batch 64 of them and both channel counts are 64 or
  * more (faster, less exact); WINOGRAD_F2 and WINOGRAD_F4 fix the tile size (F4: F(4x4) on every
  * plane of 4x4 or more, F(2x2) below). Process-wide, like torch.backends flags; the
- * environment's TS_CONV_ALGO=auto|im2col|winograd|winograd-f2|winograd-f4 sets the starting
+ * environment's TS_CONV_ALGO=auto|im2col|winograd|winograd-f2|winograd-f4|onednn sets the starting
  * value. */
 typedef enum ts_conv_algo {
     TS_CONV_AUTO = 0,
@@ -162,8 +164,8 @@ typedef enum ts_conv_algo {
     TS_CONV_WINOGRAD = 2,
     TS_CONV_WINOGRAD_F2 = 3,
     TS_CONV_WINOGRAD_F4 = 4,
-    TS_CONV_ONEDNN = 5 /* oneDNN's convolution primitives for every one-group conv (builds with oneDNN; else
-                          AUTO's choice); AUTO takes them under bfloat16 matmul precision */
+    TS_CONV_ONEDNN = 5 /* oneDNN's convolution primitives for every one-group conv (builds with oneDNN;
+                          else as AUTO); AUTO takes them too wherever oneDNN is built and runs the GEMMs */
 } ts_conv_algo;
 void ts_set_conv_algo(ts_conv_algo a);
 ts_conv_algo ts_get_conv_algo(void);

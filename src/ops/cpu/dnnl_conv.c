@@ -15,9 +15,10 @@
  *
  * Rounding: oneDNN's kernels sum in their own order (and backward-weights
  * reduces over threads), so results differ from im2col's by float rounding and
- * may differ between thread counts — which is why this path is not the float32
- * default (TS_CONV_ONEDNN chooses it) and is the default only under bfloat16
- * precision, where rounding is coarser anyway.
+ * between thread counts (as our own kernels' per-thread partial sums do). It is
+ * AUTO's choice wherever the build has oneDNN: on this project's machines it is
+ * the fastest float32 path too (the reference CNN 5,339 against Winograd's
+ * 4,471 images/s at one thread; ResNet-18 at 64x64 354 against 292 at two).
  */
 #include "tensor/tensor.h"
 #include "ops/cpu/dnnl_conv.h"
@@ -45,7 +46,7 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
 bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
     if (g->groups != 1 || strcmp(ts_cpu_gemm_library(), "onednn") != 0) return false;
     ts_conv_algo a = ts_get_conv_algo();
-    return a == TS_CONV_ONEDNN || (a == TS_CONV_AUTO && ts_get_matmul_precision() == TS_BF16);
+    return a == TS_CONV_ONEDNN || a == TS_CONV_AUTO;
 }
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_WEIGHTS = 2 };

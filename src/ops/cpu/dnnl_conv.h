@@ -9,9 +9,8 @@
 
 #include "device/k_spatial.h"
 
-/* Whether conv2d of this geometry goes to oneDNN: built with it (TS_HAVE_DNNL), one group, and the
- * algorithm setting: TS_CONV_ONEDNN, or TS_CONV_AUTO under bfloat16 matmul precision (where Winograd
- * is off and im2col would round its columns one product at a time). */
+/* Whether conv2d of this geometry goes to oneDNN: built with it (TS_HAVE_DNNL) and GEMMs on oneDNN
+ * (ts_cpu_gemm_library), one group, and the algorithm setting TS_CONV_ONEDNN or TS_CONV_AUTO. */
 bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g);
 
 /* The k_spatial conv2d / conv2d_backward contracts (the bias gradient stays with the caller). They return
