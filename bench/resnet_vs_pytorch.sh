@@ -3,13 +3,13 @@
 # images at 64x64 and 112x112, SGD + momentum, 1 and 2 threads; PyTorch from pip (python3, the newest
 # CPU build the registry offers) and Debian's python3-torch (/usr/bin/python3), each when present.
 # Every figure is the best of ROUNDS alternating runs (the machine is shared: compare ratios within
-# one run). Tessera runs three times: its default (--conv-algo auto: Winograd F(2x2,3x3) for the 3x3
-# stride-1 convolutions), --conv-algo winograd (F(4x4,3x3) on the larger planes: faster, ~5x the
-# rounding) and --conv-algo im2col (every convolution im2col + sgemm). Effective GFLOP/s =
-# 3 x forward FLOPs per image (forward + two backward products; counted by the PyTorch script's hooks:
-# 2 x MACs of every convolution and linear layer, as a direct convolution does them) x images/s, against
-# the sgemm peak measured in the same run (`tessera bench gemm`, 1024^3, the same thread count); with
-# Winograd fewer multiplies are done than counted, so the effective figure may pass the peak.
+# one run). Tessera runs three times: its default (--conv-algo auto: oneDNN's convolution primitives
+# where the build has oneDNN), --conv-algo winograd (our Winograd F(2x2)/F(4x4) on oneDNN's or
+# OpenBLAS's sgemm) and --precision bf16 (bfloat16 products, float32 accumulation; compare with the
+# fp32 columns knowing it rounds more). Effective GFLOP/s = 3 x forward FLOPs per image (forward + two
+# backward products; counted by the PyTorch script's hooks: 2 x MACs of every convolution and linear
+# layer, as a direct convolution does them) x images/s of the default, against the AVX-512 (else AVX2)
+# FMA peak of the same threads measured in the same run (`tessera bench gemm`).
 #
 # usage: bench/resnet_vs_pytorch.sh [BUILD_DIR] [STEPS] [ROUNDS]
 set -euo pipefail
@@ -33,8 +33,8 @@ pipv=$([ -n "$PIP_PY" ] && $PIP_PY -c 'import torch; print(torch.__version__)' |
 debv=$([ -n "$DEB_PY" ] && $DEB_PY -c 'import torch; print(torch.__version__)' || echo -)
 echo "ResNet-18 training, batch 32, SGD momentum 0.9; best of $ROUNDS rounds of $STEPS steps"
 echo "pip torch: $pipv   Debian torch: $debv"
-printf '%-5s %-7s %10s %10s %10s %10s %10s %8s %8s %10s %10s %7s\n' size threads tessera ts_wino_f4 ts_im2col \
-  pip_torch deb_torch vs_pip vs_deb eff_GFLOP/s sgemm_peak of_peak
+printf '%-5s %-7s %10s %10s %10s %10s %10s %8s %8s %10s %10s %7s\n' size threads tessera ts_winograd ts_bf16 \
+  pip_torch deb_torch vs_pip vs_deb eff_GFLOP/s fma_peak of_peak
 for size in 64 112; do
   fwd=$($REF bench/resnet_vs_pytorch.py 1 "$size" 1 2 | json_field forward_gflops_per_image)
   for t in 1 2; do
@@ -45,10 +45,11 @@ for size in 64 112; do
       v=$("$BUILD/tessera" bench train --model resnet18 --image-size "$size" --batch-size 32 --threads "$t" \
           --steps "$STEPS" --warmup 1 --conv-algo winograd --json | json_field images_per_second); t4=$(max "$t4" "$v")
       v=$("$BUILD/tessera" bench train --model resnet18 --image-size "$size" --batch-size 32 --threads "$t" \
-          --steps "$STEPS" --warmup 1 --conv-algo im2col --json | json_field images_per_second); ti=$(max "$ti" "$v")
+          --steps "$STEPS" --warmup 1 --precision bf16 --json | json_field images_per_second); ti=$(max "$ti" "$v")
       if [ -n "$PIP_PY" ]; then v=$($PIP_PY bench/resnet_vs_pytorch.py "$t" "$size" "$STEPS" 32 | json_field images_per_second); pp=$(max "$pp" "$v"); fi
       if [ -n "$DEB_PY" ]; then v=$($DEB_PY bench/resnet_vs_pytorch.py "$t" "$size" "$STEPS" 32 | json_field images_per_second); dp=$(max "$dp" "$v"); fi
-      v=$("$BUILD/tessera" bench gemm --threads "$t" --json | json_field gflops); peak=$(max "$peak" "$v")
+      g=$("$BUILD/tessera" bench gemm --threads "$t" --json); v=$(json_field fma_peak_avx512 <<<"$g")
+      [ "$(awk -v p="$v" 'BEGIN{print (p>0)}')" = 1 ] || v=$(json_field fma_peak_avx2 <<<"$g"); peak=$(max "$peak" "$v")
     done
     awk -v s="$size" -v t="$t" -v a="$ts" -v f4="$t4" -v i="$ti" -v p="$pp" -v d="$dp" -v f="$fwd" -v pk="$peak" 'BEGIN{
       g = 3 * f * a;
