@@ -154,7 +154,10 @@ static ts_status cpu_relu_backward(ts_tensor *gx, const ts_tensor *gy, const ts_
     const float *g = ts__f32(gy), *p = ts__f32(y);
     int64_t n = ts_tensor_numel(gx);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) o[i] = p[i] > 0.0f ? g[i] : 0.0f;
+    for (int64_t i = 0; i < n; i++) { /* both loads unconditional: a select, not a branch, without masked loads */
+        const float gi = g[i], yi = p[i];
+        o[i] = yi > 0.0f ? gi : 0.0f;
+    }
     return TS_OK;
 }
 
