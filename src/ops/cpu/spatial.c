@@ -25,9 +25,7 @@
 
 #include <math.h>
 #include <omp.h>
-#ifdef __AVX512F__
 #include <immintrin.h>
-#endif
 
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
@@ -485,14 +483,14 @@ static inline int64_t first_valid(int64_t s, int d) {
  * then the first position holding it (selected last-to-first), which is the
  * sequential rule when there is no NaN; returns true when a NaN was seen (the
  * caller then redoes the row with the sequential rule). */
-static bool maxpool_2x2_row(const float *r0, const float *r1, int64_t OW, int32_t b0, int32_t b1, float *o,
-                            int32_t *ix) {
-    int64_t ow = 0;
+/* The AVX-512 part of maxpool_2x2_row: every output of the row (masked tail); compiled for AVX-512 whatever
+ * the build's -march, run only where cpuid has it. */
+__attribute__((target("avx512f"))) static int maxpool_2x2_row_avx512(const float *r0, const float *r1, int64_t OW,
+                                                                     int32_t b0, int32_t b1, float *o, int32_t *ix) {
     int nan = 0;
-#ifdef __AVX512F__
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
-    for (; ow < OW; ow += 16) {
+    for (int64_t ow = 0; ow < OW; ow += 16) {
         int64_t nout = TS_MIN(16, OW - ow), nin = 2 * nout;
         __mmask16 mlo = (__mmask16)(nin >= 16 ? 0xffff : (1u << nin) - 1);
         __mmask16 mhi = (__mmask16)(nin <= 16 ? 0 : (1u << (nin - 16)) - 1);
@@ -513,8 +511,16 @@ static bool maxpool_2x2_row(const float *r0, const float *r1, int64_t OW, int32_
         _mm512_mask_storeu_ps(o + ow, mout, m);
         _mm512_mask_storeu_epi32(ix + ow, mout, bi);
     }
-#endif
-    for (; ow < OW; ow++) {
+    return nan;
+}
+
+static bool maxpool_2x2_row(const float *r0, const float *r1, int64_t OW, int32_t b0, int32_t b1, float *o,
+                            int32_t *ix) {
+    static _Atomic int avx512 = -1; /* cpuid, asked once */
+    if (avx512 < 0) avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    if (avx512) return maxpool_2x2_row_avx512(r0, r1, OW, b0, b1, o, ix) != 0;
+    int nan = 0;
+    for (int64_t ow = 0; ow < OW; ow++) {
         const int32_t j = (int32_t)(2 * ow);
         float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
         float m = b > a ? b : a;
