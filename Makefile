@@ -24,8 +24,10 @@ install: build
 
 # Train the reference CNN on Fashion-MNIST with two DDP processes (32 images per rank:
 # the global batch of 64 and the learning rate of a one-process run).
+# DEMO_FLAGS adds flags, e.g. make demo DEMO_FLAGS="--precision bf16"
+DEMO_FLAGS ?=
 demo: deps build
-	$(BUILD)/tessera train --model cnn --epochs 4 --nproc 2 --batch-size 32 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json
+	$(BUILD)/tessera train --model cnn --epochs 4 --nproc 2 --batch-size 32 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json $(DEMO_FLAGS)
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
