@@ -131,5 +131,13 @@ grep -q "\[rank 0\] --ddp-comm bf16: gradient buckets are all-reduced in bfloat1
 expect_exit 2 "--ddp-comm 'fp8': expected fp32 or bf16" "$TS" train --ddp-comm fp8
 expect_exit 2 "--ddp-comm bf16 needs --backend builtin" "$TS" train --ddp-comm bf16 --backend mpi
 
+# --precision bf16: announced, recorded in the metrics, trains; bad values refused
+if "$TS" train --model cnn --seed 3 --quiet --max-steps 5 --batch-size 32 --precision bf16 --metrics-json "$T/pb.json" --checkpoint "$T/pb.ckpt" > "$T/pb.log" 2>&1; then ok "train --precision bf16"; else bad "train --precision bf16: $(cat "$T/pb.log")"; fi
+grep -q -- "--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation" "$T/pb.log" && ok "--precision bf16 announced" || bad "no --precision line: $(cat "$T/pb.log")"
+grep -q '"precision": "bfloat16"' "$T/pb.json" && ok "metrics record the precision" || bad "metrics: $(cat "$T/pb.json")"
+"$TS" ckpt show "$T/pb.ckpt" | grep -q "model.0.weight *float32" && ok "bf16 training keeps float32 weights" || bad "weights: $("$TS" ckpt show "$T/pb.ckpt" | grep model.0)"
+expect_exit 2 "--precision 'fp8': expected fp32 or bf16" "$TS" train --precision fp8
+expect_exit 0 "FMA peak" "$TS" bench gemm --size 128 --reps 1 --threads 1
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
