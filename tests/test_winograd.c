@@ -38,6 +38,8 @@ static const wcase cases[] = {
     {"pad (0, 2)", 2, 2, 9, 5, 3, 0, 2, true},
     {"one 4x5 tile row", 3, 3, 4, 5, 2, 1, 1, true},
     {"32 channels, several chunks", 6, 32, 16, 16, 32, 1, 1, true},
+    {"64 channels (oneDNN's Winograd)", 2, 64, 8, 8, 64, 1, 1, true},
+    {"64 -> 80 channels, odd plane, pad 0 (oneDNN's Winograd)", 2, 64, 9, 7, 80, 0, 0, true},
 };
 
 /* Direct conv in double and its gradients for L = sum(out * r): out, gx, gw, gb. */
@@ -121,10 +123,14 @@ static void test_against_direct(void) {
                   ts_tensor_data_f32(r), OH, OW, ro, rgx, rgw, rgb);
         /* F(2x2) tiles; F(4x4) on planes of 4x4 or more; 1 thread; 2: chunks one per thread, or split
          * transforms and gemms */
-        const bool dnnl = ts_set_cpu_gemm_library("onednn") == TS_OK; /* runs 4, 5: oneDNN's primitives */
-        for (int run = 0; run < (dnnl ? 6 : 4); run++) {
+        /* runs 4, 5: oneDNN's direct primitives; 6, 7: WINOGRAD, oneDNN's Winograd from 64 channels */
+        const bool dnnl = ts_set_cpu_gemm_library("onednn") == TS_OK;
+        for (int run = 0; run < (dnnl ? 8 : 4); run++) {
             const int t = 1 + run % 2;
-            const ts_conv_algo algo = run < 2 ? TS_CONV_WINOGRAD_F2 : run < 4 ? TS_CONV_WINOGRAD_F4 : TS_CONV_ONEDNN;
+            const ts_conv_algo algo = run < 2   ? TS_CONV_WINOGRAD_F2
+                                      : run < 4 ? TS_CONV_WINOGRAD_F4
+                                      : run < 6 ? TS_CONV_ONEDNN
+                                                : TS_CONV_WINOGRAD;
             ts_set_conv_algo(algo);
             ts_set_num_threads(t);
             ts_tensor *res[4] = {0};

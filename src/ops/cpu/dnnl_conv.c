@@ -4,7 +4,8 @@
  *
  * Each call: the cached primitive for (geometry, precision, pass) — created on
  * first use with format "any", so oneDNN picks its blocked layouts (nChw16c,
- * OIhw16i16o) and its JIT kernel for this CPU (AVX-512, AVX512_BF16) — then our
+ * OIhw16i16o) and its JIT kernel for this CPU (AVX-512, AVX512_BF16), direct,
+ * or Winograd under TS_CONV_WINOGRAD where it pays (wino_fits) — then our
  * plain float32 NCHW / OIHW tensors are reordered into the primitive's layouts
  * (rounding to bfloat16 on the way under bfloat16 precision: oneDNN's reorders
  * round to nearest even), the primitive runs, and its float32 output is
@@ -43,10 +44,17 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
 #include <pthread.h>
 #include <string.h>
 
+static bool wino_fits(const ts_conv2d_geom *g, bool bf16);
+
 bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
     if (g->groups != 1 || strcmp(ts_cpu_gemm_library(), "onednn") != 0) return false;
     ts_conv_algo a = ts_get_conv_algo();
-    return a == TS_CONV_ONEDNN || a == TS_CONV_AUTO;
+    if (a == TS_CONV_ONEDNN || a == TS_CONV_AUTO) return true;
+    if (a != TS_CONV_WINOGRAD) return false;
+    /* WINOGRAD: oneDNN's Winograd where it fits, our own for the other 3x3 stride-1 convs, oneDNN's
+     * direct kernels for the rest (7x7, 1x1, strided) */
+    const bool s1_3x3 = g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
+    return !s1_3x3 || wino_fits(g, ts_get_matmul_precision() == TS_BF16);
 }
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_WEIGHTS = 2 };
@@ -56,6 +64,7 @@ enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_WEIGHTS = 2 };
 typedef struct conv_entry {
     ts_conv2d_geom g;
     int pass;
+    dnnl_alg_kind_t alg, alg_asked; /* what runs: direct, or Winograd (wino_fits); what was asked for */
     bool bf16, bias;
     dnnl_primitive_t conv, reorder[3];
     dnnl_memory_desc_t user_md[3], prim_md[3];
@@ -127,7 +136,7 @@ static bool entry_make(conv_entry *e) {
     dnnl_primitive_attr_t attr = NULL;
     dnnl_primitive_desc_t hint = NULL, pd = NULL;
     /* the forward descriptor (a backward pass's hint): inputs in the pass's type, output float32 */
-    ok = dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct, &xa, &wa,
+    ok = dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, e->alg, &xa, &wa,
                                                     e->bias ? &bm : NULL, &yo, strides, dil, pl, pr) == dnnl_success &&
          dnnl_primitive_attr_create(&attr) == dnnl_success &&
          dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success;
@@ -136,14 +145,14 @@ static bool entry_make(conv_entry *e) {
     } else if (ok) {
         /* the hint: the forward of the same types with a bfloat16 output where the pass reads one */
         dnnl_convolution_desc_t hf;
-        ok = dnnl_dilated_convolution_forward_desc_init(&hf, dnnl_forward_training, dnnl_convolution_direct, &xa, &wa,
+        ok = dnnl_dilated_convolution_forward_desc_init(&hf, dnnl_forward_training, e->alg, &xa, &wa,
                                                         NULL, &ya, strides, dil, pl, pr) == dnnl_success &&
              dnnl_primitive_desc_create(&hint, &hf, NULL, eng, NULL) == dnnl_success;
         if (ok && e->pass == PASS_BWD_DATA)
-            ok = dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &xo, &wa, &ya, strides,
+            ok = dnnl_dilated_convolution_backward_data_desc_init(&cd, e->alg, &xo, &wa, &ya, strides,
                                                                   dil, pl, pr) == dnnl_success;
         else if (ok)
-            ok = dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &xa, &wo, NULL, &ya,
+            ok = dnnl_dilated_convolution_backward_weights_desc_init(&cd, e->alg, &xa, &wo, NULL, &ya,
                                                                      strides, dil, pl, pr) == dnnl_success;
         ok = ok && dnnl_primitive_desc_create(&pd, &cd, attr, eng, hint) == dnnl_success;
     }
@@ -174,24 +183,47 @@ static bool entry_make(conv_entry *e) {
     return ok;
 }
 
+/* oneDNN's float32 Winograd (F(4x4, 3x3) in its AVX-512 kernels) under TS_CONV_WINOGRAD, where it pays: 3x3 stride-1
+ * one-dilation convolutions with 64+ input and output channels on output planes of 4x4 and more. Measured
+ * on ResNet-18 (batch 32): 181 -> 202 images/s at 64x64 and 65 -> 79 at 112x112 on one thread, 318 -> 353
+ * and 124 -> 152 on two; with fewer channels (the reference CNN's 32 -> 64 conv) or on 2x2 planes the
+ * transforms cost more than they save. Its rounding is Winograd's (tests/test_winograd.c holds it to 1e-5
+ * of the direct convolution in double), which through ResNet-18's BatchNorms moved a bias gradient's sum
+ * past tests/test_zoo.c's 1e-3 of torchvision's in the -O1 sanitizer build (as our F(4x4) did): opt-in,
+ * like ours. Never under bfloat16 precision (its kernels are float32). */
+static bool wino_fits(const ts_conv2d_geom *g, bool bf16) {
+    return !bf16 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 && g->C >= 64 &&
+           g->K >= 64 && g->OH * g->OW >= 16;
+}
+
 /* The cached entry for this call (a copy: its primitives live as long as the cache slot, and a replaced
  * slot's primitives are never destroyed while another thread may run them: they are kept); false when
  * oneDNN has none. */
 static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool bias, conv_entry *out) {
     bool found = false;
+    const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) ? dnnl_convolution_winograd
+                                                                                             : dnnl_convolution_direct;
     pthread_mutex_lock(&mu);
     if (!eng_ok) eng_ok = dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success;
     for (int i = 0; eng_ok && i < ncache && !found; i++) {
         conv_entry *e = &cache[i];
-        if (e->pass == pass && e->bf16 == bf16 && e->bias == bias && same_geom(&e->g, g)) {
+        if (e->pass == pass && e->bf16 == bf16 && e->bias == bias && e->alg_asked == wino && same_geom(&e->g, g)) {
             e->used = ++clock_;
             *out = *e;
             found = true;
         }
     }
     if (!found && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
-        conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .bias = bias, .used = ++clock_};
-        if (entry_make(&e)) {
+        conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .bias = bias, .used = ++clock_, .alg = wino,
+                        .alg_asked = wino};
+        bool made = entry_make(&e);
+        if (!made && e.alg == dnnl_convolution_winograd) { /* no Winograd kernel for it: direct */
+            entry_destroy(&e);
+            e = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .bias = bias, .used = clock_,
+                             .alg = dnnl_convolution_direct, .alg_asked = wino};
+            made = entry_make(&e);
+        }
+        if (made) {
             cache[ncache++] = e;
             *out = e;
             found = true;
