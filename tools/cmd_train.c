@@ -310,7 +310,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"clip-grad-norm", CLI_FLOAT, &a.clip_grad_norm, "clip the gradients' global L2 norm to this before each step (0: off)", 0, 1e12},
         {"seed", CLI_INT, &a.seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
-        {"conv-algo", CLI_STRING, &a.conv_algo, "convolutions: auto (3x3 stride-1 ones by Winograd from 16 channels; oneDNN under --precision bf16), im2col, winograd, winograd-f2, winograd-f4 or onednn (oneDNN's primitives)", 1, 0},
+        {"conv-algo", CLI_STRING, &a.conv_algo, "convolutions: auto (oneDNN's primitives where built, else Winograd F(2x2) for 3x3 stride-1 ones from 16 channels), winograd (adds F(4x4): faster, rounds more), im2col, winograd-f2, winograd-f4 or onednn", 1, 0},
         {"checkpoint", CLI_STRING, &a.checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
         {"checkpoint-dir", CLI_STRING, &a.checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
         {"keep", CLI_INT, &a.keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},

@@ -152,8 +152,10 @@ int ts_get_num_threads(void);
  * im2col's by float rounding: ~1e-6 (F(2x2)) and ~5e-6 (F(4x4)) of the largest value. AUTO (the
  * default) takes oneDNN for every one-group convolution where the build has it and the GEMMs run
  * there (ts_cpu_gemm_library), else F(2x2) Winograd where it applies (3x3, stride 1, dilation 1,
- * one group, padding <= 2) with at least 16 input and output channels; WINOGRAD takes Winograd wherever it applies, F(4x4) where
- * the output plane holds a 4x4 tile, the batch 64 of them and both channel counts are 64 or
+ * one group, padding <= 2) with at least 16 input and output channels; WINOGRAD takes Winograd wherever it
+ * applies — with oneDNN, its AVX-512 F(4x4, 3x3) kernels for 64+ input and output channels on output planes of
+ * 4x4 and more and its direct kernels for the convolutions that are not 3x3 stride 1 — and otherwise ours,
+ * F(4x4) where the output plane holds a 4x4 tile, the batch 64 of them and both channel counts are 64 or
  * more (faster, less exact); WINOGRAD_F2 and WINOGRAD_F4 fix the tile size (F4: F(4x4) on every
  * plane of 4x4 or more, F(2x2) below). Process-wide, like torch.backends flags; the
  * environment's TS_CONV_ALGO=auto|im2col|winograd|winograd-f2|winograd-f4|onednn sets the starting
