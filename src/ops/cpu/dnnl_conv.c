@@ -243,8 +243,12 @@ static dnnl_status_t run(dnnl_primitive_t p, dnnl_stream_t s, int n, const dnnl_
     return st == dnnl_success ? dnnl_stream_wait(s) : st;
 }
 
-/* Runs entry e on user buffers u[0], u[1] (inputs) and u[2] (output), bias (fwd, or NULL). */
-static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], const float *bias) {
+/* Runs entry e on user buffers u[0], u[1] (inputs) and u[2] (output), bias (fwd, or NULL). pre (may be NULL):
+ * pre[i] already holds input i reordered into the primitive's layout (borrowed; no reorder then); keep (may be
+ * NULL): keep[i] receives input i's reordered buffer when one was made (a new reference), for another pass
+ * that takes the same layout. */
+static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], const float *bias,
+                         ts_tensor *const pre[2], ts_tensor *keep[2]) {
     static const int fwd_args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     static const int bd_args[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     static const int bw_args[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
@@ -262,12 +266,17 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
             ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, u[i]);
             continue;
         }
+        if (i < 2 && pre && pre[i]) { /* reordered already, by the other pass */
+            ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, ts__ptr(pre[i]));
+            continue;
+        }
         size_t bytes = dnnl_memory_desc_get_size(&e->prim_md[i]);
         if ((st = ts__scratch_f32(dev, (int64_t)(bytes / 4 + 1), &buf[i])) != TS_OK) break;
         ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, ts__ptr(buf[i]));
         if (ds == dnnl_success && i < 2) {
             dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, pm[i]}};
             ds = run(e->reorder[i], s, 2, ra);
+            if (ds == dnnl_success && keep) keep[i] = ts_tensor_retain(buf[i]);
         }
     }
     if (ds == dnnl_success && st == TS_OK && bias) {
@@ -315,7 +324,7 @@ bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tenso
     conv_entry e;
     if (!entry_get(g, PASS_FWD, ts_get_matmul_precision() == TS_BF16, b != NULL, &e)) return false;
     void *u[3] = {ts__ptr(x), ts__ptr(w), ts__ptr(out)};
-    *st = execute(&e, out->storage->device, u, b ? ts__f32(b) : NULL);
+    *st = execute(&e, out->storage->device, u, b ? ts__f32(b) : NULL, NULL, NULL);
     return true;
 }
 
@@ -326,15 +335,21 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
     if ((gx && !entry_get(g, PASS_BWD_DATA, bf16, false, &ed)) || (gw && !entry_get(g, PASS_BWD_WEIGHTS, bf16, false, &ew)))
         return false;
     ts_device *dev = gout->storage->device;
+    /* gout goes into both passes: reordered once when they take the same layout */
+    const bool share = gx && gw && ed.reorder[0] && ew.reorder[1] && dnnl_memory_desc_equal(&ed.prim_md[0], &ew.prim_md[1]);
+    ts_tensor *kept[2] = {NULL, NULL};
     *st = TS_OK;
     if (gx) {
         void *u[3] = {ts__ptr(gout), ts__ptr(w), ts__ptr(gx)};
-        *st = execute(&ed, dev, u, NULL);
+        *st = execute(&ed, dev, u, NULL, NULL, share ? kept : NULL);
     }
     if (gw && *st == TS_OK) {
         void *u[3] = {ts__ptr(x), ts__ptr(gout), ts__ptr(gw)};
-        *st = execute(&ew, dev, u, NULL);
+        ts_tensor *pre[2] = {NULL, kept[0]};
+        *st = execute(&ew, dev, u, NULL, pre, NULL);
     }
+    ts_tensor_release(kept[0]);
+    ts_tensor_release(kept[1]);
     return true;
 }
 #endif
