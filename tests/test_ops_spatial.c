@@ -570,6 +570,64 @@ static void test_params_literal_by_value(void) {
     ts_tensor_release(x);
 }
 
+/* Max pooling on wide planes (the vectorised path: 16 outputs at a time where windows lie inside the row,
+ * the edges one by one) against the sequential rule — the max, the first position holding it, a NaN wins
+ * (the last one seen) — for values with many ties and a few NaNs; the gradient lands where the rule says. */
+static void test_maxpool_wide(void) {
+    const int64_t N = 2, C = 3, H = 37, W = 45;
+    int64_t shape[4] = {N, C, H, W};
+    ts_rng r;
+    ts_rng_seed(&r, 44);
+    ts_tensor *x = tu_rand(&r, 4, shape, -3.0f, 3.0f, true);
+    float *px = ts_tensor_data_f32(x);
+    for (int64_t i = 0; i < N * C * H * W; i++) px[i] = roundf(px[i] * 2.0f) / 2.0f; /* 13 values: ties */
+    px[1 * H * W + 5 * W + 20] = NAN;
+    px[1 * H * W + 5 * W + 22] = NAN;
+    px[4 * H * W + 30 * W + 3] = NAN;
+    const ts_pool2d_params ps[] = {pool(3, 3, 2, 2, 1, 1, 1, 1, false), pool(3, 3, 1, 1, 1, 1, 1, 1, false),
+                                   pool(2, 3, 1, 1, 0, 0, 1, 1, false), pool(3, 3, 2, 2, 0, 0, 1, 1, true),
+                                   pool(3, 2, 2, 1, 1, 1, 1, 1, false)};
+    for (size_t c = 0; c < sizeof ps / sizeof ps[0]; c++) {
+        const ts_pool2d_params p = ps[c];
+        ts_tensor *o = NULL, *sum = NULL;
+        ts_tensor_zero_grad(x);
+        CHECK_OK(ts_maxpool2d(x, p, &o));
+        if (!o) continue;
+        const int64_t OH = ts_tensor_dim(o, 2), OW = ts_tensor_dim(o, 3);
+        const float *po = ts_tensor_data_f32(o);
+        float *gref = calloc((size_t)(N * C * H * W), sizeof(float));
+        int bad = 0;
+        for (int64_t pl = 0; pl < N * C; pl++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    float best = -INFINITY;
+                    int64_t bi = -1;
+                    for (int64_t ih = oh * p.stride[0] - p.padding[0]; ih < oh * p.stride[0] - p.padding[0] + p.kernel[0]; ih++)
+                        for (int64_t iw = ow * p.stride[1] - p.padding[1]; iw < ow * p.stride[1] - p.padding[1] + p.kernel[1]; iw++) {
+                            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                            float v = px[pl * H * W + ih * W + iw];
+                            if (bi < 0 || v > best || isnan(v)) {
+                                best = v;
+                                bi = ih * W + iw;
+                            }
+                        }
+                    float got = po[(pl * OH + oh) * OW + ow];
+                    bad += !(got == best || (isnan(got) && isnan(best)));
+                    gref[pl * H * W + bi] += 1.0f;
+                }
+        CHECK_OK(ts_sum(o, &sum));
+        CHECK_OK(ts_backward(sum, NULL, false));
+        const float *g = ts_tensor_data_f32(ts_tensor_grad(x));
+        for (int64_t i = 0; i < N * C * H * W; i++) bad += g[i] != gref[i];
+        if (bad) fprintf(stderr, "  maxpool case %zu: %d mismatches\n", c, bad);
+        CHECK(bad == 0);
+        free(gref);
+        ts_tensor_release(sum);
+        ts_tensor_release(o);
+    }
+    ts_tensor_release(x);
+}
+
 TU_MAIN(T(test_params_literal_by_value), T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
-        T(test_maxpool_values), T(test_avgpool_values), T(test_pool_grad), T(test_pool_errors),
+        T(test_maxpool_values), T(test_maxpool_wide), T(test_avgpool_values), T(test_pool_grad), T(test_pool_errors),
         T(test_batchnorm_values), T(test_batchnorm_grad), T(test_batchnorm_errors), T(test_block_lifetime))

@@ -514,11 +514,49 @@ __attribute__((target("avx512f"))) static int maxpool_2x2_row_avx512(const float
     return nan;
 }
 
+static _Atomic int have_avx512 = -1; /* cpuid, asked once */
+static bool avx512(void) {
+    if (have_avx512 < 0) have_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    return have_avx512 != 0;
+}
+
+/* Max-pool outputs t = 0..n-1 (n <= 16) of one output row whose windows lie inside the row horizontally:
+ * window t spans columns c0 + t sw .. + kw - 1 (sw 1 or 2, dilation 1) of rows h0, h0 + dh, .. < he.
+ * The max and the first position holding it in scan order (as the sequential loop); returns true when a
+ * NaN was seen (the caller then redoes these outputs sequentially: a NaN wins there). AVX-512, run only
+ * where cpuid has it. */
+__attribute__((target("avx512f"))) static int maxpool_cols_avx512(const float *xp, int64_t W, int64_t h0, int64_t he,
+                                                                  int dh, int kw, int sw, int64_t c0, int64_t n,
+                                                                  float *o, int32_t *ix) {
+    const __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    const int64_t nin = sw == 1 ? n : 2 * n - 1; /* input floats a tap reads */
+    const __mmask16 mlo = (__mmask16)(nin >= 16 ? 0xffff : (1u << nin) - 1);
+    const __mmask16 mhi = (__mmask16)(nin <= 16 ? 0 : (1u << (nin - 16)) - 1);
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i step = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(sw));
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    __m512i bi = _mm512_add_epi32(step, _mm512_set1_epi32((int32_t)(h0 * W + c0)));
+    int nan = 0;
+    for (int64_t ih = h0; ih < he; ih += dh)
+        for (int j = 0; j < kw; j++) {
+            const float *p = xp + ih * W + c0 + j;
+            __m512 v = sw == 1 ? _mm512_maskz_loadu_ps(m, p)
+                               : _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mlo, p), ev,
+                                                        _mm512_maskz_loadu_ps(mhi, p + 16));
+            __mmask16 gt = _mm512_mask_cmp_ps_mask(m, v, best, _CMP_GT_OQ);
+            nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q) != 0;
+            best = _mm512_mask_mov_ps(best, gt, v);
+            bi = _mm512_mask_mov_epi32(bi, gt, _mm512_add_epi32(step, _mm512_set1_epi32((int32_t)(ih * W + c0 + j))));
+        }
+    _mm512_mask_storeu_ps(o, m, best);
+    _mm512_mask_storeu_epi32(ix, m, bi);
+    return nan;
+}
+
 static bool maxpool_2x2_row(const float *r0, const float *r1, int64_t OW, int32_t b0, int32_t b1, float *o,
                             int32_t *ix) {
-    static _Atomic int avx512 = -1; /* cpuid, asked once */
-    if (avx512 < 0) avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    if (avx512) return maxpool_2x2_row_avx512(r0, r1, OW, b0, b1, o, ix) != 0;
+    if (avx512()) return maxpool_2x2_row_avx512(r0, r1, OW, b0, b1, o, ix) != 0;
     int nan = 0;
     for (int64_t ow = 0; ow < OW; ow++) {
         const int32_t j = (int32_t)(2 * ow);
@@ -545,6 +583,7 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
     int32_t *pi = (int32_t *)ts__ptr(idx);
     const bool k2s2 = g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
                       g->dh == 1 && g->dw == 1 && 2 * OH <= H && 2 * OW <= W;
+    const bool vec = avx512() && g->dw <= 1 && (g->sw == 1 || g->sw == 2);
 #pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
     for (int64_t p = 0; p < P; p++) {
         const float *xp = px + p * H * W;
@@ -575,7 +614,36 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
         for (int64_t oh = 0; oh < OH; oh++) {
             int64_t hs = oh * g->sh - g->ph, he = TS_MIN(hs + (int64_t)(g->kh - 1) * g->dh + 1, H);
             int64_t h0 = first_valid(hs, g->dh);
+            /* the outputs whose windows lie inside the row go 16 at a time (AVX-512), the edges one by one */
+            int64_t lo = OW, hi = OW;
+            if (vec && h0 < he) {
+                lo = (g->pw + g->sw - 1) / g->sw;
+                hi = TS_MIN(OW, W - g->kw + g->pw >= 0 ? (W - g->kw + g->pw) / g->sw + 1 : 0);
+                if (hi <= lo) lo = hi = OW;
+            }
+            for (int64_t ow = lo; ow < hi; ow += 16) {
+                int64_t n = TS_MIN(16, hi - ow);
+                if (!maxpool_cols_avx512(xp, W, h0, he, g->dh, g->kw, g->sw, ow * g->sw - g->pw, n, op + oh * OW + ow,
+                                         ip + oh * OW + ow))
+                    continue;
+                for (int64_t t = ow; t < ow + n; t++) { /* a NaN: sequentially */
+                    float best = -INFINITY;
+                    int64_t bi = h0 * W + t * g->sw - g->pw;
+                    for (int64_t ih = h0; ih < he; ih += g->dh)
+                        for (int64_t iw = t * g->sw - g->pw; iw < t * g->sw - g->pw + g->kw; iw++) {
+                            float v = xp[ih * W + iw];
+                            if (v > best || isnan(v)) {
+                                best = v;
+                                bi = ih * W + iw;
+                            }
+                        }
+                    op[oh * OW + t] = best;
+                    ip[oh * OW + t] = (int32_t)bi;
+                }
+            }
             for (int64_t ow = 0; ow < OW; ow++) {
+                if (ow == lo) ow = hi; /* done above */
+                if (ow >= OW) break;
                 int64_t ws = ow * g->sw - g->pw, we = TS_MIN(ws + (int64_t)(g->kw - 1) * g->dw + 1, W);
                 int64_t w0 = first_valid(ws, g->dw);
                 float best = -INFINITY;
