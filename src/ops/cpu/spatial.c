@@ -30,11 +30,19 @@
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
 
+/* Compiled for AVX-512, AVX2 and baseline x86-64, the copy for this CPU chosen when the library loads
+ * (ifunc): a library built without -march=native (TS_NATIVE=OFF) still runs these loops at full width. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TS_CLONES
+#endif
+
 /* Plane reductions: float partial sums in SIMD lanes (omp simd; each lane adds
  * only n/16 terms), totalled in double. Callers add a channel's planes in double. */
 
 /* sum of p[0..n) */
-static double plane_sum(const float *p, int64_t n) {
+TS_CLONES static double plane_sum(const float *p, int64_t n) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += p[i];
@@ -42,7 +50,7 @@ static double plane_sum(const float *p, int64_t n) {
 }
 
 /* sum of (p[i] - m)^2 */
-static double plane_sqdev(const float *p, int64_t n, float m) {
+TS_CLONES static double plane_sqdev(const float *p, int64_t n, float m) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += (p[i] - m) * (p[i] - m);
@@ -50,7 +58,7 @@ static double plane_sqdev(const float *p, int64_t n, float m) {
 }
 
 /* *sg += sum of g[i]; *sgx += sum of g[i] * (x[i] - m) */
-static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
+TS_CLONES static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
     float a = 0.0f, b = 0.0f;
 #pragma omp simd reduction(+ : a, b)
     for (int64_t i = 0; i < n; i++) {
@@ -59,6 +67,11 @@ static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, do
     }
     *sg += a;
     *sgx += b;
+}
+
+/* o[i] = a g[i] + b x[i] + k (batchnorm's input gradient) */
+TS_CLONES static void plane_axpbyc(float *o, const float *g, const float *x, int64_t n, float a, float b, float k) {
+    for (int64_t i = 0; i < n; i++) o[i] = a * g[i] + b * x[i] + k;
 }
 
 /* ================================ conv2d ================================ */
@@ -837,11 +850,8 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
             b = (float)bb;
             k = (float)(-wv * is * sg / (double)M - bb * mu);
         }
-        for (int64_t n = 0; n < N; n++) {
-            const float *gp = pg + (n * C + c) * HW, *xp = px + (n * C + c) * HW;
-            float *op = pgx + (n * C + c) * HW;
-            for (int64_t i = 0; i < HW; i++) op[i] = a * gp[i] + b * xp[i] + k;
-        }
+        for (int64_t n = 0; n < N; n++)
+            plane_axpbyc(pgx + (n * C + c) * HW, pg + (n * C + c) * HW, px + (n * C + c) * HW, HW, a, b, k);
     }
     return TS_OK;
 }
