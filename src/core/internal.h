@@ -12,6 +12,15 @@
 #include <string.h>
 
 #define TS_UNUSED(x) ((void)(x))
+/* Hot loops compiled for x86-64-v4 (AVX-512), AVX2 and baseline x86-64, the copy for this CPU chosen
+ * when the library loads (GCC's target_clones, an ifunc): a library built without -march=native
+ * (TS_NATIVE=OFF, the default) still runs them at the CPU's width. Elsewhere: one plain copy. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TS_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define TS_CLONES
+#endif
+
 #define TS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define TS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

@@ -30,15 +30,7 @@
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
 
-/* Compiled for AVX-512, AVX2 and baseline x86-64, the copy for this CPU chosen when the library loads
- * (ifunc): a library built without -march=native (TS_NATIVE=OFF) still runs these loops at full width. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TS_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TS_CLONES
-#endif
-
-/* Plane reductions: float partial sums in SIMD lanes (omp simd; each lane adds
+/* Plane reductions (TS_CLONES: a copy per ISA, core/internal.h): float partial sums in SIMD lanes (omp simd; each lane adds
  * only n/16 terms), totalled in double. Callers add a channel's planes in double. */
 
 /* sum of p[0..n) */
