@@ -13,53 +13,7 @@
 
 #include <math.h>
 
-#define D 16 /* sample (1, 4, 4) */
-#define C 5  /* classes */
-
-#define TS_CHECK_GOTO_T(expr)                  \
-    do {                                       \
-        if ((st = (expr)) != TS_OK) goto fail; \
-    } while (0)
-
-/* N samples (N, 1, 4, 4) uniform in [-1, 1); label: the largest of the first C values. */
-static ts_dataset *make_dataset(int64_t n, uint64_t seed) {
-    ts_rng r;
-    ts_rng_seed(&r, seed);
-    int64_t xs[4] = {n, 1, 4, 4};
-    ts_tensor *x = tu_rand(&r, 4, xs, -1.0f, 1.0f, false), *y = NULL;
-    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &y));
-    const float *px = ts_tensor_data_f32(x);
-    int64_t *py = ts_tensor_data(y);
-    for (int64_t i = 0; i < n; i++) {
-        int64_t best = 0;
-        for (int64_t k = 1; k < C; k++)
-            if (px[i * D + k] > px[i * D + best]) best = k;
-        py[i] = best;
-    }
-    ts_dataset *ds = NULL;
-    CHECK_OK(ts_dataset_from_tensors(x, y, &ds));
-    ts_tensor_release(x);
-    ts_tensor_release(y);
-    return ds;
-}
-
-/* The MLP: Flatten -> Linear(16, 12) -> ReLU -> Linear(12, C) (no BatchNorm: micro-batches see their own
- * statistics, so only models without it train alike). */
-static ts_module *make_model(uint64_t seed) {
-    ts_rng r;
-    ts_rng_seed(&r, seed);
-    ts_module *m = NULL, *l = NULL;
-    CHECK_OK(ts_nn_sequential_new(&m));
-    CHECK_OK(ts_nn_flatten_new(&l));
-    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
-    CHECK_OK(ts_nn_linear_new(D, 12, true, &r, &l));
-    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
-    CHECK_OK(ts_nn_relu_new(&l));
-    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
-    CHECK_OK(ts_nn_linear_new(12, C, true, &r, &l));
-    CHECK_OK(ts_nn_sequential_add(m, NULL, l));
-    return m;
-}
+#include "train_fixtures.h"
 
 /* One run's set-up and results (also a rank's context). */
 typedef struct cfg {
