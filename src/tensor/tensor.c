@@ -135,6 +135,10 @@ ts_status ts__scratch_f32(ts_device *dev, int64_t n, ts_tensor **out) {
     return ts__new(dev, TS_F32, 1, (int64_t[]){n > 0 ? n : 1}, out);
 }
 
+ts_status ts__scratch_bytes(ts_device *dev, size_t bytes, ts_tensor **out) {
+    return ts__scratch_f32(dev, (int64_t)((bytes + 3) / 4), out);
+}
+
 ts_status ts__new_like(const ts_tensor *t, ts_tensor **out) {
     return ts__new(t->storage->device, t->dtype, t->ndim, t->shape, out);
 }

@@ -71,6 +71,8 @@ ts_status ts__new(ts_device *dev, ts_dtype dt, int ndim, const int64_t *shape, t
 /* Kernel scratch: a 1-D F32 tensor of max(n, 1) floats on dev, from its allocator (the CPU's caching
  * one recycles a training step's buffers); uninitialised. */
 ts_status ts__scratch_f32(ts_device *dev, int64_t n, ts_tensor **out);
+/* The same, for at least `bytes` bytes (any data: ts__ptr gives the buffer). */
+ts_status ts__scratch_bytes(ts_device *dev, size_t bytes, ts_tensor **out);
 /* A new contiguous tensor shaped like t. */
 ts_status ts__new_like(const ts_tensor *t, ts_tensor **out);
 ts_status ts__zeros_like(const ts_tensor *t, ts_tensor **out);

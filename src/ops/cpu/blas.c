@@ -46,7 +46,7 @@
 #include <strings.h>
 
 #ifdef TS_HAVE_DNNL
-#include <dnnl.h>
+#include "ops/cpu/onednn.h"
 #endif
 
 void openblas_set_num_threads(int n); /* from OpenBLAS; not in every cblas.h */
@@ -111,10 +111,10 @@ static void sgemm1(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
 }
 
 /* ---- bfloat16 precision ---------------------------------------------------------------------------- */
-/* Scratch of `bytes` for the rounded operands, from the device's (caching) allocator. */
+/* Scratch of `bytes` for the rounded operands, from the device's (caching) allocator; NULL when out of memory. */
 static ts_tensor *scratch_bytes(ts_device *d, size_t bytes) {
     ts_tensor *t = NULL;
-    return ts__scratch_f32(d, (int64_t)((bytes + 3) / 4), &t) == TS_OK ? t : NULL;
+    return ts__scratch_bytes(d, bytes, &t) == TS_OK ? t : NULL;
 }
 
 /* X (rows x cols as stored, leading dimension ld) into dst, contiguous rows x cols, each value rounded to
@@ -148,8 +148,6 @@ static prim_entry prims[PRIM_CACHE];
 static int nprims;
 static uint64_t prim_clock;
 static pthread_mutex_t prim_mu = PTHREAD_MUTEX_INITIALIZER;
-static dnnl_engine_t dnnl_eng;
-static bool dnnl_eng_ok;
 
 /* The logical (rows, cols) operand of a product, stored contiguously as (cols, rows) when transposed. */
 static bool operand_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool t, dnnl_data_type_t dt) {
@@ -172,9 +170,8 @@ static bool prim_make(prim_entry *e) {
     if (ok && e->acc)
         ok = dnnl_post_ops_create(&po) == dnnl_success && dnnl_post_ops_append_sum(po, 1.0f) == dnnl_success &&
              dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
-    ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, dnnl_eng, NULL) == dnnl_success;
-    const dnnl_memory_desc_t *sp = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
-    e->scratch_bytes = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    ok = ok && dnnl_primitive_desc_create(&pd, &md, attr, ts__dnnl_engine(), NULL) == dnnl_success;
+    e->scratch_bytes = ok ? ts__dnnl_scratchpad_bytes(pd) : 0;
     ok = ok && dnnl_primitive_create(&e->prim, pd) == dnnl_success;
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (po) dnnl_post_ops_destroy(po);
@@ -186,9 +183,9 @@ static bool prim_make(prim_entry *e) {
 static dnnl_primitive_t prim_get(int64_t M, int64_t N, int64_t K, bool ta, bool tb, int64_t ldc, bool acc,
                                  size_t *scratch_bytes) {
     dnnl_primitive_t p = NULL;
+    const bool have_eng = ts__dnnl_engine() != NULL;
     pthread_mutex_lock(&prim_mu);
-    if (!dnnl_eng_ok) dnnl_eng_ok = dnnl_engine_create(&dnnl_eng, dnnl_cpu, 0) == dnnl_success;
-    for (int i = 0; dnnl_eng_ok && i < nprims && !p; i++) {
+    for (int i = 0; have_eng && i < nprims && !p; i++) {
         prim_entry *e = &prims[i];
         if (e->M == M && e->N == N && e->K == K && e->ta == ta && e->tb == tb && e->ldc == ldc && e->acc == acc) {
             e->used = ++prim_clock;
@@ -196,7 +193,7 @@ static dnnl_primitive_t prim_get(int64_t M, int64_t N, int64_t K, bool ta, bool 
             *scratch_bytes = e->scratch_bytes;
         }
     }
-    if (!p && dnnl_eng_ok) {
+    if (!p && have_eng) {
         int slot = nprims < PRIM_CACHE ? nprims : 0;
         for (int i = 1; nprims == PRIM_CACHE && i < PRIM_CACHE; i++)
             if (prims[i].used < prims[slot].used) slot = i;
@@ -227,19 +224,17 @@ static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
     if (!ok) goto done;
     round_rows(ta ? K : M, ta ? M : K, A, lda, a, NULL);
     round_rows(tb ? N : K, tb ? K : N, B, ldb, b, NULL);
-    dnnl_memory_desc_t ad, bd, cd, sd;
-    dnnl_dims_t cd_ = {M, N}, cs = {ldc, 1}, sdim = {(int64_t)sbytes};
+    dnnl_memory_desc_t ad, bd, cd;
+    dnnl_dims_t cd_ = {M, N}, cs = {ldc, 1};
     dnnl_memory_t am = NULL, bm = NULL, cm = NULL, sm = NULL;
     dnnl_stream_t s = NULL;
+    dnnl_engine_t eng = ts__dnnl_engine();
     ok = operand_md(&ad, M, K, ta, dnnl_bf16) && operand_md(&bd, K, N, tb, dnnl_bf16) &&
-              dnnl_memory_desc_init_by_strides(&cd, 2, cd_, dnnl_f32, cs) == dnnl_success &&
-              dnnl_memory_create(&am, &ad, dnnl_eng, a) == dnnl_success &&
-              dnnl_memory_create(&bm, &bd, dnnl_eng, b) == dnnl_success &&
-              dnnl_memory_create(&cm, &cd, dnnl_eng, C) == dnnl_success &&
-              dnnl_stream_create(&s, dnnl_eng, dnnl_stream_default_flags) == dnnl_success;
-    if (ok && sbytes)
-        ok = dnnl_memory_desc_init_by_tag(&sd, 1, sdim, dnnl_u8, dnnl_a) == dnnl_success &&
-             dnnl_memory_create(&sm, &sd, dnnl_eng, ws) == dnnl_success;
+         dnnl_memory_desc_init_by_strides(&cd, 2, cd_, dnnl_f32, cs) == dnnl_success &&
+         dnnl_memory_create(&am, &ad, eng, a) == dnnl_success && dnnl_memory_create(&bm, &bd, eng, b) == dnnl_success &&
+         dnnl_memory_create(&cm, &cd, eng, C) == dnnl_success &&
+         dnnl_stream_create(&s, eng, dnnl_stream_default_flags) == dnnl_success;
+    if (ok && sbytes) ok = ts__dnnl_bytes_memory(ws, sbytes, &sm);
     if (ok) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
                                    {DNNL_ARG_SCRATCHPAD, sm}};

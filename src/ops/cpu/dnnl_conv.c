@@ -40,7 +40,8 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
     return false;
 }
 #else
-#include <dnnl.h>
+#include "ops/cpu/onednn.h"
+
 #include <pthread.h>
 #include <string.h>
 
@@ -77,8 +78,6 @@ static conv_entry cache[CONV_CACHE];
 static int ncache;
 static uint64_t clock_;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static dnnl_engine_t eng;
-static bool eng_ok;
 
 static bool same_geom(const ts_conv2d_geom *a, const ts_conv2d_geom *b) {
     return a->N == b->N && a->C == b->C && a->H == b->H && a->W == b->W && a->K == b->K && a->OH == b->OH &&
@@ -100,6 +99,7 @@ static bool md_any(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_dat
 
 /* A reorder from src to dst (NULL with *ok true when they are the same layout and type). */
 static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst, bool *ok) {
+    dnnl_engine_t eng = ts__dnnl_engine();
     if (dnnl_memory_desc_equal(src, dst)) return NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t p = NULL;
@@ -119,6 +119,7 @@ static void entry_destroy(conv_entry *e) {
 
 /* Builds the entry's primitives; false when oneDNN has no implementation for it. */
 static bool entry_make(conv_entry *e) {
+    dnnl_engine_t eng = ts__dnnl_engine();
     const ts_conv2d_geom *g = &e->g;
     int64_t xd[4] = {g->N, g->C, g->H, g->W}, wd[4] = {g->K, g->C, g->kh, g->kw}, yd[4] = {g->N, g->K, g->OH, g->OW},
             bd[1] = {g->K};
@@ -174,8 +175,7 @@ static bool entry_make(conv_entry *e) {
         e->reorder[i] = i < 2 ? make_reorder(&e->user_md[i], &e->prim_md[i], &ok)
                               : make_reorder(&e->prim_md[i], &e->user_md[i], &ok);
     }
-    const dnnl_memory_desc_t *sp = ok ? dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0) : NULL;
-    e->scratch = sp ? dnnl_memory_desc_get_size(sp) : 0;
+    e->scratch = ok ? ts__dnnl_scratchpad_bytes(pd) : 0;
     ok = ok && dnnl_primitive_create(&e->conv, pd) == dnnl_success;
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (hint) dnnl_primitive_desc_destroy(hint);
@@ -203,8 +203,8 @@ static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool bias, c
     bool found = false;
     const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) ? dnnl_convolution_winograd
                                                                                              : dnnl_convolution_direct;
+    const bool eng_ok = ts__dnnl_engine() != NULL;
     pthread_mutex_lock(&mu);
-    if (!eng_ok) eng_ok = dnnl_engine_create(&eng, dnnl_cpu, 0) == dnnl_success;
     for (int i = 0; eng_ok && i < ncache && !found; i++) {
         conv_entry *e = &cache[i];
         if (e->pass == pass && e->bf16 == bf16 && e->bias == bias && e->alg_asked == wino && same_geom(&e->g, g)) {
@@ -249,6 +249,7 @@ static dnnl_status_t run(dnnl_primitive_t p, dnnl_stream_t s, int n, const dnnl_
  * that takes the same layout. */
 static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], const float *bias,
                          ts_tensor *const pre[2], ts_tensor *keep[2]) {
+    dnnl_engine_t eng = ts__dnnl_engine();
     static const int fwd_args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     static const int bd_args[3] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     static const int bw_args[3] = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
@@ -271,7 +272,7 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
             continue;
         }
         size_t bytes = dnnl_memory_desc_get_size(&e->prim_md[i]);
-        if ((st = ts__scratch_f32(dev, (int64_t)(bytes / 4 + 1), &buf[i])) != TS_OK) break;
+        if ((st = ts__scratch_bytes(dev, bytes, &buf[i])) != TS_OK) break;
         ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, ts__ptr(buf[i]));
         if (ds == dnnl_success && i < 2) {
             dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, pm[i]}};
@@ -286,11 +287,8 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
         if (ds == dnnl_success) ds = dnnl_memory_create(&bm, &bmd, eng, (void *)bias);
     }
     if (ds == dnnl_success && st == TS_OK && e->scratch) {
-        dnnl_memory_desc_t smd;
-        dnnl_dims_t sd = {(int64_t)e->scratch};
-        st = ts__scratch_f32(dev, (int64_t)(e->scratch / 4 + 1), &buf[3]);
-        if (st == TS_OK) ds = dnnl_memory_desc_init_by_tag(&smd, 1, sd, dnnl_u8, dnnl_a);
-        if (st == TS_OK && ds == dnnl_success) ds = dnnl_memory_create(&sm, &smd, eng, ts__ptr(buf[3]));
+        st = ts__scratch_bytes(dev, e->scratch, &buf[3]);
+        if (st == TS_OK && !ts__dnnl_bytes_memory(ts__ptr(buf[3]), e->scratch, &sm)) ds = dnnl_out_of_memory;
     }
     if (ds == dnnl_success && st == TS_OK) {
         dnnl_exec_arg_t args[5];
