@@ -88,6 +88,10 @@ endfunction()
 
 # What libtessera.a needs, in link order (the pkg-config modules come after, from Requires.private).
 set(TS_PC_PRIVATE "")
+if(TS_WITH_CUDA)
+  ts_pc_link_flags(f ${TS_CUDA_LIBS})
+  list(APPEND TS_PC_PRIVATE ${f} -lstdc++)
+endif()
 if(TS_WITH_DNNL)
   ts_pc_link_flags(f ${DNNL_LIB})
   list(APPEND TS_PC_PRIVATE ${f})

@@ -37,7 +37,11 @@ expect_exit 0 "--strategy" "$TS" train --help
 expect_exit 2 "unknown strategy 'warp' (expected none, ddp, data, model" "$TS" train --strategy warp
 expect_exit 2 "unknown device 'cpu:99'" "$TS" train --strategy data --devices cpu:0,cpu:99
 expect_exit 2 "unknown device 'gpu:0'" "$TS" train --strategy data --devices gpu:0
-expect_exit 2 "no CUDA devices" "$TS" train --strategy model --devices cpu:0,cuda:0
+if "$TS" devices --json | grep -q '"cuda": \[\]'; then
+  expect_exit 2 "unknown device 'cuda:0': " "$TS" train --strategy model --devices cpu:0,cuda:0
+  expect_exit 2 "unknown device 'cuda:0': " "$TS" train --device cuda:0
+fi
+expect_exit 2 "--device runs the model on one device" "$TS" train --strategy data --device cpu
 expect_exit 2 "cpu:1 appears twice" "$TS" train --strategy data --devices cpu:1,cpu:1
 expect_exit 2 "empty" "$TS" train --strategy data --devices ,
 expect_exit 2 "cannot be combined with --nproc 2" "$TS" train --strategy data --nproc 2

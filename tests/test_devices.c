@@ -21,8 +21,10 @@ static void test_names_and_errors(void) {
     CHECK_ERR_MENTIONS("3 virtual CPU devices");
     CHECK_STATUS(ts_device_get("cpu:x", &d), TS_ERR_DEVICE);
     CHECK_ERR_MENTIONS("malformed");
-    CHECK_STATUS(ts_device_get("cuda:0", &d), TS_ERR_DEVICE);
-    CHECK_ERR_MENTIONS("no CUDA");
+    if (ts_cuda_device_count(NULL, 0) == 0) { /* no GPU here, or no CUDA in the build: the reason is given */
+        CHECK_STATUS(ts_device_get("cuda:0", &d), TS_ERR_DEVICE);
+        CHECK_ERR_MENTIONS("unknown device 'cuda:0': ");
+    }
     CHECK_STATUS(ts_set_cpu_device_count(5), TS_ERR_STATE);
     CHECK_OK(ts_set_cpu_device_count(3)); /* the same count is fine */
 

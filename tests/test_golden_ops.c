@@ -21,6 +21,7 @@
 #define MAX_INPUTS 16
 
 static ts_tensor_list golden = TS_TENSOR_LIST_INIT;
+static ts_device *dev; /* TS_TEST_DEVICE: where the ops run (golden_io.h) */
 
 /* One case being run: its name, op, and the tensors handed to the op (clones
  * of the golden inputs, so a case can run again and running stats can change). */
@@ -41,10 +42,13 @@ static ts_tensor *input(gcase *c, const char *name) {
         fprintf(stderr, "%s: too many inputs\n", c->name);
         abort();
     }
-    ts_tensor *t = NULL;
-    if (ts_tensor_clone(g, &t) != TS_OK) {
-        fprintf(stderr, "%s: clone %s: %s\n", c->name, name, ts_last_error());
-        abort();
+    ts_tensor *t = tg_on_device(g, dev);
+    if (t == g) { /* on the CPU: a clone, so a case can run again and running stats can change */
+        ts_tensor_release(t);
+        if (ts_tensor_clone(g, &t) != TS_OK) {
+            fprintf(stderr, "%s: clone %s: %s\n", c->name, name, ts_last_error());
+            abort();
+        }
     }
     if (tg_getf(&golden, "%s/grad_%s", c->name, name)) ts_tensor_set_requires_grad(t, true);
     snprintf(c->names[c->n], sizeof c->names[0], "%s", name);
@@ -80,6 +84,9 @@ static ts_status run_max_dim(gcase *c, ts_tensor **y) {
     ts_tensor *idx = NULL;
     ts_status st = ts_max_dim(input(c, "x"), (int)arg(c, 0), arg(c, 1) != 0, y, &idx);
     if (st != TS_OK) return st;
+    ts_tensor *on_dev = idx; /* read on the host */
+    idx = tg_on_device(on_dev, ts_device_cpu());
+    ts_tensor_release(on_dev);
     ts_tensor *want = tg_getf(&golden, "%s/indices", c->name);
     int64_t n = ts_tensor_numel(idx), bad = -1;
     bool same = want && ts_tensor_dtype(idx) == TS_I64 && ts_tensor_ndim(idx) == ts_tensor_ndim(want) &&
@@ -285,7 +292,9 @@ static int run_case(const char *name) {
     bool any_grad = false;
     for (int i = 0; i < c.n; i++) any_grad |= ts_tensor_requires_grad(c.inputs[i]);
     if (any_grad) {
-        st = gy ? ts_backward(y, gy, false) : ts_error(TS_ERR_FORMAT, "no gy");
+        ts_tensor *gyd = gy ? tg_on_device(gy, dev) : NULL;
+        st = gy ? ts_backward(y, gyd, false) : ts_error(TS_ERR_FORMAT, "no gy");
+        ts_tensor_release(gyd);
         if (st != TS_OK) {
             printf("FAIL %s: backward returned %s: %s\n", name, ts_status_name(st), ts_last_error());
             result = FAIL;
@@ -409,6 +418,8 @@ static void test_reader_errors(void) {
 int main(int argc, char **argv) {
     g_argc = argc;
     g_argv = argv;
+    dev = tg_test_device();
+    printf("ops on %s\n", ts_device_name(dev));
     static const tu_test tests[] = {T(test_reader_errors), T(test_golden_ops)};
     /* case filters are handled by selected(), not by tu_run */
     return tu_run(tests, 2, 1, argv);

@@ -90,6 +90,11 @@ static bool build_init(ts_module *model, ts_tensor_list *init) {
 static void check_state(ts_module *model, const ts_tensor_list *init, int step) {
     ts_tensor_list sd = TS_TENSOR_LIST_INIT;
     CHECK_OK(ts_module_state_dict(model, &sd));
+    for (int i = 0; i < sd.n; i++) { /* read on the host */
+        ts_tensor *h = tg_on_device(sd.tensors[i], ts_device_cpu());
+        ts_tensor_release(sd.tensors[i]);
+        sd.tensors[i] = h;
+    }
     double quantum = ldexp(1.0, -(int)tg_int(tg_get(&golden, "qbits"), 0));
     double worst = -1;
     const char *worst_key = "";
@@ -160,11 +165,18 @@ static void test_cnn_two_sgd_steps(void) {
     ts_optimizer *opt = NULL;
     ts_tensor_list init = TS_TENSOR_LIST_INIT, params = TS_TENSOR_LIST_INIT;
     ts_tensor *x = tg_get(&golden, "x"), *target = tg_get(&golden, "target");
+    bool owned_inputs = false; /* x, target: copies on the test device */
     CHECK(x && target);
     if (!x || !target) goto done;
     if (!ok_or_skip(ts_model_reference_cnn(&rng, &model), "ts_model_reference_cnn")) goto done;
     if (!build_init(model, &init)) goto done;
     if (!ok_or_skip(ts_module_load_state_dict(model, &init, true), "ts_module_load_state_dict")) goto done;
+    ts_device *dev = tg_test_device();
+    printf("the CNN on %s\n", ts_device_name(dev));
+    if (!ok_or_skip(ts_module_to(model, dev), "ts_module_to")) goto done;
+    x = tg_on_device(x, dev);
+    target = tg_on_device(target, dev);
+    owned_inputs = true;
     ts_module_train(model, true);
     if (!ok_or_skip(ts_module_parameters(model, &params), "ts_module_parameters")) goto done;
     ts_sgd_config cfg = TS_SGD_CONFIG_INIT;
@@ -191,6 +203,10 @@ static void test_cnn_two_sgd_steps(void) {
         check_state(model, &init, step);
     }
 done:
+    if (owned_inputs) {
+        ts_tensor_release(x);
+        ts_tensor_release(target);
+    }
     ts_optimizer_free(opt);
     ts_tensor_list_clear(&params);
     ts_tensor_list_clear(&init);

@@ -17,7 +17,7 @@ static const struct {
     const char *dir;
     int rank;
 } layers[] = {
-    {"core", 0}, {"device", 1}, {"tensor", 2}, {"autograd", 3}, {"ops/cpu", 4}, {"ops", 5},
+    {"core", 0}, {"device", 1}, {"tensor", 2}, {"autograd", 3}, {"ops/cpu", 4}, {"ops/cuda", 4}, {"ops", 5},
     {"nn", 6},   {"optim", 6},  {"data", 6},   {"io", 6},       {"pipeline", 6}, {"distributed", 7},
     {"export", 7},   {"parallel", 8}, {"train", 9},
 };

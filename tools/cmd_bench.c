@@ -15,7 +15,7 @@
 #define NBATCHES 16
 
 static int bench_train(int argc, char **argv) {
-    const char *model_name = "cnn", *conv_algo = "auto", *precision = "fp32";
+    const char *model_name = "cnn", *conv_algo = "auto", *precision = "fp32", *device_name = "cpu";
     int64_t threads = 0, steps = 100, batch = 64, warmup = 10, image_size = 0, classes = 0;
     bool json = false;
     const cli_flag flags[] = {
@@ -25,6 +25,7 @@ static int bench_train(int argc, char **argv) {
         {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
         {"conv-algo", CLI_STRING, &conv_algo, "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", 1, 0},
         {"precision", CLI_STRING, &precision, "matmul/conv precision: fp32 or bf16 (operands rounded to bfloat16, float32 accumulation)", 1, 0},
+        {"device", CLI_STRING, &device_name, "where the model and the batches live: cpu or cuda:N", 1, 0},
         {"steps", CLI_INT, &steps, "timed steps", 1, 1e9},
         {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},
         {"batch-size", CLI_INT, &batch, "images per step", 1, 1 << 20},
@@ -60,7 +61,14 @@ static int bench_train(int argc, char **argv) {
         fprintf(stderr, "tessera bench train: --model: %s\n", ts_last_error());
         return CLI_EXIT_USAGE;
     }
-    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT; /* the model on the CPU */
+    ts_device *dev = NULL;
+    if (ts_device_get(device_name, &dev) != TS_OK) {
+        ts_module_free(model);
+        return cli_usage_error(&cmd, "--device: %s", ts_last_error());
+    }
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT; /* the model on dev */
+    so.devices = &dev;
+    so.num_devices = 1;
     if (ts_strategy_new(model, &so, &strat) != TS_OK || ts_module_parameters(model, &params) != TS_OK ||
         ts_optimizer_by_name("sgd", &params, 0.05, 0.9, 5e-4, &opt) != TS_OK)
         goto fail;
@@ -73,6 +81,12 @@ static int bench_train(int argc, char **argv) {
             goto fail;
         int64_t *y = ts_tensor_data(ys[i]);
         for (int64_t k = 0; k < batch; k++) y[k] = (int64_t)ts_rng_below(&rng, (uint64_t)ncls);
+        ts_tensor *xd = NULL, *yd = NULL; /* the batches wait on the device, as PyTorch benchmarks keep them */
+        if (ts_to_device(xs[i], dev, &xd) != TS_OK || ts_to_device(ys[i], dev, &yd) != TS_OK) goto fail;
+        ts_tensor_release(xs[i]);
+        ts_tensor_release(ys[i]);
+        xs[i] = xd;
+        ys[i] = yd;
     }
     ts_module_train(model, true);
     float loss = 0;
@@ -81,16 +95,17 @@ static int bench_train(int argc, char **argv) {
     double t0 = ts_time_now();
     for (int64_t i = 0; i < steps; i++)
         if (ts_train_step(strat, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
+    if (ts_device_synchronize(dev) != TS_OK) goto fail;
     double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
     if (json)
-        printf("{\"framework\": \"tessera\", \"model\": \"%s\", \"image_size\": %lld, \"threads\": %d, "
+        printf("{\"framework\": \"tessera\", \"device\": \"%s\", \"model\": \"%s\", \"image_size\": %lld, \"threads\": %d, "
                "\"conv_algo\": \"%s\", \"precision\": \"%s\", \"gemm\": \"%s\", \"batch_size\": %lld, \"steps\": %lld, "
                "\"seconds\": %.4f, \"images_per_second\": %.1f, \"final_loss\": %.5f}\n",
-               model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),
-               ts_cpu_gemm_library(), (long long)batch, (long long)steps, dt, ips, loss);
+               ts_device_name(dev), model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo),
+               ts_dtype_name(prec), ts_cpu_gemm_library(), (long long)batch, (long long)steps, dt, ips, loss);
     else
-        printf("%s, batch %lld, %d threads, conv %s, %s (%s): %.1f images/s (%.2f ms/step over %lld steps)\n",
-               model_name, (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),
+        printf("%s on %s, batch %lld, %d threads, conv %s, %s (%s): %.1f images/s (%.2f ms/step over %lld steps)\n",
+               model_name, ts_device_name(dev), (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),
                ts_cpu_gemm_library(), ips, 1e3 * dt / (double)steps, (long long)steps);
     status = 0;
     goto done;

@@ -32,6 +32,7 @@ typedef struct train_args {
     double lr, momentum, weight_decay, label_smoothing, timeout;
     bool quiet, sync_bn;
     const char *strategy, *devices, *pp_schedule; /* one process, many devices */
+    const char *device;                           /* --device: one process on one device (cuda:0) */
     int64_t micro_batches;
     int64_t accum_steps, warmup_steps; /* --accum-steps, --warmup-steps */
     double clip_grad_norm;             /* --clip-grad-norm (0: none) */
@@ -94,6 +95,19 @@ static int parse_strategy(const cli_command *cmd, const train_args *a, bool laun
                           ts_device **devs, int max) {
     if (a->strategy && ts_strategy_kind_parse(a->strategy, &o->kind) != TS_OK)
         return cli_usage_error(cmd, "--strategy: %s", ts_last_error());
+    if (a->device) {
+        if (launched)
+            return cli_usage_error(cmd, "--device %s: DDP ranks on CUDA devices need the nccl process-group backend, "
+                                   "which is not built yet; --device runs one process", a->device);
+        if (o->kind != TS_STRATEGY_NONE || a->devices)
+            return cli_usage_error(cmd, "--device runs the model on one device; --strategy %s takes --devices",
+                                   a->strategy ? a->strategy : "");
+        if (ts_device_get(a->device, &devs[0]) != TS_OK)
+            return cli_usage_error(cmd, "--device: %s", ts_last_error());
+        o->devices = devs;
+        o->num_devices = 1;
+        return 0;
+    }
     if (launched || o->kind == TS_STRATEGY_DDP) {
         if (o->kind != TS_STRATEGY_NONE && o->kind != TS_STRATEGY_DDP)
             return cli_usage_error(cmd, "--strategy %s runs one process on several devices; it cannot be combined "
@@ -323,6 +337,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"nproc", CLI_INT, &a.nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
         {"strategy", CLI_STRING, &a.strategy, "one process, many devices: data, model, pipeline or tile (see --devices); ddp is implied by --nproc or a launcher", 1, 0},
         {"devices", CLI_STRING, &a.devices, "devices for --strategy, e.g. cpu:0,cpu:1 (default: every virtual CPU device)", 1, 0},
+        {"device", CLI_STRING, &a.device, "the one device the model trains on: cpu (default) or cuda:N (`tessera devices` lists them)", 1, 0},
         {"micro-batches", CLI_INT, &a.micro_batches, "--strategy pipeline: micro-batches per batch", 1, 1 << 20},
         {"schedule", CLI_STRING, &a.pp_schedule, "--strategy pipeline: gpipe or 1f1b", 1, 0},
         {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},

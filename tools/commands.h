@@ -19,5 +19,7 @@ int ts_cmd_eval(int argc, char **argv);
 int ts_cmd_predict(int argc, char **argv);
 /* `tessera export --format onnx` (tools/cmd_export.c). */
 int ts_cmd_export(int argc, char **argv);
+/* `tessera devices` (tools/cmd_devices.c). */
+int ts_cmd_devices(int argc, char **argv);
 
 #endif

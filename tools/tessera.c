@@ -24,6 +24,7 @@ static const subcommand subcommands[] = {
     {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},
     {"data", ts_cmd_data, "export image folders, show a decoded and augmented pipeline batch"},
     {"export", ts_cmd_export, "write a model for inference runtimes (ONNX)"},
+    {"devices", ts_cmd_devices, "list the CPU and CUDA devices (or why there are no GPUs)"},
 };
 
 static void usage(FILE *f) {

@@ -95,7 +95,7 @@ typedef enum ts_device_type { TS_DEVICE_CPU = 0, TS_DEVICE_CUDA = 1 } ts_device_
 
 /* The host CPU device ("cpu"). Borrowed. */
 ts_device *ts_device_cpu(void);
-/* Look up a device by name ("cpu", "cpu:1", ...). *out is borrowed. */
+/* Look up a device by name ("cpu", "cpu:1", "cuda:0", ...). *out is borrowed. */
 ts_status ts_device_get(const char *name, ts_device **out);
 const char *ts_device_name(const ts_device *d);
 ts_device_type ts_device_type_of(const ts_device *d);
@@ -107,6 +107,17 @@ void ts_device_empty_cache(ts_device *d);
 size_t ts_device_memory_allocated(const ts_device *d);
 size_t ts_device_memory_peak(const ts_device *d);
 void ts_device_memory_reset_peak(ts_device *d);
+/* Bytes the device's allocator holds from the system: live tensors plus its cache of freed blocks
+ * (torch.cuda.memory_reserved). */
+size_t ts_device_memory_reserved(const ts_device *d);
+/* One line about the device: "NVIDIA H200, 139.8 GiB, compute capability 9.0, 132 multiprocessors",
+ * "host CPU, 2 cores", ... */
+void ts_device_describe(const ts_device *d, char *buf, size_t len);
+
+/* CUDA devices "cuda:0" ... "cuda:N-1" ("cuda" is cuda:0) exist when Tessera was built with CUDA
+ * (TS_CUDA) and the driver reports GPUs; each is created on its first ts_device_get. Returns N; when
+ * it is 0, why (may be NULL) says why: built without CUDA, no driver, no GPU. */
+int ts_cuda_device_count(char *why, size_t why_len);
 
 /* Virtual CPU devices "cpu:0" ... "cpu:N-1": each has its own memory pool and
  * accounting (a tensor moved between two of them is a real copy, and ops refuse

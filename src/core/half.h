@@ -22,27 +22,36 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline uint32_t ts__f32_bits(float f) {
+/* __host__ __device__ under nvcc, so CUDA kernels call these too (as device/k_elem.h) */
+#ifndef TS_HD
+#ifdef __CUDACC__
+#define TS_HD __host__ __device__
+#else
+#define TS_HD
+#endif
+#endif
+
+static inline TS_HD uint32_t ts__f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float ts__f32_from_bits(uint32_t u) {
+static inline TS_HD float ts__f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-static inline uint16_t ts__bf16_from_f32(float f) {
+static inline TS_HD uint16_t ts__bf16_from_f32(float f) {
     uint32_t x = ts__f32_bits(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u); /* NaN: quiet */
     return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                   /* ties to even */
 }
 
-static inline float ts__bf16_to_f32(uint16_t h) { return ts__f32_from_bits((uint32_t)h << 16); }
+static inline TS_HD float ts__bf16_to_f32(uint16_t h) { return ts__f32_from_bits((uint32_t)h << 16); }
 
-static inline uint16_t ts__f16_from_f32(float f) {
+static inline TS_HD uint16_t ts__f16_from_f32(float f) {
     uint32_t x = ts__f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN */
@@ -59,7 +68,7 @@ static inline uint16_t ts__f16_from_f32(float f) {
     return (uint16_t)(sign | m);
 }
 
-static inline float ts__f16_to_f32(uint16_t h) {
+static inline TS_HD float ts__f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
     if (e == 0x1f) return ts__f32_from_bits(sign | 0x7f800000u | (m << 13)); /* inf, NaN */
     if (e != 0) return ts__f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));

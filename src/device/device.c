@@ -2,6 +2,7 @@
  * device/device.c — the device registry and allocation accounting.
  */
 #include "device/device.h"
+#include "device/cuda.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -118,6 +119,64 @@ static ts_status vcpu_create_locked(void) {
 
 static pthread_mutex_t ts_vcpu_create_mu = PTHREAD_MUTEX_INITIALIZER; /* serialises vcpu_create_locked */
 
+/* ---- CUDA devices ----------------------------------------------------------------------------------- */
+/* cuda:K is created on its first lookup ("cuda" is cuda:0, as PyTorch's current device starts). */
+static ts_device *ts_cuda_devs[64];
+static pthread_mutex_t ts_cuda_create_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static ts_status cuda_lookup(const char *name, ts_device **out) {
+    long k = 0;
+    if (name[4] == ':') {
+        char *end;
+        k = strtol(name + 5, &end, 10);
+        if (name[5] < '0' || name[5] > '9' || *end || k >= 64)
+            return ts_error(TS_ERR_DEVICE, "malformed device name '%s' (want cpu, cpu:K or cuda:K)", name);
+    }
+    pthread_mutex_lock(&ts_cuda_create_mu);
+    ts_status st = TS_OK;
+    if (!ts_cuda_devs[k]) {
+        char why[256] = "";
+        int n = ts__cuda_device_count(why, sizeof why);
+        if (n == 0)
+            st = ts_error(TS_ERR_DEVICE, "unknown device '%s': %s", name, why);
+        else if (k >= n)
+            st = ts_error(TS_ERR_DEVICE, "unknown device '%s': there %s %d CUDA device%s, cuda:0%s%.0d", name,
+                          n == 1 ? "is" : "are", n, n == 1 ? "" : "s", n > 1 ? " to cuda:" : "", n > 1 ? n - 1 : 0);
+        else {
+            ts_device *d = NULL;
+            st = ts__cuda_device_new((int)k, &d);
+            if (st == TS_OK) st = ts__device_register(d);
+            if (st == TS_OK) ts_cuda_devs[k] = d;
+        }
+    }
+    ts_device *d = ts_cuda_devs[k];
+    pthread_mutex_unlock(&ts_cuda_create_mu);
+    TS_TRY(st);
+    *out = d;
+    return TS_OK;
+}
+
+int ts_cuda_device_count(char *why, size_t why_len) {
+    char buf[256] = "";
+    int n = ts__cuda_device_count(buf, sizeof buf);
+    if (why && why_len) snprintf(why, why_len, "%s", n ? "" : buf);
+    return n;
+}
+
+void ts_device_describe(const ts_device *d, char *buf, size_t len) {
+    if (d->type == TS_DEVICE_CUDA)
+        ts__cuda_device_describe(d, buf, len);
+    else if (d->stream)
+        snprintf(buf, len, "virtual CPU device, %d kernel thread%s", ts_cpu_device_threads(),
+                 ts_cpu_device_threads() == 1 ? "" : "s");
+    else
+        snprintf(buf, len, "host CPU, %d core%s", omp_get_num_procs(), omp_get_num_procs() == 1 ? "" : "s");
+}
+
+size_t ts_device_memory_reserved(const ts_device *d) {
+    return d->ops->reserved ? d->ops->reserved(d) : atomic_load(&d->mem_allocated);
+}
+
 static ts_status lookup(const char *name, ts_device **out) {
     ts_device *found = NULL;
     ts_status st = TS_OK;
@@ -142,13 +201,12 @@ static ts_status lookup(const char *name, ts_device **out) {
         *out = found;
         return TS_OK;
     }
+    if (strcmp(name, "cuda") == 0 || strncmp(name, "cuda:", 5) == 0) return cuda_lookup(name, out);
     pthread_mutex_lock(&ts_registry_mu);
     for (int i = 0; i < ts_ndevices; i++)
         if (strcmp(ts_devices[i]->name, name) == 0) found = ts_devices[i];
     pthread_mutex_unlock(&ts_registry_mu);
     if (!found) {
-        if (strncmp(name, "cuda", 4) == 0)
-            return ts_error(TS_ERR_DEVICE, "unknown device '%s': this Tessera has no CUDA devices", name);
         return ts_error(TS_ERR_DEVICE, "unknown device '%s' (known: cpu, cpu:0 ... cpu:%d)", name,
                         ts_cpu_device_count() - 1);
     }

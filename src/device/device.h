@@ -35,6 +35,8 @@ typedef struct ts_device_ops {
     ts_status (*memset0)(ts_device *d, void *dst, size_t n);
     ts_status (*synchronize)(ts_device *d);
     void (*empty_cache)(ts_device *d);
+    /* Bytes held from the system, live and cached (NULL: the live bytes). */
+    size_t (*reserved)(const ts_device *d);
 } ts_device_ops;
 
 struct ts_device {

@@ -23,5 +23,8 @@ struct ts_kernels_blas {
 /* The CPU backend's instance (src/ops/cpu/blas.c), which device/cpu.c puts in
  * the table of every CPU device. */
 extern const struct ts_kernels_blas ts_cpu_kernels_blas;
+#ifdef TS_HAVE_CUDA
+extern const struct ts_kernels_blas ts_cuda_kernels_blas; /* src/ops/cuda/blas.c */
+#endif
 
 #endif

@@ -72,5 +72,8 @@ struct ts_kernels_ew {
 /* The CPU backend's instance (src/ops/cpu/ew.c), which device/cpu.c puts in
  * the table of every CPU device. */
 extern const struct ts_kernels_ew ts_cpu_kernels_ew;
+#ifdef TS_HAVE_CUDA
+extern const struct ts_kernels_ew ts_cuda_kernels_ew; /* src/ops/cuda/ew.c */
+#endif
 
 #endif

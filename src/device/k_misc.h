@@ -80,5 +80,8 @@ struct ts_kernels_misc {
 /* The CPU backend's instance (src/ops/cpu/misc.c), which device/cpu.c puts in
  * the table of every CPU device. */
 extern const struct ts_kernels_misc ts_cpu_kernels_misc;
+#ifdef TS_HAVE_CUDA
+extern const struct ts_kernels_misc ts_cuda_kernels_misc; /* src/ops/cuda/misc.c */
+#endif
 
 #endif /* TS_K_MISC_H */

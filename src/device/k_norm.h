@@ -42,5 +42,8 @@ struct ts_kernels_norm {
 /* The CPU backend's instance (src/ops/cpu/norm.c), which device/cpu.c puts in
  * the table of every CPU device. */
 extern const struct ts_kernels_norm ts_cpu_kernels_norm;
+#ifdef TS_HAVE_CUDA
+extern const struct ts_kernels_norm ts_cuda_kernels_norm; /* src/ops/cuda/norm.c */
+#endif
 
 #endif /* TS_K_NORM_H */

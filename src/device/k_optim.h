@@ -46,5 +46,8 @@ struct ts_kernels_optim {
 /* The CPU backend's instance (src/ops/cpu/optim.c), which device/cpu.c puts in
  * the table of every CPU device. */
 extern const struct ts_kernels_optim ts_cpu_kernels_optim;
+#ifdef TS_HAVE_CUDA
+extern const struct ts_kernels_optim ts_cuda_kernels_optim; /* src/ops/cuda/optim.c */
+#endif
 
 #endif

@@ -86,5 +86,8 @@ struct ts_kernels_spatial {
 /* The CPU backend's instance (src/ops/cpu/spatial.c), which device/cpu.c puts in
  * the table of every CPU device. */
 extern const struct ts_kernels_spatial ts_cpu_kernels_spatial;
+#ifdef TS_HAVE_CUDA
+extern const struct ts_kernels_spatial ts_cuda_kernels_spatial; /* src/ops/cuda/spatial.c */
+#endif
 
 #endif

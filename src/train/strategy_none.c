@@ -1,18 +1,60 @@
 /*
- * train/strategy_none.c — no strategy: the model runs where it was built
- * (the CPU), forward + cross-entropy + backward as usual.
+ * train/strategy_none.c — no strategy: one process, one device. The model runs
+ * on the CPU where it was built, or on opts->devices[0] (a CUDA device, say):
+ * then the model moves there once and the runner is Sequential(ToDevice(dev),
+ * model), so batches from any source (host memory) are copied over in forward,
+ * and forward_backward copies the labels too. Evaluation runs the runner, whose
+ * logits the scorer copies back.
  */
 #include "train/strategy.h"
+#include "tessera/parallel.h"
 
 #include <stdio.h>
 
 static ts_status none_wrap(ts_strategy *s, ts_module *model, const ts_strategy_opts *o) {
-    (void)o;
     s->runner = s->model = model;
-    snprintf(s->desc, sizeof s->desc, "none: the model on the CPU");
+    ts_device *dev = o->devices && o->num_devices >= 1 ? o->devices[0] : ts_device_cpu();
+    if (o->devices && o->num_devices != 1)
+        return ts_error(TS_ERR_INVALID_ARG, "one process on one device: %d devices given", o->num_devices);
+    s->devs[0] = dev;
+    s->ndev = 1;
+    snprintf(s->desc, sizeof s->desc, "none: the model on %s", dev == ts_device_cpu() ? "the CPU" : ts_device_name(dev));
+    if (dev == ts_device_cpu()) return TS_OK;
+    ts_module *seq = NULL, *to = NULL;
+    TS_TRY(ts_module_to(model, dev));
+    TS_TRY(ts_nn_sequential_new(&seq));
+    ts_status st = ts_nn_to_device_new(dev, &to);
+    if (st == TS_OK) st = ts_nn_sequential_add(seq, "to_device", to); /* takes `to`, also on failure */
+    if (st != TS_OK) {
+        ts_module_free(seq);
+        return st; /* the caller frees s->runner: the model */
+    }
+    s->runner = seq; /* from here seq owns the model, also when adding it fails */
+    s->model = NULL;
+    TS_TRY(ts_nn_sequential_add(seq, "module", model));
+    s->model = model;
     return TS_OK;
 }
 
+/* x and y to the model's device, then forward + cross-entropy + backward. */
+static ts_status none_forward_backward(ts_strategy *s, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
+                                       float *loss) {
+    ts_device *dev = s->devs[0];
+    ts_tensor *xd = NULL, *yd = NULL, *logits = NULL, *lt = NULL;
+    ts_status st = ts_to_device(x, dev, &xd);
+    if (st == TS_OK) st = ts_to_device(y, dev, &yd);
+    if (st == TS_OK) st = ts_module_forward(s->model, xd, &logits);
+    if (st == TS_OK) st = ts_cross_entropy(logits, yd, label_smoothing, &lt);
+    if (st == TS_OK) *loss = (float)ts_tensor_item(lt, 0);
+    if (st == TS_OK) st = ts_backward(lt, NULL, false);
+    ts_tensor_release(lt);
+    ts_tensor_release(logits);
+    ts_tensor_release(yd);
+    ts_tensor_release(xd);
+    return st;
+}
+
 const ts__strategy_impl ts__strategy_none = {
-    TS_STRATEGY_NONE, "none", "the model on the CPU (one process, one device)", false, none_wrap, NULL, NULL,
+    TS_STRATEGY_NONE, "none", "the model on one device, the CPU unless --device names another (one process)", false,
+    none_wrap, none_forward_backward, NULL,
 };

@@ -8,11 +8,23 @@
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "ops/cpu/vmath.h"
+/* the activations' exp and erf: vmath.h's vectorising ones (before device/k_elem.h) */
+#define TS_ELEM_EXPF ts__vexpf
+#define TS_ELEM_ERFF ts__verff
+#include "device/k_elem.h"
 
 #include <math.h>
 #include <omp.h>
 
 #define PAR_MIN 32768 /* below this many elements, stay on one thread */
+
+_Static_assert((int)TS_BIN_ADD == TS_ELEM_ADD && (int)TS_BIN_SUB == TS_ELEM_SUB && (int)TS_BIN_MUL == TS_ELEM_MUL &&
+                   (int)TS_BIN_DIV == TS_ELEM_DIV,
+               "device/k_elem.h's binary op numbers");
+_Static_assert((int)TS_UN_SIGMOID == TS_ELEM_SIGMOID && (int)TS_UN_TANH == TS_ELEM_TANH &&
+                   (int)TS_UN_GELU == TS_ELEM_GELU && (int)TS_UN_GELU_TANH == TS_ELEM_GELU_TANH &&
+                   (int)TS_UN_SILU == TS_ELEM_SILU,
+               "device/k_elem.h's unary op numbers");
 
 static ts_status cpu_fill(ts_tensor *out, float v) {
     float *o = ts__f32(out);
@@ -74,19 +86,19 @@ static ts_status cpu_binary(ts_binop op, ts_tensor *out, const ts_tensor *a, con
         switch (op) {
         case TS_BIN_ADD:
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) o[i] = pa[i] + pb[i];
+            for (int64_t i = 0; i < n; i++) o[i] = ts_elem_binary(TS_BIN_ADD, pa[i], pb[i]);
             break;
         case TS_BIN_SUB:
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) o[i] = pa[i] - pb[i];
+            for (int64_t i = 0; i < n; i++) o[i] = ts_elem_binary(TS_BIN_SUB, pa[i], pb[i]);
             break;
         case TS_BIN_MUL:
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) o[i] = pa[i] * pb[i];
+            for (int64_t i = 0; i < n; i++) o[i] = ts_elem_binary(TS_BIN_MUL, pa[i], pb[i]);
             break;
         case TS_BIN_DIV:
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < n; i++) o[i] = pa[i] / pb[i];
+            for (int64_t i = 0; i < n; i++) o[i] = ts_elem_binary(TS_BIN_DIV, pa[i], pb[i]);
             break;
         }
         return TS_OK;
@@ -101,16 +113,16 @@ static ts_status cpu_binary(ts_binop op, ts_tensor *out, const ts_tensor *a, con
         float *ro = o + r * inner;
         switch (op) { /* one loop per op, so each vectorises */
         case TS_BIN_ADD:
-            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] + rb[j * bi];
+            for (int64_t j = 0; j < inner; j++) ro[j] = ts_elem_binary(TS_BIN_ADD, ra[j * ai], rb[j * bi]);
             break;
         case TS_BIN_SUB:
-            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] - rb[j * bi];
+            for (int64_t j = 0; j < inner; j++) ro[j] = ts_elem_binary(TS_BIN_SUB, ra[j * ai], rb[j * bi]);
             break;
         case TS_BIN_MUL:
-            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] * rb[j * bi];
+            for (int64_t j = 0; j < inner; j++) ro[j] = ts_elem_binary(TS_BIN_MUL, ra[j * ai], rb[j * bi]);
             break;
         case TS_BIN_DIV:
-            for (int64_t j = 0; j < inner; j++) ro[j] = ra[j * ai] / rb[j * bi];
+            for (int64_t j = 0; j < inner; j++) ro[j] = ts_elem_binary(TS_BIN_DIV, ra[j * ai], rb[j * bi]);
             break;
         }
     }
@@ -122,7 +134,7 @@ static ts_status cpu_scale(ts_tensor *out, const ts_tensor *x, float s) {
     const float *p = ts__f32(x);
     int64_t n = ts_tensor_numel(out);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) o[i] = s * p[i];
+    for (int64_t i = 0; i < n; i++) o[i] = ts_elem_scale(p[i], s);
     return TS_OK;
 }
 
@@ -132,10 +144,10 @@ static ts_status cpu_axpy(ts_tensor *y, float alpha, const ts_tensor *x) {
     int64_t n = ts_tensor_numel(y);
     if (alpha == 1.0f) {
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] += p[i];
+        for (int64_t i = 0; i < n; i++) o[i] = ts_elem_axpy(o[i], 1.0f, p[i]);
     } else {
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] += alpha * p[i];
+        for (int64_t i = 0; i < n; i++) o[i] = ts_elem_axpy(o[i], alpha, p[i]);
     }
     return TS_OK;
 }
@@ -145,7 +157,7 @@ static ts_status cpu_relu(ts_tensor *out, const ts_tensor *x) {
     const float *p = ts__f32(x);
     int64_t n = ts_tensor_numel(out);
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) o[i] = p[i] > 0.0f ? p[i] : 0.0f;
+    for (int64_t i = 0; i < n; i++) o[i] = ts_elem_relu(p[i]);
     return TS_OK;
 }
 
@@ -156,7 +168,7 @@ static ts_status cpu_relu_backward(ts_tensor *gx, const ts_tensor *gy, const ts_
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) { /* both loads unconditional: a select, not a branch, without masked loads */
         const float gi = g[i], yi = p[i];
-        o[i] = yi > 0.0f ? gi : 0.0f;
+        o[i] = ts_elem_relu_backward(gi, yi);
     }
     return TS_OK;
 }
@@ -193,85 +205,46 @@ static ts_status cpu_expand_scalar(ts_tensor *out, const ts_tensor *s, float alp
     return cpu_fill(out, alpha * ts__f32(s)[0]);
 }
 
-/* ---- activations --------------------------------------------------------------------------------- */
-#define SQRT_2_OVER_PI 0.7978845608028654f
-#define INV_SQRT_2 0.7071067811865476f
-#define INV_SQRT_2PI 0.3989422804014327f
-#define GELU_TANH_C 0.044715f
-
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + ts__vexpf(-x)); }
+/* ---- activations (formulas: device/k_elem.h) ------------------------------------------------------------ */
+/* One loop per op, each with a constant op, so the formula inlines and vectorises (tanh stays a call);
+ * parallel above `lim` elements. */
+#define UNARY_LOOP(OP)                                                 \
+    _Pragma("omp parallel for if (n > lim) schedule(static)")          \
+    for (int64_t i = 0; i < n; i++) o[i] = ts_elem_unary(OP, p[i])
 
 static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
     float *o = ts__f32(out);
     const float *p = ts__f32(x);
     int64_t n = ts_tensor_numel(out);
+    const int64_t lim = PAR_MIN / 8; /* exp, erf, tanh: costly elements */
     switch (op) {
-    case TS_UN_SIGMOID:
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = sigmoidf(p[i]);
-        break;
-    case TS_UN_TANH:
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = tanhf(p[i]);
-        break;
-    case TS_UN_GELU:
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = 0.5f * p[i] * (1.0f + ts__verff(p[i] * INV_SQRT_2));
-        break;
-    case TS_UN_GELU_TANH:
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float v = p[i];
-            o[i] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v * v * v)));
-        }
-        break;
-    case TS_UN_SILU:
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = p[i] * sigmoidf(p[i]);
-        break;
+    case TS_UN_SIGMOID: UNARY_LOOP(TS_UN_SIGMOID); break;
+    case TS_UN_TANH: UNARY_LOOP(TS_UN_TANH); break;
+    case TS_UN_GELU: UNARY_LOOP(TS_UN_GELU); break;
+    case TS_UN_GELU_TANH: UNARY_LOOP(TS_UN_GELU_TANH); break;
+    case TS_UN_SILU: UNARY_LOOP(TS_UN_SILU); break;
     }
     return TS_OK;
 }
 
+/* v: y for sigmoid and tanh, x for the others */
+#define UNARY_BACKWARD_LOOP(OP)                                        \
+    _Pragma("omp parallel for if (n > lim) schedule(static)")          \
+    for (int64_t i = 0; i < n; i++) o[i] = ts_elem_unary_backward(OP, g[i], v[i])
+
 static ts_status cpu_unary_backward(ts_unop op, ts_tensor *gx, const ts_tensor *gy, const ts_tensor *x,
                                     const ts_tensor *y) {
+    bool from_y = op == TS_UN_SIGMOID || op == TS_UN_TANH;
     float *o = ts__f32(gx);
-    const float *g = ts__f32(gy);
-    const float *px = x ? ts__f32(x) : NULL, *py = y ? ts__f32(y) : NULL;
+    const float *g = ts__f32(gy), *v = ts__f32(from_y ? y : x);
     int64_t n = ts_tensor_numel(gx);
+    const int64_t lim = from_y ? PAR_MIN : PAR_MIN / 8; /* the x ones call exp, erf or tanh */
     switch (op) {
-    case TS_UN_SIGMOID: /* s' = s (1 - s) */
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = g[i] * py[i] * (1.0f - py[i]);
-        break;
-    case TS_UN_TANH: /* t' = 1 - t^2 */
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = g[i] * (1.0f - py[i] * py[i]);
-        break;
-    case TS_UN_GELU: /* Phi(x) + x phi(x) */
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float v = px[i];
-            float cdf = 0.5f * (1.0f + ts__verff(v * INV_SQRT_2)), pdf = INV_SQRT_2PI * ts__vexpf(-0.5f * v * v);
-            o[i] = g[i] * (cdf + v * pdf);
-        }
-        break;
-    case TS_UN_GELU_TANH: /* u = c (x + k x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2) */
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float v = px[i], v2 = v * v;
-            float t = tanhf(SQRT_2_OVER_PI * (v + GELU_TANH_C * v2 * v));
-            float du = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_TANH_C * v2);
-            o[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        }
-        break;
-    case TS_UN_SILU: /* s (1 + x (1 - s)) */
-#pragma omp parallel for if (n > PAR_MIN / 8) schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float s = sigmoidf(px[i]);
-            o[i] = g[i] * s * (1.0f + px[i] * (1.0f - s));
-        }
-        break;
+    case TS_UN_SIGMOID: UNARY_BACKWARD_LOOP(TS_UN_SIGMOID); break;
+    case TS_UN_TANH: UNARY_BACKWARD_LOOP(TS_UN_TANH); break;
+    case TS_UN_GELU: UNARY_BACKWARD_LOOP(TS_UN_GELU); break;
+    case TS_UN_GELU_TANH: UNARY_BACKWARD_LOOP(TS_UN_GELU_TANH); break;
+    case TS_UN_SILU: UNARY_BACKWARD_LOOP(TS_UN_SILU); break;
     }
     return TS_OK;
 }
@@ -356,9 +329,6 @@ static ts_status cpu_expand_dim(ts_tensor *out, const ts_tensor *x, int64_t oute
     return TS_OK;
 }
 
-/* v is the new maximum over best: larger, or the first NaN (NaN propagates as in torch.max) */
-static inline bool max_wins(float v, float best) { return v > best || (v != v && best == best); }
-
 // values, indices: (outer, inner) = max / first argmax over the middle dim of x: (outer, n, inner)
 static ts_status cpu_max_dim(ts_tensor *values, ts_tensor *indices, const ts_tensor *x, int64_t outer, int64_t n,
                              int64_t inner) {
@@ -399,7 +369,7 @@ static ts_status cpu_max_dim(ts_tensor *values, ts_tensor *indices, const ts_ten
         for (int64_t k = 1; k < n; k++) {
             const float *xk = xr + k * inner;
             for (int64_t i = 0; i < inner; i++)
-                if (max_wins(xk[i], vr[i])) {
+                if (ts_elem_max_wins(xk[i], vr[i])) {
                     vr[i] = xk[i];
                     ir[i] = k;
                 }

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU checks, on a machine with a CUDA GPU, from the bundle of scripts/gpu_bundle.sh (.gpu/): lists the
+# devices, runs the CUDA tests and the golden op and training-step suites on cuda:0, then
+# bench/gpu_vs_pytorch.sh beside the machine's PyTorch. The CUDA libraries (cuBLAS, cuDNN) are taken from
+# the machine: its PyTorch's pip packages (nvidia/*/lib) or the CUDA toolkit. Logs go to OUT_DIR.
+#
+# usage: scripts/gpu_check.sh OUT_DIR [BENCH_STEPS] [BENCH_ROUNDS]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/gpu_check.sh OUT_DIR [BENCH_STEPS] [BENCH_ROUNDS]}
+mkdir -p "$OUT"
+SP=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
+LIBS=$PWD/.gpu/lib
+for d in "$SP"/nvidia/*/lib /usr/local/cuda/lib64; do [ -d "$d" ] && LIBS=$LIBS:$d; done
+export LD_LIBRARY_PATH=$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# the tests were built with their data directory's absolute path
+SRC=$(strings .gpu/bin/test_golden_ops | grep -m1 '/tests/golden/ops.tsg' | sed 's|/tests/golden/ops.tsg||')
+if [ -n "$SRC" ] && [ ! -e "$SRC/tests/golden" ]; then mkdir -p "$(dirname "$SRC")"; ln -sfn "$PWD" "$SRC"; fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/nvidia-smi.txt"
+rc=0
+step() { # name command...
+  local name=$1; shift
+  local t0=$(date +%s.%N)
+  timeout 150 "$@" > "$OUT/$name.log" 2>&1; local r=$?
+  printf '%-24s rc=%-3d %6.1fs  %s\n' "$name" "$r" "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" \
+    "$(tail -1 "$OUT/$name.log")"
+  [ $r -eq 0 ] || rc=1
+}
+step devices .gpu/bin/tessera devices
+step test_cuda_host .gpu/bin/test_cuda_host
+step test_cuda .gpu/bin/test_cuda
+TS_TEST_DEVICE=cuda:0 step golden_ops_cuda .gpu/bin/test_golden_ops
+TS_TEST_DEVICE=cuda:0 step golden_step_cuda .gpu/bin/test_golden_step
+TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=find step golden_ops_cuda_find .gpu/bin/test_golden_ops
+TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=find step golden_step_cuda_find .gpu/bin/test_golden_step
+if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the checkpoint on the CPU
+  step train_cuda .gpu/bin/tessera train --device cuda:0 --model cnn --epochs 2 --data .gpu/fashion-mnist --quiet \
+    --checkpoint "$OUT/cuda.ckpt" --metrics-json "$OUT/train_cuda.json"
+  step eval_cpu .gpu/bin/tessera eval --checkpoint "$OUT/cuda.ckpt" --data .gpu/fashion-mnist --confusion 0
+  rm -f "$OUT/cuda.ckpt"
+fi
+grep -E "^FAIL|^SKIP|^  " "$OUT"/golden_ops_cuda*.log | head -40
+grep -E "matmul|conv|step|FAIL|CHECK" "$OUT/test_cuda.log"
+if [ "${2:-}" != 0 ]; then
+  timeout 300 bench/gpu_vs_pytorch.sh .gpu/bin "${2:-60}" "${3:-1}" 2>&1 | tee "$OUT/bench.log"
+fi
+exit $rc

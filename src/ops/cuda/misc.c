@@ -1,0 +1,251 @@
+/*
+ * ops/cuda/misc.c — the misc family on CUDA devices (see device/k_misc.h): checks, sizes and
+ * pointers here, kernels in ops/cuda/misc.cu.
+ *
+ * Two kernels hand a value back to the host: embedding and cross_entropy validate their indices
+ * on the device (the first bad position goes to a device word by atomicMin), and the host copies
+ * it back, which waits for the stream, to fail with the CPU's message. dropout_mask draws the mask
+ * on the host with the CPU's exact ts_rng calls and copies it over, so a seed gives the same mask
+ * on every backend.
+ */
+#include "ops/cuda/common.h"
+#include "device/k_misc.h"
+#include "ops/cuda/misc_cu.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Copies back the first bad position written by a kernel (*pos = -1 if none) and, if there is
+ * one, the index found there (*val = idx[*pos]). Waits for the stream. */
+static ts_status fetch_bad(ts_device *dev, cudaStream_t s, const unsigned long long *bad, const int64_t *idx,
+                           int64_t *pos, int64_t *val) {
+    unsigned long long h = TS_CU_NO_BAD;
+    TS_CUDA_TRY(dev, cudaMemcpyAsync(&h, bad, sizeof h, cudaMemcpyDeviceToHost, s));
+    TS_CUDA_TRY(dev, cudaStreamSynchronize(s));
+    *pos = -1;
+    *val = 0;
+    if (h == TS_CU_NO_BAD) return TS_OK;
+    *pos = (int64_t)h;
+    TS_CUDA_TRY(dev, cudaMemcpyAsync(val, idx + h, sizeof *val, cudaMemcpyDeviceToHost, s));
+    TS_CUDA_TRY(dev, cudaStreamSynchronize(s));
+    return TS_OK;
+}
+
+/* ---- embedding ----------------------------------------------------------------------------------- */
+/* out: (n, dim) = weight[idx[i]]; weight: (num, dim) */
+static ts_status cu_embedding(ts_tensor *out, const ts_tensor *idx, const ts_tensor *weight) {
+    ts_device *dev = ts__dev(out);
+    TS_CU_BEGIN(dev, s);
+    const int64_t n = ts_tensor_numel(idx), num = weight->shape[0], dim = weight->shape[1];
+    const int64_t *ix = (const int64_t *)ts__ptr(idx);
+    ts_tensor *sc = NULL;
+    TS_TRY(ts__scratch_bytes(dev, sizeof(unsigned long long), &sc));
+    unsigned long long *bad = ts__ptr(sc);
+    int64_t pos = -1, val = 0;
+    ts_status st = ts__cuda_status(dev, ts_cu_embedding(ts__f32(out), ix, ts__f32(weight), n, num, dim, bad, s),
+                                   "misc.embedding");
+    if (st == TS_OK) st = fetch_bad(dev, s, bad, ix, &pos, &val);
+    ts_tensor_release(sc);
+    if (st != TS_OK || pos < 0) return st;
+    char b[64];
+    return ts_error(TS_ERR_INVALID_ARG,
+                    "embedding: index %lld (at flat position %lld of the indices) is out of range [0, %lld) "
+                    "for weight %s",
+                    (long long)val, (long long)pos, (long long)num, ts_shape_str(2, weight->shape, b, sizeof b));
+}
+
+/* gw: (num, dim) = scatter-add of g: (n, dim) rows at idx */
+static ts_status cu_embedding_backward(ts_tensor *gw, const ts_tensor *idx, const ts_tensor *g) {
+    ts_device *dev = ts__dev(gw);
+    TS_CU_BEGIN(dev, s);
+    const int64_t n = ts_tensor_numel(idx), num = gw->shape[0], dim = gw->shape[1];
+    TS_CU_LAUNCH(dev, "misc.embedding_backward",
+                 ts_cu_embedding_backward(ts__f32(gw), (const int64_t *)ts__ptr(idx), ts__f32(g), n, num, dim, s));
+    return TS_OK;
+}
+
+/* ---- block copy (concat, slice) ---------------------------------------------------------------- */
+static ts_status cu_narrow_copy(ts_tensor *dst, int64_t dst_n, int64_t dst_start, const ts_tensor *src, int64_t src_n,
+                                int64_t src_start, int64_t len, int64_t outer, int64_t inner) {
+    ts_device *dev = ts__dev(dst);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.narrow_copy",
+                 ts_cu_narrow_copy(ts__ptr(dst), dst_n, dst_start, ts__ptr(src), src_n, src_start, len, outer, inner,
+                                   ts_dtype_size(dst->dtype), s));
+    return TS_OK;
+}
+
+/* ---- dropout ------------------------------------------------------------------------------------- */
+/* The CPU's draw exactly (ops/cpu/misc.c: two 32-bit halves per ts_rng_u64, in element order), into
+ * a host buffer copied to the device. The copy is from pageable memory; waiting for the stream
+ * before freeing the buffer keeps this correct whatever the driver stages. */
+static ts_status cu_dropout_mask(ts_tensor *mask, float p, ts_rng *rng) {
+    ts_device *dev = ts__dev(mask);
+    TS_CU_BEGIN(dev, s);
+    const int64_t n = ts_tensor_numel(mask);
+    if (n == 0) return TS_OK;
+    uint8_t *m = ts__malloc((size_t)n);
+    if (!m) return TS_ERR_NOMEM;
+    double t = (double)p * 4294967296.0;
+    uint64_t thr = t >= 4294967296.0 ? (uint64_t)1 << 32 : (uint64_t)t;
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t u = ts_rng_u64(rng);
+        m[i] = (u & 0xffffffffu) >= thr;
+        m[i + 1] = (u >> 32) >= thr;
+    }
+    if (i < n) m[i] = (ts_rng_u64(rng) & 0xffffffffu) >= thr;
+    ts_status st = ts__cuda_status(dev, cudaMemcpyAsync(ts__ptr(mask), m, (size_t)n, cudaMemcpyHostToDevice, s),
+                                   "cudaMemcpyAsync (dropout mask)");
+    if (st == TS_OK) st = ts__cuda_status(dev, cudaStreamSynchronize(s), "cudaStreamSynchronize (dropout mask)");
+    free(m);
+    return st;
+}
+
+/* out = x * mask * scale (mask NULL: all ones) */
+static ts_status cu_masked_scale(ts_tensor *out, const ts_tensor *x, const ts_tensor *mask, float scale) {
+    ts_device *dev = ts__dev(out);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.masked_scale",
+                 ts_cu_masked_scale(ts__f32(out), ts__f32(x), mask ? (const uint8_t *)ts__ptr(mask) : NULL, scale,
+                                    ts_tensor_numel(out), s));
+    return TS_OK;
+}
+
+/* ---- log-softmax and softmax: (outer, n, inner) ----------------------------------------------------- */
+static ts_status cu_log_softmax(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner) {
+    ts_device *dev = ts__dev(out);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.log_softmax", ts_cu_log_softmax(ts__f32(out), ts__f32(x), outer, n, inner, s));
+    return TS_OK;
+}
+
+static ts_status cu_log_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer,
+                                         int64_t n, int64_t inner) {
+    ts_device *dev = ts__dev(gx);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.log_softmax_backward",
+                 ts_cu_log_softmax_backward(ts__f32(gx), ts__f32(gy), ts__f32(y), outer, n, inner, s));
+    return TS_OK;
+}
+
+static ts_status cu_softmax(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner) {
+    ts_device *dev = ts__dev(out);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.softmax", ts_cu_softmax(ts__f32(out), ts__f32(x), outer, n, inner, s));
+    return TS_OK;
+}
+
+static ts_status cu_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,
+                                     int64_t inner) {
+    ts_device *dev = ts__dev(gx);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.softmax_backward",
+                 ts_cu_softmax_backward(ts__f32(gx), ts__f32(gy), ts__f32(y), outer, n, inner, s));
+    return TS_OK;
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------------------ */
+/* logits (N, C, S...) are rows i = n * S + s of C values at stride S; target and lse are (N * S). */
+static void ce_geom(const ts_tensor *logits, int64_t *N, int64_t *C, int64_t *S) {
+    *N = logits->shape[0];
+    *C = logits->shape[1];
+    const int64_t NC = *N * *C;
+    *S = NC ? ts_tensor_numel(logits) / NC : 1;
+}
+
+static ts_status cu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
+                                  const ts_tensor *weight, float eps, int64_t ignore_index, ts_reduction reduction) {
+    ts_device *dev = ts__dev(loss);
+    TS_CU_BEGIN(dev, s);
+    int64_t N, C, S;
+    ce_geom(logits, &N, &C, &S);
+    const int64_t rows = N * S;
+    const bool none = reduction == TS_REDUCTION_NONE, mean = reduction == TS_REDUCTION_MEAN;
+    const int64_t *t = (const int64_t *)ts__ptr(target);
+    /* scratch: the bad word (16 bytes, keeping what follows aligned), then the pairs of doubles */
+    ts_tensor *sc = NULL;
+    TS_TRY(ts__scratch_bytes(dev, 16 + (none ? 0 : (size_t)(rows + TS_CU_MISC_PARTS) * 2 * sizeof(double)), &sc));
+    unsigned long long *bad = ts__ptr(sc);
+    double *part = (double *)((char *)ts__ptr(sc) + 16);
+    int64_t pos = -1, val = 0;
+    ts_status st = ts__cuda_status(dev,
+                                   ts_cu_cross_entropy(ts__f32(loss), ts__f32(lse), ts__f32(logits), t,
+                                                       weight ? ts__f32(weight) : NULL, N, C, S, eps, ignore_index,
+                                                       none, mean, part, bad, s),
+                                   "misc.cross_entropy");
+    if (st == TS_OK) st = fetch_bad(dev, s, bad, t, &pos, &val);
+    ts_tensor_release(sc);
+    if (st != TS_OK || pos < 0) return st;
+    if (S == 1)
+        return ts_error(TS_ERR_INVALID_ARG,
+                        "cross_entropy: target %lld of sample %lld is out of range [0, %lld) for logits "
+                        "[%lld, %lld] (ignore_index is %lld)",
+                        (long long)val, (long long)pos, (long long)C, (long long)N, (long long)C,
+                        (long long)ignore_index);
+    return ts_error(TS_ERR_INVALID_ARG,
+                    "cross_entropy: target %lld of sample %lld at position %lld (flat over the spatial dims) "
+                    "is out of range [0, %lld) (ignore_index is %lld)",
+                    (long long)val, (long long)(pos / S), (long long)(pos % S), (long long)C,
+                    (long long)ignore_index);
+}
+
+static ts_status cu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,
+                                           const ts_tensor *lse, const ts_tensor *target, const ts_tensor *weight,
+                                           float eps, int64_t ignore_index, ts_reduction reduction) {
+    ts_device *dev = ts__dev(gx);
+    TS_CU_BEGIN(dev, s);
+    int64_t N, C, S;
+    ce_geom(logits, &N, &C, &S);
+    ts_tensor *sc = NULL;
+    TS_TRY(ts__scratch_bytes(dev, (size_t)(TS_CU_MISC_PARTS + 1) * 2 * sizeof(double), &sc));
+    ts_status st = ts__cuda_status(
+        dev,
+        ts_cu_cross_entropy_backward(ts__f32(gx), ts__f32(gloss), ts__f32(logits), ts__f32(lse),
+                                     (const int64_t *)ts__ptr(target), weight ? ts__f32(weight) : NULL, N, C, S, eps,
+                                     ignore_index, reduction == TS_REDUCTION_NONE, reduction == TS_REDUCTION_MEAN,
+                                     (double *)ts__ptr(sc), s),
+        "misc.cross_entropy_backward");
+    ts_tensor_release(sc);
+    return st;
+}
+
+/* ---- mean squared error ---------------------------------------------------------------------------- */
+static ts_status cu_mse(ts_tensor *loss, const ts_tensor *pred, const ts_tensor *target) {
+    ts_device *dev = ts__dev(loss);
+    TS_CU_BEGIN(dev, s);
+    ts_tensor *sc = NULL;
+    TS_TRY(ts__scratch_bytes(dev, (size_t)TS_CU_MISC_PARTS * 2 * sizeof(double), &sc));
+    ts_status st = ts__cuda_status(dev,
+                                   ts_cu_mse(ts__f32(loss), ts__f32(pred), ts__f32(target), ts_tensor_numel(pred),
+                                             (double *)ts__ptr(sc), s),
+                                   "misc.mse");
+    ts_tensor_release(sc);
+    return st;
+}
+
+static ts_status cu_mse_backward(ts_tensor *gpred, ts_tensor *gtarget, const ts_tensor *gloss, const ts_tensor *pred,
+                                 const ts_tensor *target) {
+    ts_device *dev = ts__dev(pred);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.mse_backward",
+                 ts_cu_mse_backward(gpred ? ts__f32(gpred) : NULL, gtarget ? ts__f32(gtarget) : NULL, ts__f32(gloss),
+                                    ts__f32(pred), ts__f32(target), ts_tensor_numel(pred), s));
+    return TS_OK;
+}
+
+const struct ts_kernels_misc ts_cuda_kernels_misc = {
+    .embedding = cu_embedding,
+    .embedding_backward = cu_embedding_backward,
+    .narrow_copy = cu_narrow_copy,
+    .dropout_mask = cu_dropout_mask,
+    .masked_scale = cu_masked_scale,
+    .log_softmax = cu_log_softmax,
+    .log_softmax_backward = cu_log_softmax_backward,
+    .cross_entropy = cu_cross_entropy,
+    .cross_entropy_backward = cu_cross_entropy_backward,
+    .mse = cu_mse,
+    .mse_backward = cu_mse_backward,
+    .softmax = cu_softmax,
+    .softmax_backward = cu_softmax_backward,
+};

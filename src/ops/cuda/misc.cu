@@ -1,0 +1,523 @@
+/*
+ * ops/cuda/misc.cu — CUDA kernels of the misc family (launchers in ops/cuda/misc_cu.h, the kernel
+ * table in ops/cuda/misc.c): embedding gather/scatter-add, the block copy behind concat/slice,
+ * masked scaling for dropout, softmax and log-softmax, and the fused cross-entropy and MSE losses.
+ *
+ * Row-wise ops work on (outer, n, inner) tensors: a row is n elements at stride inner. A row is
+ * handled by a "group" of threads (GWarp, GBlock, GThread below): a warp per row for contiguous
+ * rows of up to 1024 elements, a block for longer ones, one thread per row when inner > 1 (then
+ * neighbouring threads read neighbouring columns, which coalesces). Each thread of a group walks
+ * the row with stride size(); the group's sum/max are shuffle (and shared-memory) trees whose
+ * shape depends only on the launch shape, so results are deterministic.
+ *
+ * Precision follows the CPU kernels (ops/cpu/misc.c): where it accumulates in double, so do we
+ * (per-thread double partials, double trees); where it uses float SIMD partials, float. Loss
+ * totals go through a fixed two-stage reduction (TS_CU_MISC_PARTS block partials, then one block)
+ * rather than atomics.
+ */
+#include "ops/cuda/misc_cu.h"
+
+#include <math.h>
+
+#define FULL_MASK 0xffffffffu
+
+/* Kernels and helpers are file-local (other .cu files may use the same names); the launchers below
+ * the namespace blocks are the only exported symbols. */
+namespace {
+
+/* ---- group reductions ---------------------------------------------------------------------------- */
+template <class T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v; /* every lane holds the same total (each tree node is a commutative a + b) */
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+/* One thread per row (rows strided across the whole grid). */
+struct GThread {
+    static __device__ int lane() { return 0; }
+    static __device__ int size() { return 1; }
+    static __device__ int64_t first() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+    static __device__ int64_t stride() { return (int64_t)gridDim.x * blockDim.x; }
+    template <class T> static __device__ T sum(T v) { return v; }
+    static __device__ float max(float v) { return v; }
+};
+
+/* One warp per row. */
+struct GWarp {
+    static __device__ int lane() { return threadIdx.x & 31; }
+    static __device__ int size() { return 32; }
+    static __device__ int64_t first() { return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
+    static __device__ int64_t stride() { return ((int64_t)gridDim.x * blockDim.x) >> 5; }
+    template <class T> static __device__ T sum(T v) { return warp_sum(v); }
+    static __device__ float max(float v) { return warp_max(v); }
+};
+
+/* One block per row; blockDim.x a multiple of 32, at most 1024. Every thread gets the result. The
+ * leading barrier keeps a previous call's readers of sh ahead of this call's writers. */
+struct GBlock {
+    static __device__ int lane() { return threadIdx.x; }
+    static __device__ int size() { return blockDim.x; }
+    static __device__ int64_t first() { return blockIdx.x; }
+    static __device__ int64_t stride() { return gridDim.x; }
+    template <class T> static __device__ T sum(T v) {
+        __shared__ T sh[32];
+        v = warp_sum(v);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+        __syncthreads();
+        const int l = threadIdx.x & 31;
+        v = l < (int)(blockDim.x >> 5) ? sh[l] : (T)0;
+        return warp_sum(v); /* each warp sums the same partials in the same order */
+    }
+    static __device__ float max(float v) {
+        __shared__ float sh[32];
+        v = warp_max(v);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+        __syncthreads();
+        const int l = threadIdx.x & 31;
+        v = l < (int)(blockDim.x >> 5) ? sh[l] : -INFINITY;
+        return warp_max(v);
+    }
+};
+
+#define ROW_BLOCK 512 /* threads of a GBlock row */
+
+/* Runs op.row<G>(base, r, n, inner) for every row r of (outer, n, inner), base = its first element. */
+template <class G, class Op> __global__ void rows_kernel(Op op, int64_t rows, int64_t n, int64_t inner) {
+    for (int64_t r = G::first(); r < rows; r += G::stride()) {
+        const int64_t a = r / inner, b = r - a * inner;
+        op.template row<G>(a * n * inner + b, r, n, inner);
+    }
+}
+
+template <class Op> static cudaError_t launch_rows(const Op &op, int64_t outer, int64_t n, int64_t inner,
+                                                   cudaStream_t s) {
+    const int64_t rows = outer * inner;
+    if (rows <= 0) return cudaSuccess;
+    if (inner > 1)
+        rows_kernel<GThread><<<ts_cu_blocks(rows), TS_CU_THREADS, 0, s>>>(op, rows, n, inner);
+    else if (n <= 1024)
+        rows_kernel<GWarp><<<ts_cu_blocks(rows * 32), TS_CU_THREADS, 0, s>>>(op, rows, n, inner);
+    else
+        rows_kernel<GBlock><<<(unsigned)(rows < 65535 * 8 ? rows : 65535 * 8), ROW_BLOCK, 0, s>>>(op, rows, n, inner);
+    return cudaGetLastError();
+}
+
+/* Blocks of the first stage of a reduction over n items (at least 16 per thread, at most
+ * TS_CU_MISC_PARTS blocks): fixed by n alone, so the summation order is too. */
+static int parts_for(int64_t n) {
+    int64_t b = (n + 16 * TS_CU_THREADS - 1) / (16 * TS_CU_THREADS);
+    if (b < 1) b = 1;
+    if (b > TS_CU_MISC_PARTS) b = TS_CU_MISC_PARTS;
+    return (int)b;
+}
+
+/* out[block] = the block's sums of in[].x and in[].y (grid-stride slices). */
+__global__ void sum_pairs_kernel(const double2 *in, int64_t n, double2 *out) {
+    double a = 0, b = 0;
+    TS_CU_LOOP(i, n) {
+        a += in[i].x;
+        b += in[i].y;
+    }
+    a = GBlock::sum(a);
+    b = GBlock::sum(b);
+    if (threadIdx.x == 0) out[blockIdx.x] = make_double2(a, b);
+}
+
+/* Second stage, one block: (a, b) = sums of part[0..nb); loss[0] = a (div == 0), a / b (div < 0)
+ * or a / div. */
+__global__ void finish_kernel(const double2 *part, int nb, float *loss, double div) {
+    double a = 0, b = 0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+        a += part[i].x;
+        b += part[i].y;
+    }
+    a = GBlock::sum(a);
+    b = GBlock::sum(b);
+    if (threadIdx.x == 0) loss[0] = (float)(div == 0 ? a : div < 0 ? a / b : a / div);
+}
+
+/* ---- embedding ---------------------------------------------------------------------------------- */
+// out: (n, dim) = w[idx[i], :]; w: (num, dim)
+__global__ void embedding_kernel(float *out, const int64_t *idx, const float *w, int64_t n, int64_t num, int64_t dim,
+                                 unsigned long long *bad) {
+    TS_CU_LOOP(i, n) {
+        if (idx[i] < 0 || idx[i] >= num) atomicMin(bad, (unsigned long long)i);
+    }
+    TS_CU_LOOP(k, n * dim) {
+        const int64_t i = k / dim, v = idx[i];
+        if (v >= 0 && v < num) out[k] = w[v * dim + (k - i * dim)];
+    }
+}
+
+} // namespace
+
+cudaError_t ts_cu_embedding(float *out, const int64_t *idx, const float *w, int64_t n, int64_t num, int64_t dim,
+                            unsigned long long *bad, cudaStream_t s) {
+    cudaError_t e = cudaMemsetAsync(bad, 0xff, sizeof *bad, s); /* TS_CU_NO_BAD */
+    if (e != cudaSuccess) return e;
+    if (n == 0) return cudaSuccess;
+    embedding_kernel<<<ts_cu_blocks(n * dim > n ? n * dim : n), TS_CU_THREADS, 0, s>>>(out, idx, w, n, num, dim, bad);
+    return cudaGetLastError();
+}
+
+namespace {
+
+/* gw[idx[i], j] += g[i, j]. Float atomicAdd: rows that repeat are summed in whatever order the
+ * threads arrive, so the last bits of gw may differ from run to run (accepted here: a
+ * deterministic version needs a sort of the indices). */
+__global__ void embedding_backward_kernel(float *gw, const int64_t *idx, const float *g, int64_t n, int64_t num,
+                                          int64_t dim) {
+    TS_CU_LOOP(k, n * dim) {
+        const int64_t i = k / dim, v = idx[i];
+        if (v >= 0 && v < num) atomicAdd(gw + v * dim + (k - i * dim), g[k]);
+    }
+}
+
+} // namespace
+
+cudaError_t ts_cu_embedding_backward(float *gw, const int64_t *idx, const float *g, int64_t n, int64_t num,
+                                     int64_t dim, cudaStream_t s) {
+    cudaError_t e = cudaMemsetAsync(gw, 0, (size_t)(num * dim) * sizeof(float), s);
+    if (e != cudaSuccess) return e;
+    if (n * dim == 0) return cudaSuccess;
+    embedding_backward_kernel<<<ts_cu_blocks(n * dim), TS_CU_THREADS, 0, s>>>(gw, idx, g, n, num, dim);
+    return cudaGetLastError();
+}
+
+namespace {
+
+/* ---- block copy ------------------------------------------------------------------------------------ */
+/* outer rows of `row` units T: dst[o * dp + j] = src[o * sp + j] (pitches in units). */
+template <class T> __global__ void narrow_kernel(T *dst, int64_t dp, const T *src, int64_t sp, int64_t row,
+                                                 int64_t outer) {
+    TS_CU_LOOP(k, outer * row) {
+        const int64_t o = k / row, j = k - o * row;
+        dst[o * dp + j] = src[o * sp + j];
+    }
+}
+
+template <class T> static cudaError_t narrow_as(char *dst, int64_t dp, const char *src, int64_t sp, int64_t row,
+                                                int64_t outer, cudaStream_t s) {
+    const int64_t w = (int64_t)sizeof(T), units = row / w;
+    narrow_kernel<T><<<ts_cu_blocks(outer * units), TS_CU_THREADS, 0, s>>>((T *)dst, dp / w, (const T *)src, sp / w,
+                                                                           units, outer);
+    return cudaGetLastError();
+}
+
+/* Copied in the widest unit (16, 8, 4, 2 or 1 bytes) that divides the row, both pitches and both
+ * start addresses, whatever the dtype. */
+} // namespace
+
+cudaError_t ts_cu_narrow_copy(void *dst, int64_t dst_n, int64_t dst_start, const void *src, int64_t src_n,
+                              int64_t src_start, int64_t len, int64_t outer, int64_t inner, size_t es, cudaStream_t s) {
+    const int64_t e = (int64_t)es, row = len * inner * e, dp = dst_n * inner * e, sp = src_n * inner * e;
+    if (row <= 0 || outer <= 0) return cudaSuccess;
+    char *d = (char *)dst + dst_start * inner * e;
+    const char *p = (const char *)src + src_start * inner * e;
+    uint64_t m = (uint64_t)row | (uint64_t)(uintptr_t)d | (uint64_t)(uintptr_t)p;
+    if (outer > 1) m |= (uint64_t)dp | (uint64_t)sp; /* one row: the pitches are never used */
+    if (m % 16 == 0) return narrow_as<uint4>(d, dp, p, sp, row, outer, s);
+    if (m % 8 == 0) return narrow_as<uint2>(d, dp, p, sp, row, outer, s);
+    if (m % 4 == 0) return narrow_as<uint32_t>(d, dp, p, sp, row, outer, s);
+    if (m % 2 == 0) return narrow_as<uint16_t>(d, dp, p, sp, row, outer, s);
+    return narrow_as<uint8_t>(d, dp, p, sp, row, outer, s);
+}
+
+namespace {
+
+/* ---- dropout ------------------------------------------------------------------------------------------ */
+__global__ void masked_scale_kernel(float *out, const float *x, const uint8_t *mask, float scale, int64_t n) {
+    TS_CU_LOOP(i, n) out[i] = !mask || mask[i] ? x[i] * scale : 0.0f;
+}
+
+} // namespace
+
+cudaError_t ts_cu_masked_scale(float *out, const float *x, const uint8_t *mask, float scale, int64_t n,
+                               cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    masked_scale_kernel<<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(out, x, mask, scale, n);
+    return cudaGetLastError();
+}
+
+namespace {
+
+/* ---- log-softmax and softmax ------------------------------------------------------------------------------ */
+/* y = x - (max + log sum exp(x - max)); the sum in double, as the CPU. */
+struct LogSoftmaxOp {
+    float *y;
+    const float *x;
+    template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
+        const float *xr = x + base;
+        float *yr = y + base;
+        float m = -INFINITY;
+        for (int64_t c = G::lane(); c < n; c += G::size()) m = fmaxf(m, xr[c * st]);
+        m = G::max(m);
+        double sum = 0;
+        for (int64_t c = G::lane(); c < n; c += G::size()) sum += expf(xr[c * st] - m);
+        sum = G::sum(sum);
+        const float lse = m + (float)log(sum);
+        for (int64_t c = G::lane(); c < n; c += G::size()) yr[c * st] = xr[c * st] - lse;
+    }
+};
+
+/* gx = gy - exp(y) sum(gy); the sum in double. */
+struct LogSoftmaxBwdOp {
+    float *gx;
+    const float *gy, *y;
+    template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
+        double sum = 0;
+        for (int64_t c = G::lane(); c < n; c += G::size()) sum += gy[base + c * st];
+        const float sf = (float)G::sum(sum);
+        for (int64_t c = G::lane(); c < n; c += G::size()) {
+            const int64_t k = base + c * st;
+            gx[k] = gy[k] - expf(y[k]) * sf;
+        }
+    }
+};
+
+/* y = exp(x - max) / sum; the sum in Acc: float for contiguous rows, double otherwise (the CPU's). */
+template <class Acc> struct SoftmaxOp {
+    float *y;
+    const float *x;
+    template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
+        const float *xr = x + base;
+        float *yr = y + base;
+        float m = -INFINITY;
+        for (int64_t c = G::lane(); c < n; c += G::size()) m = fmaxf(m, xr[c * st]);
+        m = G::max(m);
+        Acc sum = 0;
+        for (int64_t c = G::lane(); c < n; c += G::size()) {
+            const float e = expf(xr[c * st] - m);
+            yr[c * st] = e;
+            sum += e;
+        }
+        const float inv = (float)((Acc)1 / G::sum(sum));
+        for (int64_t c = G::lane(); c < n; c += G::size()) yr[c * st] *= inv; /* this thread's own writes */
+    }
+};
+
+/* gx = y (gy - sum(gy y)); the dot product in Acc as above. */
+template <class Acc> struct SoftmaxBwdOp {
+    float *gx;
+    const float *gy, *y;
+    template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
+        Acc dot = 0;
+        for (int64_t c = G::lane(); c < n; c += G::size()) dot += (Acc)gy[base + c * st] * y[base + c * st];
+        const float sf = (float)G::sum(dot);
+        for (int64_t c = G::lane(); c < n; c += G::size()) {
+            const int64_t k = base + c * st;
+            gx[k] = y[k] * (gy[k] - sf);
+        }
+    }
+};
+} // namespace
+
+cudaError_t ts_cu_log_softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
+    return launch_rows(LogSoftmaxOp{y, x}, outer, n, inner, s);
+}
+
+cudaError_t ts_cu_log_softmax_backward(float *gx, const float *gy, const float *y, int64_t outer, int64_t n,
+                                       int64_t inner, cudaStream_t s) {
+    return launch_rows(LogSoftmaxBwdOp{gx, gy, y}, outer, n, inner, s);
+}
+
+cudaError_t ts_cu_softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
+    if (inner == 1) return launch_rows(SoftmaxOp<float>{y, x}, outer, n, inner, s);
+    return launch_rows(SoftmaxOp<double>{y, x}, outer, n, inner, s);
+}
+
+cudaError_t ts_cu_softmax_backward(float *gx, const float *gy, const float *y, int64_t outer, int64_t n, int64_t inner,
+                                   cudaStream_t s) {
+    if (inner == 1) return launch_rows(SoftmaxBwdOp<float>{gx, gy, y}, outer, n, inner, s);
+    return launch_rows(SoftmaxBwdOp<double>{gx, gy, y}, outer, n, inner, s);
+}
+
+namespace {
+
+/* ---- cross-entropy ------------------------------------------------------------------------------------------ */
+/* Row i of C logits at stride S: lse[i] = max + log sum exp (float, as the CPU), then (double)
+ *   l_i = (1 - eps) w[t] (lse - x[t]) + eps / C sum_c w[c] (lse - x[c])
+ * -> per[i] (NONE) or part[i] = (l_i, w[t]) for the total; ignored and bad rows give (0, 0). */
+struct CrossEntropyOp {
+    float *lse, *per;
+    double2 *part;
+    const float *x, *w;
+    const int64_t *t;
+    int64_t ignore;
+    float eps;
+    unsigned long long *bad;
+    template <class G> __device__ void row(int64_t base, int64_t i, int64_t C, int64_t S) const {
+        const float *xr = x + base;
+        float m = -INFINITY;
+        for (int64_t c = G::lane(); c < C; c += G::size()) m = fmaxf(m, xr[c * S]);
+        m = G::max(m);
+        float se = 0.0f;
+        for (int64_t c = G::lane(); c < C; c += G::size()) se += expf(xr[c * S] - m);
+        const float l = m + logf(G::sum(se));
+        const int64_t ti = t[i];
+        const bool ign = ti == ignore, ok = ti >= 0 && ti < C;
+        double li = 0, wi = 0;
+        if (!ign && ok) { /* the same for the whole group, so its reductions below are safe */
+            wi = w ? (double)w[ti] : 1.0;
+            li = (1.0 - (double)eps) * wi * ((double)l - xr[ti * S]);
+            if (eps != 0.0f) {
+                double sm = 0; /* sum_c w[c] (lse - x[c]), or without weights sum_c x[c] first */
+                if (w)
+                    for (int64_t c = G::lane(); c < C; c += G::size()) sm += (double)w[c] * ((double)l - xr[c * S]);
+                else
+                    for (int64_t c = G::lane(); c < C; c += G::size()) sm += xr[c * S];
+                sm = G::sum(sm);
+                if (!w) sm = (double)C * l - sm;
+                li += (double)eps * sm / (double)C;
+            }
+        }
+        if (G::lane() != 0) return;
+        lse[i] = l;
+        if (!ign && !ok) atomicMin(bad, (unsigned long long)i); /* only the minimum matters: order-free */
+        if (per) per[i] = (float)li;
+        if (part) part[i] = make_double2(li, wi);
+    }
+};
+} // namespace
+
+cudaError_t ts_cu_cross_entropy(float *loss, float *lse, const float *x, const int64_t *t, const float *w, int64_t N,
+                                int64_t C, int64_t S, float eps, int64_t ignore, int none, int mean, double *part,
+                                unsigned long long *bad, cudaStream_t s) {
+    const int64_t rows = N * S;
+    cudaError_t e = cudaMemsetAsync(bad, 0xff, sizeof *bad, s); /* TS_CU_NO_BAD */
+    if (e != cudaSuccess) return e;
+    double2 *rowpart = none ? NULL : (double2 *)part, *blocks = (double2 *)part + rows;
+    e = launch_rows(CrossEntropyOp{lse, none ? loss : NULL, rowpart, x, w, t, ignore, eps, bad}, N, C, S, s);
+    if (e != cudaSuccess || none) return e;
+    const int nb = parts_for(rows);
+    sum_pairs_kernel<<<nb, TS_CU_THREADS, 0, s>>>(rowpart, rows, blocks);
+    /* MEAN over no counted sample gives NaN (0/0), as PyTorch */
+    finish_kernel<<<1, TS_CU_THREADS, 0, s>>>(blocks, nb, loss, mean ? -1.0 : 0.0);
+    return cudaGetLastError();
+}
+
+namespace {
+
+/* part[block] = (sum of w[t_i] over samples not ignored, sum of w[c]) (slices of both). */
+__global__ void ce_weights_kernel(const int64_t *t, const float *w, int64_t rows, int64_t C, int64_t ignore,
+                                  double2 *out) {
+    double a = 0, b = 0;
+    TS_CU_LOOP(i, rows) {
+        const int64_t ti = t[i];
+        if (ti != ignore && ti >= 0 && ti < C) a += w ? (double)w[ti] : 1.0;
+    }
+    if (w) TS_CU_LOOP(c, C) b += w[c];
+    a = GBlock::sum(a);
+    b = GBlock::sum(b);
+    if (threadIdx.x == 0) out[blockIdx.x] = make_double2(a, b);
+}
+
+/* coef[0] = the scale of every sample (not with none): gloss / wsum (mean) or gloss; coef[1] = sum(w). */
+__global__ void ce_coef_kernel(const double2 *part, int nb, const float *gloss, int none, int mean, float *coef) {
+    double a = 0, b = 0;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+        a += part[i].x;
+        b += part[i].y;
+    }
+    a = GBlock::sum(a);
+    b = GBlock::sum(b);
+    if (threadIdx.x != 0) return;
+    coef[0] = none ? 0.0f : mean ? (float)((double)gloss[0] / a) : gloss[0];
+    coef[1] = (float)b;
+}
+
+// gx: (N, C, S), element k = (a, c, s), sample i = a S + s
+__global__ void ce_backward_kernel(float *gx, const float *gloss, const float *x, const float *lse, const int64_t *t,
+                                   const float *w, int64_t N, int64_t C, int64_t S, float eps, int64_t ignore, int none,
+                                   const float *coef) {
+    const float hit = 1.0f - eps, spread = eps / (float)C;
+    const int64_t CS = C * S;
+    TS_CU_LOOP(k, N * CS) {
+        const int64_t a = k / CS, rem = k - a * CS, c = rem / S, i = a * S + (rem - c * S);
+        const int64_t ti = t[i];
+        if (ti == ignore || ti < 0 || ti >= C) { /* out of range: checked by the forward */
+            gx[k] = 0.0f;
+            continue;
+        }
+        const float si = none ? gloss[i] : coef[0];
+        const float e = expf(x[k] - lse[i]);
+        float v;
+        if (!w) {
+            v = si * (e - spread);
+            if (c == ti) v -= si * hit;
+        } else {
+            const float wt = w[ti], co = hit * wt + spread * coef[1]; /* coefficient of softmax */
+            v = si * (co * e - spread * w[c]);
+            if (c == ti) v -= si * hit * wt;
+        }
+        gx[k] = v;
+    }
+}
+
+} // namespace
+
+cudaError_t ts_cu_cross_entropy_backward(float *gx, const float *gloss, const float *x, const float *lse,
+                                         const int64_t *t, const float *w, int64_t N, int64_t C, int64_t S, float eps,
+                                         int64_t ignore, int none, int mean, double *part, cudaStream_t s) {
+    const int64_t rows = N * S;
+    float *coef = (float *)((double2 *)part + TS_CU_MISC_PARTS);
+    if (!none || w) {
+        const int nb = parts_for(rows > C ? rows : C);
+        ce_weights_kernel<<<nb, TS_CU_THREADS, 0, s>>>(t, w, rows, C, ignore, (double2 *)part);
+        ce_coef_kernel<<<1, TS_CU_THREADS, 0, s>>>((const double2 *)part, nb, gloss, none, mean, coef);
+    }
+    if (N * C * S > 0)
+        ce_backward_kernel<<<ts_cu_blocks(N * C * S), TS_CU_THREADS, 0, s>>>(gx, gloss, x, lse, t, w, N, C, S, eps,
+                                                                            ignore, none, coef);
+    return cudaGetLastError();
+}
+
+namespace {
+
+/* ---- mean squared error ---------------------------------------------------------------------------------------- */
+/* out[block] = (sum of (p - q)^2 in double over the block's slice, 0) */
+__global__ void mse_kernel(const float *p, const float *q, int64_t n, double2 *out) {
+    double a = 0;
+    TS_CU_LOOP(i, n) {
+        const double d = (double)p[i] - q[i];
+        a += d * d;
+    }
+    a = GBlock::sum(a);
+    if (threadIdx.x == 0) out[blockIdx.x] = make_double2(a, 0.0);
+}
+
+} // namespace
+
+cudaError_t ts_cu_mse(float *loss, const float *p, const float *q, int64_t n, double *part, cudaStream_t s) {
+    const int nb = parts_for(n);
+    mse_kernel<<<nb, TS_CU_THREADS, 0, s>>>(p, q, n, (double2 *)part);
+    /* n == 0: 0 / 0 = NaN, as PyTorch (a NaN divisor is "a / div" too) */
+    finish_kernel<<<1, TS_CU_THREADS, 0, s>>>((const double2 *)part, nb, loss, n ? (double)n : NAN);
+    return cudaGetLastError();
+}
+
+namespace {
+
+__global__ void mse_backward_kernel(float *gp, float *gq, const float *gloss, const float *p, const float *q,
+                                    int64_t n) {
+    const float sc = 2.0f * gloss[0] / (float)n;
+    TS_CU_LOOP(i, n) {
+        const float v = sc * (p[i] - q[i]);
+        if (gp) gp[i] = v;
+        if (gq) gq[i] = -v;
+    }
+}
+
+} // namespace
+
+cudaError_t ts_cu_mse_backward(float *gp, float *gq, const float *gloss, const float *p, const float *q, int64_t n,
+                               cudaStream_t s) {
+    if (n <= 0 || (!gp && !gq)) return cudaSuccess;
+    mse_backward_kernel<<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(gp, gq, gloss, p, q, n);
+    return cudaGetLastError();
+}

@@ -1,0 +1,237 @@
+/*
+ * ops/cuda/norm.cu — CUDA kernels of the norm family (launchers in ops/cuda/norm_cu.h, the kernel
+ * table in ops/cuda/norm.c): group_norm / layer_norm forward and backward (device/k_norm.h).
+ *
+ * A row (D = Cg * S contiguous elements) is handled by a warp when D <= 1024, else by a block.
+ * Row statistics are per-thread float partial sums (as the CPU's float SIMD lanes) totalled by a
+ * double shuffle/shared-memory tree: the mean, then the squared deviations about the float mean
+ * with the CPU's correction for its rounding. Backward recomputes each row's two sums the same way
+ * and writes gx in a second pass over the row.
+ *
+ * Weight and bias gradients are sums over every sample n = r / G of a channel's elements; no
+ * atomics, so they are deterministic:
+ *   S == 1 (layer norm, or group norm on (N, C)): x is (N, P); a thread per (chunk of
+ *     TS_CU_NORM_CHUNK samples, channel) sums down its column in double -> part[chunk][ch];
+ *   S > 1: a warp (block when S > 1024) per (sample, channel) plane of S elements -> part[n][ch];
+ * then a thread per channel adds its partials in chunk order.
+ */
+#include "ops/cuda/norm_cu.h"
+
+#include <math.h>
+
+#define FULL_MASK 0xffffffffu
+#define ROW_BLOCK 512 /* threads of a block-per-row group */
+
+/* Kernels and helpers are file-local (other .cu files may use the same names); the launchers below
+ * the namespace blocks are the only exported symbols. */
+namespace {
+
+/* ---- group reductions (as in misc.cu) ---------------------------------------------------------- */
+template <class T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v; /* every lane holds the same total */
+}
+
+/* One warp per row. */
+struct GWarp {
+    static __device__ int lane() { return threadIdx.x & 31; }
+    static __device__ int size() { return 32; }
+    static __device__ int64_t first() { return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
+    static __device__ int64_t stride() { return ((int64_t)gridDim.x * blockDim.x) >> 5; }
+    template <class T> static __device__ T sum(T v) { return warp_sum(v); }
+};
+
+/* One block per row (blockDim.x a multiple of 32); every thread gets the sum. The leading barrier
+ * keeps a previous call's readers of sh ahead of this call's writers. */
+struct GBlock {
+    static __device__ int lane() { return threadIdx.x; }
+    static __device__ int size() { return blockDim.x; }
+    static __device__ int64_t first() { return blockIdx.x; }
+    static __device__ int64_t stride() { return gridDim.x; }
+    template <class T> static __device__ T sum(T v) {
+        __shared__ T sh[32];
+        v = warp_sum(v);
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+        __syncthreads();
+        const int l = threadIdx.x & 31;
+        v = l < (int)(blockDim.x >> 5) ? sh[l] : (T)0;
+        return warp_sum(v);
+    }
+};
+
+static unsigned groups_grid(int64_t items, bool warp) {
+    if (warp) return ts_cu_blocks(items * 32); /* TS_CU_THREADS / 32 items per block */
+    return (unsigned)(items < 65535 * 8 ? items : 65535 * 8);
+}
+
+/* ---- forward ------------------------------------------------------------------------------------------- */
+// out, x: (R, D); mean, invstd: (R); w, b: (G*Cg) or NULL
+template <class Grp> __global__ void norm_fwd_kernel(float *out, float *mean, float *invstd, const float *x,
+                                                     const float *w, const float *b, int64_t R, int64_t G, int64_t Cg,
+                                                     int64_t S, float eps) {
+    const int64_t D = Cg * S;
+    for (int64_t r = Grp::first(); r < R; r += Grp::stride()) {
+        const float *xr = x + r * D;
+        float *orow = out + r * D;
+        float ps = 0.0f;
+        for (int64_t k = Grp::lane(); k < D; k += Grp::size()) ps += xr[k];
+        const double mu = D ? Grp::sum((double)ps) / (double)D : 0.0;
+        const float mf = (float)mu;
+        float pq = 0.0f;
+        for (int64_t k = Grp::lane(); k < D; k += Grp::size()) pq += (xr[k] - mf) * (xr[k] - mf);
+        /* the rounding of the mean changes the sum of squares by D (mu - mf)^2 */
+        const double ss = Grp::sum((double)pq) - (double)D * (mu - mf) * (mu - mf);
+        double var = D ? ss / (double)D : 0.0;
+        if (var < 0) var = 0;
+        const float is = (float)(1.0 / sqrt(var + (double)eps));
+        if (Grp::lane() == 0) {
+            mean[r] = mf;
+            invstd[r] = is;
+        }
+        const int64_t ch0 = (r % G) * Cg;
+        if (S == 1) { /* layer norm: one element per channel */
+            for (int64_t k = Grp::lane(); k < D; k += Grp::size())
+                orow[k] = (xr[k] - mf) * is * (w ? w[ch0 + k] : 1.0f) + (b ? b[ch0 + k] : 0.0f);
+            continue;
+        }
+        for (int64_t k = Grp::lane(); k < D; k += Grp::size()) {
+            const int64_t ch = ch0 + k / S;
+            const float a = is * (w ? w[ch] : 1.0f);
+            const float c = (b ? b[ch] : 0.0f) - mf * a;
+            orow[k] = xr[k] * a + c;
+        }
+    }
+}
+
+} // namespace
+
+cudaError_t ts_cu_group_norm(float *out, float *mean, float *invstd, const float *x, const float *w, const float *b,
+                             int64_t R, int64_t G, int64_t Cg, int64_t S, float eps, cudaStream_t s) {
+    if (R <= 0) return cudaSuccess;
+    if (Cg * S <= 1024)
+        norm_fwd_kernel<GWarp><<<groups_grid(R, true), TS_CU_THREADS, 0, s>>>(out, mean, invstd, x, w, b, R, G, Cg, S,
+                                                                              eps);
+    else
+        norm_fwd_kernel<GBlock><<<groups_grid(R, false), ROW_BLOCK, 0, s>>>(out, mean, invstd, x, w, b, R, G, Cg, S,
+                                                                            eps);
+    return cudaGetLastError();
+}
+
+namespace {
+
+/* ---- backward: gx ------------------------------------------------------------------------------------- */
+/* Per row, with h = g w[ch]: A = sum h, B = invstd sum h (x - mean), then
+ *   gx = invstd (h - A/D - xhat B/D) = invstd w g + k1 (x - mean) + k0. */
+template <class Grp> __global__ void norm_bwd_kernel(float *gx, const float *g, const float *x, const float *mean,
+                                                     const float *invstd, const float *w, int64_t R, int64_t G,
+                                                     int64_t Cg, int64_t S) {
+    const int64_t D = Cg * S;
+    for (int64_t r = Grp::first(); r < R; r += Grp::stride()) {
+        const float *xr = x + r * D, *gr = g + r * D;
+        float *o = gx + r * D;
+        const int64_t ch0 = (r % G) * Cg;
+        const float mu = mean[r], is = invstd[r];
+        float fa = 0.0f, fb = 0.0f;
+        for (int64_t k = Grp::lane(); k < D; k += Grp::size()) {
+            const float wv = w ? w[ch0 + (S == 1 ? k : k / S)] : 1.0f;
+            fa += wv * gr[k];
+            fb += wv * (gr[k] * (xr[k] - mu));
+        }
+        const double A = Grp::sum((double)fa), B = Grp::sum((double)fb) * is;
+        const float k1 = D ? (float)(-(double)is * is * B / (double)D) : 0.0f;
+        const float k0 = D ? (float)(-(double)is * A / (double)D) : 0.0f;
+        for (int64_t k = Grp::lane(); k < D; k += Grp::size()) {
+            const float a = is * (w ? w[ch0 + (S == 1 ? k : k / S)] : 1.0f);
+            o[k] = a * gr[k] + k1 * (xr[k] - mu) + k0;
+        }
+    }
+}
+
+/* ---- backward: weight and bias gradients ---------------------------------------------------------------- */
+/* S == 1: x, g seen as (N, P); part[j * P + ch] = (sum g (x - mean) invstd, sum g) over the samples
+ * of chunk j, in sample order, in double (the CPU's per-element terms). */
+__global__ void wgrad_cols_kernel(const float *g, const float *x, const float *mean, const float *invstd, int64_t N,
+                                  int64_t G, int64_t Cg, int64_t nchunks, double2 *part) {
+    const int64_t P = G * Cg;
+    TS_CU_LOOP(k, nchunks * P) {
+        const int64_t j = k / P, ch = k - j * P, grp = ch / Cg;
+        const int64_t n0 = j * TS_CU_NORM_CHUNK, n1 = n0 + TS_CU_NORM_CHUNK < N ? n0 + TS_CU_NORM_CHUNK : N;
+        double sw = 0, sb = 0;
+        for (int64_t n = n0; n < n1; n++) {
+            const int64_t r = n * G + grp, e = n * P + ch;
+            const float gd = g[e] * (x[e] - mean[r]);
+            sw += (double)(gd * invstd[r]);
+            sb += (double)g[e];
+        }
+        part[k] = make_double2(sw, sb);
+    }
+}
+
+/* S > 1: plane q = n * P + ch holds S elements at q * S (row r = n G + ch / Cg);
+ * part[q] = (invstd sum g (x - mean), sum g). */
+template <class Grp> __global__ void wgrad_planes_kernel(const float *g, const float *x, const float *mean,
+                                                         const float *invstd, int64_t nplanes, int64_t G, int64_t Cg,
+                                                         int64_t S, double2 *part) {
+    const int64_t P = G * Cg;
+    for (int64_t q = Grp::first(); q < nplanes; q += Grp::stride()) {
+        const int64_t n = q / P, ch = q - n * P, r = n * G + ch / Cg;
+        const float *gs = g + q * S, *xs = x + q * S;
+        const float mu = mean[r];
+        float a = 0.0f, b = 0.0f;
+        for (int64_t k = Grp::lane(); k < S; k += Grp::size()) {
+            a += gs[k];
+            b += gs[k] * (xs[k] - mu);
+        }
+        const double ad = Grp::sum((double)a), bd = Grp::sum((double)b);
+        if (Grp::lane() == 0) part[q] = make_double2(bd * invstd[r], ad);
+    }
+}
+
+/* gw[ch], gb[ch] = sums of part[j * P + ch] over j in order (0 for no partials). */
+__global__ void wgrad_final_kernel(const double2 *part, int64_t nchunks, int64_t P, float *gw, float *gb) {
+    TS_CU_LOOP(ch, P) {
+        double sw = 0, sb = 0;
+        for (int64_t j = 0; j < nchunks; j++) {
+            sw += part[j * P + ch].x;
+            sb += part[j * P + ch].y;
+        }
+        if (gw) gw[ch] = (float)sw;
+        if (gb) gb[ch] = (float)sb;
+    }
+}
+
+} // namespace
+
+cudaError_t ts_cu_group_norm_backward(float *gx, float *gw, float *gb, const float *g, const float *x,
+                                      const float *mean, const float *invstd, const float *w, int64_t R, int64_t G,
+                                      int64_t Cg, int64_t S, double *part, cudaStream_t s) {
+    const int64_t D = Cg * S, P = G * Cg, N = G ? R / G : 0;
+    if (gx && R > 0) {
+        if (D <= 1024)
+            norm_bwd_kernel<GWarp><<<groups_grid(R, true), TS_CU_THREADS, 0, s>>>(gx, g, x, mean, invstd, w, R, G, Cg,
+                                                                                  S);
+        else
+            norm_bwd_kernel<GBlock><<<groups_grid(R, false), ROW_BLOCK, 0, s>>>(gx, g, x, mean, invstd, w, R, G, Cg,
+                                                                                S);
+    }
+    if ((gw || gb) && P > 0) {
+        double2 *pp = (double2 *)part;
+        int64_t nchunks = N;
+        if (S == 1) {
+            nchunks = (N + TS_CU_NORM_CHUNK - 1) / TS_CU_NORM_CHUNK;
+            if (nchunks > 0)
+                wgrad_cols_kernel<<<ts_cu_blocks(nchunks * P), TS_CU_THREADS, 0, s>>>(g, x, mean, invstd, N, G, Cg,
+                                                                                     nchunks, pp);
+        } else if (N > 0) {
+            if (S <= 1024)
+                wgrad_planes_kernel<GWarp><<<groups_grid(N * P, true), TS_CU_THREADS, 0, s>>>(g, x, mean, invstd, N * P,
+                                                                                              G, Cg, S, pp);
+            else
+                wgrad_planes_kernel<GBlock><<<groups_grid(N * P, false), ROW_BLOCK, 0, s>>>(g, x, mean, invstd, N * P,
+                                                                                            G, Cg, S, pp);
+        }
+        wgrad_final_kernel<<<ts_cu_blocks(P), TS_CU_THREADS, 0, s>>>(pp, nchunks, P, gw, gb);
+    }
+    return cudaGetLastError();
+}

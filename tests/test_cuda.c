@@ -1,0 +1,251 @@
+/*
+ * tests/test_cuda.c — CUDA devices on a machine with a GPU (skipped, exit 77,
+ * with the reason, elsewhere): memory accounting and the caching allocator,
+ * copies both ways and between tensors, refusals that name both devices, a
+ * bf16-precision matmul, the reference CNN trained on cuda:0 against the same
+ * steps on the CPU, and an out-of-range class index reported from the GPU.
+ * The op-by-op checks against PyTorch are test_golden_ops / test_golden_step
+ * with TS_TEST_DEVICE=cuda:0.
+ */
+#include "test_util.h"
+
+static ts_device *gpu;
+
+static ts_tensor *randn(ts_device *d, int ndim, const int64_t *shape, uint64_t seed) {
+    ts_rng r;
+    ts_rng_seed(&r, seed);
+    ts_tensor *t = NULL;
+    if (ts_tensor_empty(d, TS_F32, ndim, shape, &t) != TS_OK || ts_tensor_normal_(t, 0, 1, &r) != TS_OK) {
+        fprintf(stderr, "randn on %s: %s\n", ts_device_name(d), ts_last_error());
+        abort();
+    }
+    return t;
+}
+
+static double max_diff(const ts_tensor *a, const ts_tensor *b) {
+    int64_t n = ts_tensor_numel(a);
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    double m = INFINITY;
+    if (x && y && ts_tensor_numel(b) == n && ts_tensor_to_host(a, x, 4 * (size_t)n) == TS_OK &&
+        ts_tensor_to_host(b, y, 4 * (size_t)n) == TS_OK) {
+        m = 0;
+        for (int64_t i = 0; i < n; i++) m = fmax(m, isnan(x[i] - y[i]) ? INFINITY : fabs((double)x[i] - y[i]));
+    }
+    free(x);
+    free(y);
+    return m;
+}
+
+static void test_describe_and_memory(void) {
+    char line[256];
+    ts_device_describe(gpu, line, sizeof line);
+    printf("%s: %s\n", ts_device_name(gpu), line);
+    CHECK(strstr(line, "compute capability") != NULL);
+    ts_device_empty_cache(gpu);
+    size_t a0 = ts_device_memory_allocated(gpu);
+    int64_t shape[1] = {1 << 20};
+    ts_tensor *t = NULL;
+    CHECK_OK(ts_tensor_empty(gpu, TS_F32, 1, shape, &t));
+    CHECK(ts_device_memory_allocated(gpu) == a0 + (4u << 20));
+    CHECK(ts_device_memory_reserved(gpu) >= a0 + (4u << 20));
+    CHECK(ts_tensor_data(t) == NULL); /* device memory is not host-addressable */
+    ts_tensor_release(t);
+    CHECK(ts_device_memory_allocated(gpu) == a0);
+    CHECK(ts_device_memory_reserved(gpu) >= 4u << 20); /* cached, not returned */
+    size_t r0 = ts_device_memory_reserved(gpu);
+    CHECK_OK(ts_tensor_empty(gpu, TS_F32, 1, shape, &t)); /* the cached block again: no cudaMalloc */
+    CHECK(ts_device_memory_reserved(gpu) == r0);
+    ts_tensor_release(t);
+    ts_device_empty_cache(gpu);
+    CHECK(ts_device_memory_reserved(gpu) == ts_device_memory_allocated(gpu) || a0 > 0);
+}
+
+static void test_copies(void) {
+    int64_t shape[2] = {37, 53};
+    ts_tensor *h = randn(ts_device_cpu(), 2, shape, 1), *d = NULL, *back = NULL, *d2 = NULL;
+    CHECK_OK(ts_to_device(h, gpu, &d));
+    CHECK(ts_tensor_device(d) == gpu);
+    CHECK_OK(ts_tensor_clone(d, &d2)); /* device to device */
+    CHECK_OK(ts_to_device(d2, ts_device_cpu(), &back));
+    CHECK(max_diff(h, back) == 0);
+    /* a strided copy on the device: the transpose */
+    ts_tensor *tr = NULL, *htr = NULL;
+    CHECK_OK(ts_transpose(d, 0, 1, &tr));
+    CHECK_OK(ts_transpose(h, 0, 1, &htr));
+    CHECK(max_diff(tr, htr) == 0);
+    /* ops refuse operands on two devices, naming both */
+    ts_tensor *sum = NULL;
+    CHECK_STATUS(ts_add(h, d, &sum), TS_ERR_DEVICE);
+    CHECK_ERR_MENTIONS("cuda:0");
+    float v = 0;
+    CHECK_STATUS(ts_tensor_to_host(d, &v, sizeof v), TS_ERR_INVALID_ARG); /* a buffer of the wrong size */
+    CHECK(ts_tensor_item(d, 5) == ts_tensor_item(h, 5));
+    ts_tensor *all[] = {h, d, back, d2, tr, htr};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
+}
+
+/* A matmul in float32 matches the CPU's to float rounding; under bf16 precision both round their operands
+ * to bfloat16 and the results agree to the float32 accumulation order. */
+static void test_matmul_precision(void) {
+    int64_t sa[2] = {64, 96}, sb[2] = {96, 80};
+    ts_tensor *a = randn(ts_device_cpu(), 2, sa, 2), *b = randn(ts_device_cpu(), 2, sb, 3);
+    ts_tensor *ad = NULL, *bd = NULL;
+    CHECK_OK(ts_to_device(a, gpu, &ad));
+    CHECK_OK(ts_to_device(b, gpu, &bd));
+    for (int k = 0; k < 2; k++) {
+        ts_dtype prec = k ? TS_BF16 : TS_F32;
+        CHECK_OK(ts_set_matmul_precision(prec));
+        ts_tensor *c = NULL, *cd = NULL;
+        CHECK_OK(ts_matmul(a, b, &c));
+        CHECK_OK(ts_matmul(ad, bd, &cd));
+        double m = max_diff(c, cd);
+        printf("matmul 64x96x80 %s: max |cpu - gpu| %.3g\n", ts_dtype_name(prec), m);
+        CHECK(m < 1e-4);
+        ts_tensor_release(c);
+        ts_tensor_release(cd);
+    }
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(ad);
+    ts_tensor_release(bd);
+}
+
+/* max |a - b| / max |b|: the error relative to the tensor's scale */
+static double rel_diff(const ts_tensor *a, const ts_tensor *b) {
+    int64_t n = ts_tensor_numel(b);
+    float *y = malloc(sizeof(float) * (size_t)n);
+    double scale = 0;
+    if (y && ts_tensor_to_host(b, y, 4 * (size_t)n) == TS_OK)
+        for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs((double)y[i]));
+    free(y);
+    return max_diff(a, b) / (scale > 0 ? scale : 1);
+}
+
+/* A 3x3 convolution, forward and both gradients, in float32 (within float rounding of the CPU's) and under
+ * bf16 precision (cuDNN's bfloat16 convolution: operands rounded to bfloat16 like the CPU's, float32
+ * accumulation, the result rounded to bfloat16 once more: within 1% of the CPU's scale). */
+static void test_conv_precision(void) {
+    int64_t sx[4] = {4, 16, 12, 12}, sw[4] = {32, 16, 3, 3}, sb[1] = {32};
+    ts_conv2d_params p = TS_CONV2D_DEFAULT;
+    p.padding[0] = p.padding[1] = 1;
+    for (int k = 0; k < 2; k++) {
+        ts_dtype prec = k ? TS_BF16 : TS_F32;
+        CHECK_OK(ts_set_matmul_precision(prec));
+        ts_tensor *y[2], *gx[2], *gw[2];
+        for (int on = 0; on < 2; on++) {
+            ts_device *d = on ? gpu : ts_device_cpu();
+            ts_tensor *x = randn(d, 4, sx, 21), *w = randn(d, 4, sw, 22), *b = randn(d, 1, sb, 23);
+            ts_tensor_set_requires_grad(x, true);
+            ts_tensor_set_requires_grad(w, true);
+            CHECK_OK(ts_conv2d(x, w, b, p, &y[on]));
+            ts_tensor *gy = randn(d, 4, (int64_t[]){4, 32, 12, 12}, 24);
+            CHECK_OK(ts_backward(y[on], gy, false));
+            gx[on] = ts_tensor_retain(ts_tensor_grad(x));
+            gw[on] = ts_tensor_retain(ts_tensor_grad(w));
+            ts_tensor_release(gy);
+            ts_tensor_release(x);
+            ts_tensor_release(w);
+            ts_tensor_release(b);
+        }
+        double ey = rel_diff(y[1], y[0]), ex = rel_diff(gx[1], gx[0]), ew = rel_diff(gw[1], gw[0]);
+        printf("conv 3x3 16->32 %s: relative |gpu - cpu| y %.3g, gx %.3g, gw %.3g\n", ts_dtype_name(prec), ey, ex, ew);
+        double tol = k ? 1e-2 : 1e-5;
+        CHECK(ey < tol && ex < tol && ew < tol);
+        for (int on = 0; on < 2; on++) {
+            ts_tensor_release(y[on]);
+            ts_tensor_release(gx[on]);
+            ts_tensor_release(gw[on]);
+        }
+    }
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+}
+
+/* The reference CNN, same initial weights and batches: 3 SGD steps (momentum, weight decay) on the CPU
+ * and on the GPU end within 1e-4 of each other in every parameter. */
+static void test_cnn_steps_match_cpu(void) {
+    ts_module *m[2] = {NULL, NULL};
+    ts_optimizer *opt[2] = {NULL, NULL};
+    ts_tensor_list params[2] = {TS_TENSOR_LIST_INIT, TS_TENSOR_LIST_INIT};
+    ts_device *devs[2] = {ts_device_cpu(), gpu};
+    int64_t xs[4] = {16, 1, 28, 28}, n = 16;
+    ts_tensor *x = randn(ts_device_cpu(), 4, xs, 7), *y = NULL;
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &y));
+    int64_t *yy = ts_tensor_data(y);
+    for (int i = 0; i < n; i++) yy[i] = (i * 7) % 10;
+    double loss[2][3];
+    for (int k = 0; k < 2; k++) {
+        ts_rng r;
+        ts_rng_seed(&r, 11);
+        CHECK_OK(ts_model_reference_cnn(&r, &m[k]));
+        CHECK_OK(ts_module_to(m[k], devs[k]));
+        ts_module_train(m[k], true);
+        CHECK_OK(ts_module_parameters(m[k], &params[k]));
+        ts_sgd_config cfg = TS_SGD_CONFIG_INIT;
+        cfg.lr = 0.05f;
+        cfg.momentum = 0.9f;
+        cfg.weight_decay = 5e-4f;
+        CHECK_OK(ts_optim_sgd_new(&params[k], &cfg, &opt[k]));
+        ts_tensor *xd = NULL, *yd = NULL;
+        CHECK_OK(ts_to_device(x, devs[k], &xd));
+        CHECK_OK(ts_to_device(y, devs[k], &yd));
+        for (int step = 0; step < 3; step++) {
+            ts_tensor *logits = NULL, *l = NULL;
+            ts_optimizer_zero_grad(opt[k]);
+            CHECK_OK(ts_module_forward(m[k], xd, &logits));
+            CHECK_OK(ts_cross_entropy(logits, yd, 0.0f, &l));
+            loss[k][step] = l ? ts_tensor_item(l, 0) : NAN;
+            CHECK_OK(ts_backward(l, NULL, false));
+            CHECK_OK(ts_optimizer_step(opt[k]));
+            ts_tensor_release(logits);
+        }
+        ts_tensor_release(xd);
+        ts_tensor_release(yd);
+    }
+    for (int s = 0; s < 3; s++) {
+        printf("step %d: loss cpu %.7f gpu %.7f\n", s, loss[0][s], loss[1][s]);
+        CHECK_NEAR(loss[0][s], loss[1][s], 1e-4);
+    }
+    double worst = 0;
+    for (int i = 0; i < params[0].n && i < params[1].n; i++) worst = fmax(worst, max_diff(params[0].tensors[i], params[1].tensors[i]));
+    printf("after 3 steps: max |cpu - gpu| over %d parameters %.3g\n", params[0].n, worst);
+    CHECK(params[0].n == params[1].n && worst < 1e-4);
+    for (int k = 0; k < 2; k++) {
+        ts_optimizer_free(opt[k]);
+        ts_tensor_list_clear(&params[k]);
+        ts_module_free(m[k]);
+    }
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+}
+
+/* A class index out of range is found on the GPU and reported with the sample, as on the CPU. */
+static void test_bad_target(void) {
+    int64_t s[2] = {4, 3}, n = 4;
+    ts_tensor *logits = randn(gpu, 2, s, 9), *y = NULL, *yd = NULL, *l = NULL;
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &y));
+    int64_t *yy = ts_tensor_data(y);
+    yy[0] = 0, yy[1] = 2, yy[2] = 3, yy[3] = 1;
+    CHECK_OK(ts_to_device(y, gpu, &yd));
+    CHECK_STATUS(ts_cross_entropy(logits, yd, 0.0f, &l), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("3");
+    ts_tensor_release(l);
+    ts_tensor_release(logits);
+    ts_tensor_release(y);
+    ts_tensor_release(yd);
+}
+
+int main(int argc, char **argv) {
+    char why[256];
+    if (ts_cuda_device_count(why, sizeof why) == 0) {
+        printf("SKIP: no CUDA device: %s\n", why);
+        return 77;
+    }
+    if (ts_device_get("cuda:0", &gpu) != TS_OK) {
+        fprintf(stderr, "cuda:0: %s\n", ts_last_error());
+        return 1;
+    }
+    static const tu_test tests[] = {T(test_describe_and_memory), T(test_copies), T(test_matmul_precision), T(test_conv_precision),
+                                    T(test_cnn_steps_match_cpu), T(test_bad_target)};
+    return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
