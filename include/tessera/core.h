@@ -192,8 +192,10 @@ const char *ts_conv_algo_name(ts_conv_algo a);
  * operands to bfloat16 (nearest even) and accumulates the products in float32 (exact products: 8-bit
  * mantissas), on AVX512_BF16 through oneDNN where the CPU has it. Tensors, every other op (losses,
  * softmax, normalisation statistics, optimizers) and the stored weights stay float32: this is the
- * autocast of `tessera train --precision bf16`. Convolutions run im2col under TS_BF16 (Winograd's
- * transforms would round in bfloat16). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16
+ * autocast of `tessera train --precision bf16`. On the CPU, convolutions run oneDNN's bf16 primitives
+ * or im2col under TS_BF16 (never Winograd: its transforms would round in bfloat16). On CUDA devices
+ * matmuls multiply bfloat16 copies of the operands (cuBLAS, float32 accumulation) and convolutions run
+ * cuDNN in bfloat16 with float32 compute, their outputs rounded to bfloat16 once more (as autocast). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16
  * sets the starting value. Other dtypes are refused (TS_ERR_INVALID_ARG). */
 ts_status ts_set_matmul_precision(ts_dtype dt);
 ts_dtype ts_get_matmul_precision(void);

@@ -16,49 +16,14 @@
  * then a thread per channel adds its partials in chunk order.
  */
 #include "ops/cuda/norm_cu.h"
+#include "ops/cuda/reduce.cuh"
 
 #include <math.h>
 
-#define FULL_MASK 0xffffffffu
-#define ROW_BLOCK 512 /* threads of a block-per-row group */
 
 /* Kernels and helpers are file-local (other .cu files may use the same names); the launchers below
  * the namespace blocks are the only exported symbols. */
 namespace {
-
-/* ---- group reductions (as in misc.cu) ---------------------------------------------------------- */
-template <class T> __device__ __forceinline__ T warp_sum(T v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v; /* every lane holds the same total */
-}
-
-/* One warp per row. */
-struct GWarp {
-    static __device__ int lane() { return threadIdx.x & 31; }
-    static __device__ int size() { return 32; }
-    static __device__ int64_t first() { return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; }
-    static __device__ int64_t stride() { return ((int64_t)gridDim.x * blockDim.x) >> 5; }
-    template <class T> static __device__ T sum(T v) { return warp_sum(v); }
-};
-
-/* One block per row (blockDim.x a multiple of 32); every thread gets the sum. The leading barrier
- * keeps a previous call's readers of sh ahead of this call's writers. */
-struct GBlock {
-    static __device__ int lane() { return threadIdx.x; }
-    static __device__ int size() { return blockDim.x; }
-    static __device__ int64_t first() { return blockIdx.x; }
-    static __device__ int64_t stride() { return gridDim.x; }
-    template <class T> static __device__ T sum(T v) {
-        __shared__ T sh[32];
-        v = warp_sum(v);
-        __syncthreads();
-        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-        __syncthreads();
-        const int l = threadIdx.x & 31;
-        v = l < (int)(blockDim.x >> 5) ? sh[l] : (T)0;
-        return warp_sum(v);
-    }
-};
 
 static unsigned groups_grid(int64_t items, bool warp) {
     if (warp) return ts_cu_blocks(items * 32); /* TS_CU_THREADS / 32 items per block */
