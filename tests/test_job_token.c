@@ -764,7 +764,7 @@ static void test_link_strangers(void) {
     acceptor_run a = {0};
     CHECK_OK(ts__auth_init(&a.auth, TOKEN_A, "test"));
     char addr[80];
-    CHECK_OK(ts__tcp_listen("127.0.0.1", &a.lfd, addr, sizeof addr));
+    CHECK_OK(ts__tcp_listen("127.0.0.1", false, &a.lfd, addr, sizeof addr));
     /* bound to the job's address, not 0.0.0.0 */
     struct sockaddr_in me;
     socklen_t ml = sizeof me;
@@ -807,7 +807,7 @@ static void test_link_strangers(void) {
     /* an authenticated rank claiming a rank the listener does not expect fails the setup */
     acceptor_run b = {0};
     CHECK_OK(ts__auth_init(&b.auth, TOKEN_A, "test"));
-    CHECK_OK(ts__tcp_listen("127.0.0.1", &b.lfd, addr, sizeof addr));
+    CHECK_OK(ts__tcp_listen("127.0.0.1", false, &b.lfd, addr, sizeof addr));
     pthread_create(&th, NULL, acceptor_main, &b);
     int dup = raw_connect(atoi(addr + 10));
     CHECK(raw_handshake(dup, TOKEN_A, TS__AUTH_LINK, 0, 2) == TS__AUTH_BAD_PEER);
@@ -858,25 +858,25 @@ static void test_listen_address(void) {
     int fd = -1;
     char addr[80];
     setenv("TS_SOCKET_IFNAME", "lo", 1);
-    CHECK_OK(ts__tcp_listen(NULL, &fd, addr, sizeof addr));
+    CHECK_OK(ts__tcp_listen(NULL, false, &fd, addr, sizeof addr));
     CHECK(strncmp(addr, "127.0.0.1:", 10) == 0);
     if (fd >= 0) close(fd);
     setenv("TS_SOCKET_IFNAME", "=no-such-if0,^x", 1);
-    CHECK_STATUS(ts__tcp_listen(NULL, &fd, addr, sizeof addr), TS_ERR_INVALID_ARG);
+    CHECK_STATUS(ts__tcp_listen(NULL, false, &fd, addr, sizeof addr), TS_ERR_INVALID_ARG);
     CHECK_ERR_MENTIONS("TS_SOCKET_IFNAME='=no-such-if0,^x' matches no interface");
     CHECK_ERR_MENTIONS("lo");
     setenv("TS_SOCKET_IFNAME", "^lo", 1); /* anything but loopback: whatever this machine has, never 0.0.0.0 */
-    if (ts__tcp_listen(NULL, &fd, addr, sizeof addr) == TS_OK) {
+    if (ts__tcp_listen(NULL, false, &fd, addr, sizeof addr) == TS_OK) {
         CHECK(strncmp(addr, "0.0.0.0", 7) != 0 && strncmp(addr, "127.", 4) != 0);
         close(fd);
     }
     unsetenv("TS_SOCKET_IFNAME");
     /* no hint, no MASTER_ADDR: loopback */
-    CHECK_OK(ts__tcp_listen(NULL, &fd, addr, sizeof addr));
+    CHECK_OK(ts__tcp_listen(NULL, false, &fd, addr, sizeof addr));
     CHECK(strncmp(addr, "127.0.0.1:", 10) == 0);
     if (fd >= 0) close(fd);
     /* an IPv6 hint (a store reached over IPv6): "[::1]:port" is published and dialled */
-    if (ts__tcp_listen("::1", &fd, addr, sizeof addr) == TS_OK) {
+    if (ts__tcp_listen("::1", false, &fd, addr, sizeof addr) == TS_OK) {
         CHECK(strncmp(addr, "[::1]:", 6) == 0);
         acceptor_run a6 = {0};
         CHECK_OK(ts__auth_init(&a6.auth, TOKEN_A, "test"));

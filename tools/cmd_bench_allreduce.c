@@ -4,7 +4,10 @@
  * PyTorch's gloo and OpenMPI beside it).
  *
  * Forks N processes (default 2) that join a process group through env://
- * on 127.0.0.1 and a free port, then times in-place f32 sum all-reduces
+ * on 127.0.0.1 and a free port (under a launcher that says the job has several
+ * processes — tessera run --nnodes M, torchrun, srun — it is one rank of that
+ * job instead: across hosts, ranks on one host share memory and the hosts talk
+ * TCP; the header prints rank 0's links), then times in-place f32 sum all-reduces
  * from 8 B to 256 MiB (powers of two, or --step 4): warm-up, then repeated
  * calls for about --time seconds per size. Prints, from rank 0,
  *     size  count  time(us)  algbw(GB/s)  busbw(GB/s)
@@ -116,10 +119,13 @@ static int run_rank(const bench_opts *o, int rank) {
     int rc = 0;
     bool first = true;
     if (rank == 0) {
+        char links[600];
+        ts_pg_describe_links(pg, links, sizeof links);
         if (o->json) printf("[\n");
         else
-            printf("# all_reduce %s sum, %d processes, backend %s\n# %12s %12s %12s %12s %12s\n", ts_dtype_name(dt), n,
-                   ts_pg_backend_name(pg), "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+            printf("# all_reduce %s sum, %d processes, backend %s\n# rank 0: %s\n# %12s %12s %12s %12s %12s\n",
+                   ts_dtype_name(dt), n, ts_pg_backend_name(pg), links, "size(B)", "count", "time(us)", "algbw(GB/s)",
+                   "busbw(GB/s)");
     }
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= (size_t)o->step) {
         size_t count = bytes / es;
@@ -247,6 +253,13 @@ int ts_bench_allreduce(int argc, char **argv) {
         }
         return run_rank(&o, atoi(r));
     }
+    ts_dist_env env; /* under a launcher (tessera run --nnodes, torchrun, srun): this process is one rank */
+    bool in_job = false;
+    if (ts_dist_env_detect(&env, &in_job) != TS_OK) {
+        fprintf(stderr, "tessera bench allreduce: %s\n", ts_last_error());
+        return 2;
+    }
+    if (in_job) return run_rank(&o, env.rank);
     int port = free_port();
     if (port <= 0) {
         fprintf(stderr, "no free port\n");

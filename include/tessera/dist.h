@@ -171,6 +171,9 @@ int ts_pg_rank(const ts_process_group *pg);
 int ts_pg_size(const ts_process_group *pg);
 int ts_pg_local_rank(const ts_process_group *pg);
 const char *ts_pg_backend_name(const ts_process_group *pg);
+/* How this rank reaches its peers, one line: the builtin backend's "shared memory with ranks 1; TCP with
+ * ranks 2,3" (ranks on this host share memory; TS_DIST_TRANSPORT=tcp forces TCP), else "<name> backend". */
+void ts_pg_describe_links(const ts_process_group *pg, char *buf, size_t n);
 /* Whether the group's backend reduces dt (float32 always; bfloat16 on the builtin backend). */
 bool ts_pg_reduces_dtype(const ts_process_group *pg, ts_dtype dt);
 double ts_pg_timeout(const ts_process_group *pg);

@@ -47,6 +47,8 @@ typedef struct ts__backend_ops {
     void (*abort)(void *st, const char *reason);
     /* After the last operation: closes connections, frees state. */
     void (*destroy)(void *st);
+    /* Optional: how this rank reaches its peers, one line ("shared memory with ranks 1; TCP with ranks 2,3"). */
+    void (*describe)(void *st, char *buf, size_t n);
     bool reduces_bf16; /* all_reduce, reduce and reduce_scatter take TS_BF16 (combined in float32 per hop) */
 } ts__backend_ops;
 

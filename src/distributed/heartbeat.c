@@ -21,8 +21,8 @@
  * (ts__heartbeat_peers_from_table); a rank whose entry is empty (it could not
  * set up heartbeats) is never judged.
  * The socket is UDP, bound to every interface on a free port; the address
- * published is TS_DIST_IFADDR, else the interface that routes to MASTER_ADDR,
- * else 127.0.0.1 (the same choice as the TCP transport's). The nonce is random
+ * published is the job's interface (distributed/netaddr.h: TS_SOCKET_IFNAME,
+ * TS_DIST_IFADDR, the route to MASTER_ADDR, 127.0.0.1: the TCP transport's choice). The nonce is random
  * per rank and group: a datagram is accepted only from a (rank, nonce) that
  * was published, so strays and older groups are ignored.
  *
@@ -56,6 +56,7 @@
  *     the beats that did not arrive meanwhile are ours to miss.
  */
 #include "distributed/heartbeat.h"
+#include "distributed/netaddr.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -323,28 +324,16 @@ static void *hb_main(void *arg) {
 }
 
 /* ---- setup ------------------------------------------------------------------------------------------ */
-/* TS_DIST_IFADDR, else the interface that routes to MASTER_ADDR, else 127.0.0.1 (as tcp.c). */
+/* The job's interface (distributed/netaddr.h, the TCP transport's choice), as a numeric IPv4 address;
+ * 127.0.0.1 when that is IPv6 or cannot be had (heartbeats are IPv4). */
 static void local_ip(char *ip, size_t n) {
     snprintf(ip, n, "127.0.0.1");
-    const char *ifaddr = getenv("TS_DIST_IFADDR"), *master = getenv("MASTER_ADDR");
-    if (ifaddr && *ifaddr) {
-        snprintf(ip, n, "%s", ifaddr);
-        return;
-    }
-    if (!master || !*master) return;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_DGRAM;
-    if (getaddrinfo(master, "9", &hints, &res) != 0 || !res) return;
-    int u = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in me;
-    memset(&me, 0, sizeof me);
-    socklen_t ml = sizeof me;
-    if (u >= 0 && connect(u, res->ai_addr, res->ai_addrlen) == 0 && getsockname(u, (struct sockaddr *)&me, &ml) == 0)
-        inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)n);
-    if (u >= 0) close(u);
-    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    const char *from = NULL;
+    bool published_only = false;
+    if (ts__net_local_addr(NULL, ts__net_job_spans_hosts(), &ss, &sl, &from, &published_only) != TS_OK) return; /* the transport reports it */
+    if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, ip, (socklen_t)n);
 }
 
 static uint64_t random_nonce(int rank) {

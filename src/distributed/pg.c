@@ -294,6 +294,13 @@ bool ts_pg_reduces_dtype(const ts_process_group *pg, ts_dtype dt) {
 double ts_pg_timeout(const ts_process_group *pg) { return pg ? pg->timeout_s : 0.0; }
 const char *ts__pg_name(const ts_process_group *pg) { return pg ? pg->name : ""; }
 bool ts__pg_aborted(const ts_process_group *pg) { return pg && atomic_load(&pg->aborted); }
+
+void ts_pg_describe_links(const ts_process_group *pg, char *buf, size_t n) {
+    if (!buf || !n) return;
+    buf[0] = 0;
+    if (pg && pg->be && pg->be->describe && pg->be_state) pg->be->describe(pg->be_state, buf, n);
+    if (!buf[0]) snprintf(buf, n, "%s backend", pg && pg->be ? pg->be->name : "no");
+}
 double ts_pg_heartbeat_timeout(const ts_process_group *pg) { return pg ? pg->hb_timeout_s : 0.0; }
 void ts__pg_heartbeat_pause(ts_process_group *pg, bool paused) {
     if (pg) ts__heartbeat_pause(pg->hb, paused);

@@ -166,6 +166,9 @@ static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **b
     if (strncmp(im, "env://", 6) == 0 && env.torch_agent_store) {
         TS_TRY(agent_store(&env, timeout, base));
     } else if (strncmp(im, "env://", 6) == 0) {
+        ts_log(TS_LOG_INFO, "rendezvous: rank %d of %d, store at %s:%d (address from %s)%s", *r, *w,
+               env.master_addr, env.master_port, env.master_addr_from && *env.master_addr_from ? env.master_addr_from : "options",
+               *r == 0 ? ", served by this rank" : "");
         TS_TRY(ts_store_tcp_new(env.master_addr, env.master_port, *r == 0, timeout, base));
     } else if (strncmp(im, "torch-tcp://", 12) == 0) {
         char host[256];
@@ -238,10 +241,15 @@ static ts_status join(ts_store *s, const char *group, int r, int w, double timeo
                         "the world size, or a store left over from an earlier run)",
                         group, n, w);
     if (n == w) TS_TRY(ts_store_set(s, "all_joined", "1", 1));
+    ts_log(TS_LOG_INFO, "rendezvous of group '%s': rank %d of %d on host %s joined (%" PRId64 " of %d arrived)", group,
+           r, w, host, n, w);
+    double t0 = ts_time_now();
     const char *all = "all_joined";
     ts_status st = ts_store_wait(s, &all, 1, timeout);
     if (st == TS_ERR_TIMEOUT) return join_timeout(s, group, w, timeout);
     if (st != TS_OK) return ts__error_prefix(st, "rendezvous of group '%s'", group);
+    ts_log(TS_LOG_INFO, "rendezvous of group '%s': all %d ranks joined (rank %d waited %.3f s)", group, w, r,
+           ts_time_now() - t0);
     if (r != 0) {
         void *v = NULL;
         size_t vl = 0;

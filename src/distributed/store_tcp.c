@@ -88,6 +88,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -862,8 +863,20 @@ static int default_max_conns(void) {
     return q < 16 ? 16 : q > DEFAULT_MAX_CONNS ? DEFAULT_MAX_CONNS : (int)q;
 }
 
+/* Is host a name (not a numeric address, not "localhost") that resolved to the loopback address a?
+ * That is Debian's /etc/hosts line "127.0.1.1 <hostname>": other hosts reach this one by that name at
+ * its real address (DNS), so the store must listen on every interface, not on 127.0.1.1. */
+static bool loopback_alias(const char *host, const struct addrinfo *a) {
+    unsigned char buf[sizeof(struct in6_addr)];
+    if (inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1 || !strcasecmp(host, "localhost"))
+        return false;
+    if (a->ai_family == AF_INET) return (ntohl(((struct sockaddr_in *)a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+    return a->ai_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)a->ai_addr)->sin6_addr);
+}
+
 /* Binds host:port, listens and starts the thread. *bound gets the address (with the real port).
- * auth and the limits (already resolved) are copied. */
+ * auth and the limits (already resolved) are copied. A host name that resolves to a loopback address
+ * (loopback_alias) binds every interface of that family instead. */
 static ts_status srv_start(const char *host, int port, const ts__auth *auth, const ts_store_tcp_options *o,
                            tcp_server **out, struct sockaddr_storage *bound, socklen_t *boundlen) {
     char hp[300], ps[16];
@@ -886,7 +899,18 @@ static ts_status srv_start(const char *host, int port, const ts__auth *auth, con
         }
         int one = 1;
         (void)setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(lfd, SOMAXCONN) != 0) {
+        struct sockaddr_storage any;
+        const struct sockaddr *at = ai->ai_addr;
+        if (loopback_alias(host, ai)) {
+            memset(&any, 0, sizeof any);
+            memcpy(&any, ai->ai_addr, ai->ai_addrlen); /* family and port; the address zeroed below */
+            if (ai->ai_family == AF_INET) ((struct sockaddr_in *)&any)->sin_addr.s_addr = htonl(INADDR_ANY);
+            else ((struct sockaddr_in6 *)&any)->sin6_addr = in6addr_any;
+            at = (const struct sockaddr *)&any;
+            ts_log(TS_LOG_INFO, "tcp store: %s resolves to a loopback address here (/etc/hosts' 127.0.1.1 line?): "
+                   "listening on every interface so other hosts reach it", host);
+        }
+        if (bind(lfd, at, ai->ai_addrlen) != 0 || listen(lfd, SOMAXCONN) != 0) {
             err = errno;
             close(lfd);
             lfd = -1;

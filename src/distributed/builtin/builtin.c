@@ -144,6 +144,7 @@ typedef struct builtin {
     step *tx_steps, *rx_steps; /* 2 * world entries */
     void *scratch;
     size_t scratch_cap;
+    char links[600]; /* how this rank reaches its peers (log_transports, bi_describe) */
 } builtin;
 
 static size_t env_bytes(const char *name, size_t def) {
@@ -523,13 +524,29 @@ static void bi_destroy(void *st) {
 }
 
 /* ---- setup ------------------------------------------------------------------------------------------- */
+/* A setup key a peer published; a value starting with '!' is that peer's failure (publish_failure):
+ * TS_ERR_REMOTE with its message, so this rank stops waiting at once. */
 static ts_status key_get_str(ts_store *s, const char *key, char *out, size_t cap) {
     void *v = NULL;
     size_t len = 0;
     TS_TRY(ts_store_get(s, key, &v, &len));
     snprintf(out, cap, "%.*s", (int)TS_MIN(len, cap - 1), (const char *)v);
     free(v);
+    if (out[0] == '!') return ts_error(TS_ERR_REMOTE, "%s", out + 1);
     return TS_OK;
+}
+
+/* A rank whose connection setup fails writes its error into every setup key its peers may be waiting
+ * on (its TCP address, shared-memory segment and ring size), so they fail at once naming it instead of
+ * waiting out the timeout. Best effort: the store may be gone too. */
+static void publish_failure(ts_store *s, const char *pre, int r, const char *host, const char *msg) {
+    char key[128], val[1200];
+    snprintf(val, sizeof val, "!rank %d (host %s) could not connect to the process group: %s", r, host, msg);
+    static const char *const what[] = {"addr", "shm", "shmring"};
+    for (size_t k = 0; k < TS_ARRAY_LEN(what); k++) {
+        snprintf(key, sizeof key, "%s/%s/%d", pre, what[k], r);
+        (void)ts_store_set(s, key, val, strlen(val));
+    }
 }
 
 /* Shared memory for the same-host peers (shm[j]): reserves this rank's segment (one slot per rank of
@@ -580,10 +597,29 @@ static ts_status shm_setup(builtin *b, ts_store *store, const char *pre, bool *s
     return TS_OK;
 }
 
+/* b->links: which peers this rank reaches through shared memory and which through TCP; logged at
+ * TS_LOG_LEVEL=info. */
+static void log_transports(builtin *b, const char *host, const bool *shm, const char *tcp_addr) {
+    int r = b->rank, n = b->world;
+    char lists[2][256];
+    for (int k = 0; k < 2; k++) {
+        size_t len = (size_t)snprintf(lists[k], sizeof lists[k], "ranks ");
+        for (int j = 0; j < n && len < sizeof lists[k] - 16; j++)
+            if (j != r && shm[j] == (k == 0))
+                len += (size_t)snprintf(lists[k] + len, sizeof lists[k] - len, "%s%d", len > 6 ? "," : "", j);
+        if (len == 6) snprintf(lists[k], sizeof lists[k], "no ranks");
+    }
+    snprintf(b->links, sizeof b->links, "shared memory with %s; TCP with %s", lists[0], lists[1]);
+    ts_log(TS_LOG_INFO, "rank %d of %d on host %s: %s%s%s", r, n, host, b->links, tcp_addr ? ", listening on " : "",
+           tcp_addr ? tcp_addr : "");
+}
+
+static void bi_describe(void *st, char *buf, size_t n) { snprintf(buf, n, "%s", ((builtin *)st)->links); }
+
 static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     ts_status st = TS_OK;
     int n = b->world, r = b->rank, listen_fd = -1;
-    char key[128], pre[64], val[256], host[256] = "localhost", hint[64] = "";
+    char key[128], pre[64] = "", val[256], host[256] = "localhost", hint[64] = "";
     bool *shm = NULL, *expect = NULL;
     int *slot = NULL;
     ts__link **in = NULL;
@@ -609,10 +645,12 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
         goto fail;
     }
     int nshm = 0, ntcp = 0, nlocal = 0;
+    bool cross_host = false; /* a peer on another host */
     for (int j = 0; j < n; j++) {
         if (j != r) {
             snprintf(key, sizeof key, "%s/host/%d", pre, j);
             TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
+            cross_host |= strcmp(val, host) != 0;
             shm[j] = !force_tcp && strcmp(val, host) == 0;
             nshm += shm[j];
             ntcp += !shm[j];
@@ -622,10 +660,11 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     if (nshm) TS_CHECK_GOTO(shm_setup(b, ctx->store, pre, shm, &nshm, &ntcp));
     if (ntcp) {
         TS_CHECK_GOTO(ts__tcp_job_auth(ctx->store, &auth, hint, sizeof hint));
-        TS_CHECK_GOTO(ts__tcp_listen(hint, &listen_fd, val, sizeof val));
+        TS_CHECK_GOTO(ts__tcp_listen(hint, cross_host, &listen_fd, val, sizeof val));
         snprintf(key, sizeof key, "%s/addr/%d", pre, r);
         TS_CHECK_GOTO(ts_store_set(ctx->store, key, val, strlen(val)));
     }
+    log_transports(b, host, shm, ntcp ? val : NULL);
     for (int j = 0; j < n; j++) {
         if (j == r || !shm[j]) continue;
         snprintf(key, sizeof key, "%s/shm/%d", pre, j);
@@ -652,6 +691,11 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
         TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
         TS_CHECK_GOTO(ts__tcp_connect(&auth, val, r, j, n, deadline, &b->peers[j].link));
     }
+    for (int j = r + 1; j < n && accepts > 0; j++) { /* a higher rank that failed to set up says so here */
+        if (shm[j]) continue;
+        snprintf(key, sizeof key, "%s/addr/%d", pre, j);
+        TS_CHECK_GOTO(key_get_str(ctx->store, key, val, sizeof val));
+    }
     if (accepts > 0) { /* every higher rank over TCP connects to us */
         expect = ts__calloc((size_t)n, sizeof *expect);
         in = ts__calloc((size_t)n, sizeof *in);
@@ -674,6 +718,12 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     }
     if (b->seg) ts__shm_seg_unlink(b->seg);
 fail:
+    if (st != TS_OK && st != TS_ERR_REMOTE && pre[0]) { /* a peer's own failure is that peer's to publish */
+        char msg[TS_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", ts_last_error());
+        publish_failure(ctx->store, pre, r, host, msg);
+        ts_error(st, "%s", msg); /* publishing may have overwritten this thread's message */
+    }
     if (listen_fd >= 0) close(listen_fd);
     if (b->seg && st != TS_OK) ts__shm_seg_unlink(b->seg);
     ts__auth_wipe(&auth);
@@ -723,5 +773,6 @@ const ts__backend_ops ts__builtin_backend = {
     .recv = bi_recv,
     .abort = bi_abort,
     .destroy = bi_destroy,
+    .describe = bi_describe,
     .reduces_bf16 = true,
 };

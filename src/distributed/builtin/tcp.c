@@ -27,6 +27,7 @@
  */
 #include "distributed/builtin/transport.h"
 
+#include "distributed/netaddr.h"
 #include "distributed/store.h"
 
 #include <arpa/inet.h>
@@ -142,106 +143,14 @@ ts_status ts__tcp_job_auth(ts_store *store, ts__auth *auth, char *hint, size_t c
     return ts__auth_init(auth, NULL, "process group (TCP links)");
 }
 
-/* Does interface `name` match a TS_SOCKET_IFNAME list (NCCL_SOCKET_IFNAME's syntax: comma-separated
- * prefixes; "=" before the list: exact names; "^" before it: every interface but these)? */
-static bool ifname_match(const char *spec, const char *name) {
-    bool exclude = false, exact = false;
-    if (*spec == '^') exclude = true, spec++;
-    if (*spec == '=') exact = true, spec++;
-    bool hit = false;
-    for (const char *p = spec; *p && !hit;) {
-        const char *comma = strchr(p, ',');
-        size_t n = comma ? (size_t)(comma - p) : strlen(p);
-        if (n) hit = exact ? strlen(name) == n && strncmp(name, p, n) == 0 : strncmp(name, p, n) == 0;
-        p += n + (comma ? 1 : 0);
-    }
-    return exclude ? !hit : hit;
-}
-
-/* The first address of an interface matching spec: IPv4 first, then global IPv6. */
-static ts_status ifname_addr(const char *spec, struct sockaddr_storage *ss, socklen_t *sl) {
-    struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) != 0) return ts_error(TS_ERR_IO, "TS_SOCKET_IFNAME: getifaddrs: %s", strerror(errno));
-    for (int pass = 0; pass < 2; pass++) {
-        int fam = pass == 0 ? AF_INET : AF_INET6;
-        for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
-            if (!i->ifa_addr || i->ifa_addr->sa_family != fam || !(i->ifa_flags & IFF_UP)) continue;
-            if (fam == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr)) continue;
-            if (!ifname_match(spec, i->ifa_name)) continue;
-            *sl = fam == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-            memset(ss, 0, sizeof *ss);
-            memcpy(ss, i->ifa_addr, *sl);
-            freeifaddrs(ifs);
-            return TS_OK;
-        }
-    }
-    char names[256] = "";
-    size_t len = 0;
-    for (struct ifaddrs *i = ifs; i && len < sizeof names - 40; i = i->ifa_next) {
-        if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
-        if (strstr(names, i->ifa_name)) continue; /* one mention per interface (good enough for a message) */
-        len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", i->ifa_name);
-    }
-    freeifaddrs(ifs);
-    return ts_error(TS_ERR_INVALID_ARG, "TS_SOCKET_IFNAME='%.100s' matches no interface that is up with an address "
-                    "(interfaces: %s)", spec, names[0] ? names : "none");
-}
-
-/* A numeric address (or a host name) into ss; false if it does not resolve. */
-static bool resolve_ip(const char *host, struct sockaddr_storage *ss, socklen_t *sl) {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return false;
-    memset(ss, 0, sizeof *ss);
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *sl = res->ai_addrlen;
-    freeaddrinfo(res);
-    return true;
-}
-
-/* The local address of the route to host (a UDP socket "connected" to it sends nothing). */
-static bool route_to(const char *host, struct sockaddr_storage *ss, socklen_t *sl) {
-    struct sockaddr_storage dst;
-    socklen_t dl = 0;
-    if (!resolve_ip(host, &dst, &dl)) return false;
-    ((struct sockaddr_in *)&dst)->sin_port = htons(9); /* same offset in sockaddr_in6 */
-    int u = socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    bool ok = u >= 0 && connect(u, (struct sockaddr *)&dst, dl) == 0;
-    *sl = sizeof *ss;
-    ok = ok && getsockname(u, (struct sockaddr *)ss, sl) == 0;
-    if (u >= 0) close(u);
-    return ok;
-}
-
-static void set_port(struct sockaddr_storage *ss, int port) {
-    if (ss->ss_family == AF_INET6) ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-    else ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-}
-
-ts_status ts__tcp_listen(const char *hint, int *fd_out, char *addr, size_t addr_len) {
+ts_status ts__tcp_listen(const char *hint, bool cross_host, int *fd_out, char *addr, size_t addr_len) {
     struct sockaddr_storage ss, pub;
     socklen_t sl = 0, pl = 0;
-    const char *ifname = getenv("TS_SOCKET_IFNAME"), *ifaddr = getenv("TS_DIST_IFADDR"),
-               *master = getenv("MASTER_ADDR"), *from = NULL;
+    const char *from = NULL;
     bool published_only = false; /* TS_DIST_IFADDR: peers use that address, which may not be ours */
-    if (ifname && *ifname) {
-        TS_TRY(ifname_addr(ifname, &ss, &sl));
-        from = "TS_SOCKET_IFNAME";
-    } else if (ifaddr && *ifaddr) {
-        if (!resolve_ip(ifaddr, &ss, &sl))
-            return ts_error(TS_ERR_INVALID_ARG, "TS_DIST_IFADDR='%.100s' is not an address", ifaddr);
-        from = "TS_DIST_IFADDR";
-        published_only = true;
-    } else if (hint && *hint && resolve_ip(hint, &ss, &sl)) {
-        from = "the interface that reaches the TCP store";
-    } else if (master && *master && route_to(master, &ss, &sl)) {
-        from = "the interface that routes to MASTER_ADDR";
-    } else {
-        resolve_ip("127.0.0.1", &ss, &sl);
-        from = "loopback (no MASTER_ADDR)";
-    }
-    set_port(&ss, 0);
+    TS_TRY(ts__net_local_addr(hint, cross_host, &ss, &sl, &from, &published_only));
+    const char *ifaddr = getenv("TS_DIST_IFADDR");
+    ts__net_set_port(&ss, 0);
     pub = ss;
     pl = sl;
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -272,7 +181,7 @@ ts_status ts__tcp_listen(const char *hint, int *fd_out, char *addr, size_t addr_
         close(fd);
         return st;
     }
-    set_port(&pub, ntohs(((struct sockaddr_in *)&bound)->sin_port));
+    ts__net_set_port(&pub, ntohs(((struct sockaddr_in *)&bound)->sin_port));
     ts__sockaddr_str((struct sockaddr *)&pub, pl, addr, addr_len);
     *fd_out = fd;
     return TS_OK;

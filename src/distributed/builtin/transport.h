@@ -97,9 +97,10 @@ ts_status ts__shm_link_new(ts__shm_seg *mine, ts__shm_seg *theirs, int my_slot, 
  * store, else TS_JOB_TOKEN) and, into hint, the local address of the store's
  * connection to rank 0 ("" when not a TCP store). */
 ts_status ts__tcp_job_auth(ts_store *store, ts__auth *auth, char *hint, size_t cap);
-/* Listens on the job's interface (TS_SOCKET_IFNAME, TS_DIST_IFADDR, hint, the route
- * to MASTER_ADDR, 127.0.0.1) on a free port; *addr gets "ip:port" ("[ip6]:port") to publish. */
-ts_status ts__tcp_listen(const char *hint, int *fd, char *addr, size_t addr_len);
+/* Listens on the job's interface (distributed/netaddr.h: TS_SOCKET_IFNAME, TS_DIST_IFADDR, hint, the
+ * route to MASTER_ADDR, 127.0.0.1; cross_host: a peer is on another host, so never loopback) on a free
+ * port; *addr gets "ip:port" ("[ip6]:port") to publish. */
+ts_status ts__tcp_listen(const char *hint, bool cross_host, int *fd, char *addr, size_t addr_len);
 /* Connects to peer's "ip:port", authenticates both ways, introduces this rank. */
 ts_status ts__tcp_connect(const ts__auth *auth, const char *addr, int rank, int peer, int world, double deadline,
                           ts__link **out);
