@@ -461,6 +461,7 @@ static void test_buckets(void) {
         {80 * B, 80 * B, 3, {2, 2, 1, 1, 0, 0}, {20, 20, 20}},         /* one layer per bucket, last layer first */
         {16 * B, 80 * B, 4, {3, 2, 2, 1, 1, 0}, {4, 20, 20, 16}},      /* small first bucket */
         {-1, 1 * B, 6, {5, 4, 3, 2, 1, 0}, {4, 16, 4, 16, 4, 16}},     /* cap below every size: one each */
+        {70 * B, 80 * B, 3, {2, 2, 1, 1, 0, 0}, {20, 20, 20}},         /* 2.weight crosses the first cap: it stays */
     };
     for (size_t k = 0; k < TS_ARRAY_LEN(cases); k++) {
         rank_ctx c[MAX_WORLD];
@@ -487,8 +488,10 @@ static void test_buckets(void) {
 /* ---- (e) overlap: buckets go out before the last gradient is ready ----------------------------- */
 static ts_status overlap_rank(rank_ctx *c, ts_process_group *pg) {
     train_cfg cfg = {make_mlp, 28, TS_DDP_OPTIONS_INIT};
-    cfg.opts.first_bucket_cap_mb = 0.0005;
-    cfg.opts.bucket_cap_mb = 0.01;
+    /* the MLP's parameters, last first: 3.bias 40 B, 3.weight 10 KiB, 1.bias 1 KiB, 1.weight 784 KiB; caps
+     * below each: one bucket per parameter */
+    cfg.opts.first_bucket_cap_mb = 32.0 / 1048576;
+    cfg.opts.bucket_cap_mb = 1000.0 / 1048576;
     ts_module *m = NULL;
     ts_ddp *ddp = NULL;
     ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;

@@ -26,6 +26,7 @@ typedef struct train_args {
     const char *data, *model, *optimizer, *schedule, *conv_algo;
     ts_conv_algo algo;
     const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from, *init_exclude;
+    const char *trace, *metrics_csv; /* --trace, --metrics-csv */
     const char *backend; /* --backend: the process group's backend (builtin, mpi) */
     int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep, num_classes;
     int64_t image_size; /* --image-size: 0 is the model's default */
@@ -240,6 +241,8 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
     to.rng = rng;
     to.accum_steps = a->accum_steps;
     to.clip_grad_norm = a->clip_grad_norm;
+    to.trace_path = a->trace;
+    to.metrics_csv = a->metrics_csv;
     return to;
 }
 
@@ -333,6 +336,8 @@ int ts_cmd_train(int argc, char **argv) {
         {"init-from", CLI_STRING, &a.init_from, "start from these weights (safetensors file or checkpoint; strict; step 0, fresh optimizer; ignored when resuming)", 1, 0},
         {"init-exclude", CLI_STRING, &a.init_exclude, "--init-from: keep the fresh weights under these comma-separated prefixes (e.g. fc: a new classifier)", 1, 0},
         {"metrics-json", CLI_STRING, &a.metrics_json, "write final metrics to this JSON file", 1, 0},
+        {"trace", CLI_STRING, &a.trace, "write a Chrome/Perfetto trace of the run (steps, data wait, forward, backward, optimizer, evaluation, DDP all-reduces, pipeline stages) to this file; with several ranks each writes its own, .rankR before the extension (trace.json -> trace.rank0.json): `tessera trace merge` joins them", 1, 0},
+        {"metrics-csv", CLI_STRING, &a.metrics_csv, "rank 0: one CSV row per optimizer step (step, epoch, loss, lr, images_per_second, data_wait_share, allreduce_seconds), flushed as written", 1, 0},
         {"quiet", CLI_BOOL, &a.quiet, "no progress bar", 1, 0},
         {"nproc", CLI_INT, &a.nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
         {"strategy", CLI_STRING, &a.strategy, "one process, many devices: data, model, pipeline or tile (see --devices); ddp is implied by --nproc or a launcher", 1, 0},

@@ -18,10 +18,12 @@
  *
  * Buckets. The parameters that require grad are grouped, in REVERSE order of
  * registration (ts_module_parameters order; the last layers' gradients are
- * ready first), into buckets of at most bucket_cap_mb MiB each (the first
- * bucket at most first_bucket_cap_mb, 1 MiB by default as in PyTorch, so
- * communication starts early); a parameter larger than the cap gets a bucket
- * of its own. Each bucket is one flat float32 buffer with a slot per parameter.
+ * ready first), into buckets as PyTorch groups them: a parameter joins the open
+ * bucket, and a bucket closes once it holds bucket_cap_mb MiB or more (the
+ * first bucket: first_bucket_cap_mb, 1 MiB by default, so communication starts
+ * early). So a bucket may exceed its cap by its last parameter, and a parameter
+ * larger than the cap closes the bucket it joins. Each bucket is one flat
+ * float32 buffer with a slot per parameter.
  *
  * Synchronisation. DDP registers a grad-ready hook on every such parameter.
  * When ts_backward reports a parameter's gradient final, the hook copies

@@ -391,13 +391,27 @@ typedef struct ts_trainer_opts {
     int64_t accum_steps;
     /* Before each optimizer step, ts_clip_grad_norm(parameters, clip_grad_norm) (0: no clipping). */
     double clip_grad_norm;
+    /* Seeing inside a run (`tessera train --trace / --metrics-csv`; both copied, NULL: off).
+     * trace_path: every rank records a timeline of ts_trainer_run and writes it there at the end (also
+     * when the run fails, best effort) as a Chrome / Perfetto trace (chrome://tracing, ui.perfetto.dev):
+     * the path itself for one process, with ".rank<R>" before the extension for several (trace.json ->
+     * trace.rank0.json); `tessera trace merge` puts the ranks on one timeline. Events: each step, the
+     * wait for its batches, forward, backward, the optimizer step, evaluation, checkpoints; DDP's bucket
+     * all-reduces as the communication thread ran them (with bytes and bucket index); pipeline stages'
+     * forward and backward of each micro-batch on the stage's lane. At most 2^20 events (later ones are
+     * dropped and counted in the file). One process traces one run at a time.
+     * metrics_csv: rank 0 writes one row per optimizer step, flushed as written: step, epoch (from 1),
+     * loss, lr, images_per_second (this step's images over all ranks / its seconds), data_wait_share
+     * (the step's share waiting for batches), allreduce_seconds (DDP: this step's bucket all-reduces;
+     * else 0) after a header line; a resumed run appends to a file that starts with that header. */
+    const char *trace_path, *metrics_csv;
 } ts_trainer_opts;
 
 #define TS_TRAINER_OPTS_MAGIC 0x7e5a7101u
 #define TS_TRAINER_OPTS_VERSION 1u
 #define TS_TRAINER_OPTS_INIT                                                                                   \
     ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
-                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0})
+                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0, NULL, NULL})
 
 typedef struct ts_trainer ts_trainer;
 

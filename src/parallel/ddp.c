@@ -15,6 +15,7 @@
  * registration order); parameter p occupies buf[p.offset, p.offset + numel).
  */
 #include "core/internal.h"
+#include "core/timeline.h"
 #include "tessera/ddp.h"
 
 #include <math.h>
@@ -42,6 +43,8 @@ typedef struct ddp_bucket {
     int nmembers;
     int pending;
     ts_work *work;
+    uint64_t trace_seq;  /* timeline on: its all-reduce's collective number in the flight recorder (0: none) */
+    double trace_t0, trace_t1; /* ...when the communication thread started and ended it (0: not seen yet) */
 } ddp_bucket;
 
 struct ts_ddp {
@@ -107,6 +110,55 @@ static ts_status launch(ts_ddp *d, ddp_bucket *bk) {
     return ts_all_reduce_buffer(d->pg, bk->buf16, bk->numel, TS_BF16, op, &bk->work);
 }
 
+/* ---- timeline (core/timeline.h): only while it records ---------------------------------------------- */
+/* The collective number of the all-reduce this thread has just issued (the flight recorder's newest). */
+static uint64_t trace_last_seq(ts_process_group *pg) {
+    ts_pg_op_record rec[TS_PG_FLIGHT_RECORDER_SIZE];
+    int n = 0;
+    if (ts_pg_flight_recorder(pg, rec, TS_PG_FLIGHT_RECORDER_SIZE, &n) != TS_OK) return 0;
+    for (int i = n - 1; i >= 0; i--)
+        if (rec[i].async && strcmp(rec[i].op, "all_reduce") == 0) return rec[i].seq;
+    return 0;
+}
+
+/* Notes the start and end of launched buckets whose all-reduce has ended, while the flight recorder's
+ * ring (its last TS_PG_FLIGHT_RECORDER_SIZE operations) still holds them: called from every hook, so
+ * collectives issued during backward (SyncBatchNorm's) do not push a bucket out before it is seen. */
+static void trace_poll(ts_ddp *d) {
+    bool want = false;
+    for (int b = 0; b < d->nb && !want; b++) want = d->b[b].trace_seq && d->b[b].trace_t1 <= 0;
+    ts_pg_op_record rec[TS_PG_FLIGHT_RECORDER_SIZE];
+    int n = 0;
+    if (!want || ts_pg_flight_recorder(d->pg, rec, TS_PG_FLIGHT_RECORDER_SIZE, &n) != TS_OK) return;
+    for (int b = 0; b < d->nb; b++) {
+        ddp_bucket *bk = &d->b[b];
+        for (int i = n - 1; i >= 0 && bk->trace_seq && bk->trace_t1 <= 0; i--)
+            if (rec[i].seq == bk->trace_seq && strcmp(rec[i].op, "all_reduce") == 0 && rec[i].ended_s > 0) {
+                bk->trace_t0 = rec[i].started_s > 0 ? rec[i].started_s : rec[i].issued_s;
+                bk->trace_t1 = rec[i].ended_s;
+            }
+    }
+}
+
+/* After the pass's wait (wait0: when the last gradient came, before the last launches): the wait on the
+ * trainer's lane, each bucket's all-reduce as the communication thread ran it on the comm lane with its
+ * bytes, and their seconds into the ALLREDUCE counter. */
+static void trace_buckets(ts_ddp *d, double wait0) {
+    ts__tl_span(TS__TL_TRAINER, "allreduce wait", wait0);
+    trace_poll(d);
+    for (int b = 0; b < d->nb; b++) {
+        ddp_bucket *bk = &d->b[b];
+        size_t esize = bk->buf16 ? sizeof(uint16_t) : sizeof(float);
+        if (bk->trace_seq && bk->trace_t1 > 0) {
+            ts__tl_event(TS__TL_COMM, "allreduce", bk->trace_t0, bk->trace_t1, "bucket", b, "bytes",
+                         (int64_t)(bk->numel * esize));
+            ts__tl_count(TS__TL_ALLREDUCE_S, bk->trace_t1 - bk->trace_t0);
+        }
+        bk->trace_seq = 0;
+        bk->trace_t0 = bk->trace_t1 = 0.0;
+    }
+}
+
 /* Launches ready buckets in index order. */
 static void launch_ready(ts_ddp *d) {
     while (d->pass_status == TS_OK && d->next_launch < d->nb && d->b[d->next_launch].pending == 0) {
@@ -117,6 +169,7 @@ static void launch_ready(ts_ddp *d) {
             pass_fail(d, st, "launching the all-reduce of a gradient bucket");
             return;
         }
+        if (ts__tl_on()) bk->trace_seq = trace_last_seq(d->pg);
         if (d->next_launch == 0) d->stats.last_first_launch_at = d->reported;
         d->stats.buckets_launched++;
         if (d->reported < d->nsync) d->stats.buckets_launched_early++;
@@ -154,6 +207,7 @@ static void grad_ready(ts_tensor *t, void *user) {
     ddp_param *p = user;
     ts_ddp *d = p->ddp;
     if (!d->sync_pass || d->pass_status != TS_OK) return;
+    if (ts__tl_on()) trace_poll(d);
     if (p->ready) {
         ts_error(TS_ERR_STATE, "parameter %s reported its gradient twice in one pass", p->name);
         pass_fail(d, TS_ERR_STATE, "gradient hook");
@@ -169,6 +223,7 @@ static void grad_ready(ts_tensor *t, void *user) {
     }
     p->ready = true;
     d->reported++;
+    double wait0 = d->reported == d->nsync ? ts__tl_now() : 0.0; /* timeline: the last launches + the wait */
     if (--bk->pending == 0) {
         if (p->bucket > d->next_launch) d->stats.buckets_held++;
         launch_ready(d);
@@ -178,6 +233,7 @@ static void grad_ready(ts_tensor *t, void *user) {
     /* the last gradient of the pass: every bucket is complete and launched */
     d->stats.last_num_reported = d->reported;
     st = wait_all(d);
+    if (wait0 > 0) trace_buckets(d, wait0);
     if (st == TS_OK) st = write_back(d);
     if (st != TS_OK) {
         pass_fail(d, st, "synchronising gradients");
@@ -235,21 +291,25 @@ static ts_status build_buckets(ts_ddp *d) {
     size_t first_cap = d->opts.first_bucket_cap_mb > 0 ? mb_to_bytes(d->opts.first_bucket_cap_mb) : cap;
     if (cap == 0) cap = 1;
     if (first_cap == 0) first_cap = 1;
-    /* pass 1: assign bucket indices and offsets */
+    /* pass 1: assign bucket indices and offsets. PyTorch's rule (compute_bucket_assignment_by_size): a
+     * parameter joins the open bucket, which closes once it holds its cap or more — so the parameter that
+     * crosses the cap is in the bucket, and a large layer next to the output (the reference CNN's fc1,
+     * 1.6 MB) shares the early first bucket instead of waiting for the last gradients in the next one. */
     int nb = 0;
     size_t cur = 0;
+    bool open = false;
     for (int i = d->params.n - 1; i >= 0; i--) {
         ddp_param *p = &d->p[i];
         if (p->bucket < 0) continue;
-        size_t bytes = p->numel * sizeof(float);
-        size_t lim = nb == 1 ? first_cap : cap; /* nb: buckets opened so far; filling bucket nb - 1 */
-        if (nb == 0 || (cur > 0 && cur + bytes > lim)) {
+        if (!open) {
             nb++;
             cur = 0;
+            open = true;
         }
         p->bucket = nb - 1;
         p->offset = cur / sizeof(float);
-        cur += bytes;
+        cur += p->numel * sizeof(float);
+        if (cur >= (nb == 1 ? first_cap : cap)) open = false;
     }
     d->nb = nb;
     if (nb == 0) return TS_OK;

@@ -34,6 +34,7 @@
  * other stages stop at their next wait and the caller gets the first failure,
  * naming the stage, device, pass and micro-batch.
  */
+#include "core/timeline.h"
 #include "device/device.h"
 #include "nn/module.h"
 #include "tessera/parallel.h"
@@ -264,6 +265,7 @@ typedef struct pp_run {
     int nev[TS_PP_MAX_STAGES];
     double busy[TS_PP_MAX_STAGES];
     int inflight[TS_PP_MAX_STAGES], peak_inflight[TS_PP_MAX_STAGES];
+    bool trace;             /* the calling thread records a timeline (core/timeline.h) */
 } pp_run;
 
 typedef struct pp_stage_arg {
@@ -411,7 +413,10 @@ static ts_status pp_stage_main(void *arg) {
         if (st != TS_OK) break; /* another stage failed: it reports */
         double t0 = ts_time_now();
         st = fwd ? pp_forward(r, s, i) : pp_backward(r, s, i);
-        r->busy[s] += ts_time_now() - t0;
+        double t1 = ts_time_now();
+        r->busy[s] += t1 - t0;
+        if (r->trace) /* the timeline: this event on the stage's lane (core/timeline.h) */
+            ts__tl_event(TS__TL_DEVICE + s, fwd ? "forward" : "backward", t0, t1, "micro_batch", i, "stage", s);
         if (st != TS_OK) {
             ts__error_prefix(st, "pipeline stage %d (%s), %s of micro-batch %d", s, r->pp->devs[s]->name,
                              fwd ? "forward" : "backward", i);
@@ -517,6 +522,12 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
     }
     pp_stage_arg args[TS_PP_MAX_STAGES];
     ts_task *tasks[TS_PP_MAX_STAGES] = {0};
+    r->trace = ts__tl_on(); /* the caller's recorder: the stage workers record for it */
+    for (int s = 0; s < p && r->trace; s++) {
+        char lane[64];
+        snprintf(lane, sizeof lane, "pipeline stage %d (%s)", s, pp->devs[s]->name);
+        ts__tl_lane(TS__TL_DEVICE + s, lane);
+    }
     double t0 = ts_time_now();
     for (int s = 0; s < p; s++) {
         args[s] = (pp_stage_arg){r, s};

@@ -3,6 +3,7 @@
  * (tessera/train.h). Each strategy lives in its own file (strategy.h).
  */
 #include "train/strategy.h"
+#include "core/timeline.h"
 
 #include <stdio.h>
 #include <strings.h>
@@ -137,10 +138,14 @@ ts_status ts_strategy_forward_backward(ts_strategy *s, const ts_tensor *x, const
         st = s->impl->forward_backward(s, x, y, label_smoothing, &l);
     } else {
         ts_tensor *logits = NULL, *lt = NULL;
+        double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
         st = ts_module_forward(s->runner, x, &logits);
         if (st == TS_OK) st = ts_cross_entropy(logits, y, label_smoothing, &lt);
         if (st == TS_OK) l = (float)ts_tensor_item(lt, 0);
+        ts__tl_span(TS__TL_TRAINER, "forward", t0);
+        t0 = ts__tl_now();
         if (st == TS_OK) st = ts_backward(lt, NULL, false);
+        ts__tl_span(TS__TL_TRAINER, "backward", t0);
         ts_tensor_release(lt);
         ts_tensor_release(logits);
     }

@@ -7,6 +7,7 @@
  * itself: its forward does no communication.
  */
 #include "train/strategy.h"
+#include "core/timeline.h"
 
 #include <stdio.h>
 
@@ -24,11 +25,15 @@ static ts_status ddp_wrap(ts_strategy *s, ts_module *model, const ts_strategy_op
 static ts_status ddp_forward_backward(ts_strategy *s, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
                                       float *loss) {
     ts_tensor *logits = NULL, *l = NULL;
+    double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
     ts_status st = ts_ddp_forward(s->ddp, x, &logits);
     if (st == TS_OK) st = ts_cross_entropy(logits, y, label_smoothing, &l);
     if (st == TS_OK) *loss = (float)ts_tensor_item(l, 0);
+    ts__tl_span(TS__TL_TRAINER, "forward", t0);
+    t0 = ts__tl_now();
     if (st == TS_OK) st = ts_backward(l, NULL, false);
     if (st == TS_OK) st = ts_ddp_sync_status(s->ddp); /* the all-reduces finished inside backward */
+    ts__tl_span(TS__TL_TRAINER, "backward", t0);
     ts_tensor_release(l);
     ts_tensor_release(logits);
     return st;

@@ -7,6 +7,7 @@
  * logits the scorer copies back.
  */
 #include "train/strategy.h"
+#include "core/timeline.h"
 #include "tessera/parallel.h"
 
 #include <stdio.h>
@@ -41,12 +42,16 @@ static ts_status none_forward_backward(ts_strategy *s, const ts_tensor *x, const
                                        float *loss) {
     ts_device *dev = s->devs[0];
     ts_tensor *xd = NULL, *yd = NULL, *logits = NULL, *lt = NULL;
+    double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
     ts_status st = ts_to_device(x, dev, &xd);
     if (st == TS_OK) st = ts_to_device(y, dev, &yd);
     if (st == TS_OK) st = ts_module_forward(s->model, xd, &logits);
     if (st == TS_OK) st = ts_cross_entropy(logits, yd, label_smoothing, &lt);
     if (st == TS_OK) *loss = (float)ts_tensor_item(lt, 0);
+    ts__tl_span(TS__TL_TRAINER, "forward", t0);
+    t0 = ts__tl_now();
     if (st == TS_OK) st = ts_backward(lt, NULL, false);
+    ts__tl_span(TS__TL_TRAINER, "backward", t0);
     ts_tensor_release(lt);
     ts_tensor_release(logits);
     ts_tensor_release(yd);

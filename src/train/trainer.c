@@ -24,8 +24,16 @@
  * finite, the optimizer state is complete for the optimizer
  * (ts_optimizer_check_state), and names from the file are printed escaped —
  * all before anything is loaded.
+ *
+ * Timeline and metrics (opts.trace_path, opts.metrics_csv): ts_trainer_run
+ * starts the process's timeline recorder (core/timeline.h), records its own
+ * spans on the trainer's lane (step, data wait, forward_backward, optimizer
+ * step, evaluate, checkpoint; the strategies add forward and backward, DDP
+ * and the pipeline their own lanes) and writes the trace when it returns;
+ * rank 0 appends a CSV row after every optimizer step.
  */
 #include "train/strategy.h"
+#include "core/timeline.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -65,6 +73,9 @@ struct ts_trainer {
     bool follower; /* not rank 0: never evaluates or writes checkpoints (see leader_of) */
     int64_t accum;  /* batches per optimizer step (>= 1) */
     ts_tensor_list params; /* the plain model's parameters: accumulation's scaling and clipping */
+    char *trace_path, *metrics_csv; /* owned copies of o's */
+    int trace_rank, trace_world;    /* the trace file's rank and world (names the file, pid) */
+    FILE *csv;                      /* metrics_csv while a run writes it */
 };
 
 /* ---- checkpoint folders: step-<step>.ckpt, the newest `keep` kept ------------------------------------ */
@@ -180,6 +191,19 @@ static bool leader_of(const ts_strategy *s) {
     return !(in_job && env.rank != 0);
 }
 
+/* The rank and world a trace file is named for: the strategy's group, else the launch environment's
+ * (a launched process training alone must not write over rank 0's file), else 0 of 1. */
+static void trace_identity(const ts_strategy *s, int *rank, int *world) {
+    *rank = ts_strategy_rank(s);
+    *world = ts_strategy_world_size(s);
+    ts_dist_env env;
+    bool in_job = false;
+    if (*world == 1 && ts_dist_env_detect(&env, &in_job) == TS_OK && in_job && env.world_size > 1) {
+        *rank = env.rank;
+        *world = env.world_size;
+    }
+}
+
 ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
                          ts_trainer **out) {
     TS_ARG(s && opt && train && o && out, "ts_trainer_new: NULL argument");
@@ -230,6 +254,14 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     t->o.optimizer_name = t->optimizer_name;
     t->o.schedule = NULL;
     t->follower = !leader_of(s);
+    if ((o->trace_path && !(t->trace_path = ts__strdup(o->trace_path))) ||
+        (o->metrics_csv && !(t->metrics_csv = ts__strdup(o->metrics_csv)))) {
+        ts_trainer_free(t);
+        return TS_ERR_NOMEM;
+    }
+    t->o.trace_path = t->trace_path;
+    t->o.metrics_csv = t->metrics_csv;
+    trace_identity(s, &t->trace_rank, &t->trace_world);
     t->accum = o->accum_steps > 1 ? o->accum_steps : 1;
     ts_status st = ts_module_parameters(ts_strategy_model(s), &t->params);
     if (st != TS_OK) {
@@ -246,6 +278,9 @@ void ts_trainer_free(ts_trainer *t) {
     free(t->checkpoint_dir);
     free(t->model_name);
     free(t->optimizer_name);
+    free(t->trace_path);
+    free(t->metrics_csv);
+    if (t->csv) fclose(t->csv);
     ts_tensor_list_clear(&t->params);
     free(t);
 }
@@ -486,6 +521,94 @@ fail:
     return st;
 }
 
+/* ---- timeline and metrics (opts.trace_path, opts.metrics_csv; core/timeline.h) ------------------------ */
+#define CSV_HEADER "step,epoch,loss,lr,images_per_second,data_wait_share,allreduce_seconds"
+
+/* Rank 0's metrics file: a resumed run (step > 0) appends to a file that starts with the header;
+ * otherwise the file is written anew. */
+static ts_status csv_open(ts_trainer *t) {
+    TS_TRY(ts__check_write_target(t->metrics_csv, "a metrics CSV file"));
+    bool append = false;
+    FILE *f = t->step > 0 ? fopen(t->metrics_csv, "r") : NULL;
+    if (f) {
+        char line[128];
+        append = fgets(line, sizeof line, f) && strcmp(line, CSV_HEADER "\n") == 0;
+        fclose(f);
+    }
+    if (!(t->csv = fopen(t->metrics_csv, append ? "a" : "w")))
+        return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
+    if (!append && (fputs(CSV_HEADER "\n", t->csv) < 0 || fflush(t->csv) != 0))
+        return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
+    return TS_OK;
+}
+
+/* One optimizer step's row, flushed (a run that dies keeps its rows). */
+static ts_status csv_row(ts_trainer *t, double loss, double lr, int64_t images, double seconds, double wait) {
+    double allreduce = ts__tl_take(TS__TL_ALLREDUCE_S);
+    if (fprintf(t->csv, "%lld,%lld,%.6g,%.6g,%.2f,%.4f,%.6f\n", (long long)t->step, (long long)t->epoch + 1, loss, lr,
+                seconds > 0 ? (double)images / seconds : 0.0, seconds > 0 ? wait / seconds : 0.0, allreduce) < 0 ||
+        fflush(t->csv) != 0)
+        return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
+    return TS_OK;
+}
+
+/* This rank's trace file name into path (n bytes). */
+static ts_status trace_file(const ts_trainer *t, char *path, size_t n) {
+    if (!ts__tl_rank_path(t->trace_path, t->trace_rank, t->trace_world, path, n))
+        return ts_error(TS_ERR_INVALID_ARG, "trace %s: path too long", t->trace_path);
+    return TS_OK;
+}
+
+/* Starts the recorder when this run traces (every rank) or writes metrics (rank 0: counters only
+ * unless it traces too), writes the (empty) trace once so that a path that cannot work fails before
+ * training, and opens the metrics file. *recording: this run started the recorder. */
+static ts_status observe_start(ts_trainer *t, bool leader, bool *recording) {
+    bool csv = leader && t->metrics_csv;
+    if (!t->trace_path && !csv) return TS_OK;
+    TS_TRY(ts__tl_start(t->trace_path ? TS__TL_DEFAULT_MAX_EVENTS : 0));
+    *recording = true;
+    ts__tl_lane(TS__TL_TRAINER, "trainer");
+    if (ts_strategy_ddp(t->s)) ts__tl_lane(TS__TL_COMM, "DDP all-reduce (communication thread)");
+    char path[4096];
+    ts_status st = TS_OK;
+    if (t->trace_path && (st = trace_file(t, path, sizeof path)) == TS_OK)
+        st = ts__tl_write(path, t->trace_rank, t->trace_world);
+    if (st == TS_OK && csv) st = csv_open(t);
+    if (st != TS_OK) {
+        ts__tl_stop();
+        *recording = false;
+    }
+    return st;
+}
+
+/* Writes the trace (also after a failure, best effort), stops the recorder and closes the metrics
+ * file; returns st, or the first error of these when st is TS_OK. */
+static ts_status observe_finish(ts_trainer *t, ts_status st) {
+    char path[4096];
+    ts_status ws = TS_OK;
+    if (t->trace_path) {
+        if (trace_file(t, path, sizeof path) != TS_OK)
+            ws = TS_ERR_INVALID_ARG;
+        else if (st != TS_OK) { /* keep the run's error message */
+            char msg[TS_ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "%s", ts_last_error());
+            if (ts__tl_write(path, t->trace_rank, t->trace_world) != TS_OK)
+                ts_log(TS_LOG_WARN, "trace of the failed run: %s", ts_last_error());
+            ts_error(st, "%s", msg);
+        } else {
+            ws = ts__tl_write(path, t->trace_rank, t->trace_world);
+        }
+        if (ws == TS_OK && ts__tl_dropped() > 0)
+            ts_log(TS_LOG_WARN, "trace %s: %lld events past the first %lld were dropped", path,
+                   (long long)ts__tl_dropped(), (long long)TS__TL_DEFAULT_MAX_EVENTS);
+    }
+    ts__tl_stop();
+    if (t->csv && fclose(t->csv) != 0 && ws == TS_OK)
+        ws = ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
+    t->csv = NULL;
+    return st != TS_OK ? st : ws;
+}
+
 /* ---- the loop --------------------------------------------------------------------------------------- */
 typedef struct epoch_state {
     ts_train_event ev; /* what callbacks see */
@@ -503,7 +626,9 @@ static ts_status notify(ts_trainer *t, epoch_state *e, ts_train_event_kind kind)
 }
 
 static ts_status save_one(ts_trainer *t, epoch_state *e, const char *path) {
+    double t0 = ts__tl_now();
     ts_status st = ts_trainer_save(t, path);
+    ts__tl_event(TS__TL_TRAINER, "checkpoint", t0, ts__tl_now(), "step", t->step, NULL, 0);
     if (st != TS_OK) return ts__error_prefix(st, "saving the checkpoint");
     e->ev.checkpoint = path;
     st = notify(t, e, TS_TRAIN_CHECKPOINT);
@@ -526,17 +651,26 @@ static bool saves(const ts_trainer *t) { return t->checkpoint || t->checkpoint_d
 
 /* Forward + backward of up to `want` batches of the source, their gradients added (DDP: the last one's
  * backward all-reduces the sum); *m gets how many ran (0: the epoch is over), *last the last one's index. */
-static ts_status accumulate(ts_trainer *t, int64_t want, int64_t *m, int64_t *last, double *loss, int64_t *images) {
+static ts_status accumulate(ts_trainer *t, int64_t want, int64_t *m, int64_t *last, double *loss, int64_t *images,
+                            double *wait) {
     ts_ddp *ddp = ts_strategy_ddp(t->s);
     *m = *images = 0;
-    *loss = 0.0;
+    *loss = *wait = 0.0;
     while (*m < want) {
         ts_batch b;
+        double t0 = ts__tl_now(); /* timeline on: the wait for the batch, then its forward + backward */
         TS_TRY(ts_batch_source_next(t->train, &b));
+        if (t0 > 0) {
+            double t1 = ts_time_now();
+            *wait += t1 - t0;
+            ts__tl_event(TS__TL_TRAINER, "data wait", t0, t1, b.x ? "batch" : NULL, b.x ? b.index : 0, NULL, 0);
+        }
         if (!b.x) break;
         if (ddp) ts_ddp_set_require_sync(ddp, *m == want - 1);
         float l = 0.0f;
+        t0 = ts__tl_now();
         ts_status st = ts_strategy_forward_backward(t->s, b.x, b.y, t->o.label_smoothing, &l);
+        ts__tl_event(TS__TL_TRAINER, "forward_backward", t0, ts__tl_now(), "batch", b.index, NULL, 0);
         if (ddp) ts_ddp_set_require_sync(ddp, true);
         if (st != TS_OK) return st;
         *loss += l;
@@ -564,20 +698,25 @@ static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done
     if (want <= 0) want = 1; /* a source that announces no more batches still gets asked (it ends the epoch) */
     double lr = t->has_sched ? ts_lr_schedule_at(&t->sched, t->step) : ts_optimizer_get_lr(t->opt);
     ts_optimizer_set_lr(t->opt, (float)lr);
-    double loss = 0.0, norm = NAN;
-    ts_status st = accumulate(t, want, &m, &last, &loss, &images);
+    double loss = 0.0, norm = NAN, wait = 0.0, t0 = ts__tl_now();
+    if (t0 > 0) (void)ts__tl_take(TS__TL_ALLREDUCE_S); /* this step's all-reduces from here */
+    ts_status st = accumulate(t, want, &m, &last, &loss, &images, &wait);
     if (st == TS_OK && m == 0) {
         *done = true;
         return TS_OK;
     }
+    double topt = ts__tl_now();
     if (st == TS_OK && m > 1) st = ts_scale_grads(&t->params, (float)(1.0 / (double)m), NULL);
     if (st == TS_OK && t->o.clip_grad_norm > 0) st = ts_clip_grad_norm(&t->params, t->o.clip_grad_norm, &norm);
     if (st == TS_OK) st = ts_optimizer_step(t->opt);
     ts_optimizer_zero_grad(t->opt);
+    ts__tl_span(TS__TL_TRAINER, "optimizer step", topt);
+    ts__tl_event(TS__TL_TRAINER, "step", t0, ts__tl_now(), "step", t->step + 1, "epoch", t->epoch + 1);
     TS_TRY(st);
     t->step++;
     t->batch = last + 1;
     t->last_loss = loss;
+    if (t->csv && t0 > 0) TS_TRY(csv_row(t, loss, lr, images * ts_strategy_world_size(t->s), ts_time_now() - t0, wait));
     if (!isfinite(loss))
         return ts_error(TS_ERR_STATE, "the loss became %f at step %lld (epoch %lld, batch %lld); lower the learning "
                                       "rate", loss, (long long)t->step, (long long)t->epoch + 1, (long long)last);
@@ -604,8 +743,8 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     r.eval.accuracy = r.eval.loss = NAN;
     const int rank = ts_strategy_rank(t->s);
     const bool leader = rank == 0 && !t->follower;
-    bool stopped = false, evaluated = false;
-    ts_status st = TS_OK;
+    bool stopped = false, evaluated = false, recording = false;
+    ts_status st = observe_start(t, leader, &recording);
     while (st == TS_OK && !stopped && t->epoch < t->o.epochs) {
         epoch_state e = {.t0 = ts_time_now()};
         e.ev.rank = rank;
@@ -628,7 +767,10 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
             t->batch = 0;
         }
         if (leader && t->o.eval) { /* rank 0 evaluates and checkpoints; the others go on */
-            if ((st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval)) != TS_OK) break;
+            double t0 = ts__tl_now();
+            st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval);
+            ts__tl_span(TS__TL_TRAINER, "evaluate", t0);
+            if (st != TS_OK) break;
             evaluated = true;
             e.ev.eval = &r.eval;
         }
@@ -636,7 +778,12 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
         e.ev.eval = NULL;
         if (leader && saves(t) && (st = save_and_notify(t, &e)) != TS_OK) break;
     }
-    if (st == TS_OK && leader && t->o.eval && !evaluated) st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval);
+    if (st == TS_OK && leader && t->o.eval && !evaluated) {
+        double t0 = ts__tl_now();
+        st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval);
+        ts__tl_span(TS__TL_TRAINER, "evaluate", t0);
+    }
+    if (recording) st = observe_finish(t, st);
     r.steps = t->step;
     r.epochs = t->epoch;
     r.final_loss = t->last_loss;
