@@ -285,6 +285,27 @@ fail:
     return st;
 }
 
+/* TS_LOG_LEVEL=info (rank 0): the bucket layout, each bucket's bytes and its first and last parameter in
+ * gradient order. */
+static void log_buckets(const ts_ddp *d) {
+    if (d->rank != 0 || ts_log_get_level() > TS_LOG_INFO) return;
+    ts_log(TS_LOG_INFO, "DDP: %d bucket%s (caps %.3g MiB first, %.3g MiB), %s all-reduce", d->nb, d->nb == 1 ? "" : "s",
+           d->opts.first_bucket_cap_mb > 0 ? d->opts.first_bucket_cap_mb : d->opts.bucket_cap_mb, d->opts.bucket_cap_mb,
+           ts_dtype_name(d->opts.comm_dtype));
+    for (int b = 0; b < d->nb; b++) {
+        const char *first = NULL, *last = NULL;
+        int count = 0;
+        for (int i = d->params.n - 1; i >= 0; i--) /* gradient order: last registered first */
+            if (d->p[i].bucket == b) {
+                if (!first) first = d->p[i].name;
+                last = d->p[i].name;
+                count++;
+            }
+        ts_log(TS_LOG_INFO, "DDP: bucket %d: %zu bytes, %d parameter%s, %s ... %s", b, d->b[b].numel * sizeof(float),
+               count, count == 1 ? "" : "s", first ? first : "", last ? last : "");
+    }
+}
+
 /* Groups the parameters that require grad into buckets (see ddp.h). */
 static ts_status build_buckets(ts_ddp *d) {
     size_t cap = mb_to_bytes(d->opts.bucket_cap_mb);
@@ -398,6 +419,7 @@ ts_status ts_ddp_new(ts_module *model, ts_process_group *pg, const ts_ddp_option
         goto fail;
     }
     TS_CHECK_GOTO(build_buckets(d));
+    log_buckets(d);
     pass_reset(d);
     for (int i = 0; i < d->params.n; i++) {
         ddp_param *p = &d->p[i];
