@@ -145,6 +145,7 @@ typedef struct builtin {
     void *scratch;
     size_t scratch_cap;
     char links[600]; /* how this rank reaches its peers (log_transports, bi_describe) */
+    bool logged_algo[2]; /* TS_LOG_LEVEL=debug: all_reduce's ring [0] / recursive doubling [1] logged once */
 } builtin;
 
 static size_t env_bytes(const char *name, size_t def) {
@@ -421,7 +422,13 @@ static ts_status bi_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, t
     begin(b, K_ALL_REDUCE, dt, (int)op, 0, count);
     if (b->world == 1) return TS_OK;
     size_t es = ts_dtype_size(dt);
-    if (count * es <= b->ring_threshold) return rd_all_reduce(b, buf, count, dt, op);
+    bool rd = count * es <= b->ring_threshold;
+    if (!b->logged_algo[rd] && ts_log_get_level() <= TS_LOG_DEBUG) { /* once per algorithm and group */
+        b->logged_algo[rd] = true;
+        ts_log(TS_LOG_DEBUG, "rank %d: all_reduce of %zu bytes by %s (TS_DIST_RING_THRESHOLD %zu bytes; %s)", b->rank,
+               count * es, rd ? "recursive doubling" : "ring reduce-scatter + all-gather", b->ring_threshold, b->links);
+    }
+    if (rd) return rd_all_reduce(b, buf, count, dt, op);
     float scale = op == TS_REDUCE_AVG ? 1.0f / (float)b->world : 1.0f;
     return ring(b, buf, count, 0, es, 0, 2 * b->world - 2, 0, rop_of(op, dt), scale);
 }
