@@ -94,5 +94,17 @@ run pipeline_mlp "$TS" train "${common[@]}" --model mlp --strategy pipeline --de
   --schedule gpipe --max-steps 6 --checkpoint "$T/pp6.ckpt"
 expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/p6.ckpt" "$T/pp6.ckpt" --tol 1e-5
 
+# --device: the model on one device per process (the path CUDA devices take), here a virtual CPU device: one
+# process, and DDP ranks (host-staged all-reduce) each on cpu:1, end where the CPU runs end
+run device_mlp "$TS" train "${common[@]}" --model mlp --device cpu:1 --max-steps 6 --checkpoint "$T/dev6.ckpt"
+grep -q ", on cpu:1" "$T/device_mlp.log" && ok "--device cpu:1 announced" || bad "--device banner: $(cat "$T/device_mlp.log")"
+expect_exit 0 "max abs difference: 0 " "$TS" ckpt diff "$T/p6.ckpt" "$T/dev6.ckpt" --tol 0
+run ddp_plain "$TS" train "${common[@]}" --model cnn --nproc 2 --batch-size 16 --max-steps 4 --checkpoint "$T/dp.ckpt"
+run ddp_device "$TS" train "${common[@]}" --model cnn --nproc 2 --batch-size 16 --device cpu:1 --max-steps 4 \
+  --checkpoint "$T/dd.ckpt"
+grep -q ", on cpu:1" "$T/ddp_device.log" && ok "DDP --device cpu:1 announced" || bad "DDP --device: $(cat "$T/ddp_device.log")"
+expect_exit 0 "max abs difference: 0 " "$TS" ckpt diff "$T/dp.ckpt" "$T/dd.ckpt" --tol 0
+expect_exit 2 "--device: unknown device 'cpu:99'" "$TS" train --device cpu:99
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -92,21 +92,30 @@ static int relaunch(int argc, char **argv, int64_t nproc, bool mpi) {
 
 /* --strategy / --devices into o (kind, devices), or a usage error. Without
  * TS_CPU_DEVICES, the virtual CPU devices grow to cover the highest cpu:K listed. */
-static int parse_strategy(const cli_command *cmd, const train_args *a, bool launched, ts_strategy_opts *o,
-                          ts_device **devs, int max) {
+static int parse_strategy(const cli_command *cmd, const train_args *a, bool launched, int local_rank,
+                          ts_strategy_opts *o, ts_device **devs, int max) {
     if (a->strategy && ts_strategy_kind_parse(a->strategy, &o->kind) != TS_OK)
         return cli_usage_error(cmd, "--strategy: %s", ts_last_error());
     if (a->device) {
-        if (launched)
-            return cli_usage_error(cmd, "--device %s: DDP ranks on CUDA devices need the nccl process-group backend, "
-                                   "which is not built yet; --device runs one process", a->device);
-        if (o->kind != TS_STRATEGY_NONE || a->devices)
-            return cli_usage_error(cmd, "--device runs the model on one device; --strategy %s takes --devices",
-                                   a->strategy ? a->strategy : "");
-        if (ts_device_get(a->device, &devs[0]) != TS_OK)
-            return cli_usage_error(cmd, "--device: %s", ts_last_error());
+        if ((o->kind != TS_STRATEGY_NONE && o->kind != TS_STRATEGY_DDP) || a->devices)
+            return cli_usage_error(cmd, "--device runs the model on one device per process; --strategy %s takes "
+                                   "--devices", a->strategy ? a->strategy : "");
+        if (launched && local_rank < 0) { /* the parent of --nproc N: its ranks choose */
+            o->kind = TS_STRATEGY_DDP;
+            return 0;
+        }
+        char name[32];
+        snprintf(name, sizeof name, "%s", a->device);
+        if (strcmp(a->device, "cuda") == 0 && launched) { /* one GPU per local rank, as torchrun scripts pick */
+            int n = ts_cuda_device_count(NULL, 0);
+            snprintf(name, sizeof name, "cuda:%d", n > 0 ? local_rank % n : 0);
+        }
+        if (ts_device_get(name, &devs[0]) != TS_OK) return cli_usage_error(cmd, "--device: %s", ts_last_error());
         o->devices = devs;
         o->num_devices = 1;
+        if (launched) o->kind = TS_STRATEGY_DDP;
+        else if (o->kind == TS_STRATEGY_DDP)
+            return cli_usage_error(cmd, "--strategy ddp needs --nproc N or a launcher (tessera run, torchrun, mpirun)");
         return 0;
     }
     if (launched || o->kind == TS_STRATEGY_DDP) {
@@ -176,7 +185,10 @@ static void print_banner(const train_args *a, ts_strategy *s, ts_batch_source *t
     if (ddp) printf(" per rank, %d ranks (DDP)", world);
     ts_device *devs[TS_MAX_CPU_DEVICES + 1];
     int ndev = ts_strategy_devices(s, devs, TS_MAX_CPU_DEVICES + 1);
-    if (ndev > 0) {
+    ts_strategy_kind kind = ts_strategy_kind_of(s);
+    if (kind == TS_STRATEGY_NONE || kind == TS_STRATEGY_DDP) { /* one device per process */
+        if (ndev == 1 && devs[0] != ts_device_cpu()) printf(", on %s", ts_device_name(devs[0]));
+    } else if (ndev > 0) {
         char desc[512];
         ts_strategy_describe(s, desc, sizeof desc);
         ts_log(TS_LOG_INFO, "%s", desc);
@@ -342,7 +354,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"nproc", CLI_INT, &a.nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
         {"strategy", CLI_STRING, &a.strategy, "one process, many devices: data, model, pipeline or tile (see --devices); ddp is implied by --nproc or a launcher", 1, 0},
         {"devices", CLI_STRING, &a.devices, "devices for --strategy, e.g. cpu:0,cpu:1 (default: every virtual CPU device)", 1, 0},
-        {"device", CLI_STRING, &a.device, "the one device the model trains on: cpu (default) or cuda:N (`tessera devices` lists them)", 1, 0},
+        {"device", CLI_STRING, &a.device, "the device the model trains on, one per process: cpu (default), cpu:K, cuda:N, or cuda (DDP: cuda:LOCAL_RANK, wrapping around the GPUs); `tessera devices` lists them", 1, 0},
         {"micro-batches", CLI_INT, &a.micro_batches, "--strategy pipeline: micro-batches per batch", 1, 1 << 20},
         {"schedule", CLI_STRING, &a.pp_schedule, "--strategy pipeline: gpipe or 1f1b", 1, 0},
         {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
@@ -371,7 +383,8 @@ int ts_cmd_train(int argc, char **argv) {
     }
     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
     ts_device *devs[TS_MAX_CPU_DEVICES + 1];
-    if ((rc = parse_strategy(&cmd, &a, in_job || a.nproc > 1, &so, devs, TS_MAX_CPU_DEVICES + 1)) != 0) return rc;
+    if ((rc = parse_strategy(&cmd, &a, in_job || a.nproc > 1, in_job ? (env.local_rank > 0 ? env.local_rank : 0) : -1, &so, devs,
+                             TS_MAX_CPU_DEVICES + 1)) != 0) return rc;
     if (a.nproc > 1 && !in_job) return relaunch(argc, argv, a.nproc, mpi);
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
     ts_set_conv_algo(a.algo);

@@ -3,6 +3,7 @@
  * (tessera/train.h). Each strategy lives in its own file (strategy.h).
  */
 #include "train/strategy.h"
+#include "tessera/parallel.h"
 #include "core/timeline.h"
 
 #include <stdio.h>
@@ -40,6 +41,47 @@ void ts__strategy_describe_devices(ts_strategy *s) {
     for (int i = 0; i < s->ndev && len < sizeof s->desc; i++)
         len += (size_t)snprintf(s->desc + len, sizeof s->desc - len, "%s%s", i ? ", " : " over ",
                                 ts_device_name(s->devs[i]));
+}
+
+ts_status ts__strategy_one_device(ts_strategy *s, const ts_strategy_opts *o, ts_device **dev) {
+    if (o->devices && o->num_devices != 1)
+        return ts_error(TS_ERR_INVALID_ARG, "one process on one device: %d devices given", o->num_devices);
+    if (o->devices && !o->devices[0]) return ts_error(TS_ERR_INVALID_ARG, "%s: device 0 is NULL", s->impl->name);
+    *dev = o->devices ? o->devices[0] : ts_device_cpu();
+    s->devs[0] = *dev;
+    s->ndev = 1;
+    return TS_OK;
+}
+
+ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev) {
+    if (dev == ts_device_cpu()) return TS_OK;
+    ts_module *seq = NULL, *to = NULL;
+    TS_TRY(ts_module_to(model, dev));
+    TS_TRY(ts_nn_sequential_new(&seq));
+    ts_status st = ts_nn_to_device_new(dev, &to);
+    if (st == TS_OK) st = ts_nn_sequential_add(seq, "to_device", to); /* takes `to`, also on failure */
+    if (st != TS_OK) {
+        ts_module_free(seq);
+        return st; /* s->runner (the model) is freed with the strategy */
+    }
+    s->runner = seq; /* from here seq owns the model, also when adding it fails */
+    ts_module *keep = s->model;
+    s->model = NULL;
+    TS_TRY(ts_nn_sequential_add(seq, "module", model));
+    s->model = keep;
+    return TS_OK;
+}
+
+ts_status ts__strategy_batch_to(ts_device *dev, const ts_tensor *x, const ts_tensor *y, ts_tensor **xd,
+                                ts_tensor **yd) {
+    *xd = *yd = NULL;
+    TS_TRY(ts_to_device(x, dev, xd));
+    ts_status st = ts_to_device(y, dev, yd);
+    if (st != TS_OK) {
+        ts_tensor_release(*xd);
+        *xd = NULL;
+    }
+    return st;
 }
 
 /* opts->devices, or every virtual CPU device. */

@@ -43,6 +43,17 @@ struct ts_strategy {
 /* Appends ", cpu:0, cpu:1" style device names to s->desc. */
 void ts__strategy_describe_devices(ts_strategy *s);
 
+/* One process, one device (strategies none and ddp): the device opts->devices[0] names (one entry;
+ * NULL list: the CPU) into s->devs[0] / s->ndev. */
+ts_status ts__strategy_one_device(ts_strategy *s, const ts_strategy_opts *o, ts_device **dev);
+/* Moves model (owned by s->runner) to dev, not the CPU, and makes s->runner Sequential(ToDevice(dev), model),
+ * so forward takes batches on any device; s->model stays the model. On failure s->runner still owns
+ * everything there is to free. */
+ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev);
+/* x and y on dev (new references; the same tensors when they are there). */
+ts_status ts__strategy_batch_to(ts_device *dev, const ts_tensor *x, const ts_tensor *y, ts_tensor **xd,
+                                ts_tensor **yd);
+
 extern const ts__strategy_impl ts__strategy_none, ts__strategy_ddp, ts__strategy_data, ts__strategy_model,
     ts__strategy_pipeline, ts__strategy_tile;
 

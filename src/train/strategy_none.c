@@ -8,33 +8,15 @@
  */
 #include "train/strategy.h"
 #include "core/timeline.h"
-#include "tessera/parallel.h"
 
 #include <stdio.h>
 
 static ts_status none_wrap(ts_strategy *s, ts_module *model, const ts_strategy_opts *o) {
     s->runner = s->model = model;
-    ts_device *dev = o->devices && o->num_devices >= 1 ? o->devices[0] : ts_device_cpu();
-    if (o->devices && o->num_devices != 1)
-        return ts_error(TS_ERR_INVALID_ARG, "one process on one device: %d devices given", o->num_devices);
-    s->devs[0] = dev;
-    s->ndev = 1;
+    ts_device *dev = NULL;
+    TS_TRY(ts__strategy_one_device(s, o, &dev));
     snprintf(s->desc, sizeof s->desc, "none: the model on %s", dev == ts_device_cpu() ? "the CPU" : ts_device_name(dev));
-    if (dev == ts_device_cpu()) return TS_OK;
-    ts_module *seq = NULL, *to = NULL;
-    TS_TRY(ts_module_to(model, dev));
-    TS_TRY(ts_nn_sequential_new(&seq));
-    ts_status st = ts_nn_to_device_new(dev, &to);
-    if (st == TS_OK) st = ts_nn_sequential_add(seq, "to_device", to); /* takes `to`, also on failure */
-    if (st != TS_OK) {
-        ts_module_free(seq);
-        return st; /* the caller frees s->runner: the model */
-    }
-    s->runner = seq; /* from here seq owns the model, also when adding it fails */
-    s->model = NULL;
-    TS_TRY(ts_nn_sequential_add(seq, "module", model));
-    s->model = model;
-    return TS_OK;
+    return ts__strategy_place(s, model, dev);
 }
 
 /* x and y to the model's device, then forward + cross-entropy + backward. */
@@ -43,8 +25,7 @@ static ts_status none_forward_backward(ts_strategy *s, const ts_tensor *x, const
     ts_device *dev = s->devs[0];
     ts_tensor *xd = NULL, *yd = NULL, *logits = NULL, *lt = NULL;
     double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
-    ts_status st = ts_to_device(x, dev, &xd);
-    if (st == TS_OK) st = ts_to_device(y, dev, &yd);
+    ts_status st = ts__strategy_batch_to(dev, x, y, &xd, &yd);
     if (st == TS_OK) st = ts_module_forward(s->model, xd, &logits);
     if (st == TS_OK) st = ts_cross_entropy(logits, yd, label_smoothing, &lt);
     if (st == TS_OK) *loss = (float)ts_tensor_item(lt, 0);
