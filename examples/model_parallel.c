@@ -11,9 +11,10 @@
  *                x = x.cuda(0)                          # transfer to the device
  *                return self.rnn(x)                     # compute on the device
  *
- *    Here the device is the virtual CPU device cpu:1 and the transfer is a
- *    ToDevice module: Sequential(embedding, ToDevice(cpu:1), rnn). Autograd
- *    follows the copy, so the embedding's gradient comes back to the CPU.
+ *    Here the device is cuda:0 where this Tessera has CUDA and a GPU, else the
+ *    virtual CPU device cpu:1, and the transfer is a ToDevice module:
+ *    Sequential(embedding, ToDevice(dev), rnn). Autograd follows the copy, so
+ *    the embedding's gradient comes back to the CPU.
  *
  * 2. Seed 002's "model parallelism in depth": the reference CNN's convolution
  *    blocks on cpu:0 and its classifier on cpu:1 — the training strategy
@@ -155,7 +156,10 @@ int main(int argc, char **argv) {
     ts_device *devs[2];
     CHECK(ts_device_get("cpu:0", &devs[0]));
     CHECK(ts_device_get("cpu:1", &devs[1]));
-    part1_embedding_on_cpu(devs[1], 3 * steps);
+    /* part 1 on a real GPU when there is one (seed 001's .cuda(0)), else on the virtual device cpu:1 */
+    ts_device *gpu = devs[1];
+    if (ts_cuda_device_count(NULL, 0) > 0) CHECK(ts_device_get("cuda:0", &gpu));
+    part1_embedding_on_cpu(gpu, 3 * steps);
     part2_cnn_in_depth(devs, steps, dir);
     return 0;
 }
