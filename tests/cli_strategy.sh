@@ -106,5 +106,16 @@ grep -q ", on cpu:1" "$T/ddp_device.log" && ok "DDP --device cpu:1 announced" ||
 expect_exit 0 "max abs difference: 0 " "$TS" ckpt diff "$T/dp.ckpt" "$T/dd.ckpt" --tol 0
 expect_exit 2 "--device: unknown device 'cpu:99'" "$TS" train --device cpu:99
 
+# tessera devices: the CPU, the virtual devices and the CUDA devices or the reason there are none; --json parses
+expect_exit 0 "cpu:K" "$TS" devices
+"$TS" devices --json > "$T/devices.json" 2>&1 || bad "devices --json: $(cat "$T/devices.json")"
+if ! command -v python3 > /dev/null; then echo "skip: no python3 to parse devices --json"
+elif python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["virtual_cpu_devices"] >= 1 and "host CPU" in d["cpu"]
+assert (len(d["cuda"]) > 0) != (len(d["cuda_missing"]) > 0), d
+for g in d["cuda"]: assert g["name"].startswith("cuda:") and "compute capability" in g["description"]' "$T/devices.json"
+then ok "devices --json: $(head -c 200 "$T/devices.json")"; else bad "devices --json: $(cat "$T/devices.json")"; fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
