@@ -548,7 +548,7 @@ static ts_status key_get_str(ts_store *s, const char *key, char *out, size_t cap
  * waiting out the timeout. Best effort: the store may be gone too. */
 static void publish_failure(ts_store *s, const char *pre, int r, const char *host, const char *msg) {
     char key[128], val[1200];
-    snprintf(val, sizeof val, "!rank %d (host %s) could not connect to the process group: %s", r, host, msg);
+    snprintf(val, sizeof val, "!rank %d (host %.64s) could not connect to the process group: %.1000s", r, host, msg);
     static const char *const what[] = {"addr", "shm", "shmring"};
     for (size_t k = 0; k < TS_ARRAY_LEN(what); k++) {
         snprintf(key, sizeof key, "%s/%s/%d", pre, what[k], r);
