@@ -56,6 +56,9 @@
 #else
 #define TS_ASSERT(cond, ...) ((void)sizeof((cond) ? 1 : 0))
 #endif
+/* Dropout's keep mask into m (n bytes, 1 = keep with probability 1 - p), the draw every backend uses
+ * (core/rng.c) so a seed drops the same units on the CPU and on a GPU. */
+void ts__rng_keep_mask(ts_rng *r, uint8_t *m, int64_t n, float p);
 _Noreturn void ts__assert_fail(const char *file, int line, const char *cond, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

@@ -109,3 +109,17 @@ void ts_manual_seed(uint64_t seed) {
     ts_rng_seed(&ts_default_rng, seed);
     ts_default_rng_init = 1;
 }
+
+/* Dropout's keep mask (1 with probability 1 - p), drawn the same way by every backend: two 32-bit halves
+ * per ts_rng_u64, in element order; keep iff the half >= p * 2^32. */
+void ts__rng_keep_mask(ts_rng *r, uint8_t *m, int64_t n, float p) {
+    double t = (double)p * 4294967296.0;
+    uint64_t thr = t >= 4294967296.0 ? (uint64_t)1 << 32 : (uint64_t)t;
+    int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+        uint64_t u = ts_rng_u64(r);
+        m[i] = (u & 0xffffffffu) >= thr;
+        m[i + 1] = (u >> 32) >= thr;
+    }
+    if (i < n) m[i] = (ts_rng_u64(r) & 0xffffffffu) >= thr;
+}

@@ -84,20 +84,9 @@ static ts_status cpu_narrow_copy(ts_tensor *dst, int64_t dst_n, int64_t dst_star
 }
 
 /* ---- dropout ------------------------------------------------------------------------------------- */
-/* mask: any shape, U8: 1 with probability 1 - p. Two 32-bit draws per 64-bit output of rng, in element order. */
+/* mask: any shape, U8: 1 with probability 1 - p (core/rng.c's draw, shared with the other backends). */
 static ts_status cpu_dropout_mask(ts_tensor *mask, float p, ts_rng *rng) {
-    uint8_t *m = ts__ptr(mask);
-    int64_t n = ts_tensor_numel(mask);
-    /* keep iff u >= thr for u uniform in [0, 2^32): P(keep) = 1 - thr / 2^32 */
-    double t = (double)p * 4294967296.0;
-    uint64_t thr = t >= 4294967296.0 ? (uint64_t)1 << 32 : (uint64_t)t;
-    int64_t i = 0;
-    for (; i + 1 < n; i += 2) {
-        uint64_t u = ts_rng_u64(rng);
-        m[i] = (u & 0xffffffffu) >= thr;
-        m[i + 1] = (u >> 32) >= thr;
-    }
-    if (i < n) m[i] = (ts_rng_u64(rng) & 0xffffffffu) >= thr;
+    ts__rng_keep_mask(rng, ts__ptr(mask), ts_tensor_numel(mask), p);
     return TS_OK;
 }
 

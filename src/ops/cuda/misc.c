@@ -76,8 +76,7 @@ static ts_status cu_narrow_copy(ts_tensor *dst, int64_t dst_n, int64_t dst_start
 }
 
 /* ---- dropout ------------------------------------------------------------------------------------- */
-/* The CPU's draw exactly (ops/cpu/misc.c: two 32-bit halves per ts_rng_u64, in element order), into
- * a host buffer copied to the device. The copy is from pageable memory; waiting for the stream
+/* The CPU's draw exactly (core/rng.c's ts__rng_keep_mask), into a host buffer copied to the device. The copy is from pageable memory; waiting for the stream
  * before freeing the buffer keeps this correct whatever the driver stages. */
 static ts_status cu_dropout_mask(ts_tensor *mask, float p, ts_rng *rng) {
     ts_device *dev = ts__dev(mask);
@@ -86,15 +85,7 @@ static ts_status cu_dropout_mask(ts_tensor *mask, float p, ts_rng *rng) {
     if (n == 0) return TS_OK;
     uint8_t *m = ts__malloc((size_t)n);
     if (!m) return TS_ERR_NOMEM;
-    double t = (double)p * 4294967296.0;
-    uint64_t thr = t >= 4294967296.0 ? (uint64_t)1 << 32 : (uint64_t)t;
-    int64_t i = 0;
-    for (; i + 1 < n; i += 2) {
-        uint64_t u = ts_rng_u64(rng);
-        m[i] = (u & 0xffffffffu) >= thr;
-        m[i + 1] = (u >> 32) >= thr;
-    }
-    if (i < n) m[i] = (ts_rng_u64(rng) & 0xffffffffu) >= thr;
+    ts__rng_keep_mask(rng, m, n, p); /* the CPU's draw (core/rng.c) */
     ts_status st = ts__cuda_status(dev, cudaMemcpyAsync(ts__ptr(mask), m, (size_t)n, cudaMemcpyHostToDevice, s),
                                    "cudaMemcpyAsync (dropout mask)");
     if (st == TS_OK) st = ts__cuda_status(dev, cudaStreamSynchronize(s), "cudaStreamSynchronize (dropout mask)");
