@@ -136,7 +136,9 @@ if "$TS" train --model cnn --seed 3 --quiet --max-steps 5 --batch-size 32 --prec
 grep -q -- "--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation" "$T/pb.log" && ok "--precision bf16 announced" || bad "no --precision line: $(cat "$T/pb.log")"
 grep -q '"precision": "bfloat16"' "$T/pb.json" && ok "metrics record the precision" || bad "metrics: $(cat "$T/pb.json")"
 "$TS" ckpt show "$T/pb.ckpt" | grep -q "model.0.weight *float32" && ok "bf16 training keeps float32 weights" || bad "weights: $("$TS" ckpt show "$T/pb.ckpt" | grep model.0)"
-expect_exit 2 "--precision 'fp8': expected fp32 or bf16" "$TS" train --precision fp8
+expect_exit 2 "--precision 'fp8': expected fp32, bf16 or fp16" "$TS" train --precision fp8
+expect_exit 2 "--precision fp16 (loss scaling) is not available with --strategy pipeline" "$TS" train --precision fp16 \
+  --strategy pipeline
 expect_exit 0 "FMA peak" "$TS" bench gemm --size 128 --reps 1 --threads 1
 
 echo "$passes passed, $fails failed"

@@ -23,11 +23,13 @@ typedef struct cfg {
     ts_strategy_kind kind;
     const char *save, *resume; /* checkpoint written every 2 steps / resumed from */
     ts_dtype comm;             /* DDP's all-reduce dtype (0: float32) */
+    const ts_grad_scaler *scaler; /* dynamic loss scaling (NULL: none) */
 } cfg;
 
 typedef struct result {
     float *params; /* flattened, malloc'd */
-    int64_t nparams, steps, events, micro[64], syncs;
+    int64_t nparams, steps, events, micro[64], syncs, skipped;
+    float loss_scale;
     double norm[64];
     ts_status st;
     char err[512];
@@ -73,6 +75,7 @@ static ts_status train(const cfg *c, ts_process_group *pg, result *r) {
     to.batch_size = c->batch;
     to.callback = on_step;
     to.user = r;
+    to.grad_scaler = c->scaler;
     ts_train_result res;
     ts_status st;
     TS_CHECK_GOTO_T(ts_strategy_new(make_model(4), &so, &s));
@@ -83,6 +86,8 @@ static ts_status train(const cfg *c, ts_process_group *pg, result *r) {
     if (c->resume) TS_CHECK_GOTO_T(ts_trainer_resume(t, c->resume));
     TS_CHECK_GOTO_T(ts_trainer_run(t, &res));
     r->steps = res.steps;
+    r->skipped = res.skipped_steps;
+    r->loss_scale = res.loss_scale;
     if (ts_strategy_ddp(s)) {
         ts_ddp_stats ds;
         ts_ddp_get_stats(ts_strategy_ddp(s), &ds);
@@ -113,7 +118,7 @@ static double max_diff(const result *a, const result *b) {
 /* 96 samples: 4 batches of 8 per step vs 1 batch of 32, 2 epochs (6 steps). */
 static void test_accum_equals_big_batch(void) {
     ts_dataset *ds = make_dataset(96, 5);
-    cfg big = {ds, 32, 1, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32}, small = big, data = big;
+    cfg big = {ds, 32, 1, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32, NULL}, small = big, data = big;
     small.batch = 8;
     small.accum = 4;
     data.batch = 8;
@@ -146,7 +151,7 @@ static void test_accum_equals_big_batch(void) {
 /* 100 samples at 8: 13 batches, the last of 4 samples; K = 4 makes steps of 4, 4, 4 and 1 batches. */
 static void test_short_last_step(void) {
     ts_dataset *ds = make_dataset(100, 6);
-    cfg c = {ds, 8, 4, 1, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32};
+    cfg c = {ds, 8, 4, 1, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32, NULL};
     result r = {0};
     CHECK_OK(train(&c, NULL, &r));
     CHECK(r.steps == 4 && r.events == 4);
@@ -160,7 +165,7 @@ static void test_accum_resume(void) {
     ts_dataset *ds = make_dataset(96, 7);
     char ck[512];
     snprintf(ck, sizeof ck, "%s/accum.ckpt", tu_tmpdir());
-    cfg whole = {ds, 8, 3, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32}, first = whole, rest = whole, other = whole;
+    cfg whole = {ds, 8, 3, 2, 0, 0.0, TS_STRATEGY_NONE, NULL, NULL, TS_F32, NULL}, first = whole, rest = whole, other = whole;
     first.max_steps = 5; /* stops after step 5 (mid-epoch 2: epochs have 4 steps), last save at step 4 */
     first.save = ck;
     rest.resume = ck;
@@ -196,7 +201,7 @@ static ts_status ddp_rank(rank_ctx *c, ts_process_group *pg) { return train(c->a
 
 static void test_ddp_accum(void) {
     ts_dataset *ds = make_dataset(96, 8);
-    cfg one = {ds, 32, 1, 2, 0, 0.1, TS_STRATEGY_NONE, NULL, NULL, TS_F32}, ddp = one, unclipped = one;
+    cfg one = {ds, 32, 1, 2, 0, 0.1, TS_STRATEGY_NONE, NULL, NULL, TS_F32, NULL}, ddp = one, unclipped = one;
     unclipped.clip = 0.0;
     ddp.batch = 4;
     ddp.accum = 4;
@@ -309,9 +314,58 @@ static void test_grad_scaler_rules(void) {
 }
 
 /* bfloat16 buckets: every rank ends with the same parameters, near the float32 run's but not equal to them */
+/* float16 training (matmul operands rounded to float16) with dynamic loss scaling, through the trainer: at
+ * torch's initial scale nothing overflows and the run stays near float32's; from 2^24 the scaled gradients
+ * overflow float16 (65504) in the first steps, which are skipped while the scale halves (exactly), then it
+ * trains; the checkpoint keeps the scale; the pipeline strategy is refused. */
+static void test_fp16_loss_scaling(void) {
+    ts_dataset *ds = make_dataset(96, 3);
+    char path[512];
+    snprintf(path, sizeof path, "%s/fp16.ckpt", tu_tmpdir());
+    cfg c = {ds, 8, 1, 2, 0, 0, TS_STRATEGY_NONE, NULL, NULL, 0, NULL};
+    result r32 = {0}, r16 = {0}, rbig = {0};
+    CHECK_OK(train(&c, NULL, &r32));
+    ts_grad_scaler gs = TS_GRAD_SCALER_INIT, big = TS_GRAD_SCALER_INIT;
+    big.scale = 16777216.0f;
+    CHECK_OK(ts_set_matmul_precision(TS_F16));
+    c.scaler = &gs;
+    CHECK_OK(train(&c, NULL, &r16));
+    double d = max_diff(&r32, &r16);
+    printf("fp16 + scale 65536: %lld steps, %lld skipped, max |fp16 - fp32| %.3g\n", (long long)r16.steps,
+           (long long)r16.skipped, d);
+    CHECK(r16.steps == 24 && r16.skipped == 0 && r16.loss_scale == 65536.0f);
+    CHECK(d > 0 && d < 2e-2);
+    c.scaler = &big;
+    c.save = path;
+    CHECK_OK(train(&c, NULL, &rbig));
+    float want = 16777216.0f;
+    for (int64_t i = 0; i < rbig.skipped; i++) want *= 0.5f;
+    printf("fp16 from 2^24: %lld of %lld steps skipped, scale %g; max |result - fp32| %.3g\n", (long long)rbig.skipped,
+           (long long)rbig.steps, (double)rbig.loss_scale, max_diff(&r32, &rbig));
+    CHECK(rbig.skipped >= 2 && rbig.skipped <= 12 && rbig.loss_scale == want);
+    ts_ckpt *ck = NULL;
+    double saved = 0;
+    CHECK_OK(ts_ckpt_load(path, &ck));
+    if (ck) CHECK_OK(ts_ckpt_get_f64(ck, "train.loss_scale", &saved));
+    CHECK(saved == (double)rbig.loss_scale);
+    ts_ckpt_free(ck);
+    /* the pipeline strategy cannot scale its loss */
+    c.save = NULL;
+    c.kind = TS_STRATEGY_PIPELINE;
+    result rp = {0};
+    CHECK(train(&c, NULL, &rp) == TS_ERR_UNSUPPORTED);
+    CHECK(strstr(rp.err, "pipeline") != NULL);
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+    free(r32.params);
+    free(r16.params);
+    free(rbig.params);
+    free(rp.params);
+    ts_dataset_free(ds);
+}
+
 static void test_ddp_bf16_comm(void) {
     ts_dataset *ds = make_dataset(96, 9);
-    cfg f32 = {ds, 8, 1, 2, 0, 0.0, TS_STRATEGY_DDP, NULL, NULL, TS_F32}, bf16 = f32;
+    cfg f32 = {ds, 8, 1, 2, 0, 0.0, TS_STRATEGY_DDP, NULL, NULL, TS_F32, NULL}, bf16 = f32;
     bf16.comm = TS_BF16;
     rank_ctx a[2], b[2];
     if (run_ranks(2, ddp_rank, &f32, a) && run_ranks(2, ddp_rank, &bf16, b)) {
@@ -333,7 +387,7 @@ int main(int argc, char **argv) {
     ts_set_num_threads(1);
     static const tu_test tests[] = {
         T(test_accum_equals_big_batch), T(test_short_last_step), T(test_accum_resume), T(test_ddp_accum),
-        T(test_clip_and_scale), T(test_grad_scaler_rules), T(test_ddp_bf16_comm),
+        T(test_clip_and_scale), T(test_grad_scaler_rules), T(test_ddp_bf16_comm), T(test_fp16_loss_scaling),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();

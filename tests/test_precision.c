@@ -403,7 +403,20 @@ static void test_matmul_precision(void) {
     }
     ts_tensor_release(x);
     ts_tensor_release(t);
-    CHECK_STATUS(ts_set_matmul_precision(TS_F16), TS_ERR_INVALID_ARG);
+    /* float16 precision (fp16 training): operands rounded to float16, products exact in float32 */
+    CHECK_OK(ts_set_matmul_precision(TS_F16));
+    ts_tensor *a = NULL, *b = NULL, *c = NULL;
+    float av[2] = {1.0f + 0x1p-11f + 0x1p-20f, 3.0f}, bv[2] = {1.0f, 1.0f + 0x1p-11f}; /* f16 rounds these */
+    CHECK_OK(ts_tensor_from_data(ts_device_cpu(), TS_F32, 2, (int64_t[]){1, 2}, av, &a));
+    CHECK_OK(ts_tensor_from_data(ts_device_cpu(), TS_F32, 2, (int64_t[]){2, 1}, bv, &b));
+    CHECK_OK(ts_matmul(a, b, &c));
+    /* 1 + 2^-11 + 2^-20 -> 1 + 2^-10 (f16: 10 mantissa bits, the tie above it), 1 + 2^-11 -> 1 (tie to even) */
+    if (c) CHECK(ts_tensor_item(c, 0) == (1.0f + 0x1p-10f) * 1.0f + 3.0f * 1.0f);
+    ts_tensor_release(a);
+    ts_tensor_release(b);
+    ts_tensor_release(c);
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+    CHECK_STATUS(ts_set_matmul_precision(TS_I32), TS_ERR_INVALID_ARG);
     CHECK(ts_get_matmul_precision() == TS_F32);
 }
 

@@ -20,6 +20,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 typedef struct train_args {
@@ -38,7 +39,8 @@ typedef struct train_args {
     int64_t accum_steps, warmup_steps; /* --accum-steps, --warmup-steps */
     double clip_grad_norm;             /* --clip-grad-norm (0: none) */
     const char *ddp_comm;              /* --ddp-comm: fp32 or bf16 */
-    const char *precision;             /* --precision: fp32 or bf16 */
+    const char *precision;             /* --precision: fp32, bf16 or fp16 */
+    double loss_scale;                 /* --loss-scale: fp16's initial scale */
     ts_dtype prec;
     ts_dtype comm_dtype;
 } train_args;
@@ -199,6 +201,9 @@ static void print_banner(const train_args *a, ts_strategy *s, ts_batch_source *t
            ts_get_num_threads(), ddp ? " per rank" : "");
     if (ddp && a->sync_bn) printf("--sync-bn: BatchNorm2d layers are SyncBatchNorm over all %d ranks\n", world);
     if (ddp && a->comm_dtype == TS_BF16) printf("--ddp-comm bf16: gradient buckets are all-reduced in bfloat16\n");
+    if (a->prec == TS_F16)
+        printf("--precision fp16: matmul and convolution operands rounded to float16, float32 accumulation, dynamic "
+               "loss scaling from %g\n", a->loss_scale);
     if (a->prec == TS_BF16)
         printf("--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation (%s)\n",
                ts_cpu_gemm_library());
@@ -255,6 +260,10 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
     to.clip_grad_norm = a->clip_grad_norm;
     to.trace_path = a->trace;
     to.metrics_csv = a->metrics_csv;
+    static ts_grad_scaler gs; /* fp16: dynamic loss scaling, torch.amp.GradScaler's defaults */
+    gs = TS_GRAD_SCALER_INIT;
+    gs.scale = (float)a->loss_scale;
+    if (a->prec == TS_F16) to.grad_scaler = &gs;
     return to;
 }
 
@@ -303,8 +312,10 @@ static int check_names(const cli_command *cmd, train_args *a) {
         return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
     if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
     if (ts_conv_algo_parse(a->conv_algo, &a->algo) != TS_OK) return cli_usage_error(cmd, "--conv-algo: %s", ts_last_error());
-    if (ts_dtype_parse(a->precision, &a->prec) != TS_OK || (a->prec != TS_F32 && a->prec != TS_BF16))
-        return cli_usage_error(cmd, "--precision '%s': expected fp32 or bf16", a->precision);
+    if (ts_dtype_parse(a->precision, &a->prec) != TS_OK || (a->prec != TS_F32 && a->prec != TS_BF16 && a->prec != TS_F16))
+        return cli_usage_error(cmd, "--precision '%s': expected fp32, bf16 or fp16", a->precision);
+    if (a->prec == TS_F16 && a->strategy && !strcasecmp(a->strategy, "pipeline"))
+        return cli_usage_error(cmd, "--precision fp16 (loss scaling) is not available with --strategy pipeline");
     if (ts_dtype_parse(a->ddp_comm, &a->comm_dtype) != TS_OK || (a->comm_dtype != TS_F32 && a->comm_dtype != TS_BF16))
         return cli_usage_error(cmd, "--ddp-comm '%s': expected fp32 or bf16", a->ddp_comm);
     if (a->comm_dtype == TS_BF16 && strcmp(a->backend, "builtin") != 0)
@@ -318,7 +329,7 @@ int ts_cmd_train(int argc, char **argv) {
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
                     .backend = "builtin", .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32",
-                    .precision = "fp32"};
+                    .precision = "fp32", .loss_scale = 65536.0};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
@@ -359,7 +370,8 @@ int ts_cmd_train(int argc, char **argv) {
         {"schedule", CLI_STRING, &a.pp_schedule, "--strategy pipeline: gpipe or 1f1b", 1, 0},
         {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
         {"backend", CLI_STRING, &a.backend, "process group backend: builtin, or mpi (under mpirun; --nproc starts mpirun)", 1, 0},
-        {"precision", CLI_STRING, &a.precision, "fp32, or bf16: matmuls and convolutions round their operands to bfloat16 and accumulate in float32 (AVX512_BF16 through oneDNN); weights, optimizer, losses and normalisation stay float32", 1, 0},
+        {"precision", CLI_STRING, &a.precision, "fp32, bf16: matmuls and convolutions round their operands to bfloat16 and accumulate in float32 (AVX512_BF16 through oneDNN); weights, optimizer, losses and normalisation stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on this CPU float16 runs at float32 speed)", 1, 0},
+        {"loss-scale", CLI_FLOAT, &a.loss_scale, "--precision fp16: the initial loss scale (grows x2 every 2000 clean steps, halves on overflow)", 1, 1e30},
         {"ddp-comm", CLI_STRING, &a.ddp_comm, "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", 1, 0},
         {"sync-bn", CLI_BOOL, &a.sync_bn, "with --nproc > 1: BatchNorm statistics over all ranks' batches (SyncBatchNorm)", 1, 0},
     };
@@ -489,6 +501,9 @@ int ts_cmd_train(int argc, char **argv) {
     if (rank != 0) goto done;
     printf("done: %lld steps, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", (long long)r.steps,
            100.0 * r.eval.accuracy, r.images_per_second, r.train_seconds);
+    if (a.prec == TS_F16)
+        printf("loss scaling: %lld step%s skipped for inf/NaN gradients, scale now %g\n", (long long)r.skipped_steps,
+               r.skipped_steps == 1 ? "" : "s", (double)r.loss_scale);
     if (a.metrics_json) status = write_metrics(&a, &r, ts_strategy_world_size(s));
     goto done;
 fail:

@@ -196,7 +196,10 @@ const char *ts_conv_algo_name(ts_conv_algo a);
  * or im2col under TS_BF16 (never Winograd: its transforms would round in bfloat16). On CUDA devices
  * matmuls multiply bfloat16 copies of the operands (cuBLAS, float32 accumulation) and convolutions run
  * cuDNN in bfloat16 with float32 compute, their outputs rounded to bfloat16 once more (as autocast). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16
- * sets the starting value. Other dtypes are refused (TS_ERR_INVALID_ARG). */
+ * sets the starting value. TS_F16 rounds the operands to float16 instead (fp16 training, with the
+ * trainer's loss scaling: ts_trainer_opts.grad_scaler): on the CPU an emulation at float32 speed (im2col
+ * convolutions), on CUDA cuBLAS float16 products (convolutions stay float32 there for now). Other dtypes
+ * are refused (TS_ERR_INVALID_ARG). */
 ts_status ts_set_matmul_precision(ts_dtype dt);
 ts_dtype ts_get_matmul_precision(void);
 /* What runs float32 GEMMs on the CPU: "onednn" or "openblas" (TS_GEMM=openblas|onednn chooses where both

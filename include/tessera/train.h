@@ -405,13 +405,20 @@ typedef struct ts_trainer_opts {
      * (the step's share waiting for batches), allreduce_seconds (DDP: this step's bucket all-reduces;
      * else 0) after a header line; a resumed run appends to a file that starts with that header. */
     const char *trace_path, *metrics_csv;
+    /* Dynamic loss scaling (float16 training; NULL: none): the trainer keeps a copy of this scaler, seeds
+     * every backward with its scale (the loss itself is reported unscaled), divides the gradients by it
+     * before clipping and the optimizer, skips the optimizer step when a gradient is inf or NaN (on every
+     * rank alike: after DDP's all-reduce), and updates the scale (ts_grad_scaler_update). The scale and its
+     * growth tracker are saved in checkpoints (train.loss_scale, train.loss_scale_tracker) and resumed.
+     * Strategies none, ddp, data, model and tile; pipeline is refused. */
+    const ts_grad_scaler *grad_scaler;
 } ts_trainer_opts;
 
 #define TS_TRAINER_OPTS_MAGIC 0x7e5a7101u
 #define TS_TRAINER_OPTS_VERSION 1u
 #define TS_TRAINER_OPTS_INIT                                                                                   \
     ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
-                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0, NULL, NULL})
+                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0, NULL, NULL, NULL})
 
 typedef struct ts_trainer ts_trainer;
 
@@ -474,6 +481,8 @@ typedef struct ts_train_result {
     double images_per_second;  /* images / train_seconds */
     double final_loss;         /* the latest step's loss (NaN when none ran) */
     ts_eval_result eval;       /* the latest evaluation on rank 0 (samples 0 when none) */
+    int64_t skipped_steps;     /* loss scaling: optimizer steps skipped for inf/NaN gradients in this call */
+    float loss_scale;          /* loss scaling: the scale after the last step (0 without a scaler) */
 } ts_train_result;
 
 /* Trains until the last epoch or max_steps: every step sets the scheduled

@@ -55,7 +55,8 @@ void ts_set_conv_algo(ts_conv_algo a) { conv_algo = (int)a; }
 static _Atomic int matmul_precision = -1; /* -1: not yet read from TS_MATMUL_PRECISION */
 
 ts_status ts_set_matmul_precision(ts_dtype dt) {
-    TS_ARG(dt == TS_F32 || dt == TS_BF16, "ts_set_matmul_precision: %s (want float32 or bfloat16)", ts_dtype_name(dt));
+    TS_ARG(dt == TS_F32 || dt == TS_BF16 || dt == TS_F16, "ts_set_matmul_precision: %s (want float32, bfloat16 or float16)",
+           ts_dtype_name(dt));
     matmul_precision = (int)dt;
     return TS_OK;
 }
@@ -65,8 +66,8 @@ ts_dtype ts_get_matmul_precision(void) {
     if (p < 0) {
         const char *e = getenv("TS_MATMUL_PRECISION");
         ts_dtype dt = TS_F32;
-        if (e && *e && (ts_dtype_parse(e, &dt) != TS_OK || (dt != TS_F32 && dt != TS_BF16))) {
-            ts_log(TS_LOG_WARN, "TS_MATMUL_PRECISION=%s: expected fp32 or bf16; using fp32", e);
+        if (e && *e && (ts_dtype_parse(e, &dt) != TS_OK || (dt != TS_F32 && dt != TS_BF16 && dt != TS_F16))) {
+            ts_log(TS_LOG_WARN, "TS_MATMUL_PRECISION=%s: expected fp32, bf16 or fp16; using fp32", e);
             dt = TS_F32;
         }
         int expect = -1;

@@ -6,6 +6,7 @@
 #include "tessera/parallel.h"
 #include "core/timeline.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <strings.h>
 
@@ -72,6 +73,23 @@ ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev) {
     return TS_OK;
 }
 
+ts_status ts__strategy_backward(ts_strategy *s, ts_tensor *loss) {
+    if (s->loss_scale == 1.0f || s->loss_scale == 0.0f) return ts_backward(loss, NULL, false);
+    ts_tensor *seed = NULL;
+    TS_TRY(ts_tensor_full(ts_tensor_device(loss), ts_tensor_ndim(loss), ts_tensor_shape(loss), s->loss_scale, &seed));
+    ts_status st = ts_backward(loss, seed, false);
+    ts_tensor_release(seed);
+    return st;
+}
+
+ts_status ts__strategy_set_loss_scale(ts_strategy *s, float scale) {
+    TS_ARG(scale > 0 && isfinite(scale), "loss scale %g: want a finite value > 0", (double)scale);
+    if (s->impl->kind == TS_STRATEGY_PIPELINE && scale != 1.0f)
+        return ts_error(TS_ERR_UNSUPPORTED, "loss scaling (float16 training) is not available with --strategy pipeline");
+    s->loss_scale = scale;
+    return TS_OK;
+}
+
 ts_status ts__strategy_batch_to(ts_device *dev, const ts_tensor *x, const ts_tensor *y, ts_tensor **xd,
                                 ts_tensor **yd) {
     *xd = *yd = NULL;
@@ -128,6 +146,7 @@ ts_status ts_strategy_new(ts_module *model, const ts_strategy_opts *o, ts_strate
         goto fail;
     }
     s->impl = impl_of(o->kind);
+    s->loss_scale = 1.0f;
     if (s->impl->needs_devices) TS_CHECK_GOTO(take_devices(s, o));
     st = s->impl->wrap(s, model, o); /* owns the model from here, also on failure */
     model = NULL;
@@ -186,7 +205,7 @@ ts_status ts_strategy_forward_backward(ts_strategy *s, const ts_tensor *x, const
         if (st == TS_OK) l = (float)ts_tensor_item(lt, 0);
         ts__tl_span(TS__TL_TRAINER, "forward", t0);
         t0 = ts__tl_now();
-        if (st == TS_OK) st = ts_backward(lt, NULL, false);
+        if (st == TS_OK) st = ts__strategy_backward(s, lt);
         ts__tl_span(TS__TL_TRAINER, "backward", t0);
         ts_tensor_release(lt);
         ts_tensor_release(logits);

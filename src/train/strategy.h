@@ -38,6 +38,7 @@ struct ts_strategy {
     ts_process_group *pg; /* DDP: borrowed */
     ts_ddp *ddp;          /* DDP: owned */
     char desc[512];       /* what ts_strategy_describe prints, set by wrap */
+    float loss_scale;     /* the seed of every backward (loss scaling; 1: none) — ts__strategy_backward */
 };
 
 /* Appends ", cpu:0, cpu:1" style device names to s->desc. */
@@ -50,6 +51,12 @@ ts_status ts__strategy_one_device(ts_strategy *s, const ts_strategy_opts *o, ts_
  * so forward takes batches on any device; s->model stays the model. On failure s->runner still owns
  * everything there is to free. */
 ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev);
+/* ts_backward(loss) seeded with s->loss_scale (a scalar on the loss's device) instead of 1: the gradients
+ * of scale * loss, the loss itself unchanged. Every strategy's backward goes through here. */
+ts_status ts__strategy_backward(ts_strategy *s, ts_tensor *loss);
+/* Sets the seed (> 0) of the strategy's backward passes; TS_ERR_UNSUPPORTED for pipeline. */
+ts_status ts__strategy_set_loss_scale(ts_strategy *s, float scale);
+
 /* x and y on dev (new references; the same tensors when they are there). */
 ts_status ts__strategy_batch_to(ts_device *dev, const ts_tensor *x, const ts_tensor *y, ts_tensor **xd,
                                 ts_tensor **yd);

@@ -39,7 +39,7 @@ static ts_status ddp_forward_backward(ts_strategy *s, const ts_tensor *x, const 
     if (st == TS_OK) *loss = (float)ts_tensor_item(l, 0);
     ts__tl_span(TS__TL_TRAINER, "forward", t0);
     t0 = ts__tl_now();
-    if (st == TS_OK) st = ts_backward(l, NULL, false);
+    if (st == TS_OK) st = ts__strategy_backward(s, l);
     if (st == TS_OK) st = ts_ddp_sync_status(s->ddp); /* the all-reduces finished inside backward */
     ts__tl_span(TS__TL_TRAINER, "backward", t0);
     ts_tensor_release(l);

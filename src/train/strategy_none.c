@@ -31,7 +31,7 @@ static ts_status none_forward_backward(ts_strategy *s, const ts_tensor *x, const
     if (st == TS_OK) *loss = (float)ts_tensor_item(lt, 0);
     ts__tl_span(TS__TL_TRAINER, "forward", t0);
     t0 = ts__tl_now();
-    if (st == TS_OK) st = ts_backward(lt, NULL, false);
+    if (st == TS_OK) st = ts__strategy_backward(s, lt);
     ts__tl_span(TS__TL_TRAINER, "backward", t0);
     ts_tensor_release(lt);
     ts_tensor_release(logits);

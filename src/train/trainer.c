@@ -59,6 +59,8 @@
 #define CK_DATA_CLASSES "data.num_classes"
 #define CK_DATA_NAMES "data.classes"
 #define CK_ACCUM "train.accum_steps"
+#define CK_SCALE "train.loss_scale"
+#define CK_SCALE_TRACKER "train.loss_scale_tracker"
 
 struct ts_trainer {
     ts_strategy *s;
@@ -76,6 +78,9 @@ struct ts_trainer {
     char *trace_path, *metrics_csv; /* owned copies of o's */
     int trace_rank, trace_world;    /* the trace file's rank and world (names the file, pid) */
     FILE *csv;                      /* metrics_csv while a run writes it */
+    bool scaling;                   /* o.grad_scaler given: dynamic loss scaling */
+    ts_grad_scaler gs;              /* its state */
+    int64_t skipped;                /* steps skipped for inf/NaN gradients in this run call */
 };
 
 /* ---- checkpoint folders: step-<step>.ckpt, the newest `keep` kept ------------------------------------ */
@@ -264,6 +269,14 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     trace_identity(s, &t->trace_rank, &t->trace_world);
     t->accum = o->accum_steps > 1 ? o->accum_steps : 1;
     ts_status st = ts_module_parameters(ts_strategy_model(s), &t->params);
+    if (st == TS_OK && o->grad_scaler) { /* loss scaling: checked now, not at the first step */
+        t->scaling = true;
+        t->gs = *o->grad_scaler;
+        st = ts_grad_scaler_check(&t->gs);
+        if (st == TS_OK) st = ts__strategy_set_loss_scale(s, t->gs.scale);
+        if (st == TS_OK) st = ts__strategy_set_loss_scale(s, 1.0f); /* run_step sets it before each step */
+    }
+    t->o.grad_scaler = NULL; /* t->gs is the trainer's own copy */
     if (st != TS_OK) {
         ts_trainer_free(t);
         return st;
@@ -347,6 +360,10 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     if (t->model_name) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, t->model_name, strlen(t->model_name)));
     if (t->o.num_classes > 0) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_NUM_CLASSES, t->o.num_classes));
     if (t->accum > 1) TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_ACCUM, t->accum));
+    if (t->scaling) {
+        TS_CHECK_GOTO(ts_ckpt_set_f64(ck, CK_SCALE, t->gs.scale));
+        TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_SCALE_TRACKER, t->gs.growth_tracker));
+    }
     if (t->optimizer_name)
         TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, t->optimizer_name, strlen(t->optimizer_name)));
     if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, t->o.rng, sizeof *t->o.rng));
@@ -508,6 +525,18 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
         goto fail;
     }
     if (t->o.rng && rb) memcpy(t->o.rng, rb, sizeof *t->o.rng);
+    double scale = 0;
+    int64_t tracker = 0;
+    if (t->scaling && ts_ckpt_get_f64(ck, CK_SCALE, &scale) == TS_OK) { /* a run without scaling has none */
+        if (!(scale > 0 && isfinite(scale)) || ts_ckpt_get_i64(ck, CK_SCALE_TRACKER, &tracker) != TS_OK ||
+            tracker < 0) {
+            st = ts_error(TS_ERR_FORMAT, "%s: %s %g / %s: not a loss scaler's state", path, CK_SCALE, scale,
+                          CK_SCALE_TRACKER);
+            goto fail;
+        }
+        t->gs.scale = (float)scale;
+        t->gs.growth_tracker = tracker;
+    }
     /* a run already past its last epoch trains no more (walking a pipeline's order to a far epoch is slow) */
     if (in.epoch < t->o.epochs) TS_CHECK_GOTO(ts_batch_source_seek(t->train, in.epoch, in.batch));
     t->epoch = in.epoch;
@@ -700,15 +729,23 @@ static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done
     ts_optimizer_set_lr(t->opt, (float)lr);
     double loss = 0.0, norm = NAN, wait = 0.0, t0 = ts__tl_now();
     if (t0 > 0) (void)ts__tl_take(TS__TL_ALLREDUCE_S); /* this step's all-reduces from here */
-    ts_status st = accumulate(t, want, &m, &last, &loss, &images, &wait);
+    ts_status st = t->scaling ? ts__strategy_set_loss_scale(t->s, t->gs.scale) : TS_OK;
+    if (st == TS_OK) st = accumulate(t, want, &m, &last, &loss, &images, &wait);
     if (st == TS_OK && m == 0) {
         *done = true;
         return TS_OK;
     }
     double topt = ts__tl_now();
-    if (st == TS_OK && m > 1) st = ts_scale_grads(&t->params, (float)(1.0 / (double)m), NULL);
-    if (st == TS_OK && t->o.clip_grad_norm > 0) st = ts_clip_grad_norm(&t->params, t->o.clip_grad_norm, &norm);
-    if (st == TS_OK) st = ts_optimizer_step(t->opt);
+    bool overflow = false; /* loss scaling: a gradient is inf or NaN, so this step is skipped */
+    if (st == TS_OK && t->scaling) {
+        st = ts_grad_scaler_unscale(&t->gs, &t->params, &overflow);
+        if (st == TS_OK) ts_grad_scaler_update(&t->gs, overflow);
+        if (overflow) t->skipped++;
+    }
+    if (st == TS_OK && m > 1 && !overflow) st = ts_scale_grads(&t->params, (float)(1.0 / (double)m), NULL);
+    if (st == TS_OK && t->o.clip_grad_norm > 0 && !overflow)
+        st = ts_clip_grad_norm(&t->params, t->o.clip_grad_norm, &norm);
+    if (st == TS_OK && !overflow) st = ts_optimizer_step(t->opt);
     ts_optimizer_zero_grad(t->opt);
     ts__tl_span(TS__TL_TRAINER, "optimizer step", topt);
     ts__tl_event(TS__TL_TRAINER, "step", t0, ts__tl_now(), "step", t->step + 1, "epoch", t->epoch + 1);
@@ -739,6 +776,7 @@ static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done
 ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     TS_ARG(t, "ts_trainer_run: NULL trainer");
     ts_train_result r = {0};
+    t->skipped = 0;
     r.final_loss = t->last_loss;
     r.eval.accuracy = r.eval.loss = NAN;
     const int rank = ts_strategy_rank(t->s);
@@ -788,6 +826,9 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     r.epochs = t->epoch;
     r.final_loss = t->last_loss;
     r.images_per_second = r.train_seconds > 0 ? (double)r.images / r.train_seconds : 0.0;
+    r.skipped_steps = t->skipped;
+    r.loss_scale = t->scaling ? t->gs.scale : 0.0f;
+    if (t->scaling) (void)ts__strategy_set_loss_scale(t->s, 1.0f); /* the strategy's later users see no scale */
     if (out) *out = r;
     return st;
 }

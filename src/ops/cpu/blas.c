@@ -16,7 +16,11 @@
  * sum post-op), cached per shape; without it, or for an alpha/beta it does not
  * take, the operands are rounded in float32 and go through sgemm: the same
  * products (a product of two bfloat16 values is exact in float32), summed in
- * another order.
+ * another order. float16 precision (TS_F16, the float16 training of --precision
+ * fp16, with loss scaling) always takes that second path: the operands rounded
+ * to float16 values (11-bit mantissas: their products are exact in float32) —
+ * this CPU has no float16 arithmetic, so it runs at float32's speed and stands
+ * for the GPU's float16 tensor-core products.
  *
  * Threads. OpenBLAS 0.3.21 (Debian's OpenMP build) keeps ONE global thread
  * count, and openblas_set_num_threads frees and reallocates its per-thread
@@ -120,12 +124,18 @@ static ts_tensor *scratch_bytes(ts_device *d, size_t bytes) {
 /* X (rows x cols as stored, leading dimension ld) into dst, contiguous rows x cols, each value rounded to
  * bfloat16: as 16-bit values (dst16) or as float32 (dst32). Row by row, as stored: the loops vectorise;
  * transposes stay with the product. */
-static void round_rows(int64_t rows, int64_t cols, const float *X, int64_t ld, uint16_t *dst16, float *dst32) {
+/* X's rows rounded to bfloat16 (dst16: the 16-bit values) or to the nearest value of dt, BF16 or F16, kept
+ * in float32 (dst32). */
+static void round_rows(int64_t rows, int64_t cols, const float *X, int64_t ld, uint16_t *dst16, float *dst32,
+                       ts_dtype dt) {
     for (int64_t i = 0; i < rows; i++) {
         const float *x = X + i * ld;
         if (dst16) {
             uint16_t *o = dst16 + i * cols;
             for (int64_t j = 0; j < cols; j++) o[j] = ts__bf16_from_f32(x[j]);
+        } else if (dt == TS_F16) {
+            float *o = dst32 + i * cols;
+            for (int64_t j = 0; j < cols; j++) o[j] = ts__f16_to_f32(ts__f16_from_f32(x[j]));
         } else {
             float *o = dst32 + i * cols;
             for (int64_t j = 0; j < cols; j++) o[j] = ts__bf16_to_f32(ts__bf16_from_f32(x[j]));
@@ -222,8 +232,8 @@ static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
     void *ws = tw ? ts__ptr(tw) : NULL;
     bool ok = a && b && (!sbytes || ws);
     if (!ok) goto done;
-    round_rows(ta ? K : M, ta ? M : K, A, lda, a, NULL);
-    round_rows(tb ? N : K, tb ? K : N, B, ldb, b, NULL);
+    round_rows(ta ? K : M, ta ? M : K, A, lda, a, NULL, TS_BF16);
+    round_rows(tb ? N : K, tb ? K : N, B, ldb, b, NULL, TS_BF16);
     dnnl_memory_desc_t ad, bd, cd;
     dnnl_dims_t cd_ = {M, N}, cs = {ldc, 1};
     dnnl_memory_t am = NULL, bm = NULL, cm = NULL, sm = NULL;
@@ -255,11 +265,12 @@ done:
 }
 #endif
 
-/* One product in bfloat16 precision (see the top of the file). */
-static ts_status gemm1_bf16(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                            const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* One product in bfloat16 or float16 precision (see the top of the file). */
+static ts_status gemm1_half(ts_device *d, ts_dtype prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                            float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                            int64_t ldc) {
 #ifdef TS_HAVE_DNNL
-    if (use_dnnl && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0 &&
+    if (prec == TS_BF16 && use_dnnl && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0 &&
         gemm_bf16_dnnl(d, ta, tb, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc))
         return TS_OK;
 #endif
@@ -267,21 +278,21 @@ static ts_status gemm1_bf16(ts_device *d, bool ta, bool tb, int64_t M, int64_t N
     if (!ta_ || !tb_) {
         ts_tensor_release(ta_);
         ts_tensor_release(tb_);
-        return ts_error(TS_ERR_NOMEM, "sgemm (bfloat16 precision): %lld x %lld x %lld operands", (long long)M,
-                        (long long)N, (long long)K);
+        return ts_error(TS_ERR_NOMEM, "sgemm (%s precision): %lld x %lld x %lld operands", ts_dtype_name(prec),
+                        (long long)M, (long long)N, (long long)K);
     }
     float *a = ts__ptr(ta_), *b = ts__ptr(tb_);
-    round_rows(ta ? K : M, ta ? M : K, A, lda, NULL, a);
-    round_rows(tb ? N : K, tb ? K : N, B, ldb, NULL, b);
+    round_rows(ta ? K : M, ta ? M : K, A, lda, NULL, a, prec);
+    round_rows(tb ? N : K, tb ? K : N, B, ldb, NULL, b, prec);
     sgemm1(ta, tb, M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, C, ldc);
     ts_tensor_release(ta_);
     ts_tensor_release(tb_);
     return TS_OK;
 }
 
-static ts_status gemm1(ts_device *d, bool bf16, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                       int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    if (bf16) return gemm1_bf16(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+static ts_status gemm1(ts_device *d, ts_dtype prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (prec != TS_F32) return gemm1_half(d, prec, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return TS_OK;
 }
@@ -292,10 +303,10 @@ static ts_status cpu_sgemm(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
                            int64_t ldc) {
     if (M == 0 || N == 0) return TS_OK;
     pthread_once(&blas_once, blas_init);
-    const bool bf16 = ts_get_matmul_precision() == TS_BF16;
+    const ts_dtype prec = ts_get_matmul_precision();
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
     if (nthr <= 1 || (double)M * (double)N * (double)K < SGEMM_PAR_MIN)
-        return gemm1(d, bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return gemm1(d, prec, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     const bool by_rows = M >= N; /* split the longer side of C */
     const int64_t len = by_rows ? M : N, align = by_rows ? 8 : 16;
     int bad = 0;
@@ -306,14 +317,15 @@ static ts_status cpu_sgemm(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
         const int64_t lo = TS_MIN(len, t * per), hi = TS_MIN(len, lo + per);
         if (hi > lo) {
             if (by_rows) /* rows lo..hi of C: rows of A, or columns of the stored A^T */
-                bad |= gemm1(d, bf16, ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta,
+                bad |= gemm1(d, prec, ta, tb, hi - lo, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta,
                              C + lo * ldc, ldc) != TS_OK;
             else /* columns lo..hi of C: columns of B, or rows of the stored B^T */
-                bad |= gemm1(d, bf16, ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta,
+                bad |= gemm1(d, prec, ta, tb, M, hi - lo, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta,
                              C + lo, ldc) != TS_OK;
         }
     }
-    return bad ? ts_error(TS_ERR_NOMEM, "sgemm (bfloat16 precision): out of memory for the rounded operands") : TS_OK;
+    return bad ? ts_error(TS_ERR_NOMEM, "sgemm (%s precision): out of memory for the rounded operands", ts_dtype_name(prec))
+               : TS_OK;
 }
 
 /* A batch of products. Products big enough to split (cpu_sgemm's rule) run one
@@ -326,7 +338,7 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
                                    int64_t batch) {
     if (M == 0 || N == 0 || batch == 0) return TS_OK;
     pthread_once(&blas_once, blas_init);
-    const bool bf16 = ts_get_matmul_precision() == TS_BF16;
+    const ts_dtype prec = ts_get_matmul_precision();
     int nthr = omp_in_parallel() ? 1 : omp_get_max_threads();
     double work = (double)M * (double)N * (double)K;
     if (batch == 1 || nthr <= 1 || work >= SGEMM_PAR_MIN) {
@@ -338,9 +350,10 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
     int bad = 0;
 #pragma omp parallel for num_threads(nthr) if (work * (double)batch >= SGEMM_PAR_MIN) schedule(static) reduction(| : bad)
     for (int64_t i = 0; i < batch; i++)
-        bad |= gemm1(d, bf16, ta, tb, M, N, K, alpha, A + aoff[i], lda, B + boff[i], ldb, beta, C + i * cstride, ldc) !=
+        bad |= gemm1(d, prec, ta, tb, M, N, K, alpha, A + aoff[i], lda, B + boff[i], ldb, beta, C + i * cstride, ldc) !=
                TS_OK;
-    return bad ? ts_error(TS_ERR_NOMEM, "sgemm (bfloat16 precision): out of memory for the rounded operands") : TS_OK;
+    return bad ? ts_error(TS_ERR_NOMEM, "sgemm (%s precision): out of memory for the rounded operands", ts_dtype_name(prec))
+               : TS_OK;
 }
 
 const struct ts_kernels_blas ts_cpu_kernels_blas = {

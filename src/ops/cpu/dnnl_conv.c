@@ -48,7 +48,9 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
 static bool wino_fits(const ts_conv2d_geom *g, bool bf16);
 
 bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
-    if (g->groups != 1 || strcmp(ts_cpu_gemm_library(), "onednn") != 0) return false;
+    /* float16 precision: im2col + blas.c's rounded products (oneDNN's f16 convolutions need AVX512-FP16) */
+    if (g->groups != 1 || strcmp(ts_cpu_gemm_library(), "onednn") != 0 || ts_get_matmul_precision() == TS_F16)
+        return false;
     ts_conv_algo a = ts_get_conv_algo();
     if (a == TS_CONV_ONEDNN || a == TS_CONV_AUTO) return true;
     if (a != TS_CONV_WINOGRAD) return false;

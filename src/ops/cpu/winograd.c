@@ -52,7 +52,7 @@ static inline int64_t xs(int64_t n) { return n + WINO_SKEW; }
 
 bool ts__cpu_wino_ok(const ts_conv2d_geom *g) {
     ts_conv_algo a = ts_get_conv_algo();
-    if (a == TS_CONV_IM2COL || ts_get_matmul_precision() == TS_BF16) return false;
+    if (a == TS_CONV_IM2COL || ts_get_matmul_precision() != TS_F32) return false;
     if (g->kh != 3 || g->kw != 3 || g->sh != 1 || g->sw != 1 || g->dh != 1 || g->dw != 1 || g->groups != 1)
         return false;
     if (g->ph > 2 || g->pw > 2 || g->OH < 1 || g->OW < 1 || g->N < 1) return false;

@@ -13,7 +13,8 @@
  * tensor cores. (CUBLAS_COMPUTE_32F_FAST_16BF on float32 operands was tried:
  * its results differed from the CPU's bf16 products by ~1e-2 relative on a
  * 64x96x80 product, not the ~1e-6 of a different summation order: it does not
- * round its inputs to nearest.)
+ * round its inputs to nearest.) TS_F16 (float16 training) is the same with
+ * float16 copies (CUDA_R_16F).
  *
  * A batch whose operand offsets are evenly spaced (broadcast operands: spacing 0)
  * is one strided-batched call; other batches run product by product. The handle
@@ -85,8 +86,8 @@ static int64_t span(bool trans, int64_t r, int64_t c, int64_t ld) {
     return rows ? (rows - 1) * ld + cols : 0;
 }
 
-/* Operands as cuBLAS reads them: the float32 originals, or (bf16 precision) bfloat16 copies rounded to nearest
- * even in scratch tensors *ta / *tb (released by the caller after queuing the product). */
+/* Operands as cuBLAS reads them: the float32 originals, or (bf16 / f16 precision) 16-bit copies rounded to
+ * nearest even in scratch tensors *ta / *tb (released by the caller after queuing the product). */
 typedef struct gemm_operands {
     const void *a, *b;
     cudaDataType_t type;
@@ -97,18 +98,20 @@ typedef struct gemm_operands {
 static ts_status operands(ts_device *d, const float *A, int64_t na, const float *B, int64_t nb, gemm_operands *o) {
     memset(o, 0, sizeof *o);
     o->a = A, o->b = B, o->type = CUDA_R_32F, o->compute = CUBLAS_COMPUTE_32F;
-    if (ts_get_matmul_precision() != TS_BF16) return TS_OK;
+    const ts_dtype prec = ts_get_matmul_precision();
+    if (prec != TS_BF16 && prec != TS_F16) return TS_OK;
+    const int ct = prec == TS_BF16 ? TS_CU_BF16 : TS_CU_F16;
     TS_CU_BEGIN(d, s);
     TS_TRY(ts__scratch_bytes(d, (size_t)TS_MAX(na, 1) * 2, &o->ta));
     ts_status st = ts__scratch_bytes(d, (size_t)TS_MAX(nb, 1) * 2, &o->tb);
-    if (st == TS_OK) st = ts__cuda_status(d, ts_cu_cast(ts__ptr(o->ta), TS_CU_BF16, A, TS_CU_F32, na, s), "gemm: bf16 A");
-    if (st == TS_OK) st = ts__cuda_status(d, ts_cu_cast(ts__ptr(o->tb), TS_CU_BF16, B, TS_CU_F32, nb, s), "gemm: bf16 B");
+    if (st == TS_OK) st = ts__cuda_status(d, ts_cu_cast(ts__ptr(o->ta), ct, A, TS_CU_F32, na, s), "gemm: 16-bit A");
+    if (st == TS_OK) st = ts__cuda_status(d, ts_cu_cast(ts__ptr(o->tb), ct, B, TS_CU_F32, nb, s), "gemm: 16-bit B");
     if (st != TS_OK) {
         ts_tensor_release(o->ta);
         ts_tensor_release(o->tb);
         return st;
     }
-    o->a = ts__ptr(o->ta), o->b = ts__ptr(o->tb), o->type = CUDA_R_16BF;
+    o->a = ts__ptr(o->ta), o->b = ts__ptr(o->tb), o->type = prec == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     return TS_OK;
 }
 
