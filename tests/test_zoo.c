@@ -356,7 +356,7 @@ static void test_custom_errors(void) {
     CHECK(y == NULL);
     /* slots are bounded */
     for (int i = 0; i < 7; i++) {
-        char nm[8];
+        char nm[16];
         snprintf(nm, sizeof nm, "p%d", i);
         CHECK_OK(ts_module_add_parameter(m, nm, NULL));
     }

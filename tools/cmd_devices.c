@@ -33,7 +33,7 @@ int ts_cmd_devices(int argc, char **argv) {
                line, "cpu:K", nv, nv - 1, ts_cpu_device_threads(), ts_cpu_device_threads() == 1 ? "" : "s");
     int status = 0;
     for (int i = 0; i < nc; i++) {
-        char name[16];
+        char name[24];
         snprintf(name, sizeof name, "cuda:%d", i);
         ts_device *d = NULL;
         if (ts_device_get(name, &d) != TS_OK) {
