@@ -38,6 +38,11 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
     --checkpoint "$OUT/cuda.ckpt" --metrics-json "$OUT/train_cuda.json"
   step eval_cpu .gpu/bin/tessera eval --checkpoint "$OUT/cuda.ckpt" --data .gpu/fashion-mnist --confusion 0
   rm -f "$OUT/cuda.ckpt"
+  # two DDP ranks sharing the GPU (buckets through host memory, the builtin backend), then float16 training
+  step ddp_cuda .gpu/bin/tessera train --nproc 2 --device cuda:0 --model cnn --epochs 1 --batch-size 32 \
+    --data .gpu/fashion-mnist --quiet
+  step fp16_cuda .gpu/bin/tessera train --device cuda:0 --precision fp16 --model cnn --epochs 1 \
+    --data .gpu/fashion-mnist --quiet
 fi
 grep -E "^FAIL|^SKIP|^  " "$OUT"/golden_ops_cuda*.log | head -40
 grep -E "matmul|conv|step|FAIL|CHECK" "$OUT/test_cuda.log"
