@@ -198,7 +198,7 @@ const char *ts_conv_algo_name(ts_conv_algo a);
  * cuDNN in bfloat16 with float32 compute, their outputs rounded to bfloat16 once more (as autocast). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16
  * sets the starting value. TS_F16 rounds the operands to float16 instead (fp16 training, with the
  * trainer's loss scaling: ts_trainer_opts.grad_scaler): on the CPU an emulation at float32 speed (im2col
- * convolutions), on CUDA cuBLAS float16 products (convolutions stay float32 there for now). Other dtypes
+ * convolutions), on CUDA cuBLAS and cuDNN float16 products (not yet run on a GPU). Other dtypes
  * are refused (TS_ERR_INVALID_ARG). */
 ts_status ts_set_matmul_precision(ts_dtype dt);
 ts_dtype ts_get_matmul_precision(void);

@@ -16,8 +16,10 @@
  * and beta. Its output goes to a bfloat16 scratch, cast back into the float32 result: unlike the CPU's
  * bf16 convolutions, the result is rounded to bfloat16 once more on the way out (the legacy API has no
  * bfloat16-in, float32-out configuration), as under PyTorch's autocast. The bias, its gradient (from the
- * float32 gout) and every tensor the op sees stay float32. TS_CUDA_CONV_BF16=0 in the environment (read
- * once) keeps convolutions in float32 whatever the precision, for A/B measurements.
+ * float32 gout) and every tensor the op sees stay float32. Under TS_F16 (float16 training) the same runs
+ * with float16 copies and PSEUDO_HALF_CONFIG (CUDNN_DATA_HALF; not yet run on a GPU: the bfloat16 path
+ * was, 2026-11-26). TS_CUDA_CONV_BF16=0 in the environment (read once) keeps convolutions in float32
+ * whatever the precision, for A/B measurements.
  *
  * Algorithms. By default (TS_CUDNN_ALGO unset or "heuristic", read once) they come from cuDNN's
  * heuristics (cudnnGet*Algorithm_v7, ranked fastest first; no benchmarking, so the choice is the same
@@ -83,7 +85,7 @@ static int64_t numel4(int64_t a, int64_t b, int64_t c, int64_t d) { return a * b
 
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static bool env_find;        /* TS_CUDNN_ALGO=find: algorithms by measurement */
-static bool env_bf16 = true; /* TS_CUDA_CONV_BF16 is not 0: bfloat16 convolutions under TS_BF16 */
+static bool env_bf16 = true; /* TS_CUDA_CONV_BF16 is not 0: 16-bit convolutions under TS_BF16 / TS_F16 */
 
 static void env_init(void) {
     const char *e = getenv("TS_CUDNN_ALGO");
@@ -99,17 +101,24 @@ static bool algo_find(void) {
     return env_find;
 }
 
-/* Whether a conv pass runs in bfloat16 now. */
-static bool conv_bf16(void) {
+/* The 16-bit type a conv pass runs in now: TS_CU_BF16 under TS_BF16, TS_CU_F16 under TS_F16 (float16
+ * training), else TS_CU_F32 (0: float32). */
+static int conv_half(void) {
     pthread_once(&env_once, env_init);
-    return env_bf16 && ts_get_matmul_precision() == TS_BF16;
+    ts_dtype p = ts_get_matmul_precision();
+    if (!env_bf16 || p == TS_F32) return TS_CU_F32;
+    return p == TS_F16 ? TS_CU_F16 : TS_CU_BF16;
 }
 
-/* *t = a new scratch holding n floats at src rounded to bfloat16 (nearest even); *t NULL on failure. */
-static ts_status bf16_copy(ts_device *dev, cudaStream_t s, const float *src, int64_t n, ts_tensor **t) {
+static const char *half_name(int half) {
+    return half == TS_CU_BF16 ? "bfloat16" : half == TS_CU_F16 ? "float16" : "float32";
+}
+
+/* *t = a new scratch holding n floats at src rounded to `half` (nearest even); *t NULL on failure. */
+static ts_status half_copy(ts_device *dev, cudaStream_t s, int half, const float *src, int64_t n, ts_tensor **t) {
     *t = NULL;
     TS_TRY(ts__scratch_bytes(dev, 2 * (size_t)TS_MAX(n, 1), t));
-    ts_status st = ts__cuda_status(dev, ts_cu_cast(ts__ptr(*t), TS_CU_BF16, src, TS_CU_F32, n, s), "conv2d: bf16 cast");
+    ts_status st = ts__cuda_status(dev, ts_cu_cast(ts__ptr(*t), half, src, TS_CU_F32, n, s), "conv2d: 16-bit cast");
     if (st != TS_OK) {
         ts_tensor_release(*t);
         *t = NULL;
@@ -117,9 +126,9 @@ static ts_status bf16_copy(ts_device *dev, cudaStream_t s, const float *src, int
     return st;
 }
 
-/* dst (n floats) = src (n bfloat16s), exactly. */
-static ts_status from_bf16(ts_device *dev, cudaStream_t s, float *dst, const void *src, int64_t n) {
-    return ts__cuda_status(dev, ts_cu_cast(dst, TS_CU_F32, src, TS_CU_BF16, n, s), "conv2d: bf16 cast");
+/* dst (n floats) = src (n values of `half`), exactly. */
+static ts_status from_half(ts_device *dev, cudaStream_t s, int half, float *dst, const void *src, int64_t n) {
+    return ts__cuda_status(dev, ts_cu_cast(dst, TS_CU_F32, src, half, n, s), "conv2d: 16-bit cast");
 }
 
 /* ================================ conv2d plans ================================ */
@@ -137,7 +146,7 @@ typedef struct conv_io {
 typedef struct conv_plan {
     bool used;
     conv_pass pass;
-    bool bf16;        /* bfloat16 data (PSEUDO_BFLOAT16_CONFIG), else float32; part of the key */
+    int half;         /* TS_CU_BF16 / TS_CU_F16 data (PSEUDO_BFLOAT16 / PSEUDO_HALF_CONFIG), 0 float32; key */
     ts_conv2d_geom g; /* the key: the call's geometry with N = its chunk of images */
     uint64_t stamp;   /* last use */
     cudnnTensorDescriptor_t xd, yd;
@@ -210,9 +219,9 @@ static bool algo_inexact(conv_pass pass, int a) {
 
 /* Math types a plan may run: float32 never tensor ops (no TF32); bfloat16 anything but
  * ALLOW_CONVERSION (a down-conversion we do not ask for). */
-static bool math_ok(bool bf16, cudnnMathType_t m) {
+static bool math_ok(bool half, cudnnMathType_t m) {
     if (m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-    return bf16 || m != CUDNN_TENSOR_OP_MATH;
+    return half || m != CUDNN_TENSOR_OP_MATH;
 }
 
 /* The heuristics' ranked candidates for p's pass. */
@@ -257,7 +266,7 @@ static size_t plan_out_bytes(const conv_plan *p) {
     int64_t n = p->pass == PASS_FWD        ? numel4(g->N, g->K, g->OH, g->OW)
                 : p->pass == PASS_BWD_DATA ? numel4(g->N, g->C, g->H, g->W)
                                            : numel4(g->K, g->C / g->groups, g->kh, g->kw);
-    return (size_t)TS_MAX(n, 1) * (p->bf16 ? 2 : sizeof(float));
+    return (size_t)TS_MAX(n, 1) * (p->half ? 2 : sizeof(float));
 }
 
 /* The measured candidates for p's pass, fastest first (cudnnFind*AlgorithmEx on io's buffers); none
@@ -349,7 +358,7 @@ static void cands_choose(cudnnHandle_t h, const conv_plan *p, const algo_cand *c
     bool ok[MAX_CANDS];
     for (int i = 0; i < n; i++) {
         ok[i] = c[i].status == CUDNN_STATUS_SUCCESS && !algo_inexact(p->pass, c[i].algo) &&
-                math_ok(p->bf16, c[i].math) && plan_ws(h, p, c[i].algo, &ws[i]);
+                math_ok(p->half != 0, c[i].math) && plan_ws(h, p, c[i].algo, &ws[i]);
         if (ok[i] && measured && c[i].mem > ws[i]) ws[i] = c[i].mem;
     }
     *best = *lean = -1;
@@ -359,7 +368,7 @@ static void cands_choose(cudnnHandle_t h, const conv_plan *p, const algo_cand *c
     } else {
         /* tiers: (tensor ops, deterministic), (tensor ops), (deterministic), (any); float32 needs no tensor ops */
         for (int t = 0; t < 4 && *best < 0; t++) {
-            const bool tensor = p->bf16 && t < 2, strict = !(t & 1);
+            const bool tensor = p->half && t < 2, strict = !(t & 1);
             for (int i = 0; i < n && *best < 0; i++)
                 if (ok[i] && ws[i] <= cap && (!strict || c[i].det == CUDNN_DETERMINISTIC) &&
                     (!tensor || c[i].math == CUDNN_TENSOR_OP_MATH))
@@ -403,7 +412,7 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
         if (!plan_ws(h, p, a, &b))
             return ts_error(TS_ERR_UNSUPPORTED, "%s: cuDNN has no %s convolution %s algorithm for x (%lld, %lld, "
                             "%lld, %lld), w (%lld, %lld, %d, %d), stride (%d, %d), padding (%d, %d), dilation (%d, "
-                            "%d), groups %d", dev->name, p->bf16 ? "bfloat16" : "float32", pass_name[p->pass],
+                            "%d), groups %d", dev->name, half_name(p->half), pass_name[p->pass],
                             (long long)p->g.N, (long long)p->g.C, (long long)p->g.H, (long long)p->g.W,
                             (long long)p->g.K, (long long)(p->g.C / p->g.groups), p->g.kh, p->g.kw, p->g.sh, p->g.sw,
                             p->g.ph, p->g.pw, p->g.dh, p->g.dw, p->g.groups);
@@ -422,7 +431,7 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
         snprintf(how, sizeof how, "heuristic");
     ts_log(TS_LOG_DEBUG, "%s: conv2d %s %s x (%lld, %lld, %lld, %lld) w (%lld, %lld, %d, %d) stride (%d, %d) pad (%d, "
            "%d) dilation (%d, %d) groups %d: cuDNN algorithm %d (%s, math %d%s), workspace %zu bytes (lean: %d, %zu "
-           "bytes)", dev->name, p->bf16 ? "bfloat16" : "float32", pass_name[p->pass], (long long)p->g.N,
+           "bytes)", dev->name, half_name(p->half), pass_name[p->pass], (long long)p->g.N,
            (long long)p->g.C, (long long)p->g.H, (long long)p->g.W, (long long)p->g.K,
            (long long)(p->g.C / p->g.groups), p->g.kh, p->g.kw, p->g.sh, p->g.sw, p->g.ph, p->g.pw, p->g.dh, p->g.dw,
            p->g.groups, p->algo, how, (int)c[best].math,
@@ -432,14 +441,15 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
 
 /* Fills plan p (zeroed) for geometry g, pass and precision: descriptors, then the algorithms (measured
  * on io's buffers under TS_CUDNN_ALGO=find). */
-static ts_status plan_make(ts_device *dev, cudnnHandle_t h, const ts_conv2d_geom *g, conv_pass pass, bool bf16,
+static ts_status plan_make(ts_device *dev, cudnnHandle_t h, const ts_conv2d_geom *g, conv_pass pass, int half,
                            const conv_io *io, conv_plan *p) {
     ts_status st = TS_OK;
     p->g = *g;
     p->pass = pass;
-    p->bf16 = bf16;
-    /* PSEUDO_BFLOAT16_CONFIG (bfloat16 data, float compute) or FLOAT_CONFIG */
-    const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    p->half = half;
+    /* PSEUDO_BFLOAT16_CONFIG / PSEUDO_HALF_CONFIG (16-bit data, float compute) or FLOAT_CONFIG */
+    const cudnnDataType_t dt = half == TS_CU_BF16 ? CUDNN_DATA_BFLOAT16 : half == TS_CU_F16 ? CUDNN_DATA_HALF
+                                                                                           : CUDNN_DATA_FLOAT;
     CUDNN_GOTO(cudnnCreateTensorDescriptor, &p->xd);
     CUDNN_GOTO(cudnnCreateTensorDescriptor, &p->yd);
     CUDNN_GOTO(cudnnCreateFilterDescriptor, &p->wd);
@@ -452,7 +462,7 @@ static ts_status plan_make(ts_device *dev, cudnnHandle_t h, const ts_conv2d_geom
     CUDNN_GOTO(cudnnSetConvolution2dDescriptor, p->cd, g->ph, g->pw, g->sh, g->sw, g->dh, g->dw,
                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
     CUDNN_GOTO(cudnnSetConvolutionGroupCount, p->cd, g->groups);
-    CUDNN_GOTO(cudnnSetConvolutionMathType, p->cd, bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
+    CUDNN_GOTO(cudnnSetConvolutionMathType, p->cd, half ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
     int on = 0, oc = 0, oh = 0, ow = 0;
     CUDNN_GOTO(cudnnGetConvolution2dForwardOutputDim, p->cd, p->xd, p->wd, &on, &oc, &oh, &ow);
     if (on != g->N || oc != g->K || oh != g->OH || ow != g->OW) {
@@ -469,14 +479,14 @@ fail:
     return st;
 }
 
-/* The cached plan for (g, pass, bf16), made on a miss (evicting the least recently used; io: the
+/* The cached plan for (g, pass, half), made on a miss (evicting the least recently used; io: the
  * call's buffers, for a measurement). lib_mu held. */
 static ts_status plan_get(ts_device *dev, cudnnHandle_t h, conv_cache *cc, const ts_conv2d_geom *g, conv_pass pass,
-                          bool bf16, const conv_io *io, conv_plan **out) {
+                          int half, const conv_io *io, conv_plan **out) {
     conv_plan *victim = NULL;
     for (int i = 0; i < PLAN_CACHE; i++) {
         conv_plan *p = &cc->plans[i];
-        if (p->used && p->pass == pass && p->bf16 == bf16 && geom_eq(&p->g, g)) {
+        if (p->used && p->pass == pass && p->half == half && geom_eq(&p->g, g)) {
             p->stamp = ++cc->clock;
             *out = p;
             return TS_OK;
@@ -484,7 +494,7 @@ static ts_status plan_get(ts_device *dev, cudnnHandle_t h, conv_cache *cc, const
         if (!victim || (victim->used && (!p->used || p->stamp < victim->stamp))) victim = p;
     }
     if (victim->used) plan_destroy(victim);
-    TS_TRY(plan_make(dev, h, g, pass, bf16, io, victim));
+    TS_TRY(plan_make(dev, h, g, pass, half, io, victim));
     victim->stamp = ++cc->clock;
     *out = victim;
     return TS_OK;
@@ -623,14 +633,15 @@ static ts_status plan_run(ts_device *dev, cudnnHandle_t h, const conv_plan *p, c
 }
 
 // out: (N, K, OH, OW) = conv(x: (N, C, H, W), w: (K, C/g, kh, kw)) through cuDNN, chunk by chunk; in
-// bfloat16 under conv_bf16()
+// 16-bit under conv_half()
 static ts_status conv_forward_cudnn(ts_device *dev, cudaStream_t s, const ts_conv2d_geom *g, ts_tensor *out,
                                     const ts_tensor *x, const ts_tensor *w) {
     const int64_t nb = conv_chunk(g), xi = g->C * g->H * g->W, yi = g->K * g->OH * g->OW;
     if (nb == 0) return conv_too_large(dev, g);
-    const bool bf = conv_bf16();
+    const int hf = conv_half(); /* 16-bit passes: TS_CU_BF16 / TS_CU_F16; 0: float32 */
+    const bool bf = hf != TS_CU_F32;
     ts_tensor *wb = NULL; /* bfloat16: w's copy */
-    if (bf) TS_TRY(bf16_copy(dev, s, ts__f32(w), numel4(g->K, g->C / g->groups, g->kh, g->kw), &wb));
+    if (bf) TS_TRY(half_copy(dev, s, hf, ts__f32(w), numel4(g->K, g->C / g->groups, g->kh, g->kw), &wb));
     cudnnHandle_t h;
     conv_cache *cc;
     ts_status st = cudnn_lock(dev, s, &h, &cc);
@@ -646,14 +657,14 @@ static ts_status conv_forward_cudnn(ts_device *dev, cudaStream_t s, const ts_con
         ts_tensor *xb = NULL, *yb = NULL; /* bfloat16: the chunk's x and y */
         conv_io io = {px, ts__f32(w), py};
         if (bf) {
-            st = bf16_copy(dev, s, px, cg.N * xi, &xb);
+            st = half_copy(dev, s, hf, px, cg.N * xi, &xb);
             if (st == TS_OK) st = ts__scratch_bytes(dev, 2 * (size_t)(cg.N * yi), &yb);
             if (st == TS_OK) io = (conv_io){ts__ptr(xb), ts__ptr(wb), ts__ptr(yb)};
         }
         conv_plan *p;
-        if (st == TS_OK) st = plan_get(dev, h, cc, &cg, PASS_FWD, bf, &io, &p);
+        if (st == TS_OK) st = plan_get(dev, h, cc, &cg, PASS_FWD, hf, &io, &p);
         if (st == TS_OK) st = plan_run(dev, h, p, &io, 0.0f);
-        if (st == TS_OK && bf) st = from_bf16(dev, s, py, ts__ptr(yb), cg.N * yi);
+        if (st == TS_OK && bf) st = from_half(dev, s, hf, py, ts__ptr(yb), cg.N * yi);
         ts_tensor_release(xb);
         ts_tensor_release(yb);
         if (st != TS_OK) break;
@@ -681,7 +692,7 @@ static ts_status cuda_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_t
 }
 
 // gx: (N, C, H, W), gw: (K, C/g, kh, kw), gb: (K) from gout: (N, K, OH, OW); each may be NULL. The conv
-// passes run in bfloat16 under conv_bf16(); gb is always summed from the float32 gout.
+// passes run in 16 bits under conv_half(); gb is always summed from the float32 gout.
 static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     ts_device *dev = ts__dev(gout);
@@ -696,11 +707,12 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
     const int64_t nb = conv_chunk(g), xi = g->C * g->H * g->W, yi = g->K * g->OH * g->OW;
     const int64_t wn = numel4(g->K, g->C / g->groups, g->kh, g->kw);
     if (nb == 0) return conv_too_large(dev, g);
-    const bool bf = conv_bf16();
+    const int hf = conv_half(); /* 16-bit passes: TS_CU_BF16 / TS_CU_F16; 0: float32 */
+    const bool bf = hf != TS_CU_F32;
     /* bfloat16: w's copy (for gx); a chunk's weight gradient; with several chunks, its float32 copy */
     ts_tensor *wb = NULL, *dwb = NULL, *dwf = NULL;
     ts_status st = TS_OK;
-    if (bf && gx) st = bf16_copy(dev, s, ts__f32(w), wn, &wb);
+    if (bf && gx) st = half_copy(dev, s, hf, ts__f32(w), wn, &wb);
     if (st == TS_OK && bf && gw) st = ts__scratch_bytes(dev, 2 * (size_t)wn, &dwb);
     if (st == TS_OK && bf && gw && nb < g->N) st = ts__scratch_bytes(dev, sizeof(float) * (size_t)wn, &dwf);
     cudnnHandle_t h;
@@ -719,8 +731,8 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
         ts_tensor *gob = NULL, *xb = NULL, *dxb = NULL; /* bfloat16: the chunk's gout, x (for gw), gx */
         conv_plan *p;
         if (bf) {
-            st = bf16_copy(dev, s, pg, cg.N * yi, &gob);
-            if (st == TS_OK && gw) st = bf16_copy(dev, s, px, cg.N * xi, &xb);
+            st = half_copy(dev, s, hf, pg, cg.N * yi, &gob);
+            if (st == TS_OK && gw) st = half_copy(dev, s, hf, px, cg.N * xi, &xb);
         }
         if (st == TS_OK && gx) {
             float *pgx = ts__f32(gx) + n0 * xi;
@@ -729,9 +741,9 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
                 st = ts__scratch_bytes(dev, 2 * (size_t)(cg.N * xi), &dxb);
                 if (st == TS_OK) io = (conv_io){ts__ptr(wb), ts__ptr(gob), ts__ptr(dxb)};
             }
-            if (st == TS_OK) st = plan_get(dev, h, cc, &cg, PASS_BWD_DATA, bf, &io, &p);
+            if (st == TS_OK) st = plan_get(dev, h, cc, &cg, PASS_BWD_DATA, hf, &io, &p);
             if (st == TS_OK) st = plan_run(dev, h, p, &io, 0.0f);
-            if (st == TS_OK && bf) st = from_bf16(dev, s, pgx, ts__ptr(dxb), cg.N * xi);
+            if (st == TS_OK && bf) st = from_half(dev, s, hf, pgx, ts__ptr(dxb), cg.N * xi);
         }
         if (st == TS_OK && gw) {
             /* float32: chunks after the first accumulate into gw (beta 1), so a measurement must not write
@@ -741,13 +753,13 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
             if (bf) io = (conv_io){ts__ptr(xb), ts__ptr(gob), ts__ptr(dwb)};
             conv_io pio = io;
             if (!bf && n0 > 0) pio.y = NULL;
-            st = plan_get(dev, h, cc, &cg, PASS_BWD_FILTER, bf, &pio, &p);
+            st = plan_get(dev, h, cc, &cg, PASS_BWD_FILTER, hf, &pio, &p);
             if (st == TS_OK) st = plan_run(dev, h, p, &io, !bf && n0 > 0 ? 1.0f : 0.0f);
             if (st == TS_OK && bf) {
                 if (n0 == 0) {
-                    st = from_bf16(dev, s, ts__f32(gw), ts__ptr(dwb), wn);
+                    st = from_half(dev, s, hf, ts__f32(gw), ts__ptr(dwb), wn);
                 } else {
-                    st = from_bf16(dev, s, ts__f32(dwf), ts__ptr(dwb), wn);
+                    st = from_half(dev, s, hf, ts__f32(dwf), ts__ptr(dwb), wn);
                     if (st == TS_OK)
                         st = ts__cuda_status(dev, ts_cu_axpy(ts__f32(gw), 1.0f, ts__f32(dwf), wn, s),
                                              "spatial.conv2d_backward");
