@@ -128,6 +128,12 @@ if [ -f "$T/pp.json" ]; then
 else
   bad "one process: no $T/pp.json"
 fi
+# DataParallel: each replica's forward and backward on its device's lane
+"$TS" train --strategy data --devices cpu:0,cpu:1 --max-steps 3 --epochs 1 --quiet --trace "$T/dp.json" \
+  > "$T/dp.log" 2>&1 || bad "data-parallel run failed: $(tail -5 "$T/dp.log")"
+grep -q '"tid":3,"name":"backward","cat":"device".*"replica":1' "$T/dp.json" 2>/dev/null \
+  && grep -q 'DataParallel replica 1 (cpu:1)' "$T/dp.json" \
+  && ok "data parallel: replica 1's backward on its lane" || bad "data parallel: no replica events"
 expect_exit 1 "metrics CSV $T/no/m.csv" "$TS" train --max-steps 2 --epochs 1 --quiet --metrics-csv "$T/no/m.csv"
 # a trace path that cannot be written fails before training (the empty trace is written at the start)
 expect_exit 1 "$T/no/t.json" "$TS" train --max-steps 2 --epochs 1 --quiet --trace "$T/no/t.json"

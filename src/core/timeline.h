@@ -21,6 +21,8 @@
  *                         bytes and index; counter ALLREDUCE: their seconds
  *   src/parallel/pipeline_parallel.c  lane DEVICE + s: forward / backward of
  *                         micro-batch i on stage s, on the stage's worker
+ *   src/parallel/data_parallel.c      lane DEVICE + i: forward / backward of
+ *                         replica i, on its device's worker
  *
  * Whose events: the recorder belongs to the thread that started it (the
  * trainer's). ts__tl_on() is true on that thread only, so another trainer

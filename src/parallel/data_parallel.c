@@ -32,6 +32,7 @@
  *   The node's ctx is freed with the node (after backward unless retained).
  */
 #include "autograd/autograd.h"
+#include "core/timeline.h"
 #include "nn/module.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
@@ -343,6 +344,7 @@ typedef struct dp_replica {
 
 typedef struct dp_ctx {
     int m;                     /* replicas */
+    bool trace;                /* the caller records a timeline: the replicas' tasks add their events to it */
     dp_replica r[DP_MAX_DEVICES];
     const ts_tensor *x;        /* forward only: the input (borrowed) */
     const ts_tensor_list *src; /* forward only: the module's parameters (borrowed) */
@@ -368,6 +370,7 @@ static void dp_ctx_free(void *p) {
 static ts_status dp_forward_task(void *p) {
     dp_replica *r = p;
     dp_ctx *c = r->c;
+    double t0 = c->trace ? ts_time_now() : 0.0;
     bool prev = ts_grad_set_enabled(false);
     ts_status st = TS_OK;
     /* parameters that live elsewhere: fill the replica's leaves */
@@ -381,6 +384,7 @@ static ts_status dp_forward_task(void *p) {
         st = ts_module_forward(r->m, r->x, &r->out);
     }
     ts_grad_set_enabled(prev);
+    if (c->trace) ts__tl_event(TS__TL_DEVICE + r->index, "forward", t0, ts_time_now(), "replica", r->index, NULL, 0);
     if (st != TS_OK) return ts__error_prefix(st, "replica %d", r->index);
     return TS_OK;
 }
@@ -390,6 +394,7 @@ static ts_status dp_backward_task(void *p) {
     dp_replica *r = p;
     dp_ctx *c = r->c;
     if (!r->out->requires_grad) return TS_OK; /* nothing of this replica needs a gradient */
+    double t0 = c->trace ? ts_time_now() : 0.0;
     ts_tensor *g = NULL, *gs = NULL;
     ts_status st = rows_to(c->gout, r->out_start, r->out_rows, r->dev, &g);
     if (st == TS_OK && r->out_scalar) {
@@ -399,6 +404,7 @@ static ts_status dp_backward_task(void *p) {
     }
     if (st == TS_OK) st = ts_backward(r->out, g, c->retain);
     ts_tensor_release(g);
+    if (c->trace) ts__tl_event(TS__TL_DEVICE + r->index, "backward", t0, ts_time_now(), "replica", r->index, NULL, 0);
     if (st != TS_OK) return ts__error_prefix(st, "replica %d backward", r->index);
     return TS_OK;
 }
@@ -559,6 +565,12 @@ ts_status ts_data_parallel(ts_module *module, const ts_tensor *x, ts_device *con
     c->x = x;
     c->src = &src;
     c->grad = ts_grad_is_enabled();
+    c->trace = ts__tl_on(); /* the backward tasks (run from the caller's backward) record for it too */
+    for (int i = 0; i < c->m && c->trace; i++) {
+        char lane[96];
+        snprintf(lane, sizeof lane, "DataParallel replica %d (%s)", i, devs[i]->name);
+        ts__tl_lane(TS__TL_DEVICE + i, lane);
+    }
     ts_device *used[DP_MAX_DEVICES];
     void *args[DP_MAX_DEVICES];
     int64_t off = 0;
