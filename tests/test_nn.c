@@ -765,7 +765,53 @@ static void test_batchnorm_running_stats(void) {
     ts_module_free(m);
 }
 
+/* Sequential runs a ReLU followed by a MaxPool2d as the pool, then the ReLU (nn/containers.c): the output and
+ * the input's gradient equal the ops in the written order bit for bit — windows all negative, zeros, ties,
+ * padding — for a 2x2 pool and a padded, overlapping 3x3 one. */
+static void test_relu_pool_order(void) {
+    ts_pool2d_params ps[2] = {{{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false}, {{3, 3}, {2, 2}, {1, 1}, {1, 1}, true, false}};
+    int64_t xs[4] = {2, 3, 7, 7}, n = 2 * 3 * 7 * 7;
+    float *xv = malloc(sizeof(float) * (size_t)n), *gv = malloc(sizeof(float) * (size_t)n);
+    ts_rng r;
+    ts_rng_seed(&r, 8);
+    for (int64_t i = 0; i < n; i++) xv[i] = (float)((int)ts_rng_below(&r, 7) - 4) * 0.5f; /* -2 .. 1: ties, zeros */
+    for (int k = 0; k < 2; k++) {
+        ts_tensor *x[2], *y[2];
+        ts_module *seq = NULL, *relu = NULL, *pool = NULL;
+        CHECK_OK(ts_nn_sequential_new(&seq));
+        CHECK_OK(ts_nn_relu_new(&relu));
+        CHECK_OK(ts_nn_maxpool2d_new(ps[k], &pool));
+        CHECK_OK(ts_nn_sequential_add(seq, "relu", relu));
+        CHECK_OK(ts_nn_sequential_add(seq, "pool", pool));
+        for (int v = 0; v < 2; v++) {
+            CHECK_OK(ts_tensor_from_data(ts_device_cpu(), TS_F32, 4, xs, xv, &x[v]));
+            ts_tensor_set_requires_grad(x[v], true);
+        }
+        CHECK_OK(ts_module_forward(seq, x[0], &y[0]));
+        ts_tensor *h = NULL;
+        CHECK_OK(ts_relu(x[1], &h));
+        CHECK_OK(ts_maxpool2d(h, ps[k], &y[1]));
+        ts_tensor_release(h);
+        int64_t ny = ts_tensor_numel(y[0]);
+        for (int64_t i = 0; i < ny; i++) gv[i] = (float)(i % 5) - 2.0f;
+        ts_tensor *gy = tu_tensor(ts_tensor_ndim(y[0]), ts_tensor_shape(y[0]), gv);
+        for (int v = 0; v < 2; v++) CHECK_OK(ts_backward(y[v], gy, false));
+        CHECK(ts_tensor_numel(y[1]) == ny);
+        CHECK(!memcmp(ts_tensor_data_f32(y[0]), ts_tensor_data_f32(y[1]), sizeof(float) * (size_t)ny));
+        ts_tensor *g0 = ts_tensor_grad(x[0]), *g1 = ts_tensor_grad(x[1]);
+        CHECK(g0 && g1 && !memcmp(ts_tensor_data_f32(g0), ts_tensor_data_f32(g1), sizeof(float) * (size_t)n));
+        ts_tensor_release(gy);
+        for (int v = 0; v < 2; v++) {
+            ts_tensor_release(x[v]);
+            ts_tensor_release(y[v]);
+        }
+        ts_module_free(seq);
+    }
+    free(xv);
+    free(gv);
+}
+
 TU_MAIN(T(test_cnn_state_dict_names), T(test_model_by_name), T(test_load_state_dict), T(test_train_eval),
         T(test_init), T(test_linear_relu_sequential_forward), T(test_mlp_training), T(test_module_to),
         T(test_cnn_forward_backward), T(test_residual_block), T(test_small_layers),
-        T(test_batchnorm_running_stats))
+        T(test_batchnorm_running_stats), T(test_relu_pool_order))

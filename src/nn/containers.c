@@ -5,9 +5,22 @@
 #include "nn/module.h"
 
 /* ---- Sequential ----------------------------------------------------------------------------- */
+/* The order Sequential runs child i in: a ReLU followed by a MaxPool2d runs after it instead. Max and ReLU
+ * commute (ReLU is monotonic, max pooling's padding never wins, ties go to the first element either way),
+ * so the output and every gradient are the same bit for bit, and ReLU and its backward touch a quarter of
+ * the elements behind a 2x2 pool (the reference CNN: 7% of a training step). */
+static int run_order(const ts_module *m, int i) {
+    bool relu_pool = i + 1 < m->nchildren && ts_module_kind(m->children[i]) == TS_MODULE_RELU &&
+                     ts_module_kind(m->children[i + 1]) == TS_MODULE_MAXPOOL2D;
+    bool pool_after_relu = i > 0 && ts_module_kind(m->children[i - 1]) == TS_MODULE_RELU &&
+                           ts_module_kind(m->children[i]) == TS_MODULE_MAXPOOL2D;
+    return relu_pool ? i + 1 : pool_after_relu ? i - 1 : i;
+}
+
 static ts_status sequential_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *cur = ts_tensor_retain((ts_tensor *)x);
-    for (int i = 0; i < m->nchildren; i++) {
+    for (int k = 0; k < m->nchildren; k++) {
+        int i = run_order(m, k);
         ts_tensor *next = NULL;
         ts_status st = ts_module_forward(m->children[i], cur, &next);
         ts_tensor_release(cur);
