@@ -688,8 +688,40 @@ static ts_status emit_permute(exporter *e, emit_args *x) {
     return node(e, "Transpose", x->node_name, 1, x->in, x->out, 1, at);
 }
 
+/* Uneven adaptive average pooling (windows of different sizes, possibly overlapping, which ONNX pooling
+ * cannot say) as the linear map it is: x (N, C, H, W) -> Reshape (N, C, H*W) -> MatMul with the constant
+ * P (H*W, OH*OW), P[h*W + w][i*OW + j] = 1 / |window (i, j)| where (h, w) is in it -> Reshape (N, C, OH, OW).
+ * Windows are PyTorch's: rows [floor(i H / OH), ceil((i + 1) H / OH)), columns likewise. */
+static ts_status adaptive_as_matmul(exporter *e, emit_args *x, int64_t H, int64_t W, int64_t oh, int64_t ow) {
+    const int64_t hw = H * W, o = oh * ow;
+    if (hw * o > ((int64_t)1 << 24))
+        return ts_error(TS_ERR_UNSUPPORTED, "adaptive_avgpool2d from %lld x %lld to %lld x %lld: the pooling matrix "
+                        "(%lld x %lld) is too large to export", (long long)H, (long long)W, (long long)oh, (long long)ow,
+                        (long long)hw, (long long)o);
+    float *P = ts__calloc((size_t)(hw * o), sizeof(float));
+    if (!P) return ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory");
+    for (int64_t i = 0; i < oh; i++)
+        for (int64_t j = 0; j < ow; j++) {
+            int64_t h0 = i * H / oh, h1 = ((i + 1) * H + oh - 1) / oh, w0 = j * W / ow, w1 = ((j + 1) * W + ow - 1) / ow;
+            float inv = 1.0f / (float)((h1 - h0) * (w1 - w0));
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t w = w0; w < w1; w++) P[(h * W + w) * o + i * ow + j] = inv;
+        }
+    char pn[NAME_MAX_LEN], s1[NAME_MAX_LEN], s2[NAME_MAX_LEN], flat[NAME_MAX_LEN], mm[NAME_MAX_LEN];
+    int64_t pshape[2] = {hw, o}, n3 = 3, n4 = 4, shape1[3] = {0, 0, -1}, shape2[4] = {0, 0, oh, ow};
+    ts_status st = write_const(e, aux_name(x, "pool_matrix", pn, sizeof pn), TS_F32, 2, pshape, P);
+    free(P);
+    TS_TRY(st);
+    TS_TRY(write_const(e, aux_name(x, "flat_shape", s1, sizeof s1), TS_I64, 1, &n3, shape1));
+    TS_TRY(write_const(e, aux_name(x, "out_shape", s2, sizeof s2), TS_I64, 1, &n4, shape2));
+    TS_TRY(step(e, x, "flatten", "Reshape", 2, (const char *[]){x->in[0], s1}, aux_name(x, "flat", flat, sizeof flat),
+                0, NULL));
+    TS_TRY(step(e, x, "pool", "MatMul", 2, (const char *[]){flat, pn}, aux_name(x, "pooled", mm, sizeof mm), 0, NULL));
+    return node(e, "Reshape", x->node_name, 2, (const char *[]){mm, s2}, x->out, 0, NULL);
+}
+
 /* Adaptive average pooling: GlobalAveragePool for a 1x1 output, AveragePool when the output divides
- * the input (equal windows); other sizes have windows of varying width, which ONNX pooling cannot say. */
+ * the input (equal windows), else the pooling matrix (adaptive_as_matmul). */
 static ts_status emit_adaptive_avgpool(exporter *e, emit_args *x) {
     const ts_tensor *in = x->r->in[0];
     int64_t oh = x->r->a.i[0], ow = x->r->a.i[1], H = in->shape[in->ndim - 2], W = in->shape[in->ndim - 1];
@@ -697,11 +729,7 @@ static ts_status emit_adaptive_avgpool(exporter *e, emit_args *x) {
         return ts_error(TS_ERR_UNSUPPORTED, "adaptive_avgpool2d of a 3-d (C, H, W) input has no ONNX mapping; give "
                                             "it a batch dimension");
     if (oh == 1 && ow == 1) return node(e, "GlobalAveragePool", x->node_name, 1, x->in, x->out, 0, NULL);
-    if (H % oh || W % ow)
-        return ts_error(TS_ERR_UNSUPPORTED,
-                        "adaptive_avgpool2d from %lld x %lld to %lld x %lld has windows of different sizes, which ONNX "
-                        "pooling cannot express (export works when the output divides the input, or is 1 x 1)",
-                        (long long)H, (long long)W, (long long)oh, (long long)ow);
+    if (H % oh || W % ow) return adaptive_as_matmul(e, x, H, W, oh, ow);
     int64_t ks[2] = {H / oh, W / ow}, pads[4] = {0, 0, 0, 0};
     attr at[] = {A_INTS("kernel_shape", 2, ks), A_INTS("strides", 2, ks), A_INTS("pads", 4, pads)};
     return node(e, "AveragePool", x->node_name, 1, x->in, x->out, 3, at);
@@ -816,7 +844,7 @@ static const struct {
     [TS_OP_MEAN_DIMS] = {emit_reduce_dims, "ReduceMean"},
     [TS_OP_MAX_DIM] = {emit_reduce_dims, "ReduceMax"},
     [TS_OP_PERMUTE] = {emit_permute, "Transpose"},
-    [TS_OP_ADAPTIVE_AVGPOOL2D] = {emit_adaptive_avgpool, "GlobalAveragePool / AveragePool"},
+    [TS_OP_ADAPTIVE_AVGPOOL2D] = {emit_adaptive_avgpool, "GlobalAveragePool / AveragePool / MatMul"},
     [TS_OP_LAYER_NORM] = {emit_layer_norm, "LayerNormalization"},
     [TS_OP_GROUP_NORM] = {emit_group_norm, "Reshape+InstanceNormalization+Reshape+Mul+Add"},
     [TS_OP_CAST] = {emit_cast, "Cast"},
