@@ -32,8 +32,6 @@ void ts__cuda_device_describe(const ts_device *d, char *buf, size_t len) { snpri
 #include "device/k_optim.h"
 #include "device/k_spatial.h"
 
-#define TS_MAX_CUDA_DEVICES 16
-
 static ts_device ts_cuda_devices[TS_MAX_CUDA_DEVICES];
 static ts__cuda_ctx ts_cuda_ctxs[TS_MAX_CUDA_DEVICES];
 

@@ -17,7 +17,9 @@
 
 #include "device/device.h"
 
-/* How many CUDA devices the driver reports; 0 with a reason in why (no driver, no GPU, a Tessera
+#define TS_MAX_CUDA_DEVICES 16 /* cuda:0 ... cuda:15; more GPUs than that are not used */
+
+/* How many CUDA devices the driver reports (at most TS_MAX_CUDA_DEVICES); 0 with a reason in why (no driver, no GPU, a Tessera
  * built without CUDA). */
 int ts__cuda_device_count(char *why, size_t why_len);
 /* Creates the device cuda:<ordinal> (the registry registers it). */

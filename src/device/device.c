@@ -4,6 +4,7 @@
 #include "device/device.h"
 #include "device/cuda.h"
 
+#include <limits.h>
 #include <omp.h>
 #include <stdio.h>
 
@@ -121,7 +122,7 @@ static pthread_mutex_t ts_vcpu_create_mu = PTHREAD_MUTEX_INITIALIZER; /* seriali
 
 /* ---- CUDA devices ----------------------------------------------------------------------------------- */
 /* cuda:K is created on its first lookup ("cuda" is cuda:0, as PyTorch's current device starts). */
-static ts_device *ts_cuda_devs[64];
+static ts_device *ts_cuda_devs[TS_MAX_CUDA_DEVICES];
 static pthread_mutex_t ts_cuda_create_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static ts_status cuda_lookup(const char *name, ts_device **out) {
@@ -129,12 +130,12 @@ static ts_status cuda_lookup(const char *name, ts_device **out) {
     if (name[4] == ':') {
         char *end;
         k = strtol(name + 5, &end, 10);
-        if (name[5] < '0' || name[5] > '9' || *end || k >= 64)
+        if (name[5] < '0' || name[5] > '9' || *end || k > INT_MAX)
             return ts_error(TS_ERR_DEVICE, "malformed device name '%s' (want cpu, cpu:K or cuda:K)", name);
     }
     pthread_mutex_lock(&ts_cuda_create_mu);
     ts_status st = TS_OK;
-    if (!ts_cuda_devs[k]) {
+    if (k >= TS_MAX_CUDA_DEVICES || !ts_cuda_devs[k]) { /* n <= TS_MAX_CUDA_DEVICES: a k past it fails below */
         char why[256] = "";
         int n = ts__cuda_device_count(why, sizeof why);
         if (n == 0)
@@ -149,7 +150,7 @@ static ts_status cuda_lookup(const char *name, ts_device **out) {
             if (st == TS_OK) ts_cuda_devs[k] = d;
         }
     }
-    ts_device *d = ts_cuda_devs[k];
+    ts_device *d = st == TS_OK ? ts_cuda_devs[k] : NULL;
     pthread_mutex_unlock(&ts_cuda_create_mu);
     TS_TRY(st);
     *out = d;

@@ -74,7 +74,7 @@ ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev) {
 }
 
 ts_status ts__strategy_backward(ts_strategy *s, ts_tensor *loss) {
-    if (s->loss_scale == 1.0f || s->loss_scale == 0.0f) return ts_backward(loss, NULL, false);
+    if (s->loss_scale == 1.0f) return ts_backward(loss, NULL, false);
     ts_tensor *seed = NULL;
     TS_TRY(ts_tensor_full(ts_tensor_device(loss), ts_tensor_ndim(loss), ts_tensor_shape(loss), s->loss_scale, &seed));
     ts_status st = ts_backward(loss, seed, false);
@@ -82,10 +82,15 @@ ts_status ts__strategy_backward(ts_strategy *s, ts_tensor *loss) {
     return st;
 }
 
+ts_status ts__strategy_can_scale_loss(const ts_strategy *s) {
+    if (s->impl->kind == TS_STRATEGY_PIPELINE) /* its micro-batches' backward seeds are the pipeline's own */
+        return ts_error(TS_ERR_UNSUPPORTED, "loss scaling (float16 training) is not available with --strategy pipeline");
+    return TS_OK;
+}
+
 ts_status ts__strategy_set_loss_scale(ts_strategy *s, float scale) {
     TS_ARG(scale > 0 && isfinite(scale), "loss scale %g: want a finite value > 0", (double)scale);
-    if (s->impl->kind == TS_STRATEGY_PIPELINE && scale != 1.0f)
-        return ts_error(TS_ERR_UNSUPPORTED, "loss scaling (float16 training) is not available with --strategy pipeline");
+    if (scale != 1.0f) TS_TRY(ts__strategy_can_scale_loss(s));
     s->loss_scale = scale;
     return TS_OK;
 }

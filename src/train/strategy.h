@@ -54,7 +54,9 @@ ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev);
 /* ts_backward(loss) seeded with s->loss_scale (a scalar on the loss's device) instead of 1: the gradients
  * of scale * loss, the loss itself unchanged. Every strategy's backward goes through here. */
 ts_status ts__strategy_backward(ts_strategy *s, ts_tensor *loss);
-/* Sets the seed (> 0) of the strategy's backward passes; TS_ERR_UNSUPPORTED for pipeline. */
+/* Whether the strategy's backward seed can be scaled: TS_ERR_UNSUPPORTED naming pipeline, else TS_OK. */
+ts_status ts__strategy_can_scale_loss(const ts_strategy *s);
+/* Sets the seed (> 0) of the strategy's backward passes; a scale other than 1 needs can_scale_loss. */
 ts_status ts__strategy_set_loss_scale(ts_strategy *s, float scale);
 
 /* x and y on dev (new references; the same tensors when they are there). */

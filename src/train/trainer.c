@@ -273,8 +273,7 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
         t->scaling = true;
         t->gs = *o->grad_scaler;
         st = ts_grad_scaler_check(&t->gs);
-        if (st == TS_OK) st = ts__strategy_set_loss_scale(s, t->gs.scale);
-        if (st == TS_OK) st = ts__strategy_set_loss_scale(s, 1.0f); /* run_step sets it before each step */
+        if (st == TS_OK) st = ts__strategy_can_scale_loss(s); /* run_step sets the scale before each step */
     }
     t->o.grad_scaler = NULL; /* t->gs is the trainer's own copy */
     if (st != TS_OK) {
