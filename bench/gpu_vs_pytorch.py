@@ -6,7 +6,10 @@ bench train` does: it reads the loss each step). fp32 runs with TF32 off (matmul
 Tessera's fp32; bf16 under torch.autocast("cuda", torch.bfloat16). `--peak` measures the GPU's dense
 matmul rates (fp32 without TF32, bf16) on 8192^3 products: the physical limit beside the figures.
 
-usage: python3 bench/gpu_vs_pytorch.py cnn|resnet18 IMAGE_SIZE BATCH STEPS fp32|bf16
+With `--profile ROWS` after the arguments it prints where STEPS steps' GPU time goes instead (torch.profiler:
+milliseconds per step by kernel, the top ROWS), for scripts/gpu_profile.sh.
+
+usage: python3 bench/gpu_vs_pytorch.py cnn|resnet18 IMAGE_SIZE BATCH STEPS fp32|bf16 [--profile ROWS]
        python3 bench/gpu_vs_pytorch.py --peak
 """
 import json
@@ -48,6 +51,23 @@ def peak():
     print(json.dumps(out))
 
 
+def profile(step, steps, rows):
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(i)
+        torch.cuda.synchronize()
+
+    def self_time(e):  # microseconds; the attribute was renamed from cuda to device
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+    kernels = [e for e in prof.key_averages() if self_time(e) > 0]
+    total = sum(self_time(e) for e in kernels) / steps / 1e3
+    print(f"{steps} steps, {sum(e.count for e in kernels) / steps:.0f} launches and {total:.2f} ms of kernels per step")
+    for e in sorted(kernels, key=self_time, reverse=True)[:rows]:
+        ms = self_time(e) / steps / 1e3
+        print(f"{ms:9.3f} ms {100 * ms / total:5.1f}% {e.count / steps:6.1f}x  {e.key[:70]}")
+
+
 def main():
     if sys.argv[1] == "--peak":
         return peak()
@@ -77,6 +97,8 @@ def main():
     for i in range(10):  # warm-up (cudnn.benchmark picks its algorithms here)
         step(i)
     torch.cuda.synchronize()
+    if len(sys.argv) > 7 and sys.argv[6] == "--profile":
+        return profile(step, steps, int(sys.argv[7]))
     t0 = time.perf_counter()
     for i in range(steps):
         loss = step(i)

@@ -28,6 +28,7 @@ step() { # name command...
 }
 step devices .gpu/bin/tessera devices
 step test_cuda_host .gpu/bin/test_cuda_host
+step test_nccl_host .gpu/bin/test_nccl_host
 step test_cuda .gpu/bin/test_cuda
 TS_TEST_DEVICE=cuda:0 step golden_ops_cuda .gpu/bin/test_golden_ops
 TS_TEST_DEVICE=cuda:0 step golden_step_cuda .gpu/bin/test_golden_step
@@ -38,12 +39,29 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
     --checkpoint "$OUT/cuda.ckpt" --metrics-json "$OUT/train_cuda.json"
   step eval_cpu .gpu/bin/tessera eval --checkpoint "$OUT/cuda.ckpt" --data .gpu/fashion-mnist --confusion 0
   rm -f "$OUT/cuda.ckpt"
-  # two DDP ranks sharing the GPU (buckets through host memory, the builtin backend), then float16 training
-  step ddp_cuda .gpu/bin/tessera train --nproc 2 --device cuda:0 --model cnn --epochs 1 --batch-size 32 \
-    --data .gpu/fashion-mnist --quiet
+  # two DDP ranks sharing the GPU: buckets through host memory (the builtin backend, the default for a shared
+  # GPU), then on the device through NCCL (each rank a "host" of its own: scripts/nccl_rank.sh): the same
+  # checkpoint; NCCL without that refuses two ranks on one GPU, and the error says what to do
+  DDP="--device cuda:0 --model cnn --epochs 1 --batch-size 32 --data .gpu/fashion-mnist --quiet"
+  step ddp_cuda .gpu/bin/tessera train --nproc 2 $DDP --checkpoint "$OUT/ddp_builtin.ckpt"
+  step ddp_nccl .gpu/bin/tessera run -n 2 scripts/nccl_rank.sh .gpu/bin/tessera train --backend nccl $DDP \
+    --checkpoint "$OUT/ddp_nccl.ckpt"
+  step ddp_nccl_same .gpu/bin/tessera ckpt diff "$OUT/ddp_builtin.ckpt" "$OUT/ddp_nccl.ckpt" --tol 0
+  step ddp_nccl_bf16 .gpu/bin/tessera run -n 2 scripts/nccl_rank.sh .gpu/bin/tessera train --backend nccl $DDP \
+    --ddp-comm bf16 --max-steps 300 --checkpoint "$OUT/ddp_nccl16.ckpt"
+  step ddp_builtin_bf16 .gpu/bin/tessera train --nproc 2 $DDP --ddp-comm bf16 --max-steps 300 \
+    --checkpoint "$OUT/ddp_builtin16.ckpt"
+  step ddp_bf16_same .gpu/bin/tessera ckpt diff "$OUT/ddp_builtin16.ckpt" "$OUT/ddp_nccl16.ckpt" --tol 1e-6
+  NCCL_DEBUG=WARN timeout 60 .gpu/bin/tessera train --nproc 2 --backend nccl $DDP --max-steps 5 > "$OUT/nccl_dup.log" 2>&1
+  printf '%-24s %s\n' nccl_dup_gpu "$(grep -m1 -o 'one GPU per rank[^)]*' "$OUT/nccl_dup.log" || tail -2 "$OUT/nccl_dup.log")"
+  rm -f "$OUT"/*.ckpt
   step fp16_cuda .gpu/bin/tessera train --device cuda:0 --precision fp16 --model cnn --epochs 1 \
     --data .gpu/fashion-mnist --quiet
 fi
+# PyTorch's cudnn.benchmark set (FFT and Winograd included): how far those algorithms drift from the
+# golden tolerance (informational: not counted in the status)
+TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=benchmark timeout 150 .gpu/bin/test_golden_ops > "$OUT/golden_ops_cuda_benchmark.log" 2>&1
+printf '%-24s rc=%-3d %s\n' golden_ops_benchmark $? "$(tail -1 "$OUT/golden_ops_cuda_benchmark.log")"
 grep -E "^FAIL|^SKIP|^  " "$OUT"/golden_ops_cuda*.log | head -40
 grep -E "matmul|conv|step|FAIL|CHECK" "$OUT/test_cuda.log"
 if [ "${2:-}" != 0 ]; then

@@ -3,11 +3,14 @@
  * with the reason, elsewhere): memory accounting and the caching allocator,
  * copies both ways and between tensors, refusals that name both devices, a
  * bf16-precision matmul, the reference CNN trained on cuda:0 against the same
- * steps on the CPU, and an out-of-range class index reported from the GPU.
+ * steps on the CPU, and out-of-range class and embedding indices reported from
+ * the GPU at the next synchronisation (the device's deferred index checks).
  * The op-by-op checks against PyTorch are test_golden_ops / test_golden_step
  * with TS_TEST_DEVICE=cuda:0.
  */
 #include "test_util.h"
+
+#include <unistd.h> /* usleep */
 
 static ts_device *gpu;
 
@@ -219,20 +222,103 @@ static void test_cnn_steps_match_cpu(void) {
     ts_tensor_release(y);
 }
 
-/* A class index out of range is found on the GPU and reported with the sample, as on the CPU. */
-static void test_bad_target(void) {
-    int64_t s[2] = {4, 3}, n = 4;
-    ts_tensor *logits = randn(gpu, 2, s, 9), *y = NULL, *yd = NULL, *l = NULL;
-    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &y));
-    int64_t *yy = ts_tensor_data(y);
-    yy[0] = 0, yy[1] = 2, yy[2] = 3, yy[3] = 1;
-    CHECK_OK(ts_to_device(y, gpu, &yd));
-    CHECK_STATUS(ts_cross_entropy(logits, yd, 0.0f, &l), TS_ERR_INVALID_ARG);
-    CHECK_ERR_MENTIONS("3");
+/* i64 tensor on dev with values v[0..n) */
+static ts_tensor *labels(ts_device *dev, int64_t n, const int64_t *v) {
+    ts_tensor *h = NULL, *d = NULL;
+    if (ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &h) != TS_OK) abort();
+    memcpy(ts_tensor_data(h), v, sizeof(int64_t) * (size_t)n);
+    if (ts_to_device(h, dev, &d) != TS_OK) {
+        fprintf(stderr, "labels on %s: %s\n", ts_device_name(dev), ts_last_error());
+        abort();
+    }
+    ts_tensor_release(h);
+    return d;
+}
+
+/* The mean cross-entropy of logits and labels y read back (NAN if the op or the read fails; *st says which). */
+static float ce_read(ts_tensor *logits, ts_tensor *y, ts_status *st) {
+    ts_tensor *l = NULL;
+    float f = NAN;
+    *st = ts_cross_entropy(logits, y, 0.0f, &l);
+    if (*st == TS_OK) *st = ts_tensor_to_host(l, &f, sizeof f);
     ts_tensor_release(l);
-    ts_tensor_release(logits);
-    ts_tensor_release(y);
-    ts_tensor_release(yd);
+    return f;
+}
+
+/* A class index out of range is found on the GPU without the host waiting for it (device/cuda.h: deferred
+ * index checks): the op returns TS_OK with a NaN loss, and the next synchronisation (reading the loss)
+ * fails with the CPU's message naming the target and its sample. The error is reported once; the device
+ * works normally afterwards. Several bad losses before a synchronisation: the first is reported. Label
+ * tensors are made before the losses: their upload is a synchronisation too. */
+static void test_bad_target(void) {
+    int64_t s[2] = {4, 3};
+    const int64_t good[4] = {0, 2, 1, 1}, bad2[4] = {0, 2, 3, 1}, bad0[4] = {7, 2, 1, 1};
+    ts_tensor *logits = randn(gpu, 2, s, 9), *hl = NULL, *l = NULL;
+    ts_tensor *yg = labels(gpu, 4, good), *yb2 = labels(gpu, 4, bad2), *yb0 = labels(gpu, 4, bad0);
+    ts_tensor *hyg = labels(ts_device_cpu(), 4, good);
+    CHECK_OK(ts_to_device(logits, ts_device_cpu(), &hl));
+    CHECK_OK(ts_cross_entropy(logits, yb2, 0.0f, &l)); /* no wait: the check runs on the device */
+    float v = 0;
+    CHECK_STATUS(ts_tensor_to_host(l, &v, sizeof v), TS_ERR_INVALID_ARG); /* the loss's read reports it */
+    CHECK_ERR_MENTIONS("cross_entropy: target 3 of sample 2 is out of range [0, 3)");
+    CHECK_ERR_MENTIONS("later synchronisation");
+    CHECK(isnan(v)); /* the value read is NaN, not a plausible loss */
+    CHECK_OK(ts_tensor_to_host(l, &v, sizeof v)); /* reported once */
+    CHECK_OK(ts_device_synchronize(gpu));
+    ts_tensor_release(l);
+
+    /* afterwards the device computes as the CPU does */
+    ts_status sg, sc;
+    float g = ce_read(logits, yg, &sg), c = ce_read(hl, hyg, &sc);
+    CHECK_OK(sg);
+    CHECK_OK(sc);
+    printf("cross_entropy after a reported bad target: gpu %.7f cpu %.7f\n", g, c);
+    CHECK_NEAR(g, c, 1e-5);
+
+    /* two bad losses queued while the GPU is busy (a large matmul), then a synchronisation: the first one's
+     * (sample 2) is reported. Should the GPU finish the first before the second starts, the second op
+     * reports it instead, without running. */
+    int64_t big[2] = {4096, 4096};
+    ts_tensor *a = randn(gpu, 2, big, 12), *p = NULL, *l1 = NULL, *l2 = NULL;
+    CHECK_OK(ts_matmul(a, a, &p));
+    CHECK_OK(ts_cross_entropy(logits, yb2, 0.0f, &l1));
+    ts_status st = ts_cross_entropy(logits, yb0, 0.0f, &l2);
+    if (st == TS_OK) CHECK_STATUS(ts_device_synchronize(gpu), TS_ERR_INVALID_ARG);
+    CHECK(st == TS_OK || st == TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("target 3 of sample 2");
+    CHECK_OK(ts_device_synchronize(gpu));
+    ts_tensor_release(l1);
+    ts_tensor_release(l2);
+    ts_tensor_release(p);
+    ts_tensor_release(a);
+
+    /* a bad loss that nothing synchronises after: the next checking op reports it if the GPU is done with
+     * it (never waiting for it), else the next synchronisation does */
+    l1 = NULL;
+    CHECK_OK(ts_cross_entropy(logits, yb0, 0.0f, &l1));
+    usleep(100 * 1000);
+    g = ce_read(logits, yg, &st);
+    if (st == TS_OK) CHECK_STATUS(ts_device_synchronize(gpu), TS_ERR_INVALID_ARG); /* it was still pending */
+    CHECK(st == TS_OK || st == TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("cross_entropy: target 7 of sample 0 is out of range [0, 3)");
+    ts_tensor_release(l1);
+    g = ce_read(logits, yg, &st);
+    CHECK_OK(st);
+    CHECK_NEAR(g, c, 1e-5);
+
+    /* embedding: the same record, the CPU's message, NaN rows */
+    int64_t ws[2] = {5, 2};
+    const int64_t idx[4] = {1, 4, 5, 0};
+    ts_tensor *w = randn(gpu, 2, ws, 10), *id = labels(gpu, 4, idx), *e = NULL;
+    CHECK_OK(ts_embedding(id, w, &e));
+    float rows[8];
+    CHECK_STATUS(ts_tensor_to_host(e, rows, sizeof rows), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("embedding: index 5 (at flat position 2 of the indices) is out of range [0, 5) for weight [5, 2]");
+    CHECK(isnan(rows[4]) && isnan(rows[5]) && isfinite(rows[2]));
+    CHECK_OK(ts_device_synchronize(gpu));
+
+    ts_tensor *all[] = {logits, hl, yg, yb2, yb0, hyg, w, id, e};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
 }
 
 int main(int argc, char **argv) {

@@ -320,7 +320,7 @@ static void test_pieces(void) {
 static void test_aliasing(void) {
     atomic_int aborted;
     atomic_init(&aborted, 0);
-    ts__backend_ctx ctx = {NULL, g_rank, g_world, 0, 1, 60.0, "aliasing", &aborted};
+    ts__backend_ctx ctx = {NULL, g_rank, g_world, 0, 1, 60.0, "aliasing", &aborted, NULL};
     void *st = NULL;
     ROK(ts__mpi_backend.init(&ctx, &st));
     if (!st) return;

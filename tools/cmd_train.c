@@ -28,7 +28,7 @@ typedef struct train_args {
     ts_conv_algo algo;
     const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from, *init_exclude;
     const char *trace, *metrics_csv; /* --trace, --metrics-csv */
-    const char *backend; /* --backend: the process group's backend (builtin, mpi) */
+    const char *backend; /* --backend: the process group's backend (builtin, mpi, nccl; NULL: chosen by device) */
     int64_t data_threads, epochs, max_steps, batch_size, seed, threads, nproc, checkpoint_every, keep, num_classes;
     int64_t image_size; /* --image-size: 0 is the model's default */
     double lr, momentum, weight_decay, label_smoothing, timeout;
@@ -270,12 +270,19 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
 /* The process group when a launcher started this process as one rank of a larger
  * job (ts_dist_env_detect: torchrun, tessera run, mpirun, srun, ...), with the
  * cores shared between the ranks on this host. */
-static ts_status join_group(const train_args *a, const ts_dist_env *env, ts_process_group **pg) {
+static ts_status join_group(const train_args *a, const ts_dist_env *env, ts_device *dev, ts_process_group **pg) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN), local = env->local_world_size > 0 ? env->local_world_size : 1;
     if (a->threads == 0) ts_set_num_threads((int)(cores / local > 0 ? cores / local : 1));
     ts_pg_options po = TS_PG_OPTIONS_INIT;
     po.timeout_s = a->timeout;
     po.backend = a->backend;
+    bool cuda = dev && ts_device_type_of(dev) == TS_DEVICE_CUDA;
+    if (!po.backend) /* NCCL when every rank of this host has a GPU of its own (--device cuda), as PyTorch */
+        po.backend = cuda && a->device && strcmp(a->device, "cuda") == 0 && local <= ts_cuda_device_count(NULL, 0) &&
+                             ts_pg_backend_available("nccl")
+                         ? "nccl"
+                         : "builtin";
+    if (cuda) po.device = ts_device_name(dev);
     return ts_pg_new(&po, pg);
 }
 
@@ -308,8 +315,12 @@ static int check_names(const cli_command *cmd, train_args *a) {
         return cli_usage_error(cmd, "unknown --optimizer '%s' (expected sgd or adamw)", a->optimizer);
     if (ts_lr_schedule_by_name(a->schedule, a->lr, 1, 1, &sched) != TS_OK)
         return cli_usage_error(cmd, "unknown --lr-schedule '%s' (expected none, step or cosine)", a->schedule);
-    if (strcmp(a->backend, "builtin") != 0 && strcmp(a->backend, "mpi") != 0)
-        return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin or mpi)", a->backend);
+    if (a->backend && strcmp(a->backend, "builtin") != 0 && strcmp(a->backend, "mpi") != 0 &&
+        strcmp(a->backend, "nccl") != 0)
+        return cli_usage_error(cmd, "unknown --backend '%s' (expected builtin, mpi or nccl)", a->backend);
+    if (a->backend && !strcmp(a->backend, "nccl") && !ts_pg_backend_available("nccl"))
+        return cli_usage_error(cmd, "--backend nccl: this Tessera was built without NCCL (CUDA and NCCL are found at "
+                               "build time: see `tessera devices`)");
     if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
     if (ts_conv_algo_parse(a->conv_algo, &a->algo) != TS_OK) return cli_usage_error(cmd, "--conv-algo: %s", ts_last_error());
     if (ts_dtype_parse(a->precision, &a->prec) != TS_OK || (a->prec != TS_F32 && a->prec != TS_BF16 && a->prec != TS_F16))
@@ -318,8 +329,8 @@ static int check_names(const cli_command *cmd, train_args *a) {
         return cli_usage_error(cmd, "--precision fp16 (loss scaling) is not available with --strategy pipeline");
     if (ts_dtype_parse(a->ddp_comm, &a->comm_dtype) != TS_OK || (a->comm_dtype != TS_F32 && a->comm_dtype != TS_BF16))
         return cli_usage_error(cmd, "--ddp-comm '%s': expected fp32 or bf16", a->ddp_comm);
-    if (a->comm_dtype == TS_BF16 && strcmp(a->backend, "builtin") != 0)
-        return cli_usage_error(cmd, "--ddp-comm bf16 needs --backend builtin (MPI has no bfloat16 reduction)");
+    if (a->comm_dtype == TS_BF16 && a->backend && !strcmp(a->backend, "mpi"))
+        return cli_usage_error(cmd, "--ddp-comm bf16 needs --backend builtin or nccl (MPI has no bfloat16 reduction)");
     if (access(a->data, R_OK) != 0) return cli_usage_error(cmd, "--data %s: %s", a->data, strerror(errno));
     return 0;
 }
@@ -328,7 +339,7 @@ int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
-                    .backend = "builtin", .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32",
+                    .backend = NULL, .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32",
                     .precision = "fp32", .loss_scale = 65536.0};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
@@ -369,7 +380,7 @@ int ts_cmd_train(int argc, char **argv) {
         {"micro-batches", CLI_INT, &a.micro_batches, "--strategy pipeline: micro-batches per batch", 1, 1 << 20},
         {"schedule", CLI_STRING, &a.pp_schedule, "--strategy pipeline: gpipe or 1f1b", 1, 0},
         {"timeout", CLI_FLOAT, &a.timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
-        {"backend", CLI_STRING, &a.backend, "process group backend: builtin, or mpi (under mpirun; --nproc starts mpirun)", 1, 0},
+        {"backend", CLI_STRING, &a.backend, "process group backend: builtin (shared memory + TCP), mpi (under mpirun; --nproc starts mpirun), or nccl (CUDA devices; the default with --device cuda when every rank has its own GPU)", 1, 0},
         {"precision", CLI_STRING, &a.precision, "fp32, bf16: matmuls and convolutions round their operands to bfloat16 and accumulate in float32 (AVX512_BF16 through oneDNN); weights, optimizer, losses and normalisation stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on this CPU float16 runs at float32 speed)", 1, 0},
         {"loss-scale", CLI_FLOAT, &a.loss_scale, "--precision fp16: the initial loss scale (grows x2 every 2000 clean steps, halves on overflow)", 1, 1e30},
         {"ddp-comm", CLI_STRING, &a.ddp_comm, "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", 1, 0},
@@ -386,7 +397,7 @@ int ts_cmd_train(int argc, char **argv) {
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc) return rc == 1 ? 0 : rc;
     if ((rc = check_names(&cmd, &a)) != 0) return rc;
-    bool mpi = strcmp(a.backend, "mpi") == 0;
+    bool mpi = a.backend && strcmp(a.backend, "mpi") == 0;
     ts_dist_env env; /* launched by torchrun, tessera run, mpirun, srun...? (--nproc is ignored then) */
     bool in_job = false;
     if (ts_dist_env_detect(&env, &in_job) != TS_OK) {
@@ -421,7 +432,7 @@ int ts_cmd_train(int argc, char **argv) {
     ts_lr_schedule sched;
     ts_rng rng;
     ts_rng_seed(&rng, (uint64_t)a.seed);
-    if (in_job && join_group(&a, &env, &pg) != TS_OK) {
+    if (in_job && join_group(&a, &env, so.num_devices == 1 ? so.devices[0] : NULL, &pg) != TS_OK) {
         fprintf(stderr, "tessera train: joining the process group: %s\n", ts_last_error());
         return 1;
     }

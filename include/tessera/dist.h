@@ -140,7 +140,7 @@ typedef struct ts_pg_options {
     size_t size;          /* sizeof(ts_pg_options) */
     unsigned int magic;   /* TS_PG_OPTIONS_MAGIC */
     unsigned int version; /* TS_PG_OPTIONS_VERSION */
-    const char *backend;  /* "builtin" (shared memory + TCP), "mpi"; NULL: builtin */
+    const char *backend;  /* "builtin" (shared memory + TCP), "mpi", "nccl" (CUDA builds); NULL: builtin */
     /* Rendezvous: a store (retained), else init_method "env://" (default; under
      * torchrun with TORCHELASTIC_USE_AGENT_STORE=True every rank is a client of the
      * agent's TCPStore), "tcp://host:port", "torch-tcp://host:port" (a PyTorch
@@ -155,14 +155,20 @@ typedef struct ts_pg_options {
      * on it fails (see "liveness" below). 0: TS_HEARTBEAT_TIMEOUT, else
      * TS_HEARTBEAT_DEFAULT_TIMEOUT_S; < 0: no heartbeats. */
     double heartbeat_timeout_s;
+    /* Version 2. The group's device ("cuda:1"): where the nccl backend runs its collectives and the
+     * device whose tensors the collectives take besides CPU tensors. NULL: cuda:LOCAL_RANK for nccl
+     * (torchrun's one GPU per rank); the builtin and mpi backends take CPU tensors only. */
+    const char *device;
 } ts_pg_options;
 
 #define TS_PG_OPTIONS_MAGIC 0x7e5a9001u
-#define TS_PG_OPTIONS_VERSION 1u
+#define TS_PG_OPTIONS_VERSION 2u
 #define TS_PG_OPTIONS_INIT \
     ((ts_pg_options){sizeof(ts_pg_options), TS_PG_OPTIONS_MAGIC, TS_PG_OPTIONS_VERSION, NULL, NULL, NULL, -1, -1, -1, -1, 0.0, NULL, \
-                     0.0})
+                     0.0, NULL})
 
+/* Whether this Tessera has the backend built in ("builtin" always; "mpi", "nccl" when found at build time). */
+bool ts_pg_backend_available(const char *name);
 /* Joins the group (blocks until every rank has arrived or the timeout). */
 ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out);
 /* Leaves the group: pending work is finished or failed, connections closed. NULL is fine. */
@@ -244,9 +250,11 @@ ts_status ts_work_wait(ts_work *w, double timeout_s);
 bool ts_work_is_completed(ts_work *w);
 void ts_work_free(ts_work *w); /* waits first if still running */
 
-/* Collectives on contiguous CPU tensors (reduce ops take float32, and bfloat16 on the builtin backend —
- * each hop combines in float32 and rounds back, as NCCL's bf16 reductions; the MPI backend refuses
- * bfloat16 with TS_ERR_DTYPE; any dtype for broadcast, all_gather, send/recv). In place unless an out
+/* Collectives on contiguous CPU tensors, and with the nccl backend also tensors on the group's CUDA device
+ * (ordered after the work queued on that device before the call; CPU tensors are staged through it).
+ * Reduce ops take float32, and bfloat16 on the builtin and nccl backends — each hop combines in float32
+ * and rounds back; the MPI backend refuses bfloat16 with TS_ERR_DTYPE; any dtype for broadcast,
+ * all_gather, send/recv (nccl: send/recv match in call order, tags are not compared). In place unless an out
  * tensor is given. `work`: NULL blocks; otherwise *work is a new handle and t must stay alive until it
  * completes. */
 ts_status ts_all_reduce(ts_process_group *pg, ts_tensor *t, ts_reduce_op op, ts_work **work);
@@ -261,7 +269,8 @@ ts_status ts_reduce_scatter(ts_process_group *pg, ts_tensor *out, const ts_tenso
 ts_status ts_barrier(ts_process_group *pg, ts_work **work);
 ts_status ts_send(ts_process_group *pg, const ts_tensor *t, int dst, int tag);
 ts_status ts_recv(ts_process_group *pg, ts_tensor *t, int src, int tag);
-/* Raw buffers (what DDP's buckets use): count elements of dtype. */
+/* Raw buffers (what DDP's buckets use): count elements of dtype, in host memory or (nccl) in the memory of
+ * the group's device. */
 ts_status ts_all_reduce_buffer(ts_process_group *pg, void *buf, size_t count, ts_dtype dt, ts_reduce_op op,
                                ts_work **work);
 

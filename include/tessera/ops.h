@@ -168,7 +168,10 @@ typedef struct ts_cross_entropy_opts {
  *   l_i = (1 - eps) w[t_i] (lse_i - x_i[t_i]) + eps / C * sum_c w[c] (lse_i - x_i[c]),
  * 0 for ignored samples. TS_REDUCTION_NONE -> target's shape; SUM -> []; MEAN -> [] = sum / the sum
  * of w[t_i] over samples not ignored (NaN when there are none), as PyTorch. A target out
- * of range is TS_ERR_INVALID_ARG naming it and its sample. The weight gets no gradient. */
+ * of range is TS_ERR_INVALID_ARG naming it and its sample — on a CUDA device not from this call
+ * but from the device's next synchronisation (a copy to the host, ts_device_synchronize) or its
+ * next cross-entropy, the loss being NaN meanwhile (embedding's indices likewise). The weight gets
+ * no gradient. */
 ts_status ts_cross_entropy_ex(const ts_tensor *logits, const ts_tensor *target, const ts_cross_entropy_opts *o,
                               ts_tensor **out);
 /* Mean squared error over all elements -> shape []. */

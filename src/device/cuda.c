@@ -1,6 +1,7 @@
 /*
  * device/cuda.c — CUDA devices (see device/cuda.h): creation, the caching
- * allocator over cudaMalloc, copies and synchronisation on the device's stream.
+ * allocator over cudaMalloc, copies and synchronisation on the device's stream,
+ * and the deferred index checks looked at when the host synchronises.
  * Built into every Tessera; without TS_HAVE_CUDA it only says why there are no
  * CUDA devices. Like cpu.c this file only builds devices; device.c registers them.
  */
@@ -31,6 +32,7 @@ void ts__cuda_device_describe(const ts_device *d, char *buf, size_t len) { snpri
 #include "device/k_norm.h"
 #include "device/k_optim.h"
 #include "device/k_spatial.h"
+#include "device/cuda_check.h"
 
 static ts_device ts_cuda_devices[TS_MAX_CUDA_DEVICES];
 static ts__cuda_ctx ts_cuda_ctxs[TS_MAX_CUDA_DEVICES];
@@ -83,15 +85,115 @@ static void cuda_free(ts_device *d, void *p, size_t nbytes) {
     ts__cache_put(&ts__cuda(d)->cache, p, nbytes);
 }
 
+/* ---- deferred index checks (device/cuda.h) ---------------------------------------------------------- */
+_Static_assert(sizeof(ts_cu_bad_rec) == 64, "ts_cu_bad_rec: 64 bytes, copied whole to the host");
+
+/* The CPU's messages (ops/cpu/misc.c) for a bad record r (r->pos != TS_CU_NO_BAD), from what the kernels filled. */
+static void bad_index_text(const ts_cu_bad_rec *r, char *buf, size_t len) {
+    const long long pos = (long long)r->pos, val = r->val;
+    const ts_cu_bad_what *w = &r->what;
+    if (w->op == TS_CU_BAD_EMBEDDING) /* a: n, b: num, c: dim */
+        snprintf(buf, len,
+                 "embedding: index %lld (at flat position %lld of the indices) is out of range [0, %lld) for "
+                 "weight [%lld, %lld]",
+                 val, pos, w->b, w->b, w->c);
+    else if (w->c == 1) /* cross_entropy; a: N, b: C, c: S, d: ignore_index */
+        snprintf(buf, len,
+                 "cross_entropy: target %lld of sample %lld is out of range [0, %lld) for logits [%lld, %lld] "
+                 "(ignore_index is %lld)",
+                 val, pos, w->b, w->a, w->b, w->d);
+    else
+        snprintf(buf, len,
+                 "cross_entropy: target %lld of sample %lld at position %lld (flat over the spatial dims) is out "
+                 "of range [0, %lld) (ignore_index is %lld)",
+                 val, w->c ? pos / w->c : pos, w->c ? pos % w->c : 0, w->b, w->d);
+}
+
+/* With check_mu held: if the latest queued copy of the record has landed in check_host, looks at it and,
+ * for a bad index, clears the record and returns the error. Never waits: a copy still in flight stays
+ * pending. The event is the latest copy's, and copies are queued only under check_mu, so a finished
+ * event means no copy is writing check_host and every checking op queued so far has run. */
+static ts_status check_poll_locked(ts_device *d, cudaStream_t s) {
+    ts__cuda_ctx *c = ts__cuda(d);
+    if (!c->check_pending) return TS_OK;
+    cudaError_t e = cudaEventQuery(c->check_copied);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError(); /* not an error: leave it pending */
+        return TS_OK;
+    }
+    TS_CUDA_TRY(d, e);
+    c->check_pending = false;
+    ts_cu_bad_rec r;
+    memcpy(&r, c->check_host, sizeof r);
+    if (r.pos == TS_CU_NO_BAD) return TS_OK;
+    /* cleared in stream order (nothing that writes it is in flight: see above), so later ops report again */
+    memset(c->check_host, 0xff, sizeof r);
+    TS_CUDA_TRY(d, cudaMemsetAsync(c->check_dev, 0xff, sizeof r, s));
+    char msg[384];
+    bad_index_text(&r, msg, sizeof msg);
+    return ts_error(TS_ERR_INVALID_ARG,
+                    "%s [found on %s by the op's check on the device and reported at this later synchronisation: "
+                    "CUDA ops run asynchronously]",
+                    msg, d->name);
+}
+
+static ts_status check_poll(ts_device *d, cudaStream_t s) {
+    ts__cuda_ctx *c = ts__cuda(d);
+    pthread_mutex_lock(&c->check_mu);
+    ts_status st = check_poll_locked(d, s);
+    pthread_mutex_unlock(&c->check_mu);
+    return st;
+}
+
+ts_status ts__cuda_check_begin(ts_device *d, cudaStream_t s, void **rec) {
+    ts__cuda_ctx *c = ts__cuda(d);
+    *rec = NULL;
+    pthread_mutex_lock(&c->check_mu);
+    ts_status st = check_poll_locked(d, s);
+    if (st != TS_OK) {
+        pthread_mutex_unlock(&c->check_mu);
+        return st;
+    }
+    *rec = c->check_dev;
+    return TS_OK;
+}
+
+ts_status ts__cuda_check_end(ts_device *d, cudaStream_t s, ts_status st) {
+    ts__cuda_ctx *c = ts__cuda(d);
+    if (st == TS_OK)
+        st = ts__cuda_status(d, cudaMemcpyAsync(c->check_host, c->check_dev, sizeof(ts_cu_bad_rec),
+                                                cudaMemcpyDeviceToHost, s),
+                             "cudaMemcpyAsync (index check)");
+    if (st == TS_OK) st = ts__cuda_status(d, cudaEventRecord(c->check_copied, s), "cudaEventRecord (index check)");
+    if (st == TS_OK) c->check_pending = true;
+    else if (cudaMemsetAsync((char *)c->check_dev + offsetof(ts_cu_bad_rec, cur), 0xff, sizeof(unsigned long long),
+                             s) != cudaSuccess)
+        (void)cudaGetLastError(); /* a failed launch may have left its rec->cur set: clear it for the next op */
+    pthread_mutex_unlock(&c->check_mu);
+    return st;
+}
+
+/* Waits for the device: its worker's tasks, then its stream. */
+static ts_status cuda_wait(ts_device *d, cudaStream_t *s) {
+    TS_TRY(ts__stream_synchronize(d->stream)); /* tasks submitted to the device's worker */
+    TS_TRY(ts__cuda_enter(d, s));
+    TS_CUDA_TRY(d, cudaStreamSynchronize(*s));
+    return TS_OK;
+}
+
 /* Host memory is pageable (any pointer a caller gives): the copy is queued on the device's stream and
- * waited for, so the caller may reuse its buffer, and reads after earlier queued kernels. */
+ * waited for, so the caller may reuse its buffer, and reads after earlier queued kernels. The wait is a
+ * synchronisation point: a bad index found by an earlier op is reported here (after the copy is done). */
 static ts_status cuda_copy(ts_device *d, void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                            bool wait) {
     if (!n) return TS_OK;
     cudaStream_t s;
     TS_TRY(ts__cuda_enter(d, &s));
     TS_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, kind, s));
-    if (wait) TS_CUDA_TRY(d, cudaStreamSynchronize(s));
+    if (wait) {
+        TS_CUDA_TRY(d, cudaStreamSynchronize(s));
+        TS_TRY(check_poll(d, s));
+    }
     return TS_OK;
 }
 
@@ -114,15 +216,16 @@ static ts_status cuda_memset0(ts_device *d, void *dst, size_t n) {
 }
 
 static ts_status cuda_sync(ts_device *d) {
-    TS_TRY(ts__stream_synchronize(d->stream)); /* tasks submitted to the device's worker */
     cudaStream_t s;
-    TS_TRY(ts__cuda_enter(d, &s));
-    TS_CUDA_TRY(d, cudaStreamSynchronize(s));
-    return TS_OK;
+    TS_TRY(cuda_wait(d, &s));
+    return check_poll(d, s); /* a bad index found by an earlier op */
 }
 
+/* Waits without looking at the index checks: its status is not returned, and a bad index must not be
+ * lost to it. */
 static void cuda_empty_cache(ts_device *d) {
-    if (cuda_sync(d) != TS_OK) return;
+    cudaStream_t s;
+    if (cuda_wait(d, &s) != TS_OK) return;
     ts__cache_empty(&ts__cuda(d)->cache);
 }
 
@@ -158,6 +261,13 @@ ts_status ts__cuda_device_new(int ordinal, ts_device **out) {
     TS_CUDA_TRY(d, cudaSetDevice(ordinal));
     TS_CUDA_TRY(d, cudaGetDeviceProperties(&c->prop, ordinal));
     TS_CUDA_TRY(d, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    /* the index-check record, clear (all ones) on the device before any op's kernel and on the host */
+    pthread_mutex_init(&c->check_mu, NULL);
+    TS_CUDA_TRY(d, cudaMalloc(&c->check_dev, sizeof(ts_cu_bad_rec)));
+    TS_CUDA_TRY(d, cudaHostAlloc(&c->check_host, sizeof(ts_cu_bad_rec), cudaHostAllocDefault));
+    memset(c->check_host, 0xff, sizeof(ts_cu_bad_rec));
+    TS_CUDA_TRY(d, cudaMemsetAsync(c->check_dev, 0xff, sizeof(ts_cu_bad_rec), c->stream));
+    TS_CUDA_TRY(d, cudaEventCreateWithFlags(&c->check_copied, cudaEventDisableTiming));
     const char *e = getenv("TS_CUDA_CACHE_MB");
     size_t limit = e && *e ? (size_t)atol(e) << 20 : SIZE_MAX;
     ts__cache_init(&c->cache, raw_alloc, raw_free, c, limit);

@@ -6,7 +6,9 @@
  * own except in abort(), which may be called from any thread while an
  * operation is running.
  *
- * Every operation works on raw host buffers, is synchronous, honours
+ * Every operation works on raw buffers — host memory, and for a backend with
+ * device_buffers also memory of ctx->device (the NCCL backend stages host
+ * buffers through its device) — is synchronous, honours
  * ctx->timeout_s per call (TS_ERR_TIMEOUT naming the op and the peer it waited
  * for), returns TS_ERR_REMOTE naming the rank when a peer dies or aborts, and
  * returns promptly once *ctx->aborted becomes non-zero.
@@ -25,6 +27,7 @@ typedef struct ts__backend_ctx {
     double timeout_s;
     const char *group_name;
     const atomic_int *aborted; /* set by ts_pg_abort (any thread) */
+    ts_device *device;         /* the group's device (ts_pg_options.device); NULL: none named */
 } ts__backend_ctx;
 
 typedef struct ts__backend_ops {
@@ -50,13 +53,19 @@ typedef struct ts__backend_ops {
     /* Optional: how this rank reaches its peers, one line ("shared memory with ranks 1; TCP with ranks 2,3"). */
     void (*describe)(void *st, char *buf, size_t n);
     bool reduces_bf16; /* all_reduce, reduce and reduce_scatter take TS_BF16 (combined in float32 per hop) */
+    /* Buffers may be memory of the group's device (ts__pg_device), read and written in the order of the
+     * work the caller queued on that device before the call; host buffers are staged through it. */
+    bool device_buffers;
 } ts__backend_ops;
 
-/* The backends built into this library. An MPI backend adds itself here and
- * in pg.c's table under #ifdef TS_HAVE_MPI. */
+/* The backends built into this library. The MPI and NCCL backends add themselves
+ * here and in pg.c's table under #ifdef TS_HAVE_MPI / TS_HAVE_NCCL. */
 extern const ts__backend_ops ts__builtin_backend;
 #ifdef TS_HAVE_MPI
 extern const ts__backend_ops ts__mpi_backend;
+#endif
+#ifdef TS_HAVE_NCCL
+extern const ts__backend_ops ts__nccl_backend;
 #endif
 
 #endif /* TS_DIST_BACKEND_H */

@@ -47,6 +47,7 @@
 #include "distributed/flight.h"
 #include "distributed/heartbeat.h"
 #include "distributed/rendezvous.h"
+#include "tensor/tensor.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -59,6 +60,9 @@ static const ts__backend_ops *const backends[] = {
     &ts__builtin_backend,
 #ifdef TS_HAVE_MPI
     &ts__mpi_backend,
+#endif
+#ifdef TS_HAVE_NCCL
+    &ts__nccl_backend,
 #endif
 };
 
@@ -120,6 +124,12 @@ struct ts_process_group {
 
 static void heartbeat_failed(void *user, ts_status st, const char *reason, const ts__hb_blame *blame);
 static ts_status aborted_error(ts_process_group *pg, const char *what);
+
+bool ts_pg_backend_available(const char *name) {
+    for (size_t i = 0; name && i < TS_ARRAY_LEN(backends); i++)
+        if (strcmp(backends[i]->name, name) == 0) return true;
+    return false;
+}
 
 /* ---- group lifetime --------------------------------------------------------------------------- */
 static ts_status find_backend(const char *name, const ts__backend_ops **out) {
@@ -211,6 +221,9 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
     double hb_timeout = 0;
     TS_TRY(ts__heartbeat_resolve_timeout(opts_ok ? opts->heartbeat_timeout_s : 0.0, &hb_timeout));
 
+    ts_device *device = NULL; /* the group's device: named in the options, else the backend's choice */
+    if (opts_ok && opts->version >= 2 && opts->device && ts_device_get(opts->device, &device) != TS_OK)
+        return ts__error_prefix(TS_ERR_DEVICE, "ts_pg_new: device '%s'", opts->device);
     ts_process_group *pg = ts__calloc(1, sizeof *pg);
     if (!pg) return TS_ERR_NOMEM;
     bool private_store = opts_ok && mpi_without_store(opts, be);
@@ -220,6 +233,17 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
     if (st != TS_OK) {
         free(pg);
         return st;
+    }
+    if (!device && be->device_buffers) { /* torchrun's convention: local rank r on cuda:r */
+        char dn[32];
+        snprintf(dn, sizeof dn, "cuda:%d", pg->local_rank > 0 ? pg->local_rank : 0);
+        if (ts_device_get(dn, &device) != TS_OK) {
+            st = ts__error_prefix(TS_ERR_DEVICE, "process group (backend %s, rank %d, local rank %d): its GPU", be->name,
+                                  pg->rank, pg->local_rank);
+            ts_store_release(pg->store);
+            free(pg);
+            return st;
+        }
     }
     ts__flight_init(&pg->fr);
     snprintf(pg->host, sizeof pg->host, "localhost");
@@ -235,7 +259,7 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
     pthread_condattr_destroy(&ca);
     atomic_init(&pg->aborted, 0);
     pg->ctx = (ts__backend_ctx){pg->store,     pg->rank,     pg->world, pg->local_rank, pg->local_world,
-                                pg->timeout_s, pg->name ? pg->name : "default", &pg->aborted};
+                                pg->timeout_s, pg->name ? pg->name : "default", &pg->aborted, device};
     if (!pg->name) {
         st = TS_ERR_NOMEM;
     } else {
@@ -293,6 +317,10 @@ bool ts_pg_reduces_dtype(const ts_process_group *pg, ts_dtype dt) {
 }
 double ts_pg_timeout(const ts_process_group *pg) { return pg ? pg->timeout_s : 0.0; }
 const char *ts__pg_name(const ts_process_group *pg) { return pg ? pg->name : ""; }
+ts_device *ts__pg_device(const ts_process_group *pg) {
+    if (!pg || !pg->be || !pg->be->device_buffers) return NULL;
+    return pg->ctx.device ? pg->ctx.device : NULL;
+}
 bool ts__pg_aborted(const ts_process_group *pg) { return pg && atomic_load(&pg->aborted); }
 
 void ts_pg_describe_links(const ts_process_group *pg, char *buf, size_t n) {
@@ -647,9 +675,14 @@ static ts_status check_pg(const ts_process_group *pg, const char *op) {
 static ts_status check_tensor(const ts_process_group *pg, const char *op, const char *arg, const ts_tensor *t) {
     TS_ARG(t, "%s: %s is NULL (rank %d)", op, arg, pg->rank);
     char sh[96];
-    if (ts_device_type_of(ts_tensor_device(t)) != TS_DEVICE_CPU)
+    ts_device *dev = ts_tensor_device(t);
+    if (ts_device_type_of(dev) != TS_DEVICE_CPU && !pg->be->device_buffers)
         return ts_error(TS_ERR_DEVICE, "%s: %s is on device %s; the %s backend needs CPU tensors (rank %d)", op, arg,
-                        ts_device_name(ts_tensor_device(t)), pg->be->name, pg->rank);
+                        ts_device_name(dev), pg->be->name, pg->rank);
+    if (ts_device_type_of(dev) != TS_DEVICE_CPU && dev != pg->ctx.device)
+        return ts_error(TS_ERR_DEVICE, "%s: %s is on device %s; the %s backend of this group runs on %s (rank %d)", op,
+                        arg, ts_device_name(dev), pg->be->name, pg->ctx.device ? ts_device_name(pg->ctx.device) : "no device",
+                        pg->rank);
     if (!ts_tensor_is_contiguous(t))
         return ts_error(TS_ERR_INVALID_ARG, "%s: %s %s is not contiguous (rank %d)", op, arg,
                         ts_shape_str(ts_tensor_ndim(t), ts_tensor_shape(t), sh, sizeof sh), pg->rank);
@@ -697,7 +730,7 @@ ts_status ts_all_reduce(ts_process_group *pg, ts_tensor *t, ts_reduce_op op, ts_
     TS_TRY(check_pg(pg, "all_reduce"));
     TS_TRY(check_tensor(pg, "all_reduce", "tensor", t));
     TS_TRY(check_op(pg, "all_reduce", op, ts_tensor_dtype(t)));
-    return queue(pg, W_ALL_REDUCE, ts_tensor_data(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, 0, 0,
+    return queue(pg, W_ALL_REDUCE, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, 0, 0,
                  t, NULL, work);
 }
 
@@ -713,7 +746,7 @@ ts_status ts_broadcast(ts_process_group *pg, ts_tensor *t, int root, ts_work **w
     TS_TRY(check_pg(pg, "broadcast"));
     TS_TRY(check_tensor(pg, "broadcast", "tensor", t));
     TS_TRY(check_rank(pg, "broadcast", "root", root));
-    return queue(pg, W_BROADCAST, ts_tensor_data(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
+    return queue(pg, W_BROADCAST, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
                  TS_REDUCE_SUM, root, 0, t, NULL, work);
 }
 
@@ -722,7 +755,7 @@ ts_status ts_reduce(ts_process_group *pg, ts_tensor *t, int root, ts_reduce_op o
     TS_TRY(check_tensor(pg, "reduce", "tensor", t));
     TS_TRY(check_rank(pg, "reduce", "root", root));
     TS_TRY(check_op(pg, "reduce", op, ts_tensor_dtype(t)));
-    return queue(pg, W_REDUCE, ts_tensor_data(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, root, 0,
+    return queue(pg, W_REDUCE, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, root, 0,
                  t, NULL, work);
 }
 
@@ -742,7 +775,7 @@ ts_status ts_all_gather(ts_process_group *pg, ts_tensor *out, const ts_tensor *i
                         (long long)ts_tensor_numel(out), pg->world,
                         ts_shape_str(ts_tensor_ndim(in), ts_tensor_shape(in), b, sizeof b),
                         (long long)ts_tensor_numel(in), (long long)pg->world * ts_tensor_numel(in), pg->rank);
-    return queue(pg, W_ALL_GATHER, ts_tensor_data(out), ts_tensor_data((ts_tensor *)in), (size_t)ts_tensor_numel(in),
+    return queue(pg, W_ALL_GATHER, ts__ptr(out), ts__ptr((ts_tensor *)in), (size_t)ts_tensor_numel(in),
                  ts_tensor_dtype(in), TS_REDUCE_SUM, 0, 0, out, (ts_tensor *)in, work);
 }
 
@@ -765,7 +798,7 @@ ts_status ts_reduce_scatter(ts_process_group *pg, ts_tensor *out, const ts_tenso
                         (long long)ts_tensor_numel(in), pg->world,
                         ts_shape_str(ts_tensor_ndim(out), ts_tensor_shape(out), b, sizeof b),
                         (long long)ts_tensor_numel(out), (long long)pg->world * ts_tensor_numel(out), pg->rank);
-    return queue(pg, W_REDUCE_SCATTER, ts_tensor_data(out), ts_tensor_data((ts_tensor *)in),
+    return queue(pg, W_REDUCE_SCATTER, ts__ptr(out), ts__ptr((ts_tensor *)in),
                  (size_t)ts_tensor_numel(out), ts_tensor_dtype(out), op, 0, 0, out, (ts_tensor *)in, work);
 }
 
@@ -779,7 +812,7 @@ ts_status ts_send(ts_process_group *pg, const ts_tensor *t, int dst, int tag) {
     TS_TRY(check_tensor(pg, "send", "tensor", t));
     TS_TRY(check_rank(pg, "send", "destination", dst));
     TS_ARG(dst != pg->rank, "send: rank %d cannot send to itself", pg->rank);
-    return queue(pg, W_SEND, NULL, ts_tensor_data((ts_tensor *)t), (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
+    return queue(pg, W_SEND, NULL, ts__ptr((ts_tensor *)t), (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
                  TS_REDUCE_SUM, dst, tag, NULL, NULL, NULL);
 }
 
@@ -788,6 +821,6 @@ ts_status ts_recv(ts_process_group *pg, ts_tensor *t, int src, int tag) {
     TS_TRY(check_tensor(pg, "recv", "tensor", t));
     TS_TRY(check_rank(pg, "recv", "source", src));
     TS_ARG(src != pg->rank, "recv: rank %d cannot receive from itself", pg->rank);
-    return queue(pg, W_RECV, ts_tensor_data(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), TS_REDUCE_SUM,
+    return queue(pg, W_RECV, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), TS_REDUCE_SUM,
                  src, 0 + tag, NULL, NULL, NULL);
 }

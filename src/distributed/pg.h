@@ -13,6 +13,8 @@
 void ts__pg_abort_status(ts_process_group *pg, ts_status status, const char *reason);
 /* The group's name ("default" unless given). Borrowed. */
 const char *ts__pg_name(const ts_process_group *pg);
+/* The device whose memory the group's backend takes (the nccl backend's GPU), or NULL (host memory only). */
+ts_device *ts__pg_device(const ts_process_group *pg);
 /* Has the group been aborted? */
 bool ts__pg_aborted(const ts_process_group *pg);
 /* Test hook: a paused group sends no heartbeats (its peers see it as stopped). */

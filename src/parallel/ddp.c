@@ -13,10 +13,21 @@
  *
  * Bucket layout: bucket b holds parameters members[0..n) (reverse
  * registration order); parameter p occupies buf[p.offset, p.offset + numel).
+ *
+ * Where buckets live: in host memory (buf), gradients copied out and back,
+ * for any backend; or, when the group's backend takes device memory (nccl)
+ * and every parameter is on that device (d->cdev), on the device (dbuf):
+ * gradients are copied in and out on the device's stream and the backend
+ * all-reduces the bucket in place, ordered after those copies, while the
+ * rest of backward runs.
  */
 #include "core/internal.h"
 #include "core/timeline.h"
+#include "device/device.h"
+#include "distributed/pg.h"
+#include "tensor/tensor.h"
 #include "tessera/ddp.h"
+#include "tessera/ops.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +49,8 @@ typedef struct ddp_param {
 typedef struct ddp_bucket {
     float *buf;
     uint16_t *buf16; /* comm_dtype TS_BF16: what goes on the wire */
+    ts_tensor *dbuf;   /* on d->cdev instead of buf: float32 (numel) */
+    ts_tensor *dbuf16; /* ... and its bfloat16 copy while it is all-reduced (comm_dtype TS_BF16) */
     size_t numel;
     int *members; /* parameter indices */
     int nmembers;
@@ -52,6 +65,7 @@ struct ts_ddp {
     ts_process_group *pg;
     ts_ddp_options opts;
     int rank, world;
+    ts_device *cdev; /* buckets on this device (the group's, holding every parameter); NULL: host buckets */
 
     ts_tensor_list params, buffers;
     ddp_param *p;
@@ -105,6 +119,13 @@ static ts_status wait_all(ts_ddp *d) {
 /* Starts the all-reduce of bucket bk (in comm_dtype: a bfloat16 bucket is rounded first). */
 static ts_status launch(ts_ddp *d, ddp_bucket *bk) {
     ts_reduce_op op = d->opts.average_gradients ? TS_REDUCE_AVG : TS_REDUCE_SUM;
+    if (d->cdev) {
+        if (d->opts.comm_dtype != TS_BF16) return ts_all_reduce_buffer(d->pg, ts__ptr(bk->dbuf), bk->numel, TS_F32, op, &bk->work);
+        ts_tensor_release(bk->dbuf16);
+        bk->dbuf16 = NULL;
+        TS_TRY(ts_to_dtype(bk->dbuf, TS_BF16, &bk->dbuf16));
+        return ts_all_reduce_buffer(d->pg, ts__ptr(bk->dbuf16), bk->numel, TS_BF16, op, &bk->work);
+    }
     if (!bk->buf16) return ts_all_reduce_buffer(d->pg, bk->buf, bk->numel, TS_F32, op, &bk->work);
     TS_TRY(ts_convert(bk->buf16, TS_BF16, bk->buf, TS_F32, bk->numel));
     return ts_all_reduce_buffer(d->pg, bk->buf16, bk->numel, TS_BF16, op, &bk->work);
@@ -181,10 +202,21 @@ static void launch_ready(ts_ddp *d) {
 static ts_status write_back(ts_ddp *d) {
     for (int b = 0; b < d->nb; b++)
         if (d->b[b].buf16) TS_TRY(ts_convert(d->b[b].buf, TS_F32, d->b[b].buf16, TS_BF16, d->b[b].numel));
+    for (int b = 0; b < d->nb; b++) { /* device buckets: widen the bfloat16 result into dbuf */
+        ddp_bucket *bk = &d->b[b];
+        if (!bk->dbuf16) continue;
+        ts_tensor *wide = NULL;
+        ts_status st = ts_to_dtype(bk->dbuf16, TS_F32, &wide);
+        if (st == TS_OK) st = ts_tensor_copy_(bk->dbuf, wide);
+        ts_tensor_release(wide);
+        ts_tensor_release(bk->dbuf16);
+        bk->dbuf16 = NULL;
+        TS_TRY(st);
+    }
     for (int i = 0; i < d->params.n; i++) {
         ddp_param *p = &d->p[i];
         if (p->bucket < 0) continue;
-        const float *src = d->b[p->bucket].buf + p->offset;
+        const float *src = d->cdev ? NULL : d->b[p->bucket].buf + p->offset;
         size_t nbytes = p->numel * sizeof(float);
         ts_tensor *g = ts_tensor_grad(p->t);
         if (!g || !ts_tensor_is_contiguous(g)) {
@@ -196,7 +228,9 @@ static ts_status write_back(ts_ddp *d) {
             ts_tensor_release(fresh);
             g = fresh;
         }
-        ts_status st = ts_tensor_from_host(g, src, nbytes);
+        ts_status st = d->cdev ? d->cdev->ops->copy_d2d(d->cdev, ts__ptr(g), ts__f32(d->b[p->bucket].dbuf) + p->offset,
+                                                        nbytes)
+                               : ts_tensor_from_host(g, src, nbytes);
         if (st != TS_OK) return ts__error_prefix(st, "writing the averaged gradient of %s", p->name);
     }
     return TS_OK;
@@ -215,8 +249,12 @@ static void grad_ready(ts_tensor *t, void *user) {
     }
     ddp_bucket *bk = &d->b[p->bucket];
     ts_tensor *g = ts_tensor_grad(t);
-    ts_status st = g ? ts_tensor_to_host(g, bk->buf + p->offset, p->numel * sizeof(float))
-                     : ts_error(TS_ERR_STATE, "parameter %s has no gradient in its hook", p->name);
+    ts_status st = !g              ? ts_error(TS_ERR_STATE, "parameter %s has no gradient in its hook", p->name)
+                   : !d->cdev      ? ts_tensor_to_host(g, bk->buf + p->offset, p->numel * sizeof(float))
+                   : ts_tensor_is_contiguous(g) && ts_tensor_device(g) == d->cdev
+                       ? d->cdev->ops->copy_d2d(d->cdev, ts__f32(bk->dbuf) + p->offset, ts__ptr(g), p->numel * sizeof(float))
+                       : ts_error(TS_ERR_STATE, "parameter %s: its gradient is not a contiguous tensor on %s",
+                                  p->name, d->cdev->name);
     if (st != TS_OK) {
         pass_fail(d, st, "copying a gradient into its bucket");
         return;
@@ -289,9 +327,9 @@ fail:
  * gradient order. */
 static void log_buckets(const ts_ddp *d) {
     if (d->rank != 0 || ts_log_get_level() > TS_LOG_INFO) return;
-    ts_log(TS_LOG_INFO, "DDP: %d bucket%s (caps %.3g MiB first, %.3g MiB), %s all-reduce", d->nb, d->nb == 1 ? "" : "s",
-           d->opts.first_bucket_cap_mb > 0 ? d->opts.first_bucket_cap_mb : d->opts.bucket_cap_mb, d->opts.bucket_cap_mb,
-           ts_dtype_name(d->opts.comm_dtype));
+    ts_log(TS_LOG_INFO, "DDP: %d bucket%s (caps %.3g MiB first, %.3g MiB), %s all-reduce, buckets in %s memory", d->nb,
+           d->nb == 1 ? "" : "s", d->opts.first_bucket_cap_mb > 0 ? d->opts.first_bucket_cap_mb : d->opts.bucket_cap_mb,
+           d->opts.bucket_cap_mb, ts_dtype_name(d->opts.comm_dtype), d->cdev ? d->cdev->name : "host");
     for (int b = 0; b < d->nb; b++) {
         const char *first = NULL, *last = NULL;
         int count = 0;
@@ -345,12 +383,18 @@ static ts_status build_buckets(ts_ddp *d) {
     }
     for (int b = 0; b < nb; b++) {
         ddp_bucket *bk = &d->b[b];
-        bk->buf = ts__calloc(bk->numel ? bk->numel : 1, sizeof(float));
         bk->members = ts__calloc((size_t)bk->nmembers, sizeof(int));
-        if (!bk->buf || !bk->members) return TS_ERR_NOMEM;
+        if (!bk->members) return TS_ERR_NOMEM;
+        bk->nmembers = 0;
+        if (d->cdev) {
+            int64_t n = (int64_t)(bk->numel ? bk->numel : 1);
+            TS_TRY(ts_tensor_zeros(d->cdev, TS_F32, 1, &n, &bk->dbuf));
+            continue;
+        }
+        bk->buf = ts__calloc(bk->numel ? bk->numel : 1, sizeof(float));
+        if (!bk->buf) return TS_ERR_NOMEM;
         if (d->opts.comm_dtype == TS_BF16 && !(bk->buf16 = ts__calloc(bk->numel ? bk->numel : 1, sizeof(uint16_t))))
             return TS_ERR_NOMEM;
-        bk->nmembers = 0;
     }
     for (int i = d->params.n - 1; i >= 0; i--) {
         ddp_param *p = &d->p[i];
@@ -418,6 +462,10 @@ ts_status ts_ddp_new(ts_module *model, ts_process_group *pg, const ts_ddp_option
         ts__error_prefix(st, "ts_ddp_new: initial broadcast from rank 0 (rank %d of %d)", d->rank, d->world);
         goto fail;
     }
+    /* buckets on the group's device when the backend takes its memory and every parameter is there */
+    d->cdev = ts__pg_device(pg);
+    for (int i = 0; i < d->params.n && d->cdev; i++)
+        if (d->p[i].bucket >= 0 && ts_tensor_device(d->p[i].t) != d->cdev) d->cdev = NULL;
     TS_CHECK_GOTO(build_buckets(d));
     log_buckets(d);
     pass_reset(d);
@@ -441,6 +489,8 @@ void ts_ddp_free(ts_ddp *d) {
         for (int b = 0; b < d->nb; b++) {
             free(d->b[b].buf);
             free(d->b[b].buf16);
+            ts_tensor_release(d->b[b].dbuf);
+            ts_tensor_release(d->b[b].dbuf16);
             free(d->b[b].members);
         }
         free(d->b);
@@ -551,8 +601,11 @@ ts_status ts_ddp_join(ts_ddp *d) {
             if (st != TS_OK) return ts__error_prefix(st, "ts_ddp_join: shadowing the buffer broadcast");
         }
         for (int b = 0; b < d->nb && st == TS_OK; b++) {
-            memset(d->b[b].buf, 0, d->b[b].numel * sizeof(float));
-            st = launch(d, &d->b[b]);
+            if (d->b[b].dbuf)
+                st = ts_tensor_fill_(d->b[b].dbuf, 0.0f);
+            else
+                memset(d->b[b].buf, 0, d->b[b].numel * sizeof(float));
+            if (st == TS_OK) st = launch(d, &d->b[b]);
             if (st != TS_OK) d->b[b].work = NULL;
         }
         ts_status st2 = wait_all(d);

@@ -195,6 +195,15 @@ void ts_strategy_train(ts_strategy *s, bool training) {
     if (s) ts_module_train(s->runner, training);
 }
 
+ts_status ts__strategy_read_loss(const ts_tensor *lt, float *loss) {
+    float v = 0.0f;
+    ts_status st = ts_tensor_numel(lt) == 1 ? ts_tensor_to_host(lt, &v, sizeof v)
+                                            : ts_error(TS_ERR_SHAPE, "the loss has %lld elements, not one",
+                                                       (long long)ts_tensor_numel(lt));
+    if (st == TS_OK) *loss = v;
+    return st;
+}
+
 ts_status ts_strategy_forward_backward(ts_strategy *s, const ts_tensor *x, const ts_tensor *y, float label_smoothing,
                                        float *loss) {
     TS_ARG(s && x && y, "ts_strategy_forward_backward: NULL argument");
@@ -207,10 +216,10 @@ ts_status ts_strategy_forward_backward(ts_strategy *s, const ts_tensor *x, const
         double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
         st = ts_module_forward(s->runner, x, &logits);
         if (st == TS_OK) st = ts_cross_entropy(logits, y, label_smoothing, &lt);
-        if (st == TS_OK) l = (float)ts_tensor_item(lt, 0);
         ts__tl_span(TS__TL_TRAINER, "forward", t0);
         t0 = ts__tl_now();
         if (st == TS_OK) st = ts__strategy_backward(s, lt);
+        if (st == TS_OK) st = ts__strategy_read_loss(lt, &l);
         ts__tl_span(TS__TL_TRAINER, "backward", t0);
         ts_tensor_release(lt);
         ts_tensor_release(logits);

@@ -53,6 +53,10 @@ ts_status ts__strategy_one_device(ts_strategy *s, const ts_strategy_opts *o, ts_
 ts_status ts__strategy_place(ts_strategy *s, ts_module *model, ts_device *dev);
 /* ts_backward(loss) seeded with s->loss_scale (a scalar on the loss's device) instead of 1: the gradients
  * of scale * loss, the loss itself unchanged. Every strategy's backward goes through here. */
+/* The loss's value on the host, read after backward has been queued: on a GPU the host then queues the
+ * whole step before it waits, and a device error found on the way (an out-of-range target, reported at
+ * this synchronisation) comes back as the step's status instead of a NaN loss. */
+ts_status ts__strategy_read_loss(const ts_tensor *lt, float *loss);
 ts_status ts__strategy_backward(ts_strategy *s, ts_tensor *loss);
 /* Whether the strategy's backward seed can be scaled: TS_ERR_UNSUPPORTED naming pipeline, else TS_OK. */
 ts_status ts__strategy_can_scale_loss(const ts_strategy *s);

@@ -36,11 +36,11 @@ static ts_status ddp_forward_backward(ts_strategy *s, const ts_tensor *x, const 
     ts_status st = ts__strategy_batch_to(s->devs[0], x, y, &xd, &yd); /* the rank's device */
     if (st == TS_OK) st = ts_ddp_forward(s->ddp, xd, &logits);
     if (st == TS_OK) st = ts_cross_entropy(logits, yd, label_smoothing, &l);
-    if (st == TS_OK) *loss = (float)ts_tensor_item(l, 0);
     ts__tl_span(TS__TL_TRAINER, "forward", t0);
     t0 = ts__tl_now();
     if (st == TS_OK) st = ts__strategy_backward(s, l);
     if (st == TS_OK) st = ts_ddp_sync_status(s->ddp); /* the all-reduces finished inside backward */
+    if (st == TS_OK) st = ts__strategy_read_loss(l, loss);
     ts__tl_span(TS__TL_TRAINER, "backward", t0);
     ts_tensor_release(l);
     ts_tensor_release(logits);

@@ -28,10 +28,10 @@ static ts_status none_forward_backward(ts_strategy *s, const ts_tensor *x, const
     ts_status st = ts__strategy_batch_to(dev, x, y, &xd, &yd);
     if (st == TS_OK) st = ts_module_forward(s->model, xd, &logits);
     if (st == TS_OK) st = ts_cross_entropy(logits, yd, label_smoothing, &lt);
-    if (st == TS_OK) *loss = (float)ts_tensor_item(lt, 0);
     ts__tl_span(TS__TL_TRAINER, "forward", t0);
     t0 = ts__tl_now();
     if (st == TS_OK) st = ts__strategy_backward(s, lt);
+    if (st == TS_OK) st = ts__strategy_read_loss(lt, loss);
     ts__tl_span(TS__TL_TRAINER, "backward", t0);
     ts_tensor_release(lt);
     ts_tensor_release(logits);

@@ -2,56 +2,35 @@
  * ops/cuda/misc.c — the misc family on CUDA devices (see device/k_misc.h): checks, sizes and
  * pointers here, kernels in ops/cuda/misc.cu.
  *
- * Two kernels hand a value back to the host: embedding and cross_entropy validate their indices
- * on the device (the first bad position goes to a device word by atomicMin), and the host copies
- * it back, which waits for the stream, to fail with the CPU's message. dropout_mask draws the mask
- * on the host with the CPU's exact ts_rng calls and copies it over, so a seed gives the same mask
- * on every backend.
+ * embedding and cross_entropy validate their indices on the device without waiting for it: the
+ * kernels keep the first bad index in the device's check record and a copy of it goes to pinned host
+ * memory (device/cuda.h: ts__cuda_check_begin / _end); the host reports it with the CPU's message
+ * (device/cuda.c) at the device's next synchronisation or the next checking op, as PyTorch
+ * reports device-side asserts. Meanwhile the op's result is NaN where an index was bad (an embedding
+ * row, a per-sample loss, or the reduced loss), so a value read while the error goes unnoticed shows
+ * it. dropout_mask draws the mask on the host with the CPU's exact ts_rng calls and copies it over
+ * (waiting: the host buffer is pageable), so a seed gives the same mask on every backend.
  */
 #include "ops/cuda/common.h"
 #include "device/k_misc.h"
 #include "ops/cuda/misc_cu.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Copies back the first bad position written by a kernel (*pos = -1 if none) and, if there is
- * one, the index found there (*val = idx[*pos]). Waits for the stream. */
-static ts_status fetch_bad(ts_device *dev, cudaStream_t s, const unsigned long long *bad, const int64_t *idx,
-                           int64_t *pos, int64_t *val) {
-    unsigned long long h = TS_CU_NO_BAD;
-    TS_CUDA_TRY(dev, cudaMemcpyAsync(&h, bad, sizeof h, cudaMemcpyDeviceToHost, s));
-    TS_CUDA_TRY(dev, cudaStreamSynchronize(s));
-    *pos = -1;
-    *val = 0;
-    if (h == TS_CU_NO_BAD) return TS_OK;
-    *pos = (int64_t)h;
-    TS_CUDA_TRY(dev, cudaMemcpyAsync(val, idx + h, sizeof *val, cudaMemcpyDeviceToHost, s));
-    TS_CUDA_TRY(dev, cudaStreamSynchronize(s));
-    return TS_OK;
-}
-
 /* ---- embedding ----------------------------------------------------------------------------------- */
-/* out: (n, dim) = weight[idx[i]]; weight: (num, dim) */
+/* out: (n, dim) = weight[idx[i]]; weight: (num, dim). A bad index is reported later (see above). */
 static ts_status cu_embedding(ts_tensor *out, const ts_tensor *idx, const ts_tensor *weight) {
     ts_device *dev = ts__dev(out);
     TS_CU_BEGIN(dev, s);
     const int64_t n = ts_tensor_numel(idx), num = weight->shape[0], dim = weight->shape[1];
-    const int64_t *ix = (const int64_t *)ts__ptr(idx);
-    ts_tensor *sc = NULL;
-    TS_TRY(ts__scratch_bytes(dev, sizeof(unsigned long long), &sc));
-    unsigned long long *bad = ts__ptr(sc);
-    int64_t pos = -1, val = 0;
-    ts_status st = ts__cuda_status(dev, ts_cu_embedding(ts__f32(out), ix, ts__f32(weight), n, num, dim, bad, s),
-                                   "misc.embedding");
-    if (st == TS_OK) st = fetch_bad(dev, s, bad, ix, &pos, &val);
-    ts_tensor_release(sc);
-    if (st != TS_OK || pos < 0) return st;
-    char b[64];
-    return ts_error(TS_ERR_INVALID_ARG,
-                    "embedding: index %lld (at flat position %lld of the indices) is out of range [0, %lld) "
-                    "for weight %s",
-                    (long long)val, (long long)pos, (long long)num, ts_shape_str(2, weight->shape, b, sizeof b));
+    void *rec = NULL;
+    TS_TRY(ts__cuda_check_begin(dev, s, &rec)); /* an earlier op's bad index, if the stream is past it */
+    ts_status st = ts__cuda_status(
+        dev, ts_cu_embedding(ts__f32(out), (const int64_t *)ts__ptr(idx), ts__f32(weight), n, num, dim, rec, s),
+        "misc.embedding");
+    return ts__cuda_check_end(dev, s, st);
 }
 
 /* gw: (num, dim) = scatter-add of g: (n, dim) rows at idx */
@@ -154,31 +133,21 @@ static ts_status cu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_tens
     const int64_t rows = N * S;
     const bool none = reduction == TS_REDUCTION_NONE, mean = reduction == TS_REDUCTION_MEAN;
     const int64_t *t = (const int64_t *)ts__ptr(target);
-    /* scratch: the bad word (16 bytes, keeping what follows aligned), then the pairs of doubles */
+    /* scratch: the pairs of doubles of the reduction (none: nothing) */
     ts_tensor *sc = NULL;
-    TS_TRY(ts__scratch_bytes(dev, 16 + (none ? 0 : (size_t)(rows + TS_CU_MISC_PARTS) * 2 * sizeof(double)), &sc));
-    unsigned long long *bad = ts__ptr(sc);
-    double *part = (double *)((char *)ts__ptr(sc) + 16);
-    int64_t pos = -1, val = 0;
-    ts_status st = ts__cuda_status(dev,
-                                   ts_cu_cross_entropy(ts__f32(loss), ts__f32(lse), ts__f32(logits), t,
-                                                       weight ? ts__f32(weight) : NULL, N, C, S, eps, ignore_index,
-                                                       none, mean, part, bad, s),
-                                   "misc.cross_entropy");
-    if (st == TS_OK) st = fetch_bad(dev, s, bad, t, &pos, &val);
-    ts_tensor_release(sc);
-    if (st != TS_OK || pos < 0) return st;
-    if (S == 1)
-        return ts_error(TS_ERR_INVALID_ARG,
-                        "cross_entropy: target %lld of sample %lld is out of range [0, %lld) for logits "
-                        "[%lld, %lld] (ignore_index is %lld)",
-                        (long long)val, (long long)pos, (long long)C, (long long)N, (long long)C,
-                        (long long)ignore_index);
-    return ts_error(TS_ERR_INVALID_ARG,
-                    "cross_entropy: target %lld of sample %lld at position %lld (flat over the spatial dims) "
-                    "is out of range [0, %lld) (ignore_index is %lld)",
-                    (long long)val, (long long)(pos / S), (long long)(pos % S), (long long)C,
-                    (long long)ignore_index);
+    if (!none) TS_TRY(ts__scratch_bytes(dev, (size_t)(rows + TS_CU_MISC_PARTS) * 2 * sizeof(double), &sc));
+    void *rec = NULL;
+    ts_status st = ts__cuda_check_begin(dev, s, &rec); /* an earlier op's bad index, if the stream is past it */
+    if (st == TS_OK) {
+        st = ts__cuda_status(dev,
+                             ts_cu_cross_entropy(ts__f32(loss), ts__f32(lse), ts__f32(logits), t,
+                                                 weight ? ts__f32(weight) : NULL, N, C, S, eps, ignore_index, none,
+                                                 mean, sc ? (double *)ts__ptr(sc) : NULL, rec, s),
+                             "misc.cross_entropy");
+        st = ts__cuda_check_end(dev, s, st); /* a bad target is reported later (see above) */
+    }
+    ts_tensor_release(sc); /* stream-ordered: the kernels queued above still own it */
+    return st;
 }
 
 static ts_status cu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,

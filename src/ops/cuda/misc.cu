@@ -67,9 +67,30 @@ __global__ void sum_pairs_kernel(const double2 *in, int64_t n, double2 *out) {
     if (threadIdx.x == 0) out[blockIdx.x] = make_double2(a, b);
 }
 
+/* The last kernel of an op that checks indices (one thread): folds the op's first bad position
+ * r->cur into the record, unless the record still holds an earlier op's that the host has not reported
+ * (the first one wins), and resets r->cur for the next op. Stream order makes every atomicMin of the op's
+ * kernels visible here. True when the op found a bad index. */
+__device__ bool keep_bad(ts_cu_bad_rec *r, const int64_t *idx, const ts_cu_bad_what &what) {
+    const unsigned long long p = r->cur;
+    if (p == TS_CU_NO_BAD) return false;
+    r->cur = TS_CU_NO_BAD;
+    if (r->pos == TS_CU_NO_BAD) {
+        r->val = (long long)idx[p];
+        r->what = what;
+        r->pos = p;
+    }
+    return true;
+}
+
+__global__ void keep_bad_kernel(ts_cu_bad_rec *r, const int64_t *idx, ts_cu_bad_what what) {
+    (void)keep_bad(r, idx, what);
+}
+
 /* Second stage, one block: (a, b) = sums of part[0..nb); loss[0] = a (div == 0), a / b (div < 0)
- * or a / div. */
-__global__ void finish_kernel(const double2 *part, int nb, float *loss, double div) {
+ * or a / div. With rec (an op that checks indices: keep_bad), NaN if the op found a bad index in idx. */
+__global__ void finish_kernel(const double2 *part, int nb, float *loss, double div, ts_cu_bad_rec *rec,
+                              const int64_t *idx, ts_cu_bad_what what) {
     double a = 0, b = 0;
     for (int i = threadIdx.x; i < nb; i += blockDim.x) {
         a += part[i].x;
@@ -77,11 +98,14 @@ __global__ void finish_kernel(const double2 *part, int nb, float *loss, double d
     }
     a = GBlock::sum(a);
     b = GBlock::sum(b);
-    if (threadIdx.x == 0) loss[0] = (float)(div == 0 ? a : div < 0 ? a / b : a / div);
+    if (threadIdx.x == 0) {
+        const bool bad = rec && keep_bad(rec, idx, what);
+        loss[0] = bad ? NAN : (float)(div == 0 ? a : div < 0 ? a / b : a / div);
+    }
 }
 
 /* ---- embedding ---------------------------------------------------------------------------------- */
-// out: (n, dim) = w[idx[i], :]; w: (num, dim)
+// out: (n, dim) = w[idx[i], :] (NaN for an index outside [0, num)); w: (num, dim)
 __global__ void embedding_kernel(float *out, const int64_t *idx, const float *w, int64_t n, int64_t num, int64_t dim,
                                  unsigned long long *bad) {
     TS_CU_LOOP(i, n) {
@@ -89,18 +113,20 @@ __global__ void embedding_kernel(float *out, const int64_t *idx, const float *w,
     }
     TS_CU_LOOP(k, n * dim) {
         const int64_t i = k / dim, v = idx[i];
-        if (v >= 0 && v < num) out[k] = w[v * dim + (k - i * dim)];
+        out[k] = v >= 0 && v < num ? w[v * dim + (k - i * dim)] : NAN;
     }
 }
 
 } // namespace
 
 cudaError_t ts_cu_embedding(float *out, const int64_t *idx, const float *w, int64_t n, int64_t num, int64_t dim,
-                            unsigned long long *bad, cudaStream_t s) {
-    cudaError_t e = cudaMemsetAsync(bad, 0xff, sizeof *bad, s); /* TS_CU_NO_BAD */
-    if (e != cudaSuccess) return e;
+                            ts_cu_bad_rec *rec, cudaStream_t s) {
     if (n == 0) return cudaSuccess;
-    embedding_kernel<<<ts_cu_blocks(n * dim > n ? n * dim : n), TS_CU_THREADS, 0, s>>>(out, idx, w, n, num, dim, bad);
+    embedding_kernel<<<ts_cu_blocks(n * dim > n ? n * dim : n), TS_CU_THREADS, 0, s>>>(out, idx, w, n, num, dim,
+                                                                                      &rec->cur);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    keep_bad_kernel<<<1, 1, 0, s>>>(rec, idx, ts_cu_bad_what{TS_CU_BAD_EMBEDDING, n, num, dim, 0});
     return cudaGetLastError();
 }
 
@@ -281,7 +307,8 @@ namespace {
 /* ---- cross-entropy ------------------------------------------------------------------------------------------ */
 /* Row i of C logits at stride S: lse[i] = max + log sum exp (float, as the CPU), then (double)
  *   l_i = (1 - eps) w[t] (lse - x[t]) + eps / C sum_c w[c] (lse - x[c])
- * -> per[i] (NONE) or part[i] = (l_i, w[t]) for the total; ignored and bad rows give (0, 0). */
+ * -> per[i] (NONE; NaN for a bad target) or part[i] = (l_i, w[t]) for the total; ignored and bad rows
+ * give (0, 0) there, and a bad one makes the total NaN (finish_kernel). */
 struct CrossEntropyOp {
     float *lse, *per;
     double2 *part;
@@ -318,7 +345,7 @@ struct CrossEntropyOp {
         if (G::lane() != 0) return;
         lse[i] = l;
         if (!ign && !ok) atomicMin(bad, (unsigned long long)i); /* only the minimum matters: order-free */
-        if (per) per[i] = (float)li;
+        if (per) per[i] = !ign && !ok ? NAN : (float)li;
         if (part) part[i] = make_double2(li, wi);
     }
 };
@@ -326,17 +353,21 @@ struct CrossEntropyOp {
 
 cudaError_t ts_cu_cross_entropy(float *loss, float *lse, const float *x, const int64_t *t, const float *w, int64_t N,
                                 int64_t C, int64_t S, float eps, int64_t ignore, int none, int mean, double *part,
-                                unsigned long long *bad, cudaStream_t s) {
+                                ts_cu_bad_rec *rec, cudaStream_t s) {
     const int64_t rows = N * S;
-    cudaError_t e = cudaMemsetAsync(bad, 0xff, sizeof *bad, s); /* TS_CU_NO_BAD */
+    const ts_cu_bad_what what{TS_CU_BAD_CROSS_ENTROPY, N, C, S, ignore};
+    double2 *rowpart = none ? NULL : (double2 *)part, *blocks = none ? NULL : (double2 *)part + rows;
+    cudaError_t e =
+        launch_rows(CrossEntropyOp{lse, none ? loss : NULL, rowpart, x, w, t, ignore, eps, &rec->cur}, N, C, S, s);
     if (e != cudaSuccess) return e;
-    double2 *rowpart = none ? NULL : (double2 *)part, *blocks = (double2 *)part + rows;
-    e = launch_rows(CrossEntropyOp{lse, none ? loss : NULL, rowpart, x, w, t, ignore, eps, bad}, N, C, S, s);
-    if (e != cudaSuccess || none) return e;
+    if (none) {
+        keep_bad_kernel<<<1, 1, 0, s>>>(rec, t, what);
+        return cudaGetLastError();
+    }
     const int nb = parts_for(rows);
     sum_pairs_kernel<<<nb, TS_CU_THREADS, 0, s>>>(rowpart, rows, blocks);
-    /* MEAN over no counted sample gives NaN (0/0), as PyTorch */
-    finish_kernel<<<1, TS_CU_THREADS, 0, s>>>(blocks, nb, loss, mean ? -1.0 : 0.0);
+    /* MEAN over no counted sample gives NaN (0/0), as PyTorch; a bad target NaN too (finish_kernel) */
+    finish_kernel<<<1, TS_CU_THREADS, 0, s>>>(blocks, nb, loss, mean ? -1.0 : 0.0, rec, t, what);
     return cudaGetLastError();
 }
 
@@ -436,7 +467,8 @@ cudaError_t ts_cu_mse(float *loss, const float *p, const float *q, int64_t n, do
     const int nb = parts_for(n);
     mse_kernel<<<nb, TS_CU_THREADS, 0, s>>>(p, q, n, (double2 *)part);
     /* n == 0: 0 / 0 = NaN, as PyTorch (a NaN divisor is "a / div" too) */
-    finish_kernel<<<1, TS_CU_THREADS, 0, s>>>((const double2 *)part, nb, loss, n ? (double)n : NAN);
+    finish_kernel<<<1, TS_CU_THREADS, 0, s>>>((const double2 *)part, nb, loss, n ? (double)n : NAN, NULL, NULL,
+                                              ts_cu_bad_what{0, 0, 0, 0, 0});
     return cudaGetLastError();
 }
 

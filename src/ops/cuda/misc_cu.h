@@ -3,8 +3,10 @@
  * its kernel table (ops/cuda/misc.c). Raw device pointers, sizes and the stream; each queues its
  * kernels on the stream and returns the launch's cudaError_t. Shapes as in device/k_misc.h.
  *
- * `bad` arguments are one device unsigned long long that the launcher sets to TS_CU_NO_BAD and the
- * kernel lowers (atomicMin) to the first invalid position; the caller copies it back.
+ * `rec` arguments are the device's index-check record (ts_cu_bad_rec below; device/cuda.h's
+ * ts__cuda_check_begin gives it): the op's kernel lowers rec->cur (atomicMin) to the first invalid
+ * position, and the op's last kernel folds it into the record (keeping an earlier op's bad index if the
+ * host has not seen it yet) and resets rec->cur. Nothing waits: the host reads a copy later.
  * `part` arguments are device scratch of doubles for the deterministic two-stage reductions:
  * TS_CU_MISC_PARTS pairs of doubles (plus what each launcher names).
  */
@@ -12,13 +14,15 @@
 #define TS_OPS_CUDA_MISC_CU_H
 
 #include "ops/cuda/cu.h"
+#include "device/cuda_check.h"
 
-#define TS_CU_NO_BAD 0xffffffffffffffffull /* no invalid position found */
 #define TS_CU_MISC_PARTS 256               /* blocks (partial sums) of the first reduction stage */
 
-/* out: (n, dim) = w[idx[i], :]; w: (num, dim); bad <- first i with idx[i] outside [0, num). */
+
+/* out: (n, dim) = w[idx[i], :]; w: (num, dim); rows whose idx[i] is outside [0, num) are NaN, the first
+ * such i goes to rec. */
 TS_CU_EXTERN_C cudaError_t ts_cu_embedding(float *out, const int64_t *idx, const float *w, int64_t n, int64_t num,
-                                           int64_t dim, unsigned long long *bad, cudaStream_t s);
+                                           int64_t dim, ts_cu_bad_rec *rec, cudaStream_t s);
 /* gw: (num, dim) = 0, then gw[idx[i], :] += g[i, :] (float atomics). */
 TS_CU_EXTERN_C cudaError_t ts_cu_embedding_backward(float *gw, const int64_t *idx, const float *g, int64_t n,
                                                     int64_t num, int64_t dim, cudaStream_t s);
@@ -44,11 +48,12 @@ TS_CU_EXTERN_C cudaError_t ts_cu_softmax_backward(float *gx, const float *gy, co
 /* Cross-entropy over logits x (N, C, S) (rows i = n S + s), target t (N S), weight w (C) or NULL.
  * none: loss (N S) per sample; else loss [] = the sum, divided by the sum of w[t] over the samples
  * not ignored if mean. lse <- (N S). part: (N S) + TS_CU_MISC_PARTS pairs of doubles (unused
- * with none). bad <- first sample whose target is neither ignore nor in [0, C). */
+ * with none). A sample whose target is neither ignore nor in [0, C) makes its loss (none) or the
+ * total NaN, and the first one goes to rec. */
 TS_CU_EXTERN_C cudaError_t ts_cu_cross_entropy(float *loss, float *lse, const float *x, const int64_t *t,
                                                const float *w, int64_t N, int64_t C, int64_t S, float eps,
                                                int64_t ignore, int none, int mean, double *part,
-                                               unsigned long long *bad, cudaStream_t s);
+                                               ts_cu_bad_rec *rec, cudaStream_t s);
 /* gx: (N, C, S) from gloss ((N S) with none, else []); part: TS_CU_MISC_PARTS + 1 pairs of doubles. */
 TS_CU_EXTERN_C cudaError_t ts_cu_cross_entropy_backward(float *gx, const float *gloss, const float *x,
                                                         const float *lse, const int64_t *t, const float *w, int64_t N,

@@ -21,20 +21,29 @@
  * was, 2026-11-26). TS_CUDA_CONV_BF16=0 in the environment (read once) keeps convolutions in float32
  * whatever the precision, for A/B measurements.
  *
- * Algorithms. By default (TS_CUDNN_ALGO unset or "heuristic", read once) they come from cuDNN's
- * heuristics (cudnnGet*Algorithm_v7, ranked fastest first; no benchmarking, so the choice is the same
- * every run): the first candidate that is supported, of an allowed math type (float32: not tensor ops;
- * bfloat16: tensor ops first, then any but CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION), deterministic, of the
- * GEMM or direct families (not FFT or Winograd: see algo_inexact) and whose workspace fits in ws_cap();
- * failing that, a non-deterministic one. With TS_CUDNN_ALGO=find (as torch.backends.cudnn.benchmark) a
- * new plan measures instead: cudnnFind*AlgorithmEx on the call's own buffers (the pass's output, which
- * the real call overwrites right after; a scratch one when a float32 weight gradient accumulates over
- * chunks) with a workspace of min(ws_cap(), 512 MiB) from the device's allocator, taking the fastest
- * result that succeeded, of an allowed math type and not FFT or Winograd — non-deterministic algorithms
- * included, as PyTorch's default cudnn.deterministic=False — and falling back to the heuristics when no
- * result is usable. A measurement blocks the host until the device is done with it, once per new plan.
- * Either way a plan also keeps the usable candidate with the least workspace, used when the chosen one's
- * workspace cannot be allocated; each new plan is logged at debug level (the measured time under find).
+ * Algorithms. By default (TS_CUDNN_ALGO unset or "heuristic", read once) they come from cuDNN's heuristics
+ * (cudnnGet*Algorithm_v7, ranked fastest first; no benchmarking, so the choice is the same every run): the
+ * first candidate that is supported, of an allowed math type (float32: not tensor ops; bfloat16: tensor
+ * ops first, then any but CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION), deterministic, of the GEMM or direct
+ * families (not FFT or Winograd: see algo_inexact) and whose workspace fits in ws_cap(); failing that, a
+ * non-deterministic one. With TS_CUDNN_ALGO=find (measured as torch.backends.cudnn.benchmark does, but
+ * from the exact families only) a new plan measures instead: cudnnFind*AlgorithmEx on the call's own
+ * buffers (the pass's output, which the real call overwrites right after; a scratch one when a float32
+ * weight gradient accumulates over chunks) with a workspace of min(ws_cap(), 512 MiB) from the device's
+ * allocator, taking the fastest result that succeeded, of an allowed math type and not FFT or Winograd —
+ * non-deterministic algorithms included, as PyTorch's default cudnn.deterministic=False — and falling back
+ * to the heuristics when no result is usable. TS_CUDNN_ALGO=benchmark measures the same way but takes the
+ * fastest of every algorithm cuDNN ran successfully with an allowed math type, FFT and Winograd included:
+ * the set torch.backends.cudnn.benchmark = True chooses from (PyTorch's getValidAlgorithms keeps every
+ * result whose status is success, and drops non-deterministic ones only under cudnn.deterministic; with
+ * TF32 off its float32 descriptors ask for FMA math, as ours do; it measures with the largest workspace
+ * its allocator can give, we with find's). That trades exactness for speed, as PyTorch's does: FFT and
+ * Winograd round with the magnitude of a whole transformed tile or plane, not of each output's own terms
+ * (algo_inexact has a measured example), so benchmark's results may miss tolerances that find's and the
+ * heuristics' meet. When no measured result is usable, benchmark too falls back to the (exact) heuristics.
+ * A measurement blocks the host until the device is done with it, once per new plan. Either way a plan
+ * also keeps the usable candidate with the least workspace, used when the chosen one's workspace cannot be
+ * allocated; each new plan is logged at debug level (the measured time under find and benchmark).
  * Workspaces come from the device's allocator (ts__scratch_bytes) and are released right after the call
  * is queued (the allocator is stream-ordered), as are the bfloat16 scratch copies.
  *
@@ -46,9 +55,9 @@
  * it and the plan cache are used under the device's lib_mu. The bias is added, and its gradient
  * summed (in double, deterministic), by our kernels.
  *
- * Everything here is deterministic except under TS_CUDNN_ALGO=find (the measured choice may differ from
- * run to run and may be a non-deterministic algorithm), and a conv gradient for which cuDNN offers no
- * deterministic algorithm within the workspace cap (not seen for float32 NCHW).
+ * Everything here is deterministic except under TS_CUDNN_ALGO=find or benchmark (the measured choice
+ * may differ from run to run and may be a non-deterministic algorithm), and a conv gradient for which
+ * cuDNN offers no deterministic algorithm within the workspace cap (not seen for float32 NCHW).
  */
 #include "ops/cuda/common.h"
 #include "ops/cuda/ew_cu.h"
@@ -64,7 +73,7 @@
 
 #define PLAN_CACHE 256                   /* cached conv plans per device */
 #define MAX_ORDINALS 256                 /* devices with a plan cache */
-#define FIND_WS_MAX ((size_t)512 << 20) /* workspace for measuring algorithms (TS_CUDNN_ALGO=find) */
+#define FIND_WS_MAX ((size_t)512 << 20) /* workspace for measuring algorithms (TS_CUDNN_ALGO=find, benchmark) */
 
 static ts_status cudnn_status(const ts_device *d, cudnnStatus_t st, const char *call) {
     if (st == CUDNN_STATUS_SUCCESS) return TS_OK;
@@ -83,22 +92,33 @@ static int64_t numel4(int64_t a, int64_t b, int64_t c, int64_t d) { return a * b
 
 /* ================================ switches ================================ */
 
+/* TS_CUDNN_ALGO: how a new plan picks its algorithm */
+typedef enum {
+    ALGO_HEURISTIC, /* unset or "heuristic": cuDNN's heuristics, deterministic GEMM/direct algorithms first */
+    ALGO_FIND,      /* "find": measured, GEMM/direct algorithms only (exact to float rounding) */
+    ALGO_BENCHMARK, /* "benchmark": measured, every algorithm (FFT and Winograd too): cudnn.benchmark's set */
+} algo_mode;
+
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
-static bool env_find;        /* TS_CUDNN_ALGO=find: algorithms by measurement */
+static algo_mode env_algo;   /* TS_CUDNN_ALGO */
 static bool env_bf16 = true; /* TS_CUDA_CONV_BF16 is not 0: 16-bit convolutions under TS_BF16 / TS_F16 */
 
 static void env_init(void) {
     const char *e = getenv("TS_CUDNN_ALGO");
-    env_find = e && strcasecmp(e, "find") == 0;
-    if (e && *e && !env_find && strcasecmp(e, "heuristic") != 0)
-        ts_log(TS_LOG_WARN, "TS_CUDNN_ALGO=%s: expected heuristic or find; using heuristic", e);
+    env_algo = ALGO_HEURISTIC;
+    if (e && strcasecmp(e, "find") == 0)
+        env_algo = ALGO_FIND;
+    else if (e && strcasecmp(e, "benchmark") == 0)
+        env_algo = ALGO_BENCHMARK;
+    else if (e && *e && strcasecmp(e, "heuristic") != 0)
+        ts_log(TS_LOG_WARN, "TS_CUDNN_ALGO=%s: expected heuristic, find or benchmark; using heuristic", e);
     e = getenv("TS_CUDA_CONV_BF16");
     env_bf16 = !(e && strcmp(e, "0") == 0);
 }
 
-static bool algo_find(void) {
+static algo_mode algo_how(void) {
     pthread_once(&env_once, env_init);
-    return env_find;
+    return env_algo;
 }
 
 /* The 16-bit type a conv pass runs in now: TS_CU_BF16 under TS_BF16, TS_CU_F16 under TS_F16 (float16
@@ -201,7 +221,8 @@ typedef struct algo_cand {
  * the whole tile or plane, not with each output's own terms. Measured on an H200 against a double
  * reference, the weight gradient of a 256-channel 3x3 conv (N 8, 14x14) was off by 27x the golden
  * tests' tolerance (1e-5 + 1e-4 |ref|) with WINOGRAD_NONFUSED and by 2x with the GEMM algorithm (plain
- * float rounding over 1568-term sums). Only the GEMM and direct families are used. */
+ * float rounding over 1568-term sums). Only the GEMM and direct families are used, except under
+ * TS_CUDNN_ALGO=benchmark, which trades this exactness for speed as PyTorch's cudnn.benchmark does. */
 static bool algo_inexact(conv_pass pass, int a) {
     switch (pass) {
     case PASS_FWD:
@@ -350,14 +371,16 @@ static bool plan_ws(cudnnHandle_t h, const conv_plan *p, int a, size_t *bytes) {
 }
 
 /* Among candidates c[0..n): *best, the chosen one (-1: none), and *lean, the usable one with the least
- * workspace (-1: none); ws[i] their workspaces. Measured candidates (fastest first): the first usable
- * one, deterministic or not. Heuristic ones: for bfloat16 tensor-op math first; deterministic first;
- * then, when all usable ones exceed the cap, the leanest. */
-static void cands_choose(cudnnHandle_t h, const conv_plan *p, const algo_cand *c, int n, bool measured, size_t cap,
-                         size_t *ws, int *best, int *lean) {
+ * workspace (-1: none); ws[i] their workspaces. Usable: cuDNN's status is success, the math type is
+ * allowed, and (unless `inexact`: TS_CUDNN_ALGO=benchmark's measured candidates) the algorithm is not
+ * FFT or Winograd. Measured candidates (fastest first): the first usable one, deterministic or not.
+ * Heuristic ones: for bfloat16 tensor-op math first; deterministic first; then, when all usable ones
+ * exceed the cap, the leanest. */
+static void cands_choose(cudnnHandle_t h, const conv_plan *p, const algo_cand *c, int n, bool measured, bool inexact,
+                         size_t cap, size_t *ws, int *best, int *lean) {
     bool ok[MAX_CANDS];
     for (int i = 0; i < n; i++) {
-        ok[i] = c[i].status == CUDNN_STATUS_SUCCESS && !algo_inexact(p->pass, c[i].algo) &&
+        ok[i] = c[i].status == CUDNN_STATUS_SUCCESS && (inexact || !algo_inexact(p->pass, c[i].algo)) &&
                 math_ok(p->half != 0, c[i].math) && plan_ws(h, p, c[i].algo, &ws[i]);
         if (ok[i] && measured && c[i].mem > ws[i]) ws[i] = c[i].mem;
     }
@@ -382,8 +405,9 @@ static void cands_choose(cudnnHandle_t h, const conv_plan *p, const algo_cand *c
     if (!measured && *best < 0 && *lean >= 0) *best = *lean; /* everything usable is over the cap: the leanest */
 }
 
-/* Picks p->algo and p->algo_lean: measured on io's buffers under TS_CUDNN_ALGO=find, else (or when no
- * measured candidate is usable) from the heuristics. */
+/* Picks p->algo and p->algo_lean: measured on io's buffers under TS_CUDNN_ALGO=find or benchmark (the
+ * latter with FFT and Winograd among the candidates), else (or when no measured candidate is usable) from
+ * the heuristics, which never take FFT or Winograd. */
 static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const conv_io *io) {
     algo_cand c[MAX_CANDS];
     size_t ws[MAX_CANDS];
@@ -391,9 +415,10 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
     bool measured = false;
     const size_t cap = ws_cap(dev);
     memset(c, 0, sizeof c);
-    if (algo_find()) {
+    const algo_mode mode = algo_how();
+    if (mode != ALGO_HEURISTIC) {
         plan_find(dev, h, p, io, c, &n);
-        cands_choose(h, p, c, n, true, cap, ws, &best, &lean);
+        cands_choose(h, p, c, n, true, mode == ALGO_BENCHMARK, cap, ws, &best, &lean);
         measured = best >= 0;
         if (!measured && n > 0)
             ts_log(TS_LOG_DEBUG, "%s: conv2d %s: no usable measured algorithm; using the heuristics", dev->name,
@@ -401,7 +426,7 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
     }
     if (!measured) {
         TS_TRY(plan_candidates(dev, h, p, c, &n));
-        cands_choose(h, p, c, n, false, cap, ws, &best, &lean);
+        cands_choose(h, p, c, n, false, false, cap, ws, &best, &lean);
     }
     if (best < 0) {
         /* the heuristics gave nothing usable: the implicit-GEMM kernels, which support every geometry */
@@ -426,7 +451,8 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
     p->ws_lean = ws[lean];
     char how[48];
     if (measured)
-        snprintf(how, sizeof how, "measured %.3f ms", (double)c[best].ms);
+        snprintf(how, sizeof how, "measured %.3f ms%s", (double)c[best].ms,
+                 algo_inexact(p->pass, c[best].algo) ? ", FFT/Winograd" : "");
     else
         snprintf(how, sizeof how, "heuristic");
     ts_log(TS_LOG_DEBUG, "%s: conv2d %s %s x (%lld, %lld, %lld, %lld) w (%lld, %lld, %d, %d) stride (%d, %d) pad (%d, "
@@ -440,7 +466,7 @@ static ts_status plan_pick(ts_device *dev, cudnnHandle_t h, conv_plan *p, const 
 }
 
 /* Fills plan p (zeroed) for geometry g, pass and precision: descriptors, then the algorithms (measured
- * on io's buffers under TS_CUDNN_ALGO=find). */
+ * on io's buffers under TS_CUDNN_ALGO=find or benchmark). */
 static ts_status plan_make(ts_device *dev, cudnnHandle_t h, const ts_conv2d_geom *g, conv_pass pass, int half,
                            const conv_io *io, conv_plan *p) {
     ts_status st = TS_OK;
