@@ -94,5 +94,23 @@ chmod +x "$T/die.sh"
 grep -q "rank 1.*signal 9\|rank 1.*SIGKILL\|rank 1.*killed" "$T/launch.log" && ok "launcher says rank 1 was killed" \
   || bad "launcher output does not say rank 1 was killed: $(tail -5 "$T/launch.log")"
 
+# ---- --backend nccl where it cannot run: a build without NCCL refuses the flag; with NCCL but no GPU every
+# rank fails at once naming its GPU (cuda:LOCAL_RANK; rank 1 may first see rank 0's store go away); with
+# GPUs it trains (scripts/gpu_check.sh covers that)
+if "$TS" devices 2>/dev/null | grep -q '^cuda:'; then
+  echo "skip nccl without GPU: this machine has a GPU"
+else
+  start=$(date +%s)
+  "$TS" train "${common[@]}" --nproc 2 --backend nccl --batch-size 32 > "$T/nccl.log" 2>&1 && bad "--backend nccl ran without a GPU"
+  took=$(( $(date +%s) - start ))
+  if grep -q "this Tessera was built without NCCL" "$T/nccl.log" || \
+     grep -q "backend nccl, rank 0, local rank 0): its GPU: .*cuda:0" "$T/nccl.log"; then
+    [ "$took" -lt 30 ] && ok "--backend nccl without a GPU fails at once naming the rank's GPU (${took}s)" \
+      || bad "--backend nccl without a GPU took ${took}s"
+  else
+    bad "--backend nccl without a GPU: unexpected output: $(tail -4 "$T/nccl.log")"
+  fi
+fi
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -16,12 +16,18 @@
  * with --json. Each size is first checked once for exact results.
  *
  *   tessera bench allreduce [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4]
- *                   [--time S] [--transport shm|tcp] [--backend builtin|mpi] [--dtype float32|bfloat16] [--json]
+ *                   [--time S] [--transport shm|tcp] [--backend builtin|mpi|nccl] [--dtype float32|bfloat16] [--json]
  *
  * --dtype bfloat16 times the reduction DDP's --ddp-comm bf16 runs: half the bytes per element.
  *
  * --backend mpi runs under mpirun instead of forking (MPI's ranks are its
  * processes): `mpirun -n 2 tessera bench allreduce --backend mpi`.
+ *
+ * --backend nccl (CUDA builds) reduces a buffer in GPU memory, rank r on
+ * cuda:LOCAL_RANK (one GPU per rank, as NCCL wants): each size is a device tensor
+ * filled from the host, checked on the host, then timed; each call waits for its
+ * collective to finish (nccl-tests' busbw is measured the same way per call when
+ * run with -b/-e and one iteration per launch).
  *
  * Sizes are checked before anything starts (a number with an optional k/m/g
  * suffix; every rank allocates --max-bytes, so N of them must fit in the
@@ -106,6 +112,16 @@ static int run_rank(const bench_opts *o, int rank) {
     }
     int n = ts_pg_size(pg);
     const ts_dtype dt = o->dt;
+    ts_device *gpu = NULL; /* --backend nccl: the rank's GPU, where the buffer lives */
+    if (strcmp(o->backend, "nccl") == 0) {
+        char name[32];
+        snprintf(name, sizeof name, "cuda:%d", ts_pg_local_rank(pg) > 0 ? ts_pg_local_rank(pg) : 0);
+        if (ts_device_get(name, &gpu) != TS_OK) {
+            fprintf(stderr, "rank %d: %s\n", rank, ts_last_error());
+            ts_pg_free(pg);
+            return 1;
+        }
+    }
     const size_t es = ts_dtype_size(dt);
     size_t maxcount = (o->max_bytes + es - 1) / es;
     void *buf = aligned_alloc(64, ((maxcount * es + 63) / 64) * 64 + 64);
@@ -127,12 +143,23 @@ static int run_rank(const bench_opts *o, int rank) {
                    ts_dtype_name(dt), n, ts_pg_backend_name(pg), links, "size(B)", "count", "time(us)", "algbw(GB/s)",
                    "busbw(GB/s)");
     }
+    ts_tensor *t = NULL; /* --backend nccl: this size's buffer on the GPU */
     for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= (size_t)o->step) {
         size_t count = bytes / es;
         if (count == 0) continue;
         /* exact check: every element sums to n(n+1)/2 (exact in bfloat16 up to 22 ranks) */
         fill_value(buf, count, dt, (float)(rank + 1));
-        if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
+        ts_tensor_release(t);
+        t = NULL;
+        if (gpu) {
+            int64_t c = (int64_t)count;
+            if (ts_tensor_empty(gpu, dt, 1, &c, &t) != TS_OK || ts_tensor_from_host(t, buf, count * es) != TS_OK ||
+                ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL) != TS_OK || ts_tensor_to_host(t, buf, count * es) != TS_OK) {
+                fprintf(stderr, "rank %d: all_reduce on %s: %s\n", rank, ts_device_name(gpu), ts_last_error());
+                rc = 1;
+                break;
+            }
+        } else if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
             fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
             rc = 1;
             break;
@@ -147,7 +174,9 @@ static int run_rank(const bench_opts *o, int rank) {
         /* warm up, then pick an iteration count that takes about time_s (all ranks agree: rank 0 decides) */
         double t0 = ts_time_now();
         int warm = bytes <= (1u << 20) ? 50 : 3; /* the same on every rank: collectives must match */
-        for (int it = 0; it < warm; it++) ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL);
+        for (int it = 0; it < warm; it++)
+            if (t) ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL);
+            else ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL);
         float iters_f = (float)(o->time_s / ((ts_time_now() - t0) / warm));
         iters_f = iters_f < 3 ? 3 : iters_f > 100000 ? 100000 : iters_f;
         ts_all_reduce_buffer(pg, &iters_f, 1, TS_F32, TS_REDUCE_MAX, NULL);
@@ -155,7 +184,8 @@ static int run_rank(const bench_opts *o, int rank) {
         ts_barrier(pg, NULL);
         t0 = ts_time_now();
         for (int it = 0; it < iters; it++)
-            if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
+            if ((t ? ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL)
+                   : ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL)) != TS_OK) {
                 fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
                 rc = 1;
                 break;
@@ -176,6 +206,7 @@ static int run_rank(const bench_opts *o, int rank) {
     }
     if (rank == 0 && o->json) printf("\n]\n");
     fflush(stdout);
+    ts_tensor_release(t);
     free(buf);
     ts_pg_free(pg);
     return rc;
@@ -200,7 +231,15 @@ int ts_bench_allreduce(int argc, char **argv) {
         else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
         else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
         else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
-        else if (strcmp(a, "--backend") == 0 && v) o.backend = argv[++i];
+        else if (strcmp(a, "--backend") == 0 && v) {
+            o.backend = argv[++i];
+            if (!ts_pg_backend_available(o.backend)) {
+                fprintf(stderr, "tessera bench allreduce: --backend %s is not built into this Tessera (builtin%s%s)\n",
+                        o.backend, ts_pg_backend_available("mpi") ? ", mpi" : "",
+                        ts_pg_backend_available("nccl") ? ", nccl" : "");
+                return 2;
+            }
+        }
         else if (strcmp(a, "--dtype") == 0 && v) {
             if (ts_dtype_parse(argv[++i], &o.dt) != TS_OK || (o.dt != TS_F32 && o.dt != TS_BF16)) {
                 fprintf(stderr, "tessera bench allreduce: --dtype '%s': expected float32 or bfloat16\n", v);
@@ -212,7 +251,7 @@ int ts_bench_allreduce(int argc, char **argv) {
             if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", a);
             fprintf(f,
                     "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
-                    "[--backend builtin|mpi] [--dtype float32|bfloat16] [--json]\n",
+                    "[--backend builtin|mpi|nccl] [--dtype float32|bfloat16] [--json]\n",
                     "tessera bench allreduce");
             return f == stdout ? 0 : 2;
         }
