@@ -318,8 +318,7 @@ bool ts_pg_reduces_dtype(const ts_process_group *pg, ts_dtype dt) {
 double ts_pg_timeout(const ts_process_group *pg) { return pg ? pg->timeout_s : 0.0; }
 const char *ts__pg_name(const ts_process_group *pg) { return pg ? pg->name : ""; }
 ts_device *ts__pg_device(const ts_process_group *pg) {
-    if (!pg || !pg->be || !pg->be->device_buffers) return NULL;
-    return pg->ctx.device ? pg->ctx.device : NULL;
+    return pg && pg->be && pg->be->device_buffers ? pg->ctx.device : NULL;
 }
 bool ts__pg_aborted(const ts_process_group *pg) { return pg && atomic_load(&pg->aborted); }
 
