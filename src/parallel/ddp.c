@@ -202,16 +202,17 @@ static void launch_ready(ts_ddp *d) {
 static ts_status write_back(ts_ddp *d) {
     for (int b = 0; b < d->nb; b++)
         if (d->b[b].buf16) TS_TRY(ts_convert(d->b[b].buf, TS_F32, d->b[b].buf16, TS_BF16, d->b[b].numel));
-    for (int b = 0; b < d->nb; b++) { /* device buckets: widen the bfloat16 result into dbuf */
+    for (int b = 0; b < d->nb; b++) { /* device buckets: the widened bfloat16 result becomes dbuf (the next
+                                        * pass's gradient copies cover every element of it) */
         ddp_bucket *bk = &d->b[b];
         if (!bk->dbuf16) continue;
         ts_tensor *wide = NULL;
         ts_status st = ts_to_dtype(bk->dbuf16, TS_F32, &wide);
-        if (st == TS_OK) st = ts_tensor_copy_(bk->dbuf, wide);
-        ts_tensor_release(wide);
         ts_tensor_release(bk->dbuf16);
         bk->dbuf16 = NULL;
         TS_TRY(st);
+        ts_tensor_release(bk->dbuf);
+        bk->dbuf = wide;
     }
     for (int i = 0; i < d->params.n; i++) {
         ddp_param *p = &d->p[i];

@@ -35,6 +35,7 @@
  */
 #include "distributed/backend.h"
 #include "distributed/nccl/nccl.h"
+#include "distributed/store.h"
 #include "device/cuda.h"
 
 #include "core/internal.h"
@@ -45,7 +46,6 @@
 #pragma GCC diagnostic pop
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 _Static_assert(TS_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId size");
 
@@ -60,17 +60,6 @@ typedef struct nccl_state {
     char broken_msg[512];
     char desc[160];
 } nccl_state;
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void nap_us(long us) {
-    struct timespec t = {0, us * 1000L};
-    nanosleep(&t, NULL);
-}
 
 /* "<ncclGetErrorString>" plus NCCL's last warning when it has one. */
 static ts_status nccl_error(const nccl_state *s, ts_status st, ncclResult_t r, const char *what) {
@@ -98,10 +87,10 @@ static ts_status check_broken(const nccl_state *s, const char *what) {
                     s->broken_msg);
 }
 
-/* Polls until `ready()` (the event `ev` completed; ev NULL: the communicator left ncclInProgress), NCCL
- * reports an error, the group is aborted or the deadline passes. */
-static ts_status wait_for(nccl_state *s, cudaEvent_t ev, const char *what, size_t bytes, double deadline) {
-    double t0 = now_s();
+/* Polls until the event `ev` completed (ev NULL: the communicator left ncclInProgress), NCCL reports an
+ * error, the group is aborted or timeout_s passes. */
+static ts_status wait_for(nccl_state *s, cudaEvent_t ev, const char *what, size_t bytes, double timeout_s) {
+    const double t0 = ts_time_now(), deadline = t0 + timeout_s;
     for (;;) {
         ncclResult_t ar = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(s->comm, &ar);
@@ -128,16 +117,16 @@ static ts_status wait_for(nccl_state *s, cudaEvent_t ev, const char *what, size_
             mark_broken(s, st);
             return st;
         }
-        double t = now_s();
+        const double t = ts_time_now();
         if (t > deadline) {
             ts_status st = ts_error(TS_ERR_TIMEOUT,
                                     "nccl (rank %d, %s): %s of %zu bytes did not complete within %.3g s (a peer "
                                     "that never joined it, or a hung GPU); the communicator was aborted",
-                                    s->ctx->rank, s->dev->name, what, bytes, s->ctx->timeout_s);
+                                    s->ctx->rank, s->dev->name, what, bytes, timeout_s);
             mark_broken(s, st);
             return st;
         }
-        nap_us(t - t0 < 0.01 ? 20 : 200);
+        ts__sleep_s(t - t0 < 0.01 ? 20e-6 : 200e-6);
     }
 }
 
@@ -175,7 +164,7 @@ static ts_status init_comm(nccl_state *s) {
         st = nccl_error(s, TS_ERR_DEVICE, r, "ncclCommInitRankConfig");
         s->comm = NULL;
     } else {
-        st = wait_for(s, NULL, "creating the communicator", 0, now_s() + ctx->timeout_s);
+        st = wait_for(s, NULL, "creating the communicator", 0, ctx->timeout_s);
     }
     if (st != TS_OK) {
         if (strstr(ts_last_error(), "Duplicate GPU"))
@@ -213,7 +202,7 @@ static void nccl_destroy(void *st) {
         /* a clean finish (pending work flushed) within 10 s, else an abort (wait_for aborts on failure) */
         ncclResult_t r = ncclCommFinalize(s->comm);
         if ((r == ncclSuccess || r == ncclInProgress) &&
-            wait_for(s, NULL, "finalizing the communicator", 0, now_s() + 10.0) == TS_OK && s->comm)
+            wait_for(s, NULL, "finalizing the communicator", 0, 10.0) == TS_OK && s->comm)
             (void)ncclCommDestroy(s->comm);
         else if (s->comm)
             (void)ncclCommAbort(s->comm);
@@ -337,7 +326,7 @@ static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
         st = nccl_error(s, TS_ERR_REMOTE, r, what);
         mark_broken(s, st);
     } else if (r == ncclInProgress) { /* a non-blocking communicator still enqueueing: until it has */
-        st = wait_for(s, NULL, what, a->in_bytes, now_s() + s->ctx->timeout_s);
+        st = wait_for(s, NULL, what, a->in_bytes, s->ctx->timeout_s);
     }
     if (st == TS_OK && out_host) {
         cudaError_t e = cudaMemcpyAsync(a->out, out_dev, a->out_bytes, cudaMemcpyDeviceToHost, s->cs);
@@ -345,7 +334,7 @@ static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
     }
     if (st == TS_OK) {
         cudaError_t e = cudaEventRecord(s->done, s->cs);
-        st = e == cudaSuccess ? wait_for(s, s->done, what, a->out_bytes ? a->out_bytes : a->in_bytes, now_s() + s->ctx->timeout_s)
+        st = e == cudaSuccess ? wait_for(s, s->done, what, a->out_bytes ? a->out_bytes : a->in_bytes, s->ctx->timeout_s)
                               : ts__cuda_status(s->dev, e, "cudaEventRecord (nccl)");
     }
     /* the communication stream is done with the staging block (its last event completed); after an
@@ -354,35 +343,33 @@ static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
     return st;
 }
 
-static size_t esize(ts_dtype dt) { return ts_dtype_size(dt); }
-
 static ts_status nccl_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op) {
-    nccl_op_args a = {OP_ALL_REDUCE, buf, buf, count * esize(dt), count * esize(dt), count, nccl_type(dt), nccl_op(op), -1};
+    nccl_op_args a = {OP_ALL_REDUCE, buf, buf, count * ts_dtype_size(dt), count * ts_dtype_size(dt), count, nccl_type(dt), nccl_op(op), -1};
     return run_op(st, &a);
 }
 
 static ts_status nccl_broadcast(void *st, void *buf, size_t count, ts_dtype dt, int root) {
-    size_t b = count * esize(dt);
+    size_t b = count * ts_dtype_size(dt);
     nccl_op_args a = {OP_BROADCAST, buf, buf, b, b, b, ncclUint8, ncclSum, root};
     return run_op(st, &a);
 }
 
 static ts_status nccl_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op, int root) {
-    size_t b = count * esize(dt);
+    size_t b = count * ts_dtype_size(dt);
     nccl_op_args a = {OP_REDUCE, buf, buf, b, b, count, nccl_type(dt), nccl_op(op), root};
     return run_op(st, &a);
 }
 
 static ts_status nccl_all_gather(void *st, void *out, const void *in, size_t count, ts_dtype dt) {
     nccl_state *s = st;
-    size_t b = count * esize(dt);
+    size_t b = count * ts_dtype_size(dt);
     nccl_op_args a = {OP_ALL_GATHER, out, in, b, b * (size_t)s->ctx->world_size, b, ncclUint8, ncclSum, -1};
     return run_op(st, &a);
 }
 
 static ts_status nccl_reduce_scatter(void *st, void *out, const void *in, size_t count, ts_dtype dt, ts_reduce_op op) {
     nccl_state *s = st;
-    size_t b = count * esize(dt);
+    size_t b = count * ts_dtype_size(dt);
     nccl_op_args a = {OP_REDUCE_SCATTER, out, in, b * (size_t)s->ctx->world_size, b, count, nccl_type(dt), nccl_op(op), -1};
     return run_op(st, &a);
 }
@@ -400,14 +387,14 @@ static ts_status nccl_barrier(void *st) {
 
 static ts_status nccl_send(void *st, const void *buf, size_t count, ts_dtype dt, int dst, int tag) {
     (void)tag;
-    size_t b = count * esize(dt);
+    size_t b = count * ts_dtype_size(dt);
     nccl_op_args a = {OP_SEND, NULL, buf, b, 0, b, ncclUint8, ncclSum, dst};
     return run_op(st, &a);
 }
 
 static ts_status nccl_recv(void *st, void *buf, size_t count, ts_dtype dt, int src, int tag) {
     (void)tag;
-    size_t b = count * esize(dt);
+    size_t b = count * ts_dtype_size(dt);
     nccl_op_args a = {OP_RECV, buf, NULL, 0, b, b, ncclUint8, ncclSum, src};
     return run_op(st, &a);
 }
