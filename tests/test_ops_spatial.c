@@ -106,6 +106,11 @@ static const conv_case conv_cases[] = {
     {"5x5 pad 2", 2, 2, 4, 6, 3, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, false},
     {"tall kernel, one output row", 1, 2, 5, 5, 2, 7, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
     {"stride (2,1) pad 1, depthwise x2", 2, 4, 7, 6, 8, 3, 3, {{2, 1}, {1, 1}, {1, 1}, 4}, true},
+    /* output planes of at most 4 positions (ResNet-18's layer4 at 64x64): backward through the batched
+     * im2col path and its tiny-plane gathers */
+    {"2x2 plane, 3x3 pad 1", 3, 4, 2, 2, 5, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, true},
+    {"3x3 stride 2 onto 2x2", 2, 3, 4, 4, 4, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, true},
+    {"1x1 stride 2 onto 2x2", 2, 3, 4, 4, 4, 1, 1, {{2, 2}, {0, 0}, {1, 1}, 1}, false},
 };
 
 static void test_conv2d_values(void) {

@@ -54,10 +54,10 @@ bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
     ts_conv_algo a = ts_get_conv_algo();
     if (a == TS_CONV_ONEDNN || a == TS_CONV_AUTO) return true;
     if (a != TS_CONV_WINOGRAD) return false;
-    /* WINOGRAD: oneDNN's Winograd where it fits, our own for the other 3x3 stride-1 convs, oneDNN's
-     * direct kernels for the rest (7x7, 1x1, strided) */
+    /* WINOGRAD: oneDNN's Winograd where it fits, our own for the other 3x3 stride-1 convs but tiny
+     * planes (TS_CONV_TINY_PLANE), oneDNN's direct kernels for the rest (7x7, 1x1, strided, tiny) */
     const bool s1_3x3 = g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
-    return !s1_3x3 || wino_fits(g, ts_get_matmul_precision() == TS_BF16);
+    return !s1_3x3 || wino_fits(g, ts_get_matmul_precision() == TS_BF16) || g->OH * g->OW <= TS_CONV_TINY_PLANE;
 }
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_WEIGHTS = 2 };

@@ -9,8 +9,16 @@
 
 #include "device/k_spatial.h"
 
+/* Output planes of at most this many positions (ResNet-18's layer4 at 64x64: 2x2) are "tiny": under
+ * TS_CONV_AUTO and TS_CONV_WINOGRAD their forward runs oneDNN's direct kernels and their backward the
+ * batched im2col path of spatial.c (one sgemm per pass over the batch), which beat oneDNN's direct
+ * backward and our Winograd there. */
+#define TS_CONV_TINY_PLANE 4
+
 /* Whether conv2d of this geometry goes to oneDNN: built with it (TS_HAVE_DNNL) and GEMMs on oneDNN
- * (ts_cpu_gemm_library), one group, and the algorithm setting TS_CONV_ONEDNN or TS_CONV_AUTO. */
+ * (ts_cpu_gemm_library), one group, and the algorithm setting TS_CONV_ONEDNN or TS_CONV_AUTO, or
+ * TS_CONV_WINOGRAD where oneDNN's Winograd fits, for convolutions other than 3x3 stride 1, and for tiny
+ * planes. */
 bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g);
 
 /* The k_spatial conv2d / conv2d_backward contracts (the bias gradient stays with the caller). They return
