@@ -485,15 +485,17 @@ static void conv_grad_bias(const ts_conv2d_geom *g, const float *go, float *gb) 
     }
 }
 
-/* Backward of a conv with a tiny output plane (dnnl_conv.h: TS_CONV_TINY_PLANE), float32, under the automatic
- * choice or Winograd: the batched im2col path below — one sgemm per pass over the whole batch, tiny_map's
- * gathers — beats oneDNN's direct kernels and our Winograd there (512 channels at 2x2, batch 32: 6.6 vs
- * 10.1 ms at one thread, 4.3 vs 5.5 at two; ResNet-18 64x64 training +8% at one thread, +5% at two; at
- * 4x4 oneDNN wins). */
+/* Backward of a conv with a tiny output plane (dnnl_conv.h: TS_CONV_TINY_PLANE) under the automatic choice
+ * or Winograd: the batched im2col path below — one sgemm per pass over the whole batch, tiny_map's gathers —
+ * beats oneDNN's direct kernels and our Winograd there (512 channels at 2x2, batch 32: 6.6 vs 10.1 ms at one
+ * thread, 4.3 vs 5.5 at two; ResNet-18 64x64 training +8% at one thread, +5% at two; at 4x4 oneDNN wins).
+ * Under bfloat16 precision the sgemms are blas.c's bfloat16 products (operands rounded, float32
+ * accumulation, as oneDNN's bfloat16 convolutions): +1-3% at one thread, +8-14% at two. float16 goes to
+ * im2col anyway. */
 static bool conv_bwd_batched(const ts_conv2d_geom *g) {
     const ts_conv_algo a = ts_get_conv_algo();
     return g->OH * g->OW <= TS_CONV_TINY_PLANE && (a == TS_CONV_AUTO || a == TS_CONV_WINOGRAD) &&
-           ts_get_matmul_precision() == TS_F32 && conv_block_images(g) == g->N;
+           ts_get_matmul_precision() != TS_F16 && conv_block_images(g) == g->N;
 }
 
 static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
