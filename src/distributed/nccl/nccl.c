@@ -328,14 +328,18 @@ static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
     } else if (r == ncclInProgress) { /* a non-blocking communicator still enqueueing: until it has */
         st = wait_for(s, NULL, what, a->in_bytes, s->ctx->timeout_s);
     }
-    if (st == TS_OK && out_host) {
-        cudaError_t e = cudaMemcpyAsync(a->out, out_dev, a->out_bytes, cudaMemcpyDeviceToHost, s->cs);
-        if (e != cudaSuccess) st = ts__cuda_status(s->dev, e, "cudaMemcpyAsync (nccl staging)");
-    }
+    /* wait (polling: timeout, abort, NCCL's errors) for the collective itself; only then copy a staged
+     * result out — a copy into pageable host memory blocks the host until the stream reaches it, which
+     * would wait out a hung peer with no timeout */
     if (st == TS_OK) {
         cudaError_t e = cudaEventRecord(s->done, s->cs);
         st = e == cudaSuccess ? wait_for(s, s->done, what, a->out_bytes ? a->out_bytes : a->in_bytes, s->ctx->timeout_s)
                               : ts__cuda_status(s->dev, e, "cudaEventRecord (nccl)");
+    }
+    if (st == TS_OK && out_host) {
+        cudaError_t e = cudaMemcpyAsync(a->out, out_dev, a->out_bytes, cudaMemcpyDeviceToHost, s->cs);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s->cs);
+        if (e != cudaSuccess) st = ts__cuda_status(s->dev, e, "cudaMemcpyAsync (nccl staging)");
     }
     /* the communication stream is done with the staging block (its last event completed); after an
      * abort it may not be: the block is left to the process rather than reused under a kernel */
