@@ -57,8 +57,9 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
   rm -f "$OUT"/*.ckpt
   # one process, a GPU and a CPU: every --strategy over cpu:0,cuda:0 against the same strategy over two CPU
   # devices (the same splits of batches and layers; the GPU's float32 differs in rounding only). 3 steps,
-  # where rounding has not grown yet: after 40 steps (2026-11-26) model was within 8.6e-4 of its CPU twin
-  # but data, pipeline and tile 0.4-0.7 apart, rounding amplified or a bug, which this tells apart
+  # where rounding has not grown yet: after 40 steps (2026-11-26) model (its convs on the CPU) was within
+  # 8.6e-4 of its CPU twin, data/pipeline/tile 0.4-0.7 apart — as far as the CPU alone drifts when only the
+  # convolution algorithm changes (im2col vs oneDNN: 0.42-0.68 after 40 steps, 6.7e-6 after 3)
   MIX="--model cnn --epochs 1 --max-steps 3 --batch-size 64 --data .gpu/fashion-mnist --quiet"
   for st in data model pipeline tile; do
     step "cpu_$st" .gpu/bin/tessera train $MIX --strategy $st --devices cpu:0,cpu:1 --checkpoint "$OUT/cpu_$st.ckpt"
