@@ -280,13 +280,17 @@ ts_status ts__shm_seg_create(int rank, int slots, size_t ring_bytes, ts__shm_seg
     s->ring_bytes = ring_bytes;
     s->stride = HDR_BYTES + ring_bytes;
     s->size = ts__shm_seg_bytes(slots, ring_bytes);
+    /* Registered before it exists: a SIGTERM between open and registration would otherwise leave it behind
+     * (the launcher's ranks are often terminated exactly while they create their segments); unlinking a name
+     * not created yet is harmless, and the name (pid, counter, clock) is ours alone. */
+    s->reg = reg_add(s->path);
     int fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
         ts_status st = ts_error(TS_ERR_IO, "shared memory: cannot create %s: %s", s->path, strerror(errno));
+        reg_remove(s->reg);
         free(s);
         return st;
     }
-    s->reg = reg_add(s->path); /* from now on a SIGTERM removes it */
     /* Reserve every page now: on a full tmpfs this fails here, instead of a SIGBUS at the first write. */
     int e = posix_fallocate(fd, 0, (off_t)s->size);
     if (e != 0) {
