@@ -198,13 +198,24 @@ static bool wino_fits(const ts_conv2d_geom *g, bool bf16) {
            g->K >= 64 && g->OH * g->OW >= 16;
 }
 
+/* Which passes of a conv that fits run Winograd: all of them from 6x6 output planes on; on smaller planes (one
+ * or two 4x4 tiles per image) only backward-weights, whose transformed tiles sum over the whole batch — the
+ * forward and backward-data kernels lose to the direct ones there. Measured per pass with DNNL_VERBOSE=2 on
+ * ResNet-18 (batch 32, one thread), ms direct -> Winograd: 256 channels on 4x4: forward 2.25 -> 2.25,
+ * backward-data 1.66 -> 2.44, backward-weights 2.77 -> 1.47; 512 on 4x4: 9.16 -> 9.29, 7.77 -> 9.23,
+ * 11.63 -> 6.54; 128 on 8x8: 2.26 -> 1.56, 2.21 -> 1.44, 2.40 -> 1.06. */
+static bool wino_pass(const ts_conv2d_geom *g, int pass) {
+    return pass == PASS_BWD_WEIGHTS || g->OH * g->OW >= 36;
+}
+
 /* The cached entry for this call (a copy: its primitives live as long as the cache slot, and a replaced
  * slot's primitives are never destroyed while another thread may run them: they are kept); false when
  * oneDNN has none. */
 static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool bias, conv_entry *out) {
     bool found = false;
-    const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) ? dnnl_convolution_winograd
-                                                                                             : dnnl_convolution_direct;
+    const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) && wino_pass(g, pass)
+                                     ? dnnl_convolution_winograd
+                                     : dnnl_convolution_direct;
     const bool eng_ok = ts__dnnl_engine() != NULL;
     pthread_mutex_lock(&mu);
     for (int i = 0; eng_ok && i < ncache && !found; i++) {
