@@ -447,7 +447,7 @@ static ts_module *small_cnn(void) {
 }
 
 /* Two SGD steps of the small CNN from torch's initial state; the float parameters and buffers after them. */
-static void cnn_two_steps(ts_dtype precision, ts_tensor_list *out, float loss[2]) {
+static void cnn_two_steps(ts_dtype precision, ts_dtype autocast, ts_tensor_list *out, float loss[2]) {
     ts_module *m = small_cnn();
     ts_tensor_list init = TS_TENSOR_LIST_INIT, params = TS_TENSOR_LIST_INIT;
     for (int i = 0; i < golden.n; i++)
@@ -458,6 +458,7 @@ static void cnn_two_steps(ts_dtype precision, ts_tensor_list *out, float loss[2]
     ts_optimizer *opt = NULL;
     CHECK_OK(ts_optimizer_by_name("sgd", &params, 0.02, 0.9, 0.0, &opt));
     CHECK_OK(ts_set_matmul_precision(precision));
+    CHECK_OK(ts_set_autocast(autocast));
     ts_module_train(m, true);
     for (int s = 0; s < 2; s++) {
         ts_tensor *logits = NULL, *l = NULL;
@@ -471,6 +472,7 @@ static void cnn_two_steps(ts_dtype precision, ts_tensor_list *out, float loss[2]
         ts_tensor_release(logits);
     }
     CHECK_OK(ts_set_matmul_precision(TS_F32));
+    CHECK_OK(ts_set_autocast(TS_F32));
     CHECK_OK(ts_module_state_dict(m, out));
     ts_optimizer_free(opt);
     ts_tensor_list_clear(&params);
@@ -493,8 +495,8 @@ static double sd_err(const ts_tensor_list *a, const char *ref_prefix) {
 static void test_bf16_step_vs_torch(void) {
     ts_tensor_list f32 = TS_TENSOR_LIST_INIT, b16 = TS_TENSOR_LIST_INIT, torch_b16 = TS_TENSOR_LIST_INIT;
     float lf[2], lb[2];
-    cnn_two_steps(TS_F32, &f32, lf);
-    cnn_two_steps(TS_BF16, &b16, lb);
+    cnn_two_steps(TS_F32, TS_F32, &f32, lf);
+    cnn_two_steps(TS_BF16, TS_F32, &b16, lb);
     for (int i = 0; i < golden.n; i++) /* torch's bf16 result, named like a state dict */
         if (strncmp(golden.names[i], "step/bf16/", 10) == 0 && strcmp(golden.names[i], "step/bf16/loss") != 0)
             CHECK_OK(ts_tensor_list_append(&torch_b16, golden.names[i] + 10, golden.tensors[i]));
@@ -506,9 +508,240 @@ static void test_bf16_step_vs_torch(void) {
     CHECK(e32 <= 1e-5);                          /* the float32 path is torch's float32 step */
     CHECK(ours > 10 * e32 && ours <= 1.5 * theirs); /* bfloat16 is on, and no worse than torch's */
     CHECK(fabs(lb[1] - tl[1]) <= 2e-2 * fabs(tl[1]));
+    /* autocast: bfloat16 activations between the layers, as torch's autocast keeps them */
+    ts_tensor_list ac = TS_TENSOR_LIST_INIT;
+    float la[2];
+    cnn_two_steps(TS_BF16, TS_BF16, &ac, la);
+    double eac = sd_err(&ac, "step/fp32/");
+    fprintf(stderr, "    autocast (bfloat16 activations): %.2g; losses %.6f %.6f\n", eac, la[0], la[1]);
+    CHECK(eac > ours && eac <= 1.5 * theirs); /* activations rounded too, and still no worse than torch's */
+    CHECK(fabs(la[1] - tl[1]) <= 2e-2 * fabs(tl[1]));
+    ts_tensor_list_clear(&ac);
     ts_tensor_list_clear(&f32);
     ts_tensor_list_clear(&b16);
     ts_tensor_list_clear(&torch_b16);
+}
+
+/* Whether a (bfloat16) holds exactly the values of f (float32) rounded to bfloat16; prints the first miss. */
+static bool same_as_rounded(const char *what, const ts_tensor *a, const ts_tensor *f) {
+    if (ts_tensor_dtype(a) != TS_BF16 || ts_tensor_numel(a) != ts_tensor_numel(f)) {
+        fprintf(stderr, "  %s: dtype %s, %lld elements (want bfloat16, %lld)\n", what, ts_dtype_name(ts_tensor_dtype(a)),
+                (long long)ts_tensor_numel(a), (long long)ts_tensor_numel(f));
+        return false;
+    }
+    const uint16_t *pa = ts_tensor_data((ts_tensor *)a);
+    const float *pf = ts_tensor_data_f32((ts_tensor *)f);
+    for (int64_t i = 0; i < ts_tensor_numel(a); i++)
+        if (pa[i] != ts_f32_to_bf16(pf[i])) {
+            fprintf(stderr, "  %s[%lld]: 0x%04x, float32 op rounded 0x%04x (%.9g)\n", what, (long long)i, pa[i],
+                    ts_f32_to_bf16(pf[i]), (double)pf[i]);
+            return false;
+        }
+    return true;
+}
+
+/* A float32 leaf holding bfloat16 tensor h's values */
+static ts_tensor *widened_leaf(const ts_tensor *h) {
+    ts_tensor *w = NULL, *leaf = NULL;
+    CHECK_OK(ts_to_dtype(h, TS_F32, &w));
+    CHECK_OK(ts_tensor_clone(w, &leaf));
+    ts_tensor_release(w);
+    ts_tensor_set_requires_grad(leaf, true);
+    return leaf;
+}
+
+/* Autocast on the CPU: conv2d and linear return bfloat16; batchnorm2d, relu, max pooling and the same-shape add
+ * keep it, each output (and each input gradient) exactly the float32 op on the widened inputs, rounded once;
+ * cross-entropy returns float32; parameter gradients stay float32; a bfloat16 tensor used twice gets the sum
+ * of its gradients (it got garbage before: autograd summed 16-bit gradients as float32). */
+static void test_autocast_ops(void) {
+    CHECK(ts_get_autocast() == TS_F32);
+    CHECK_STATUS(ts_set_autocast(TS_F16), TS_ERR_INVALID_ARG);
+    ts_rng r;
+    ts_rng_seed(&r, 21);
+    int64_t xs[4] = {4, 6, 10, 10}, ws[4] = {8, 6, 3, 3}, bs[1] = {8}, cs[1] = {8};
+    ts_tensor *x = tu_rand(&r, 4, xs, -2.0f, 2.0f, false), *w = tu_rand(&r, 4, ws, -0.3f, 0.3f, true),
+              *b = tu_rand(&r, 1, bs, -0.5f, 0.5f, true), *gamma = tu_rand(&r, 1, cs, 0.5f, 1.5f, true),
+              *beta = tu_rand(&r, 1, cs, -0.5f, 0.5f, true);
+    ts_conv2d_params cp = TS_CONV2D_DEFAULT;
+    cp.padding[0] = cp.padding[1] = 1;
+    ts_pool2d_params pp = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
+
+    /* conv2d: bfloat16 out, the float32 conv of bfloat16-rounded operands within a rounding */
+    CHECK_OK(ts_set_autocast(TS_BF16));
+    CHECK(ts_get_autocast() == TS_BF16);
+    ts_tensor *y = NULL;
+    CHECK_OK(ts_conv2d(x, w, b, cp, &y));
+    CHECK_OK(ts_set_autocast(TS_F32));
+    CHECK(y && ts_tensor_dtype(y) == TS_BF16);
+    ts_tensor *xr = NULL, *xr32 = NULL, *yref = NULL, *y32 = NULL;
+    CHECK_OK(ts_to_dtype(x, TS_BF16, &xr));
+    CHECK_OK(ts_to_dtype(xr, TS_F32, &xr32));
+    CHECK_OK(ts_set_matmul_precision(TS_BF16));
+    CHECK_OK(ts_conv2d(xr32, w, b, cp, &yref));
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+    CHECK_OK(ts_to_dtype(y, TS_F32, &y32));
+    if (y32 && yref) CHECK(max_rel(y32, yref) <= 1.0 / 128); /* a bfloat16 rounding of the largest */
+
+    /* batchnorm2d, relu, maxpool, add: bit for bit the float32 op on the widened input, rounded; backward too */
+    ts_tensor *yl = widened_leaf(y), *rm = NULL, *rv = NULL, *rm32 = NULL, *rv32 = NULL;
+    CHECK_OK(ts_tensor_zeros(NULL, TS_F32, 1, cs, &rm));
+    CHECK_OK(ts_tensor_full(NULL, 1, cs, 1.0f, &rv));
+    CHECK_OK(ts_tensor_zeros(NULL, TS_F32, 1, cs, &rm32));
+    CHECK_OK(ts_tensor_full(NULL, 1, cs, 1.0f, &rv32));
+    ts_tensor *yb = NULL;
+    CHECK_OK(ts_to_dtype(yl, TS_BF16, &yb)); /* bfloat16, with a graph back to yl */
+    ts_tensor *h[5] = {NULL}, *f[5] = {NULL};
+    CHECK_OK(ts_batchnorm2d(yb, gamma, beta, rm, rv, true, 0.1f, 1e-5f, &h[0]));
+    CHECK_OK(ts_batchnorm2d(yl, gamma, beta, rm32, rv32, true, 0.1f, 1e-5f, &f[0]));
+    CHECK(same_as_rounded("batchnorm2d", h[0], f[0]));
+    CHECK(memcmp(ts_tensor_data(rm), ts_tensor_data(rm32), 8 * sizeof(float)) == 0 &&
+          memcmp(ts_tensor_data(rv), ts_tensor_data(rv32), 8 * sizeof(float)) == 0);
+    /* each op from the rounded values the bfloat16 chain has (graph-less float32 copies), for the exact checks;
+     * the float32 chain f[] goes on from f[0] for the gradients' comparison below */
+    ts_tensor *e[3] = {widened_leaf(h[0]), NULL, NULL}, *eo[3] = {NULL, NULL, NULL};
+    CHECK_OK(ts_relu(h[0], &h[1]));
+    CHECK_OK(ts_relu(e[0], &eo[0]));
+    CHECK(same_as_rounded("relu", h[1], eo[0]));
+    CHECK_OK(ts_maxpool2d(h[1], pp, &h[2]));
+    e[1] = widened_leaf(h[1]);
+    CHECK_OK(ts_maxpool2d(e[1], pp, &eo[1]));
+    CHECK(same_as_rounded("maxpool2d", h[2], eo[1]));
+    CHECK_OK(ts_add(h[2], h[2], &h[3])); /* one tensor used twice: its gradient is the sum of both */
+    e[2] = widened_leaf(h[2]);
+    CHECK_OK(ts_add(e[2], e[2], &eo[2]));
+    CHECK(same_as_rounded("add", h[3], eo[2]));
+    for (int i = 0; i < 3; i++) {
+        ts_tensor_release(e[i]);
+        ts_tensor_release(eo[i]);
+    }
+    CHECK_OK(ts_relu(f[0], &f[1]));
+    CHECK_OK(ts_maxpool2d(f[1], pp, &f[2]));
+    CHECK_OK(ts_add(f[2], f[2], &f[3]));
+    /* a float32 loss of each: sum of squares with fixed weights, through mean of (out * c) */
+    ts_tensor *c = tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false), *cb = NULL, *lh = NULL, *lf = NULL,
+              *mh = NULL, *mf = NULL;
+    CHECK_OK(ts_to_dtype(c, TS_BF16, &cb));
+    CHECK_OK(ts_mul(h[3], cb, &mh));
+    CHECK_OK(ts_mul(f[3], c, &mf));
+    CHECK_OK(ts_sum(mh, &lh));
+    CHECK_OK(ts_sum(mf, &lf));
+    CHECK_OK(ts_backward(lh, NULL, false));
+    ts_tensor *ghb = ts_tensor_grad(yl); /* through the bfloat16 chain, back to float32 at the cast */
+    ts_tensor *gh = NULL;
+    if (ghb) CHECK_OK(ts_tensor_clone(ghb, &gh));
+    ts_tensor *ggh = NULL, *gbh = NULL;
+    if (ts_tensor_grad(gamma)) CHECK_OK(ts_tensor_clone(ts_tensor_grad(gamma), &ggh));
+    if (ts_tensor_grad(beta)) CHECK_OK(ts_tensor_clone(ts_tensor_grad(beta), &gbh));
+    CHECK(gh && ggh && gbh && ts_tensor_dtype(ggh) == TS_F32);
+    ts_tensor_zero_grad(yl);
+    ts_tensor_zero_grad(gamma);
+    ts_tensor_zero_grad(beta);
+    CHECK_OK(ts_backward(lf, NULL, false));
+    if (gh && ts_tensor_grad(yl)) /* bfloat16 gradients at every op vs float32 ones: within bfloat16's rounding */
+        CHECK(max_rel(gh, ts_tensor_grad(yl)) <= 0.05);
+    if (ggh && ts_tensor_grad(gamma)) CHECK(max_rel(ggh, ts_tensor_grad(gamma)) <= 0.05);
+    if (gbh && ts_tensor_grad(beta)) CHECK(max_rel(gbh, ts_tensor_grad(beta)) <= 0.05);
+    fprintf(stderr, "  autocast gradients vs float32: input %.2g, gamma %.2g, beta %.2g\n",
+            gh && ts_tensor_grad(yl) ? max_rel(gh, ts_tensor_grad(yl)) : -1.0,
+            ggh && ts_tensor_grad(gamma) ? max_rel(ggh, ts_tensor_grad(gamma)) : -1.0,
+            gbh && ts_tensor_grad(beta) ? max_rel(gbh, ts_tensor_grad(beta)) : -1.0);
+
+    /* each op's input gradient: bit for bit the float32 backward on the widened gradient, rounded */
+    {
+        ts_tensor *in = widened_leaf(h[1]), *inb = NULL, *o = NULL, *of = NULL, *g = NULL, *gb16 = NULL, *gin = NULL;
+        CHECK_OK(ts_to_dtype(in, TS_BF16, &inb));
+        ts_tensor_set_requires_grad(inb, true); /* a bfloat16 leaf */
+        ts_tensor *inl = NULL;
+        CHECK_OK(ts_tensor_clone(inb, &inl));
+        ts_tensor_set_requires_grad(inl, true);
+        g = tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false);
+        CHECK_OK(ts_to_dtype(g, TS_BF16, &gb16));
+        CHECK_OK(ts_to_dtype(gb16, TS_F32, &gin));
+        CHECK_OK(ts_maxpool2d(inl, pp, &o));
+        CHECK_OK(ts_maxpool2d(in, pp, &of));
+        CHECK_OK(ts_backward(o, gb16, false));
+        CHECK_OK(ts_backward(of, gin, false));
+        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
+            CHECK(same_as_rounded("maxpool2d backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
+        ts_tensor_release(o);
+        ts_tensor_release(of);
+        /* relu backward and batchnorm backward */
+        ts_tensor *ri = NULL, *rif = NULL, *grf = NULL;
+        ts_tensor_zero_grad(inl);
+        ts_tensor_zero_grad(in);
+        CHECK_OK(ts_relu(inl, &ri));
+        CHECK_OK(ts_relu(in, &rif));
+        ts_tensor *g2 = tu_rand(&r, 4, (int64_t[]){4, 8, 10, 10}, -1.0f, 1.0f, false), *g2b = NULL;
+        CHECK_OK(ts_to_dtype(g2, TS_BF16, &g2b));
+        CHECK_OK(ts_to_dtype(g2b, TS_F32, &grf));
+        CHECK_OK(ts_backward(ri, g2b, false));
+        CHECK_OK(ts_backward(rif, grf, false));
+        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
+            CHECK(same_as_rounded("relu backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
+        ts_tensor_zero_grad(inl);
+        ts_tensor_zero_grad(in);
+        ts_tensor *bo = NULL, *bof = NULL;
+        CHECK_OK(ts_batchnorm2d(inl, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f, &bo));
+        CHECK_OK(ts_batchnorm2d(in, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f, &bof));
+        CHECK(same_as_rounded("batchnorm2d (no running statistics)", bo, bof));
+        CHECK_OK(ts_backward(bo, g2b, false));
+        CHECK_OK(ts_backward(bof, grf, false));
+        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
+            CHECK(same_as_rounded("batchnorm2d backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
+        ts_tensor *tl[] = {in, inb, inl, g, gb16, gin, ri, rif, grf, g2, g2b, bo, bof};
+        for (size_t i = 0; i < sizeof tl / sizeof tl[0]; i++) ts_tensor_release(tl[i]);
+    }
+
+    /* linear returns bfloat16 under autocast, cross-entropy float32; the weights' gradients float32 */
+    CHECK_OK(ts_set_autocast(TS_BF16));
+    ts_tensor *lw = tu_rand(&r, 2, (int64_t[]){10, 200}, -0.1f, 0.1f, true), *flat = NULL, *logits = NULL, *loss = NULL;
+    ts_tensor *t = NULL, *z[3] = {NULL, NULL, NULL};
+    CHECK_OK(ts_tensor_zeros(NULL, TS_I64, 1, (int64_t[]){4}, &t));
+    CHECK_OK(ts_conv2d(x, w, b, cp, &z[0]));
+    CHECK_OK(ts_relu(z[0], &z[1]));
+    CHECK_OK(ts_maxpool2d(z[1], pp, &z[2]));
+    CHECK(z[2] && ts_tensor_dtype(z[2]) == TS_BF16);
+    CHECK_OK(ts_flatten(z[2], 1, &flat));
+    CHECK_OK(ts_linear(flat, lw, NULL, &logits));
+    CHECK(logits && ts_tensor_dtype(logits) == TS_BF16);
+    CHECK_OK(ts_cross_entropy(logits, t, 0.0f, &loss));
+    CHECK(loss && ts_tensor_dtype(loss) == TS_F32);
+    CHECK_OK(ts_backward(loss, NULL, false));
+    CHECK(ts_tensor_grad(lw) && ts_tensor_dtype(ts_tensor_grad(lw)) == TS_F32);
+    CHECK(ts_tensor_grad(w) && ts_tensor_dtype(ts_tensor_grad(w)) == TS_F32);
+    CHECK_OK(ts_set_autocast(TS_F32));
+
+    ts_tensor *all[] = {x,  w,  b,  gamma, beta, y,  xr, xr32, yref, y32,  yl,     rm,   rv, rm32, rv32, yb, c,
+                        cb, lh, lf, mh,    mf,   gh, ggh, gbh, lw,   flat, logits, loss, t,  z[0], z[1], z[2]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
+    for (int i = 0; i < 5; i++) {
+        ts_tensor_release(h[i]);
+        ts_tensor_release(f[i]);
+    }
+}
+
+/* A bfloat16 leaf used twice gets the sum of both gradients (autograd's 16-bit accumulation). */
+static void test_half_grad_accumulation(void) {
+    for (int k = 0; k < 2; k++) {
+        ts_dtype dt = k ? TS_F16 : TS_BF16;
+        float v[5] = {1, 2, 3, 4, 5};
+        ts_tensor *a32 = NULL, *a = NULL, *y1 = NULL, *y2 = NULL, *s1 = NULL, *s2 = NULL, *s = NULL;
+        CHECK_OK(ts_tensor_from_data(NULL, TS_F32, 1, (int64_t[]){5}, v, &a32));
+        CHECK_OK(ts_to_dtype(a32, dt, &a));
+        ts_tensor_set_requires_grad(a, true);
+        CHECK_OK(ts_scale(a, 2.0f, &y1));
+        CHECK_OK(ts_scale(a, 3.0f, &y2));
+        CHECK_OK(ts_sum(y1, &s1));
+        CHECK_OK(ts_sum(y2, &s2));
+        CHECK_OK(ts_add(s1, s2, &s));
+        CHECK_OK(ts_backward(s, NULL, false));
+        ts_tensor *g = ts_tensor_grad(a);
+        CHECK(g && ts_tensor_dtype(g) == dt);
+        for (int i = 0; g && i < 5; i++) CHECK(ts_tensor_item(g, i) == 5.0);
+        ts_tensor *tl[] = {a32, a, y1, y2, s1, s2, s};
+        for (size_t i = 0; i < sizeof tl / sizeof tl[0]; i++) ts_tensor_release(tl[i]);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -524,7 +757,8 @@ int main(int argc, char **argv) {
     }
     static const tu_test tests[] = {
         T(test_convert_golden), T(test_every_pattern), T(test_to_dtype_op), T(test_half_ops), T(test_checkpoint_16bit),
-        T(test_grad_scaler_golden), T(test_matmul_precision), T(test_bf16_step_vs_torch),
+        T(test_grad_scaler_golden), T(test_matmul_precision), T(test_bf16_step_vs_torch), T(test_autocast_ops),
+        T(test_half_grad_accumulation),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     ts_tensor_list_clear(&golden);

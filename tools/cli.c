@@ -12,6 +12,11 @@
 #include <string.h>
 #include <unistd.h>
 
+void cli_set_autocast(int precision) {
+    const char *e = getenv("TS_AUTOCAST");
+    if (!(e && *e)) (void)ts_set_autocast(precision == TS_BF16 ? TS_BF16 : TS_F32);
+}
+
 int cli_usage_error(const cli_command *cmd, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -43,6 +43,10 @@ const char *cli_printable(const char *s, char *buf, size_t cap);
 int cli_usage_error(const cli_command *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "tessera CMD: error: <ts_last_error()>" and returns 1. */
 int cli_fail(const char *cmd, const char *what);
+/* precision (a ts_dtype): --precision bf16 turns autocast on (bfloat16 activations where the device's kernels take them: the CPU),
+ * fp32 and fp16 off — unless TS_AUTOCAST is set in the environment, which then decides (TS_AUTOCAST=fp32:
+ * bfloat16 products with float32 activations). */
+void cli_set_autocast(int precision);
 
 /* A progress bar: redrawn in place on a terminal, a line every `every`
  * seconds otherwise (logs, CI). */

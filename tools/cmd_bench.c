@@ -44,6 +44,7 @@ static int bench_train(int argc, char **argv) {
     ts_dtype prec;
     if (ts_dtype_parse(precision, &prec) != TS_OK || ts_set_matmul_precision(prec) != TS_OK)
         return cli_usage_error(&cmd, "--precision '%s': expected fp32 or bf16", precision);
+    cli_set_autocast(prec);
 
     ts_rng rng;
     ts_rng_seed(&rng, 0);

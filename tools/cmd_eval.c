@@ -290,6 +290,17 @@ int ts_cmd_predict(int argc, char **argv) {
             status = 1;
             continue;
         }
+        if (ts_tensor_dtype(logits) != TS_F32) { /* 16-bit under autocast (TS_AUTOCAST): read in float32 */
+            ts_tensor *wide = NULL;
+            ts_status st = ts_to_dtype(logits, TS_F32, &wide);
+            ts_tensor_release(logits);
+            logits = wide;
+            if (st != TS_OK) {
+                fprintf(stderr, "tessera predict: %s\n", ts_last_error());
+                status = 1;
+                continue;
+            }
+        }
         const float *z = ts_tensor_data(logits);
         double mx = z[0], se = 0;
         for (int64_t k = 1; k < lm.classes; k++) mx = z[k] > mx ? z[k] : mx;

@@ -412,6 +412,7 @@ int ts_cmd_train(int argc, char **argv) {
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
     ts_set_conv_algo(a.algo);
     ts_set_matmul_precision(a.prec);
+    cli_set_autocast(a.prec);
     ts_train_checkpoint_info ck; /* resume: the checkpoint's seed decides the data order */
     char latest[4096];
     if ((rc = find_restart(&a, latest, sizeof latest)) != 0) return rc;

@@ -202,6 +202,19 @@ const char *ts_conv_algo_name(ts_conv_algo a);
  * are refused (TS_ERR_INVALID_ARG). */
 ts_status ts_set_matmul_precision(ts_dtype dt);
 ts_dtype ts_get_matmul_precision(void);
+/* Autocast, as torch.autocast(dtype=torch.bfloat16): with TS_BF16, conv2d, linear, matmul and bmm cast a
+ * float32 input (not the weights) to bfloat16 — a ts_to_dtype node, so its gradient goes back in float32 —
+ * and return bfloat16; the ops after them follow their input's dtype: batchnorm2d (statistics, weights and
+ * their gradients in float32), relu, max pooling and the residual add keep bfloat16 activations, and their
+ * gradients flow back in bfloat16; ops without bfloat16 kernels compute in float32 and round their result
+ * (losses return float32). Weights, optimizer state and parameter gradients stay float32. Halves the
+ * activations' memory and traffic; products are bfloat16 (exact, float32 sums) as under
+ * ts_set_matmul_precision(TS_BF16), which should be set too for the layers that run on float32 copies.
+ * Applies on devices whose kernels take bfloat16 activations (the CPU); elsewhere (CUDA, for now) the ops
+ * behave as without it. Process-wide; TS_AUTOCAST=fp32|bf16 in the environment sets the starting value;
+ * `tessera train --precision bf16` turns it on. TS_F32 turns it off; other dtypes: TS_ERR_INVALID_ARG. */
+ts_status ts_set_autocast(ts_dtype dt);
+ts_dtype ts_get_autocast(void);
 /* What runs float32 GEMMs on the CPU: "onednn" or "openblas" (TS_GEMM=openblas|onednn chooses where both
  * are built; oneDNN is the default when present). */
 const char *ts_cpu_gemm_library(void);

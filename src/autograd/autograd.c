@@ -269,6 +269,26 @@ void ts_tensor_remove_grad_ready_hook(ts_tensor *t, int id) {
 }
 
 /* ---- gradient accumulation ------------------------------------------------------------------------ */
+/* acc += g, of one dtype: the device's axpy, or for 16-bit gradients on a device whose kernels take only
+ * float32, through float32 copies (one rounding, as the 16-bit kernels) */
+static ts_status add_into(ts_tensor *acc, const ts_tensor *g) {
+    ts_device *d = acc->storage->device;
+    if (acc->dtype != g->dtype)
+        return ts_error(TS_ERR_DTYPE, "autograd: a %s gradient added to a %s one", ts_dtype_name(g->dtype),
+                        ts_dtype_name(acc->dtype));
+    if (acc->dtype == TS_F32 || d->k_ew->bf16) return d->k_ew->axpy(acc, 1.0f, g);
+    ts_tensor *fa = NULL, *fg = NULL;
+    ts_status st = ts__new(d, TS_F32, acc->ndim, acc->shape, &fa);
+    if (st == TS_OK) st = ts__new(d, TS_F32, g->ndim, g->shape, &fg);
+    if (st == TS_OK) st = d->k_ew->cast(fa, acc);
+    if (st == TS_OK) st = d->k_ew->cast(fg, g);
+    if (st == TS_OK) st = d->k_ew->axpy(fa, 1.0f, fg);
+    if (st == TS_OK) st = d->k_ew->cast(acc, fa);
+    ts_tensor_release(fa);
+    ts_tensor_release(fg);
+    return st;
+}
+
 ts_status ts__grad_accumulate(ts_tensor **acc, ts_tensor *g) {
     if (!*acc) {
         /* take a private contiguous copy: g may be shared with other nodes */
@@ -280,7 +300,7 @@ ts_status ts__grad_accumulate(ts_tensor **acc, ts_tensor *g) {
                         ts_shape_str(g->ndim, g->shape, a, sizeof a),
                         ts_shape_str((*acc)->ndim, (*acc)->shape, b, sizeof b));
     }
-    return (*acc)->storage->device->k_ew->axpy(*acc, 1.0f, g);
+    return add_into(*acc, g);
 }
 
 /* ---- the engine ------------------------------------------------------------------------------------ */
@@ -326,7 +346,7 @@ static ts_status give_grad(ts_node *y, ts_tensor **gk) {
         ts_tensor_release(y->pending);
         y->pending = own;
     }
-    return y->pending->storage->device->k_ew->axpy(y->pending, 1.0f, *gk);
+    return add_into(y->pending, *gk);
 }
 
 ts_status ts_backward(ts_tensor *root, ts_tensor *grad, bool retain_graph) {

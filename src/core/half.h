@@ -45,8 +45,9 @@ static inline TS_HD float ts__f32_from_bits(uint32_t u) {
 
 static inline TS_HD uint16_t ts__bf16_from_f32(float f) {
     uint32_t x = ts__f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u); /* NaN: quiet */
-    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);                   /* ties to even */
+    uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; /* ties to even */
+    uint32_t q = (x >> 16) | 0x0040u;                     /* NaN: quiet */
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r); /* a select, so loops of it vectorise */
 }
 
 static inline TS_HD float ts__bf16_to_f32(uint16_t h) { return ts__f32_from_bits((uint32_t)h << 16); }

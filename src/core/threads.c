@@ -77,6 +77,31 @@ ts_dtype ts_get_matmul_precision(void) {
     return (ts_dtype)p;
 }
 
+/* ---- autocast (read by the op layer: ops/half.c) ---- */
+static _Atomic int autocast = -1; /* -1: not yet read from TS_AUTOCAST */
+
+ts_status ts_set_autocast(ts_dtype dt) {
+    TS_ARG(dt == TS_F32 || dt == TS_BF16, "ts_set_autocast: %s (want float32: off, or bfloat16)", ts_dtype_name(dt));
+    autocast = (int)dt;
+    return TS_OK;
+}
+
+ts_dtype ts_get_autocast(void) {
+    int a = autocast;
+    if (a < 0) {
+        const char *e = getenv("TS_AUTOCAST");
+        ts_dtype dt = TS_F32;
+        if (e && *e && (ts_dtype_parse(e, &dt) != TS_OK || (dt != TS_F32 && dt != TS_BF16))) {
+            ts_log(TS_LOG_WARN, "TS_AUTOCAST=%s: expected fp32 (off) or bf16; using fp32", e);
+            dt = TS_F32;
+        }
+        int expect = -1;
+        atomic_compare_exchange_strong(&autocast, &expect, (int)dt);
+        a = autocast;
+    }
+    return (ts_dtype)a;
+}
+
 ts_conv_algo ts_get_conv_algo(void) {
     int a = conv_algo;
     if (a < 0) { /* a bad TS_CONV_ALGO is named once on stderr, then auto */

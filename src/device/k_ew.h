@@ -67,6 +67,11 @@ struct ts_kernels_ew {
     /* out = x converted to out's dtype (both contiguous, same shape; F32, F16 or BF16), rounding as
      * core/half.h */
     ts_status (*cast)(ts_tensor *out, const ts_tensor *x);
+    /* binary (TS_BIN_ADD of two contiguous BF16 tensors of one shape into a BF16 out), axpy (y and x BF16
+     * or F16), relu and relu_backward (all BF16) also take 16-bit tensors, computing each element in float32
+     * and rounding it once (bfloat16 activations, ts_set_autocast); where false, the op layer widens to
+     * float32 around the float32 kernels */
+    bool bf16;
 };
 
 /* The CPU backend's instance (src/ops/cpu/ew.c), which device/cpu.c puts in

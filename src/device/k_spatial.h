@@ -6,7 +6,7 @@
  * The op layer (src/ops/conv.c, pool.c, norm.c) checks arguments, computes the
  * geometry below, allocates contiguous results on the inputs' device and calls
  * these kernels. All tensors passed to kernels are contiguous F32 (pool
- * indices: I32) and NCHW. Kernels may allocate scratch through ts__new on the
+ * indices: I32) and NCHW, or BF16 activations where the table's bf16 says so. Kernels may allocate scratch through ts__new on the
  * tensors' device.
  */
 #ifndef TS_K_SPATIAL_H
@@ -81,6 +81,12 @@ struct ts_kernels_spatial {
     /* gx: (P, H, W) = each gout: (P, OH, OW) spread evenly over its window (windows may overlap) */
     ts_status (*adaptive_avgpool2d_backward)(ts_tensor *gx, const ts_tensor *gout, int64_t P, int64_t H, int64_t W,
                                              int64_t OH, int64_t OW);
+
+    /* conv2d (x, out; gout, gx), maxpool2d (x, out; gout, gx) and batchnorm2d (x, out; gout, gx) also take
+     * BF16 activations, with F32 weights, biases, statistics and their gradients (bfloat16 activations,
+     * ts_set_autocast: sums in float32, each output rounded once); where false the op layer widens them to
+     * float32 around the float32 kernels */
+    bool bf16;
 };
 
 /* The CPU backend's instance (src/ops/cpu/spatial.c), which device/cpu.c puts in

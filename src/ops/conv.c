@@ -26,7 +26,7 @@ static ts_conv2d_geom conv_geom(const int64_t *xs, const int64_t *ws, const ts_c
 }
 
 static ts_status conv_check(const ts_tensor *x, const ts_tensor *w, const ts_tensor *b, const ts_conv2d_params *p) {
-    TS_TRY(ts__check_f32("conv2d", "input", x));
+    if (x->dtype != TS_BF16) TS_TRY(ts__check_f32("conv2d", "input", x)); /* bfloat16: checked by ts_conv2d */
     TS_TRY(ts__check_f32("conv2d", "weight", w));
     TS_TRY(ts__check_ndim("conv2d", "input", x, 4));
     TS_TRY(ts__check_ndim("conv2d", "weight", w, 4));
@@ -88,6 +88,9 @@ static ts_status conv2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     ts_device *d = x->storage->device;
     ts_conv2d_params p = params_load(n);
     ts_conv2d_geom geom = conv_geom(x->shape, w->shape, &p);
+    if (g_in->dtype != x->dtype)
+        return ts_error(TS_ERR_DTYPE, "conv2d backward: a %s gradient for a %s output", ts_dtype_name(g_in->dtype),
+                        ts_dtype_name(x->dtype));
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
     ts_status st;
@@ -104,21 +107,37 @@ typedef struct conv_args {
     const ts_tensor *b;
     ts_conv2d_params p;
 } conv_args;
+static ts_status conv2d_run(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_conv2d_params p,
+                            ts_tensor **out);
+
 /* conv2d on float32 x and w; the bias goes up to float32 here when it is 16-bit */
 static ts_status conv_thunk(const ts_tensor *x, const ts_tensor *w, const void *arg, ts_tensor **out) {
     const conv_args *c = arg;
     ts_tensor *fb = NULL;
     if (c->b) TS_TRY(ts_to_dtype(c->b, TS_F32, &fb));
-    ts_status st = ts_conv2d(x, w, fb, c->p, out);
+    ts_status st = conv2d_run(x, w, fb, c->p, out);
     ts_tensor_release(fb);
     return st;
 }
 
+/* Under autocast x goes to bfloat16 first. A bfloat16 x with float32 weight and bias runs on the device's
+ * kernels where they take bfloat16 activations (the output bfloat16); other 16-bit combinations run on
+ * float32 copies, the result in x's dtype. */
 ts_status ts_conv2d(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_conv2d_params p,
                     ts_tensor **out) {
-    if (ts__any_half(x_in, w_in) || ts__any_half(b, NULL))
-        return ts__half_op(conv_thunk, x_in, w_in, &(conv_args){b, p}, out);
-    TS_ARG(out, "conv2d: NULL out");
+    TS_ARG(x_in && w_in && out, "conv2d: NULL argument");
+    ts_tensor *x = NULL;
+    TS_TRY(ts__autocast(x_in, &x));
+    const bool native = x->dtype == TS_BF16 && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32) && ts__bf16_native(x);
+    ts_status st = !native && (ts__any_half(x, w_in) || ts__any_half(b, NULL))
+                       ? ts__half_op_as(conv_thunk, x, w_in, &(conv_args){b, p}, ts__any_half(x, NULL) ? x->dtype : TS_F32, out)
+                       : conv2d_run(x, w_in, b, p, out);
+    ts_tensor_release(x);
+    return st;
+}
+
+static ts_status conv2d_run(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_conv2d_params p,
+                            ts_tensor **out) {
     TS_TRY(conv_check(x_in, w_in, b, &p));
     ts_status st;
     ts_tensor *x = NULL, *w = NULL, *bc = NULL, *o = NULL;
@@ -127,7 +146,7 @@ ts_status ts_conv2d(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     if (b) TS_CHECK_GOTO(ts__contiguous(b, &bc));
     ts_conv2d_geom g = conv_geom(x->shape, w->shape, &p);
     ts_device *d = x->storage->device;
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 4, (int64_t[]){g.N, g.K, g.OH, g.OW}, &o));
+    TS_CHECK_GOTO(ts__new(d, x->dtype, 4, (int64_t[]){g.N, g.K, g.OH, g.OW}, &o));
     TS_CHECK_GOTO(d->k_spatial->conv2d(&g, o, x, w, bc));
     const ts_tensor *in[3] = {x_in, w_in, b};
     ts_node *n = NULL;

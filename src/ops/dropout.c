@@ -7,6 +7,7 @@
  * input itself; p == 1 zeroes everything without drawing.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
 #include "ops/trace.h"
@@ -23,7 +24,20 @@ static ts_status dropout_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) 
     return st;
 }
 
+typedef struct dropout_args {
+    float p;
+    bool training;
+    ts_rng *rng;
+} dropout_args;
+static ts_status dropout_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const dropout_args *a = arg;
+    (void)b;
+    return ts_dropout(x, a->p, a->training, a->rng, out);
+}
+
+/* 16-bit x: on a float32 copy, the output rounded to x's dtype (ops/half.h) */
 ts_status ts_dropout(const ts_tensor *x_in, float p, bool training, ts_rng *rng, ts_tensor **out) {
+    if (ts__any_half(x_in, NULL)) return ts__half_op(dropout_thunk, x_in, NULL, &(dropout_args){p, training, rng}, out);
     TS_TRY(ts__check_f32("dropout", "x", x_in));
     TS_ARG(out, "dropout: NULL out");
     if (!(p >= 0.0f && p <= 1.0f)) /* also rejects NaN */

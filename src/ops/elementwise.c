@@ -118,14 +118,24 @@ static ts_status binary_thunk(const ts_tensor *a, const ts_tensor *b, const void
     return binary_op(p->name, p->op, a, b, out);
 }
 
+/* Whether add runs on the device's bfloat16 kernel: a and b bfloat16 of one shape (the residual add of
+ * bfloat16 activations; its backward passes the gradient through unchanged) */
+static bool add_bf16_native(ts_binop op, const ts_tensor *a, const ts_tensor *b) {
+    return op == TS_BIN_ADD && a && b && a->dtype == TS_BF16 && b->dtype == TS_BF16 && ts__same_shape(a, b) &&
+           a->storage->device == b->storage->device && ts__bf16_native(a);
+}
+
 static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
-    if (ts__any_half(a, b)) return ts__half_op(binary_thunk, a, b, &(binary_args){name, op}, out);
+    const bool native = add_bf16_native(op, a, b);
+    if (!native && ts__any_half(a, b)) return ts__half_op(binary_thunk, a, b, &(binary_args){name, op}, out);
     ts__op_kind kind = op == TS_BIN_ADD   ? TS_OP_ADD
                        : op == TS_BIN_SUB ? TS_OP_SUB
                        : op == TS_BIN_MUL ? TS_OP_MUL
                                           : TS_OP_DIV;
-    TS_TRY(ts__check_f32(name, "a", a));
-    TS_TRY(ts__check_f32(name, "b", b));
+    if (!native) {
+        TS_TRY(ts__check_f32(name, "a", a));
+        TS_TRY(ts__check_f32(name, "b", b));
+    }
     TS_ARG(out, "%s: NULL out", name);
     TS_TRY(ts__check_same_device(name, a, b));
     int nd;
@@ -133,7 +143,7 @@ static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, co
     TS_TRY(broadcast(name, a, b, &nd, shape, astr, bstr));
     ts_device *d = a->storage->device;
     ts_tensor *o = NULL;
-    TS_TRY(ts__new(d, TS_F32, nd, shape, &o));
+    TS_TRY(ts__new(d, a->dtype, nd, shape, &o));
     const ts_tensor *in[2] = {a, b};
     ts_node *n = NULL;
     ts_status st = d->k_ew->binary(op, o, a, astr, b, bstr);
@@ -209,9 +219,12 @@ static ts_status relu_thunk(const ts_tensor *a, const ts_tensor *b, const void *
     return ts_relu(a, out);
 }
 
+/* bfloat16 x stays bfloat16 where the device's kernels take it; other 16-bit x runs on a float32 copy */
 ts_status ts_relu(const ts_tensor *x, ts_tensor **out) {
-    if (ts__any_half(x, NULL)) return ts__half_op(relu_thunk, x, NULL, NULL, out);
-    TS_TRY(ts__check_f32("relu", "x", x));
+    TS_ARG(x, "relu: NULL x");
+    const bool native = x->dtype == TS_BF16 && ts__bf16_native(x);
+    if (!native && ts__any_half(x, NULL)) return ts__half_op(relu_thunk, x, NULL, NULL, out);
+    if (!native) TS_TRY(ts__check_f32("relu", "x", x));
     TS_ARG(out, "relu: NULL out");
     ts_tensor *c = NULL, *o = NULL;
     TS_TRY(ts__contiguous(x, &c));

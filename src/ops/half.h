@@ -22,4 +22,16 @@ typedef ts_status (*ts__op2_fn)(const ts_tensor *a, const ts_tensor *b, const vo
 /* fn on float32 copies of a and b, its result in the result dtype described above. */
 ts_status ts__half_op(ts__op2_fn fn, const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out);
 
+/* The same with the result in dtype dt (conv2d and linear: their input's dtype, whatever the weight's). */
+ts_status ts__half_op_as(ts__op2_fn fn, const ts_tensor *a, const ts_tensor *b, const void *arg, ts_dtype dt,
+                         ts_tensor **out);
+
+/* Whether x's device keeps bfloat16 activations natively: its elementwise and spatial kernels take them
+ * (device/k_ew.h, k_spatial.h: bf16). */
+bool ts__bf16_native(const ts_tensor *x);
+
+/* Autocast (ts_set_autocast) for an op of its list: *out = x cast to bfloat16 (a ts_to_dtype node) when
+ * autocast is on, x is float32 and its device keeps bfloat16 activations; else x itself (a new reference). */
+ts_status ts__autocast(const ts_tensor *x, ts_tensor **out);
+
 #endif

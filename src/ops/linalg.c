@@ -41,6 +41,8 @@ static ts_status matmul_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 }
 
 static ts_status matmul_nd(const char *op, const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out);
+static ts_status matmul_run(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out);
+static ts_status bmm_run(const ts_tensor *a, const ts_tensor *b, ts_tensor **out);
 
 /* torch.matmul's vector cases through reshapes (their backward comes with them): a 1-D a (K) is
  * the matrix (1, K) and a 1-D b (K) the matrix (K, 1), and the dim each added is dropped from the
@@ -64,7 +66,7 @@ static ts_status matmul_vec(const ts_tensor *a_in, const ts_tensor *b_in, ts_ten
                       ts_shape_str(b_in->ndim, b_in->shape, y, sizeof y));
         goto fail;
     }
-    TS_CHECK_GOTO(ts_matmul(a, b, &p));
+    TS_CHECK_GOTO(matmul_run(a, b, &p));
     int64_t shape[TS_MAX_DIMS];
     int nd = 0;
     for (int i = 0; i < p->ndim; i++)
@@ -78,11 +80,28 @@ fail:
 }
 
 static ts_status matmul_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
-    return arg ? ts_bmm(a, b, out) : ts_matmul(a, b, out);
+    return arg ? bmm_run(a, b, out) : matmul_run(a, b, out);
+}
+
+/* matmul and bmm: autocast casts both operands (ts__autocast); 16-bit operands run on float32 copies */
+static ts_status autocast_pair(const char *op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
+    TS_ARG(a && b && out, "%s: NULL argument", op);
+    ts_tensor *ca = NULL, *cb = NULL;
+    ts_status st = ts__autocast(a, &ca);
+    if (st == TS_OK) st = ts__autocast(b, &cb);
+    if (st == TS_OK)
+        st = ts__any_half(ca, cb) ? ts__half_op(matmul_thunk, ca, cb, op[0] == 'b' ? "bmm" : NULL, out)
+                                  : matmul_thunk(ca, cb, op[0] == 'b' ? "bmm" : NULL, out);
+    ts_tensor_release(ca);
+    ts_tensor_release(cb);
+    return st;
 }
 
 ts_status ts_matmul(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
-    if (ts__any_half(a_in, b_in)) return ts__half_op(matmul_thunk, a_in, b_in, NULL, out);
+    return autocast_pair("matmul", a_in, b_in, out);
+}
+
+static ts_status matmul_run(const ts_tensor *a_in, const ts_tensor *b_in, ts_tensor **out) {
     TS_TRY(ts__check_f32("matmul", "a", a_in));
     TS_TRY(ts__check_f32("matmul", "b", b_in));
     TS_TRY(ts__check_same_device("matmul", a_in, b_in));
@@ -316,8 +335,9 @@ fail:
     return st;
 }
 
-ts_status ts_bmm(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
-    if (ts__any_half(a, b)) return ts__half_op(matmul_thunk, a, b, "bmm", out);
+ts_status ts_bmm(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) { return autocast_pair("bmm", a, b, out); }
+
+static ts_status bmm_run(const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
     TS_TRY(ts__check_f32("bmm", "a", a));
     TS_TRY(ts__check_f32("bmm", "b", b));
     TS_TRY(ts__check_ndim("bmm", "a", a, 3));
@@ -354,18 +374,31 @@ static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return TS_OK;
 }
 
+static ts_status linear_run(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out);
+
 /* linear on float32 x and w; the bias (arg) goes up to float32 here when it is 16-bit */
 static ts_status linear_thunk(const ts_tensor *x, const ts_tensor *w, const void *arg, ts_tensor **out) {
     const ts_tensor *b = arg;
     ts_tensor *fb = NULL;
     if (b) TS_TRY(ts_to_dtype(b, TS_F32, &fb));
-    ts_status st = ts_linear(x, w, fb, out);
+    ts_status st = linear_run(x, w, fb, out);
     ts_tensor_release(fb);
     return st;
 }
 
+/* Under autocast x goes to bfloat16 first; 16-bit operands run on float32 copies, the result in x's dtype */
 ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out) {
-    if (ts__any_half(x_in, w_in) || ts__any_half(b, NULL)) return ts__half_op(linear_thunk, x_in, w_in, b, out);
+    TS_ARG(x_in && w_in && out, "linear: NULL argument");
+    ts_tensor *x = NULL;
+    TS_TRY(ts__autocast(x_in, &x));
+    ts_status st = ts__any_half(x, w_in) || ts__any_half(b, NULL)
+                       ? ts__half_op_as(linear_thunk, x, w_in, b, ts__any_half(x, NULL) ? x->dtype : TS_F32, out)
+                       : linear_run(x, w_in, b, out);
+    ts_tensor_release(x);
+    return st;
+}
+
+static ts_status linear_run(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out) {
     TS_TRY(ts__check_f32("linear", "x", x_in));
     TS_TRY(ts__check_f32("linear", "weight", w_in));
     TS_TRY(ts__check_ndim("linear", "x", x_in, 2));

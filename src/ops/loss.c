@@ -106,7 +106,10 @@ static ts_status ce_thunk(const ts_tensor *a, const ts_tensor *b, const void *ar
 
 ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *target_in, const ts_cross_entropy_opts *opts,
                               ts_tensor **out) {
-    if (ts__any_half(logits_in, NULL)) return ts__half_op(ce_thunk, logits_in, NULL, &(ce_args){target_in, opts}, out);
+    /* 16-bit logits: in float32; the loss in their dtype, or float32 under autocast (its float32 list) */
+    if (ts__any_half(logits_in, NULL))
+        return ts__half_op_as(ce_thunk, logits_in, NULL, &(ce_args){target_in, opts},
+                              ts_get_autocast() == TS_BF16 ? TS_F32 : logits_in->dtype, out);
     const ts_cross_entropy_opts o = opts ? *opts : TS_CROSS_ENTROPY_OPTS_INIT;
     TS_TRY(ts__check_f32("cross_entropy", "logits", logits_in));
     TS_ARG(target_in, "cross_entropy: target is NULL");
@@ -199,7 +202,17 @@ static ts_status mse_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
     return g->storage->device->k_misc->mse_backward(gin[0], gin[1], g, p, t);
 }
 
+static ts_status mse_thunk(const ts_tensor *p, const ts_tensor *t, const void *arg, ts_tensor **out) {
+    (void)arg;
+    return ts_mse_loss(p, t, out);
+}
+
+/* 16-bit pred or target: on float32 copies (the loss float32 when their dtypes differ, ops/half.h, or under
+ * autocast) */
 ts_status ts_mse_loss(const ts_tensor *pred_in, const ts_tensor *target_in, ts_tensor **out) {
+    if (ts__any_half(pred_in, target_in))
+        return ts_get_autocast() == TS_BF16 ? ts__half_op_as(mse_thunk, pred_in, target_in, NULL, TS_F32, out)
+                                            : ts__half_op(mse_thunk, pred_in, target_in, NULL, out);
     TS_TRY(ts__check_f32("mse_loss", "pred", pred_in));
     TS_TRY(ts__check_f32("mse_loss", "target", target_in));
     TS_ARG(out, "mse_loss: NULL out");

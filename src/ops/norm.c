@@ -15,6 +15,7 @@
  * invstd, and the weight.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_ew.h"
 #include "device/k_norm.h"
@@ -40,6 +41,9 @@ static ts_status batchnorm2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **g
     const ts_tensor *x = ts__node_saved(n, 0), *mean = ts__node_saved(n, 1), *invstd = ts__node_saved(n, 2),
                     *w = ts__node_saved(n, 3);
     ts_device *d = x->storage->device;
+    if (g_in->dtype != x->dtype)
+        return ts_error(TS_ERR_DTYPE, "batchnorm2d backward: a %s gradient for a %s output", ts_dtype_name(g_in->dtype),
+                        ts_dtype_name(x->dtype));
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
     ts_status st;
@@ -120,21 +124,51 @@ fail:
     return st;
 }
 
+typedef struct bn_args {
+    const ts_tensor *weight, *bias;
+    ts_tensor *running_mean, *running_var;
+    bool training;
+    float momentum, eps;
+} bn_args;
+static ts_status bn_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const bn_args *a = arg;
+    (void)b;
+    return ts_batchnorm2d(x, a->weight, a->bias, a->running_mean, a->running_var, a->training, a->momentum, a->eps, out);
+}
+
+/* A bfloat16 input stays bfloat16 where the device's kernels take it (statistics, weight, bias and their
+ * gradients float32, as PyTorch's mixed-type BatchNorm under autocast); other 16-bit inputs run on a float32
+ * copy, the output rounded to the input's dtype. */
 ts_status ts_batchnorm2d(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                          ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum, float eps,
                          ts_tensor **out) {
-    TS_ARG(out, "batchnorm2d: NULL out");
-    TS_TRY(ts__check_f32("batchnorm2d", "input", x));
+    TS_ARG(x && out, "batchnorm2d: NULL argument");
+    const bool native = x->dtype == TS_BF16 && ts__bf16_native(x);
+    if (ts__any_half(x, NULL) && !native)
+        return ts__half_op(bn_thunk, x, NULL,
+                           &(bn_args){weight, bias, running_mean, running_var, training, momentum, eps}, out);
+    if (!native) TS_TRY(ts__check_f32("batchnorm2d", "input", x));
     TS_TRY(ts__check_ndim("batchnorm2d", "input", x, 4));
     TS_TRY(batchnorm_check("batchnorm2d", x, weight, bias, running_mean, running_var, training, eps));
     return batchnorm_run(x, weight, bias, running_mean, running_var, training, momentum, eps, out);
 }
 
+static ts_status bn1d_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const bn_args *a = arg;
+    (void)b;
+    return ts_batchnorm1d(x, a->weight, a->bias, a->running_mean, a->running_var, a->training, a->momentum, a->eps, out);
+}
+
+/* 16-bit inputs as batchnorm2d's */
 ts_status ts_batchnorm1d(const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
                          ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum, float eps,
                          ts_tensor **out) {
-    TS_ARG(out, "batchnorm1d: NULL out");
-    TS_TRY(ts__check_f32("batchnorm1d", "input", x));
+    TS_ARG(x && out, "batchnorm1d: NULL argument");
+    const bool native = x->dtype == TS_BF16 && ts__bf16_native(x);
+    if (ts__any_half(x, NULL) && !native)
+        return ts__half_op(bn1d_thunk, x, NULL,
+                           &(bn_args){weight, bias, running_mean, running_var, training, momentum, eps}, out);
+    if (!native) TS_TRY(ts__check_f32("batchnorm1d", "input", x));
     if (x->ndim != 2 && x->ndim != 3) {
         char xs[96];
         return ts_error(TS_ERR_SHAPE, "batchnorm1d: input %s must be (N, C) or (N, C, L)",
@@ -246,9 +280,24 @@ static ts_status trace_norm(ts__op_kind k, const ts_tensor *x, const ts_tensor *
     return st;
 }
 
+/* layer_norm and group_norm on 16-bit inputs: a float32 copy, the output rounded to the input's dtype */
+typedef struct rown_args {
+    int k; /* layer_norm's normalized_ndim, or -group count for group_norm */
+    const ts_tensor *weight, *bias;
+    float eps;
+} rown_args;
+static ts_status rown_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const rown_args *a = arg;
+    (void)b;
+    return a->k > 0 ? ts_layer_norm(x, a->k, a->weight, a->bias, a->eps, out)
+                    : ts_group_norm(x, -a->k, a->weight, a->bias, a->eps, out);
+}
+
 ts_status ts_layer_norm(const ts_tensor *x, int normalized_ndim, const ts_tensor *weight, const ts_tensor *bias,
                         float eps, ts_tensor **out) {
     TS_ARG(out, "layer_norm: NULL out");
+    if (ts__any_half(x, NULL) && normalized_ndim > 0)
+        return ts__half_op(rown_thunk, x, NULL, &(rown_args){normalized_ndim, weight, bias, eps}, out);
     TS_TRY(ts__check_f32("layer_norm", "input", x));
     const int k = normalized_ndim;
     if (k < 1 || k > x->ndim) {
@@ -268,6 +317,8 @@ ts_status ts_layer_norm(const ts_tensor *x, int normalized_ndim, const ts_tensor
 ts_status ts_group_norm(const ts_tensor *x, int num_groups, const ts_tensor *weight, const ts_tensor *bias, float eps,
                         ts_tensor **out) {
     TS_ARG(out, "group_norm: NULL out");
+    if (ts__any_half(x, NULL) && num_groups > 0)
+        return ts__half_op(rown_thunk, x, NULL, &(rown_args){-num_groups, weight, bias, eps}, out);
     TS_TRY(ts__check_f32("group_norm", "input", x));
     char xs[96];
     if (x->ndim < 2)

@@ -6,6 +6,7 @@
  * window must start inside the input or its left padding.
  */
 #include "autograd/autograd.h"
+#include "ops/half.h"
 #include "tensor/tensor.h"
 #include "device/k_spatial.h"
 #include "ops/trace.h"
@@ -24,7 +25,7 @@ static int64_t pool_out_size(int64_t in, int k, int pad, int s, int d, bool ceil
 /* Normalises p (stride 0 -> kernel, dilation 0 -> 1), checks it against x and fills the geometry. */
 static ts_status pool_setup(const char *op, const ts_tensor *x, ts_pool2d_params *p, bool allow_dilation,
                             ts_pool2d_geom *g) {
-    TS_TRY(ts__check_f32(op, "input", x));
+    if (!(x && x->dtype == TS_BF16 && ts__bf16_native(x))) TS_TRY(ts__check_f32(op, "input", x));
     TS_TRY(ts__check_ndim(op, "input", x, 4));
     for (int i = 0; i < 2; i++) {
         if (p->stride[i] == 0) p->stride[i] = p->kernel[i];
@@ -84,14 +85,23 @@ static ts_status maxpool2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin
     ts_tensor *g = NULL;
     TS_TRY(ts__contiguous(g_in, &g));
     ts_device *d = g->storage->device;
-    ts_status st = ts__new(d, TS_F32, 4, (int64_t[]){geom.N, geom.C, geom.H, geom.W}, &gin[0]);
+    ts_status st = ts__new(d, g->dtype, 4, (int64_t[]){geom.N, geom.C, geom.H, geom.W}, &gin[0]);
     if (st == TS_OK) st = d->k_spatial->maxpool2d_backward(&geom, gin[0], g, ts__node_saved(n, 0));
     ts_tensor_release(g);
     return st;
 }
 
+static ts_status maxpool_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    (void)b;
+    return ts_maxpool2d(x, *(const ts_pool2d_params *)arg, out);
+}
+
+/* bfloat16 x stays bfloat16 where the device's kernels take it (the output is exact: a max rounds nothing);
+ * other 16-bit inputs run on a float32 copy */
 ts_status ts_maxpool2d(const ts_tensor *x_in, ts_pool2d_params p, ts_tensor **out) {
-    TS_ARG(out, "maxpool2d: NULL out");
+    TS_ARG(x_in && out, "maxpool2d: NULL argument");
+    if (ts__any_half(x_in, NULL) && !(x_in->dtype == TS_BF16 && ts__bf16_native(x_in)))
+        return ts__half_op(maxpool_thunk, x_in, NULL, &p, out);
     ts_pool2d_geom g;
     TS_TRY(pool_setup("maxpool2d", x_in, &p, true, &g));
     ts_status st;
@@ -99,7 +109,7 @@ ts_status ts_maxpool2d(const ts_tensor *x_in, ts_pool2d_params p, ts_tensor **ou
     TS_CHECK_GOTO(ts__contiguous(x_in, &x));
     ts_device *d = x->storage->device;
     const int64_t shape[4] = {g.N, g.C, g.OH, g.OW};
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 4, shape, &o));
+    TS_CHECK_GOTO(ts__new(d, x->dtype, 4, shape, &o));
     TS_CHECK_GOTO(ts__new(d, TS_I32, 4, shape, &idx));
     TS_CHECK_GOTO(d->k_spatial->maxpool2d(&g, o, idx, x));
     ts_node *n = NULL;
@@ -164,8 +174,23 @@ static ts_status trace_unary(ts__op_kind k, const ts_tensor *x, ts_tensor **out,
     return st;
 }
 
+/* The average pools on 16-bit inputs: a float32 copy, the result rounded to x's dtype (ops/half.h) */
+typedef struct avg_args {
+    int kind; /* 0: avgpool2d, 1: global, 2: adaptive */
+    ts_pool2d_params p;
+    int oh, ow;
+} avg_args;
+static ts_status avg_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
+    const avg_args *a = arg;
+    (void)b;
+    return a->kind == 0   ? ts_avgpool2d(x, a->p, out)
+           : a->kind == 1 ? ts_global_avgpool2d(x, out)
+                          : ts_adaptive_avgpool2d(x, a->oh, a->ow, out);
+}
+
 ts_status ts_avgpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out) {
     TS_ARG(out, "avgpool2d: NULL out");
+    if (ts__any_half(x, NULL)) return ts__half_op(avg_thunk, x, NULL, &(avg_args){.kind = 0, .p = p}, out);
     ts_pool2d_geom g;
     TS_TRY(pool_setup("avgpool2d", x, &p, false, &g));
     TS_TRY(avgpool_run("avgpool2d", x, &g, out));
@@ -176,6 +201,7 @@ ts_status ts_avgpool2d(const ts_tensor *x, ts_pool2d_params p, ts_tensor **out) 
 
 ts_status ts_global_avgpool2d(const ts_tensor *x, ts_tensor **out) {
     TS_ARG(out, "global_avgpool2d: NULL out");
+    if (ts__any_half(x, NULL)) return ts__half_op(avg_thunk, x, NULL, &(avg_args){.kind = 1}, out);
     TS_TRY(ts__check_f32("global_avgpool2d", "input", x));
     TS_TRY(ts__check_ndim("global_avgpool2d", "input", x, 4));
     if (x->shape[2] < 1 || x->shape[3] < 1 || x->shape[2] > INT32_MAX || x->shape[3] > INT32_MAX) {
@@ -208,6 +234,8 @@ static ts_status adaptive_avgpool2d_backward(ts_node *n, ts_tensor *g_in, ts_ten
 
 ts_status ts_adaptive_avgpool2d(const ts_tensor *x_in, int out_h, int out_w, ts_tensor **out) {
     TS_ARG(out, "adaptive_avgpool2d: NULL out");
+    if (ts__any_half(x_in, NULL))
+        return ts__half_op(avg_thunk, x_in, NULL, &(avg_args){.kind = 2, .oh = out_h, .ow = out_w}, out);
     TS_TRY(ts__check_f32("adaptive_avgpool2d", "input", x_in));
     char xs[96];
     int nd = x_in->ndim;

@@ -166,6 +166,15 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
     const syncbn_impl *c = m->impl;
     ts_tensor *weight = m->params[0], *bias = m->params[1];
     ts_tensor *rm = c->bn.track ? m->buffers[0] : NULL, *rv = c->bn.track ? m->buffers[1] : NULL;
+    if (x_in && (x_in->dtype == TS_BF16 || x_in->dtype == TS_F16)) { /* 16-bit activations (autocast): in float32 */
+        ts_tensor *wide = NULL, *o = NULL;
+        ts_status st = ts_to_dtype(x_in, TS_F32, &wide);
+        if (st == TS_OK) st = sync_forward(m, wide, &o);
+        if (st == TS_OK) st = ts_to_dtype(o, x_in->dtype, out);
+        ts_tensor_release(wide);
+        ts_tensor_release(o);
+        return st;
+    }
     TS_TRY(ts__check_f32("sync_batchnorm2d", "input", x_in));
     TS_TRY(ts__check_ndim("sync_batchnorm2d", "input", x_in, 4));
     TS_TRY(check_vec("weight", weight, x_in, false));

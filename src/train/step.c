@@ -73,6 +73,12 @@ ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *con
         if (st == TS_OK && ts_tensor_ndim(logits) != 2)
             st = ts_error(TS_ERR_SHAPE, "evaluation: the model's output has %d dimensions; want (batch, classes)",
                           ts_tensor_ndim(logits));
+        if (st == TS_OK && ts_tensor_dtype(logits) != TS_F32) { /* bfloat16 under autocast: scored in float32 */
+            ts_tensor *wide = NULL;
+            st = ts_to_dtype(logits, TS_F32, &wide);
+            ts_tensor_release(logits);
+            logits = wide;
+        }
         if (st == TS_OK) st = ts_to_device(logits, ts_device_cpu(), &host);
         if (st == TS_OK) st = score_rows(host, &b, out, &loss_sum, confusion, classes);
         ts_tensor_release(host);

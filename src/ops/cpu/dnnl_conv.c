@@ -69,6 +69,8 @@ typedef struct conv_entry {
     int pass;
     dnnl_alg_kind_t alg, alg_asked; /* what runs: direct, or Winograd (wino_fits); what was asked for */
     bool bf16, bias;
+    bool act16; /* our activations (x, out, gout, gx) are bfloat16 tensors (ts_set_autocast): the primitive
+                 * reads and writes them in bfloat16, its reorders only change the layout */
     dnnl_primitive_t conv, reorder[3];
     dnnl_memory_desc_t user_md[3], prim_md[3];
     size_t scratch;
@@ -87,10 +89,10 @@ static bool same_geom(const ts_conv2d_geom *a, const ts_conv2d_geom *b) {
            a->ph == b->ph && a->pw == b->pw && a->dh == b->dh && a->dw == b->dw && a->groups == b->groups;
 }
 
-static bool md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_format_tag_t tag) {
+static bool md_plain(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_data_type_t dt, dnnl_format_tag_t tag) {
     dnnl_dims_t d;
     for (int i = 0; i < nd; i++) d[i] = dims[i];
-    return dnnl_memory_desc_init_by_tag(md, nd, d, dnnl_f32, tag) == dnnl_success;
+    return dnnl_memory_desc_init_by_tag(md, nd, d, dt, tag) == dnnl_success;
 }
 
 static bool md_any(dnnl_memory_desc_t *md, int nd, const int64_t *dims, dnnl_data_type_t dt) {
@@ -129,11 +131,12 @@ static bool entry_make(conv_entry *e) {
                 pr = {(g->OH - 1) * g->sh + (g->kh - 1) * g->dh + 1 - g->H - g->ph,
                       (g->OW - 1) * g->sw + (g->kw - 1) * g->dw + 1 - g->W - g->pw};
     if (pr[0] < 0 || pr[1] < 0) return false;
-    dnnl_data_type_t in = e->bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_data_type_t in = e->bf16 ? dnnl_bf16 : dnnl_f32, act = e->act16 ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t xa, wa, ya, xo, wo, yo, bm, xu, wu, yu;
-    bool ok = md_any(&xa, 4, xd, in) && md_any(&wa, 4, wd, in) && md_any(&ya, 4, yd, in) && md_any(&xo, 4, xd, dnnl_f32) &&
-              md_any(&wo, 4, wd, dnnl_f32) && md_any(&yo, 4, yd, dnnl_f32) && md_plain(&bm, 1, bd, dnnl_a) &&
-              md_plain(&xu, 4, xd, dnnl_nchw) && md_plain(&wu, 4, wd, dnnl_oihw) && md_plain(&yu, 4, yd, dnnl_nchw);
+    bool ok = md_any(&xa, 4, xd, in) && md_any(&wa, 4, wd, in) && md_any(&ya, 4, yd, in) && md_any(&xo, 4, xd, act) &&
+              md_any(&wo, 4, wd, dnnl_f32) && md_any(&yo, 4, yd, act) && md_plain(&bm, 1, bd, dnnl_f32, dnnl_a) &&
+              md_plain(&xu, 4, xd, act, dnnl_nchw) && md_plain(&wu, 4, wd, dnnl_f32, dnnl_oihw) &&
+              md_plain(&yu, 4, yd, act, dnnl_nchw);
     if (!ok) return false;
     dnnl_convolution_desc_t fwd, cd;
     dnnl_primitive_attr_t attr = NULL;
@@ -211,7 +214,7 @@ static bool wino_pass(const ts_conv2d_geom *g, int pass) {
 /* The cached entry for this call (a copy: its primitives live as long as the cache slot, and a replaced
  * slot's primitives are never destroyed while another thread may run them: they are kept); false when
  * oneDNN has none. */
-static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool bias, conv_entry *out) {
+static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool act16, bool bias, conv_entry *out) {
     bool found = false;
     const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) && wino_pass(g, pass)
                                      ? dnnl_convolution_winograd
@@ -220,19 +223,20 @@ static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool bias, c
     pthread_mutex_lock(&mu);
     for (int i = 0; eng_ok && i < ncache && !found; i++) {
         conv_entry *e = &cache[i];
-        if (e->pass == pass && e->bf16 == bf16 && e->bias == bias && e->alg_asked == wino && same_geom(&e->g, g)) {
+        if (e->pass == pass && e->bf16 == bf16 && e->act16 == act16 && e->bias == bias && e->alg_asked == wino &&
+            same_geom(&e->g, g)) {
             e->used = ++clock_;
             *out = *e;
             found = true;
         }
     }
     if (!found && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
-        conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .bias = bias, .used = ++clock_, .alg = wino,
-                        .alg_asked = wino};
+        conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias, .used = ++clock_,
+                        .alg = wino, .alg_asked = wino};
         bool made = entry_make(&e);
         if (!made && e.alg == dnnl_convolution_winograd) { /* no Winograd kernel for it: direct */
             entry_destroy(&e);
-            e = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .bias = bias, .used = clock_,
+            e = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias, .used = clock_,
                              .alg = dnnl_convolution_direct, .alg_asked = wino};
             made = entry_make(&e);
         }
@@ -333,7 +337,8 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
 bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                          const ts_tensor *b, ts_status *st) {
     conv_entry e;
-    if (!entry_get(g, PASS_FWD, ts_get_matmul_precision() == TS_BF16, b != NULL, &e)) return false;
+    const bool act16 = x->dtype == TS_BF16; /* bfloat16 activations: bfloat16 products too */
+    if (!entry_get(g, PASS_FWD, act16 || ts_get_matmul_precision() == TS_BF16, act16, b != NULL, &e)) return false;
     void *u[3] = {ts__ptr(x), ts__ptr(w), ts__ptr(out)};
     *st = execute(&e, out->storage->device, u, b ? ts__f32(b) : NULL, NULL, NULL);
     return true;
@@ -341,9 +346,10 @@ bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tenso
 
 bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                   const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st) {
-    const bool bf16 = ts_get_matmul_precision() == TS_BF16;
+    const bool act16 = x->dtype == TS_BF16, bf16 = act16 || ts_get_matmul_precision() == TS_BF16;
     conv_entry ed, ew;
-    if ((gx && !entry_get(g, PASS_BWD_DATA, bf16, false, &ed)) || (gw && !entry_get(g, PASS_BWD_WEIGHTS, bf16, false, &ew)))
+    if ((gx && !entry_get(g, PASS_BWD_DATA, bf16, act16, false, &ed)) ||
+        (gw && !entry_get(g, PASS_BWD_WEIGHTS, bf16, act16, false, &ew)))
         return false;
     ts_device *dev = gout->storage->device;
     /* gout goes into both passes: reordered once when they take the same layout */

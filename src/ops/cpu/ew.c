@@ -6,6 +6,7 @@
  * as (outer, n, inner); permute transposes in tiles.
  */
 #include "tensor/tensor.h"
+#include "core/half.h"
 #include "device/k_ew.h"
 #include "ops/cpu/vmath.h"
 /* the activations' exp and erf: vmath.h's vectorising ones (before device/k_elem.h) */
@@ -70,8 +71,52 @@ static ts_status cpu_copy(ts_tensor *out, const ts_tensor *x) {
     return TS_OK;
 }
 
+/* ---- bfloat16 activations: row loops in float32, each output rounded once; cloned per ISA (TS_CLONES) so the
+ * conversions vectorise ---- */
+#define ROWS16 16384 /* elements per OpenMP work item */
+
+TS_CLONES static void add16_row(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(ts__bf16_to_f32(a[i]) + ts__bf16_to_f32(b[i]));
+}
+
+TS_CLONES static void relu16_row(uint16_t *o, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(ts_elem_relu(ts__bf16_to_f32(x[i])));
+}
+
+TS_CLONES static void relu_bwd16_row(uint16_t *o, const uint16_t *g, const uint16_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = ts__bf16_to_f32(g[i]), yi = ts__bf16_to_f32(y[i]);
+        o[i] = ts__bf16_from_f32(ts_elem_relu_backward(gi, yi));
+    }
+}
+
+TS_CLONES static void axpy16_row(uint16_t *o, float alpha, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(ts__bf16_to_f32(o[i]) + alpha * ts__bf16_to_f32(x[i]));
+}
+
+/* binary on bfloat16 a, b and out: the add of two contiguous tensors of one shape (the residual add of
+ * bfloat16 activations; ops/elementwise.c sends no other) */
+static ts_status binary_bf16(ts_binop op, ts_tensor *out, const ts_tensor *a, const int64_t *astr, const ts_tensor *b,
+                             const int64_t *bstr) {
+    const int64_t n = ts_tensor_numel(out);
+    bool contiguous = true;
+    int64_t s = 1;
+    for (int d = out->ndim - 1; d >= 0; d--) {
+        if (out->shape[d] != 1 && (astr[d] != s || bstr[d] != s)) contiguous = false;
+        s *= out->shape[d];
+    }
+    if (op != TS_BIN_ADD || !contiguous)
+        return ts_error(TS_ERR_UNSUPPORTED, "binary on bfloat16: only the add of two contiguous tensors of one shape");
+    uint16_t *o = ts__ptr(out);
+    const uint16_t *pa = ts__ptr(a), *pb = ts__ptr(b);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += ROWS16) add16_row(o + i, pa + i, pb + i, TS_MIN(ROWS16, n - i));
+    return TS_OK;
+}
+
 static ts_status cpu_binary(ts_binop op, ts_tensor *out, const ts_tensor *a, const int64_t *astr, const ts_tensor *b,
                             const int64_t *bstr) {
+    if (out->dtype == TS_BF16) return binary_bf16(op, out, a, astr, b, bstr);
     float *o = ts__f32(out);
     const float *pa = ts__f32(a), *pb = ts__f32(b);
     int nd = out->ndim;
@@ -138,7 +183,26 @@ static ts_status cpu_scale(ts_tensor *out, const ts_tensor *x, float s) {
     return TS_OK;
 }
 
+/* y += alpha x on 16-bit y and x (autograd's sum of two gradients of a 16-bit tensor): in float32, rounded
+ * once */
+static ts_status axpy_16(ts_tensor *y, float alpha, const ts_tensor *x) {
+    uint16_t *o = ts__ptr(y);
+    const uint16_t *p = ts__ptr(x);
+    int64_t n = ts_tensor_numel(y);
+    if (y->dtype == TS_BF16) {
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i += ROWS16) axpy16_row(o + i, alpha, p + i, TS_MIN(ROWS16, n - i));
+    } else {
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i++) o[i] = ts__f16_from_f32(ts__f16_to_f32(o[i]) + alpha * ts__f16_to_f32(p[i]));
+    }
+    return TS_OK;
+}
+
 static ts_status cpu_axpy(ts_tensor *y, float alpha, const ts_tensor *x) {
+    if (y->dtype != x->dtype)
+        return ts_error(TS_ERR_DTYPE, "axpy: %s += %s", ts_dtype_name(y->dtype), ts_dtype_name(x->dtype));
+    if (y->dtype == TS_BF16 || y->dtype == TS_F16) return axpy_16(y, alpha, x);
     float *o = ts__f32(y);
     const float *p = ts__f32(x);
     int64_t n = ts_tensor_numel(y);
@@ -153,6 +217,14 @@ static ts_status cpu_axpy(ts_tensor *y, float alpha, const ts_tensor *x) {
 }
 
 static ts_status cpu_relu(ts_tensor *out, const ts_tensor *x) {
+    if (x->dtype == TS_BF16) {
+        uint16_t *o = ts__ptr(out);
+        const uint16_t *p = ts__ptr(x);
+        int64_t n = ts_tensor_numel(out);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i += ROWS16) relu16_row(o + i, p + i, TS_MIN(ROWS16, n - i));
+        return TS_OK;
+    }
     float *o = ts__f32(out);
     const float *p = ts__f32(x);
     int64_t n = ts_tensor_numel(out);
@@ -162,6 +234,14 @@ static ts_status cpu_relu(ts_tensor *out, const ts_tensor *x) {
 }
 
 static ts_status cpu_relu_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y) {
+    if (gx->dtype == TS_BF16) {
+        uint16_t *o = ts__ptr(gx);
+        const uint16_t *g = ts__ptr(gy), *p = ts__ptr(y);
+        int64_t n = ts_tensor_numel(gx);
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+        for (int64_t i = 0; i < n; i += ROWS16) relu_bwd16_row(o + i, g + i, p + i, TS_MIN(ROWS16, n - i));
+        return TS_OK;
+    }
     float *o = ts__f32(gx);
     const float *g = ts__f32(gy), *p = ts__f32(y);
     int64_t n = ts_tensor_numel(gx);
@@ -508,4 +588,5 @@ const struct ts_kernels_ew ts_cpu_kernels_ew = {
     .max_dim_backward = cpu_max_dim_backward,
     .permute = cpu_permute,
     .cast = cpu_cast,
+    .bf16 = true,
 };

@@ -18,6 +18,7 @@
  * stride-1 convolutions may go to Winograd (winograd.c, ts__cpu_wino_ok).
  */
 #include "tensor/tensor.h"
+#include "core/half.h"
 #include "device/k_blas.h"
 #include "device/k_spatial.h"
 #include "ops/cpu/winograd.h"
@@ -64,6 +65,71 @@ TS_CLONES static void plane_dot_dev(const float *g, const float *x, int64_t n, f
 /* o[i] = a g[i] + b x[i] + k (batchnorm's input gradient) */
 TS_CLONES static void plane_axpbyc(float *o, const float *g, const float *x, int64_t n, float a, float b, float k) {
     for (int64_t i = 0; i < n; i++) o[i] = a * g[i] + b * x[i] + k;
+}
+
+/* The same on bfloat16 planes (bfloat16 activations, ts_set_autocast): each element widened, the sums in
+ * float32 lanes as above, an output rounded once. */
+static inline float bf(uint16_t h) { return ts__bf16_to_f32(h); }
+
+TS_CLONES static double plane_sum16(const uint16_t *p, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += bf(p[i]);
+    return s;
+}
+
+TS_CLONES static double plane_sqdev16(const uint16_t *p, int64_t n, float m) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (bf(p[i]) - m) * (bf(p[i]) - m);
+    return s;
+}
+
+TS_CLONES static void plane_dot_dev16(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgx) {
+    float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t i = 0; i < n; i++) {
+        a += bf(g[i]);
+        b += bf(g[i]) * (bf(x[i]) - m);
+    }
+    *sg += a;
+    *sgx += b;
+}
+
+TS_CLONES static void plane_axpbyc16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, float a, float b,
+                                     float k) {
+    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(a * bf(g[i]) + b * bf(x[i]) + k);
+}
+
+/* row conversions (max pooling's planes) */
+TS_CLONES static void widen16_row(float *o, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] = bf(x[i]);
+}
+
+TS_CLONES static void narrow16_row(uint16_t *o, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(x[i]);
+}
+
+/* o[i] = x[i] s + t on bfloat16 planes (batchnorm's affine) */
+TS_CLONES static void plane_affine16(uint16_t *o, const uint16_t *x, int64_t n, float s, float t) {
+    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(bf(x[i]) * s + t);
+}
+
+/* dst (n elements of dtype dt) <- src (of dtype st), in chunks over the threads */
+static void convert_par(void *dst, ts_dtype dt, const void *src, ts_dtype st, int64_t n) {
+    const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+    const size_t sd = ts_dtype_size(dt), ss = ts_dtype_size(st);
+#pragma omp parallel for if (chunks > 1) schedule(static)
+    for (int64_t c = 0; c < chunks; c++)
+        (void)ts_convert((char *)dst + (size_t)(c * chunk) * sd, dt, (const char *)src + (size_t)(c * chunk) * ss, st,
+                         (size_t)TS_MIN(chunk, n - c * chunk));
+}
+
+/* A float32 copy of bfloat16 tensor t, or (widen false) an uninitialised float32 tensor of its shape. */
+static ts_status f32_like(const ts_tensor *t, bool widen, ts_tensor **out) {
+    TS_TRY(ts__new(t->storage->device, TS_F32, t->ndim, t->shape, out));
+    if (widen) convert_par(ts__ptr(*out), TS_F32, ts__ptr(t), t->dtype, ts_tensor_numel(t));
+    return TS_OK;
 }
 
 /* ================================ conv2d ================================ */
@@ -361,8 +427,28 @@ static void conv_fwd_image(const conv_job *j, float *col, int64_t n) {
 
 // out: (N, K, OH, OW) = w: (K, Cg*kh*kw) @ im2col(x[n]): (Cg*kh*kw, OH*OW) per image (or block) and group, + b
 static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
+                            const ts_tensor *b);
+
+/* bfloat16 x and out (float32 w, b): oneDNN reads and writes them directly; the other paths run on float32
+ * copies, the output rounded once */
+static ts_status conv2d_bf16(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
+                             const ts_tensor *b) {
+    ts_status st;
+    if (ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d(g, out, x, w, b, &st)) return st;
+    ts_tensor *fx = NULL, *fo = NULL;
+    st = f32_like(x, true, &fx);
+    if (st == TS_OK) st = f32_like(out, false, &fo);
+    if (st == TS_OK) st = cpu_conv2d(g, fo, fx, w, b);
+    if (st == TS_OK) convert_par(ts__ptr(out), TS_BF16, ts__ptr(fo), TS_F32, ts_tensor_numel(out));
+    ts_tensor_release(fx);
+    ts_tensor_release(fo);
+    return st;
+}
+
+static ts_status cpu_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                             const ts_tensor *b) {
     ts_status st;
+    if (x->dtype == TS_BF16) return conv2d_bf16(g, out, x, w, b);
     if (ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d(g, out, x, w, b, &st)) return st;
     if (ts__cpu_wino_ok(g)) return ts__cpu_wino_conv2d(g, out, x, w, b);
     conv_job j = conv_job_init(g, x, w);
@@ -499,8 +585,42 @@ static bool conv_bwd_batched(const ts_conv2d_geom *g) {
 }
 
 static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                     const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
+
+/* bfloat16 gout, x, gx (float32 w, gw, gb), as conv2d_bf16 */
+static ts_status conv2d_backward_bf16(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+    ts_status st;
+    if (!conv_bwd_batched(g) && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
+        if (st == TS_OK && gb) {
+            const int64_t OHW = g->OH * g->OW;
+            const uint16_t *go = ts__ptr(gout);
+            float *pb = ts__f32(gb);
+#pragma omp parallel for schedule(static) if (g->N * g->K * OHW >= PAR_MIN)
+            for (int64_t k = 0; k < g->K; k++) {
+                double sum = 0.0;
+                for (int64_t n = 0; n < g->N; n++) sum += plane_sum16(go + (n * g->K + k) * OHW, OHW);
+                pb[k] = (float)sum;
+            }
+        }
+        return st;
+    }
+    ts_tensor *fg = NULL, *fx = NULL, *fgx = NULL;
+    st = f32_like(gout, true, &fg);
+    if (st == TS_OK) st = f32_like(x, true, &fx);
+    if (st == TS_OK && gx) st = f32_like(gx, false, &fgx);
+    if (st == TS_OK) st = cpu_conv2d_backward(g, fg, fx, w, fgx, gw, gb);
+    if (st == TS_OK && gx) convert_par(ts__ptr(gx), TS_BF16, ts__ptr(fgx), TS_F32, ts_tensor_numel(gx));
+    ts_tensor_release(fg);
+    ts_tensor_release(fx);
+    ts_tensor_release(fgx);
+    return st;
+}
+
+static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     ts_status st;
+    if (x->dtype == TS_BF16) return conv2d_backward_bf16(g, gout, x, w, gx, gw, gb);
     const bool batched = conv_bwd_batched(g);
     if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
         if (st == TS_OK && gb) conv_grad_bias(g, ts__f32(gout), ts__f32(gb));
@@ -639,92 +759,110 @@ static bool maxpool_2x2_row(const float *r0, const float *r1, int64_t OW, int32_
     return nan != 0;
 }
 
-// out, idx: (N, C, OH, OW) <- max over each window of x: (N, C, H, W)
-static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tensor *idx, const ts_tensor *x) {
-    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
-    const float *px = ts__f32(x);
-    float *po = ts__f32(out);
-    int32_t *pi = (int32_t *)ts__ptr(idx);
-    const bool k2s2 = g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
-                      g->dh == 1 && g->dw == 1 && 2 * OH <= H && 2 * OW <= W;
-    const bool vec = avx512() && g->dw <= 1 && (g->sw == 1 || g->sw == 2);
-#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
-    for (int64_t p = 0; p < P; p++) {
-        const float *xp = px + p * H * W;
-        float *op = po + p * OH * OW;
-        int32_t *ip = pi + p * OH * OW;
-        if (k2s2) { /* the common 2x2 / stride 2 window, always inside */
-            for (int64_t oh = 0; oh < OH; oh++) {
-                const float *r0 = xp + 2 * oh * W, *r1 = r0 + W;
-                const int32_t b0 = (int32_t)(2 * oh * W), b1 = (int32_t)(b0 + W);
-                float *o = op + oh * OW;
-                int32_t *ix = ip + oh * OW;
-                if (!maxpool_2x2_row(r0, r1, OW, b0, b1, o, ix)) continue;
-                for (int64_t ow = 0; ow < OW; ow++) { /* a NaN wins, the last one seen */
-                    const int32_t j = (int32_t)(2 * ow);
-                    const int32_t pos[4] = {b0 + j, b0 + j + 1, b1 + j, b1 + j + 1};
-                    float best = xp[pos[0]];
-                    int32_t bi = pos[0];
-                    for (int q = 1; q < 4; q++) {
-                        float v = xp[pos[q]];
-                        if (v > best || isnan(v)) best = v, bi = pos[q];
-                    }
-                    o[ow] = best;
-                    ix[ow] = bi;
-                }
-            }
-            continue;
-        }
+/* One (n, c) plane of the max pool: xp (H, W) -> op, ip (OH, OW); k2s2: the 2x2 / stride 2 window always
+ * inside; vec: AVX-512 for the windows inside a row */
+static void maxpool_plane(const ts_pool2d_geom *g, const float *xp, float *op, int32_t *ip, bool k2s2, bool vec) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW;
+    if (k2s2) { /* the common 2x2 / stride 2 window, always inside */
         for (int64_t oh = 0; oh < OH; oh++) {
-            int64_t hs = oh * g->sh - g->ph, he = TS_MIN(hs + (int64_t)(g->kh - 1) * g->dh + 1, H);
-            int64_t h0 = first_valid(hs, g->dh);
-            /* the outputs whose windows lie inside the row go 16 at a time (AVX-512), the edges one by one */
-            int64_t lo = OW, hi = OW;
-            if (vec && h0 < he) {
-                lo = (g->pw + g->sw - 1) / g->sw;
-                hi = TS_MIN(OW, W - g->kw + g->pw >= 0 ? (W - g->kw + g->pw) / g->sw + 1 : 0);
-                if (hi <= lo) lo = hi = OW;
-            }
-            for (int64_t ow = lo; ow < hi; ow += 16) {
-                int64_t n = TS_MIN(16, hi - ow);
-                if (!maxpool_cols_avx512(xp, W, h0, he, g->dh, g->kw, g->sw, ow * g->sw - g->pw, n, op + oh * OW + ow,
-                                         ip + oh * OW + ow))
-                    continue;
-                for (int64_t t = ow; t < ow + n; t++) { /* a NaN: sequentially */
-                    float best = -INFINITY;
-                    int64_t bi = h0 * W + t * g->sw - g->pw;
-                    for (int64_t ih = h0; ih < he; ih += g->dh)
-                        for (int64_t iw = t * g->sw - g->pw; iw < t * g->sw - g->pw + g->kw; iw++) {
-                            float v = xp[ih * W + iw];
-                            if (v > best || isnan(v)) {
-                                best = v;
-                                bi = ih * W + iw;
-                            }
-                        }
-                    op[oh * OW + t] = best;
-                    ip[oh * OW + t] = (int32_t)bi;
+            const float *r0 = xp + 2 * oh * W, *r1 = r0 + W;
+            const int32_t b0 = (int32_t)(2 * oh * W), b1 = (int32_t)(b0 + W);
+            float *o = op + oh * OW;
+            int32_t *ix = ip + oh * OW;
+            if (!maxpool_2x2_row(r0, r1, OW, b0, b1, o, ix)) continue;
+            for (int64_t ow = 0; ow < OW; ow++) { /* a NaN wins, the last one seen */
+                const int32_t j = (int32_t)(2 * ow);
+                const int32_t pos[4] = {b0 + j, b0 + j + 1, b1 + j, b1 + j + 1};
+                float best = xp[pos[0]];
+                int32_t bi = pos[0];
+                for (int q = 1; q < 4; q++) {
+                    float v = xp[pos[q]];
+                    if (v > best || isnan(v)) best = v, bi = pos[q];
                 }
+                o[ow] = best;
+                ix[ow] = bi;
             }
-            for (int64_t ow = 0; ow < OW; ow++) {
-                if (ow == lo) ow = hi; /* done above */
-                if (ow >= OW) break;
-                int64_t ws = ow * g->sw - g->pw, we = TS_MIN(ws + (int64_t)(g->kw - 1) * g->dw + 1, W);
-                int64_t w0 = first_valid(ws, g->dw);
+        }
+        return;
+    }
+    for (int64_t oh = 0; oh < OH; oh++) {
+        int64_t hs = oh * g->sh - g->ph, he = TS_MIN(hs + (int64_t)(g->kh - 1) * g->dh + 1, H);
+        int64_t h0 = first_valid(hs, g->dh);
+        /* the outputs whose windows lie inside the row go 16 at a time (AVX-512), the edges one by one */
+        int64_t lo = OW, hi = OW;
+        if (vec && h0 < he) {
+            lo = (g->pw + g->sw - 1) / g->sw;
+            hi = TS_MIN(OW, W - g->kw + g->pw >= 0 ? (W - g->kw + g->pw) / g->sw + 1 : 0);
+            if (hi <= lo) lo = hi = OW;
+        }
+        for (int64_t ow = lo; ow < hi; ow += 16) {
+            int64_t n = TS_MIN(16, hi - ow);
+            if (!maxpool_cols_avx512(xp, W, h0, he, g->dh, g->kw, g->sw, ow * g->sw - g->pw, n, op + oh * OW + ow,
+                                     ip + oh * OW + ow))
+                continue;
+            for (int64_t t = ow; t < ow + n; t++) { /* a NaN: sequentially */
                 float best = -INFINITY;
-                int64_t bi = h0 * W + w0;
+                int64_t bi = h0 * W + t * g->sw - g->pw;
                 for (int64_t ih = h0; ih < he; ih += g->dh)
-                    for (int64_t iw = w0; iw < we; iw += g->dw) {
+                    for (int64_t iw = t * g->sw - g->pw; iw < t * g->sw - g->pw + g->kw; iw++) {
                         float v = xp[ih * W + iw];
                         if (v > best || isnan(v)) {
                             best = v;
                             bi = ih * W + iw;
                         }
                     }
-                op[oh * OW + ow] = best;
-                ip[oh * OW + ow] = (int32_t)(h0 < he && w0 < we ? bi : 0); /* (a window always has an element) */
+                op[oh * OW + t] = best;
+                ip[oh * OW + t] = (int32_t)bi;
             }
         }
+        for (int64_t ow = 0; ow < OW; ow++) {
+            if (ow == lo) ow = hi; /* done above */
+            if (ow >= OW) break;
+            int64_t ws = ow * g->sw - g->pw, we = TS_MIN(ws + (int64_t)(g->kw - 1) * g->dw + 1, W);
+            int64_t w0 = first_valid(ws, g->dw);
+            float best = -INFINITY;
+            int64_t bi = h0 * W + w0;
+            for (int64_t ih = h0; ih < he; ih += g->dh)
+                for (int64_t iw = w0; iw < we; iw += g->dw) {
+                    float v = xp[ih * W + iw];
+                    if (v > best || isnan(v)) {
+                        best = v;
+                        bi = ih * W + iw;
+                    }
+                }
+            op[oh * OW + ow] = best;
+            ip[oh * OW + ow] = (int32_t)(h0 < he && w0 < we ? bi : 0); /* (a window always has an element) */
+        }
     }
+}
+
+// out, idx: (N, C, OH, OW) <- max over each window of x: (N, C, H, W). bfloat16 x and out: each plane
+// widened into a thread's float32 scratch (a max rounds nothing: the output is exact)
+static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tensor *idx, const ts_tensor *x) {
+    const int64_t H = g->H, W = g->W, OH = g->OH, OW = g->OW, P = g->N * g->C;
+    const bool h = x->dtype == TS_BF16;
+    int32_t *pi = (int32_t *)ts__ptr(idx);
+    const bool k2s2 = g->kh == 2 && g->kw == 2 && g->sh == 2 && g->sw == 2 && g->ph == 0 && g->pw == 0 &&
+                      g->dh == 1 && g->dw == 1 && 2 * OH <= H && 2 * OW <= W;
+    const bool vec = avx512() && g->dw <= 1 && (g->sw == 1 || g->sw == 2);
+    const int64_t per = H * W + OH * OW;
+    ts_tensor *scr = NULL;
+    if (h) TS_TRY(ts__scratch_f32(x->storage->device, omp_get_max_threads() * per, &scr));
+    float *sb = h ? ts__f32(scr) : NULL;
+#pragma omp parallel for if (P * H * W > PAR_MIN) schedule(static)
+    for (int64_t p = 0; p < P; p++) {
+        if (!h) {
+            maxpool_plane(g, ts__f32(x) + p * H * W, ts__f32(out) + p * OH * OW, pi + p * OH * OW, k2s2, vec);
+            continue;
+        }
+        float *t = sb + omp_get_thread_num() * per;
+        const uint16_t *xp = (const uint16_t *)ts__ptr(x) + p * H * W;
+        uint16_t *op = (uint16_t *)ts__ptr(out) + p * OH * OW;
+        widen16_row(t, xp, H * W);
+        maxpool_plane(g, t, t + H * W, pi + p * OH * OW, k2s2, vec);
+        narrow16_row(op, t + H * W, OH * OW);
+    }
+    ts_tensor_release(scr);
     return TS_OK;
 }
 
@@ -732,9 +870,27 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
 static ts_status cpu_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout,
                                         const ts_tensor *idx) {
     const int64_t HW = g->H * g->W, OHW = g->OH * g->OW, P = g->N * g->C;
+    const int32_t *pi = (const int32_t *)ts__ptr(idx);
+    if (gx->dtype == TS_BF16) { /* summed in a thread's float32 plane, rounded once */
+        ts_tensor *scr = NULL;
+        TS_TRY(ts__scratch_f32(gx->storage->device, omp_get_max_threads() * HW, &scr));
+        float *sb = ts__f32(scr);
+        uint16_t *px = ts__ptr(gx);
+        const uint16_t *pg = ts__ptr(gout);
+#pragma omp parallel for if (P * HW > PAR_MIN) schedule(static)
+        for (int64_t p = 0; p < P; p++) {
+            float *t = sb + omp_get_thread_num() * HW;
+            const uint16_t *gp = pg + p * OHW;
+            const int32_t *ip = pi + p * OHW;
+            memset(t, 0, sizeof(float) * (size_t)HW);
+            for (int64_t i = 0; i < OHW; i++) t[ip[i]] += bf(gp[i]);
+            narrow16_row(px + p * HW, t, HW);
+        }
+        ts_tensor_release(scr);
+        return TS_OK;
+    }
     float *px = ts__f32(gx);
     const float *pg = ts__f32(gout);
-    const int32_t *pi = (const int32_t *)ts__ptr(idx);
 #pragma omp parallel for if (P * HW > PAR_MIN) schedule(static)
     for (int64_t p = 0; p < P; p++) {
         float *xp = px + p * HW;
@@ -824,19 +980,22 @@ static ts_status cpu_avgpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, 
 static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float momentum, ts_tensor *mean,
                                        ts_tensor *invstd, ts_tensor *running_mean, ts_tensor *running_var) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
+    const bool h = x->dtype == TS_BF16; /* bfloat16 activations: the statistics in float32 all the same */
     const float *px = ts__f32(x);
+    const uint16_t *hx = ts__ptr(x);
     float *pm = ts__f32(mean), *pis = ts__f32(invstd);
     float *rm = running_mean ? ts__f32(running_mean) : NULL, *rv = running_var ? ts__f32(running_var) : NULL;
     const double mom = momentum;
 #pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
     for (int64_t c = 0; c < C; c++) {
         double s = 0;
-        for (int64_t n = 0; n < N; n++) s += plane_sum(px + (n * C + c) * HW, HW);
+        for (int64_t n = 0; n < N; n++) s += h ? plane_sum16(hx + (n * C + c) * HW, HW) : plane_sum(px + (n * C + c) * HW, HW);
         double mu = M ? s / (double)M : 0.0, ss = 0;
         /* second pass about the (float) mean: the rounding of the mean changes the sum by
          * M (mu - mf)^2, far below float precision */
         float mf = (float)mu;
-        for (int64_t n = 0; n < N; n++) ss += plane_sqdev(px + (n * C + c) * HW, HW, mf);
+        for (int64_t n = 0; n < N; n++)
+            ss += h ? plane_sqdev16(hx + (n * C + c) * HW, HW, mf) : plane_sqdev(px + (n * C + c) * HW, HW, mf);
         ss -= (double)M * (mu - mf) * (mu - mf);
         pm[c] = (float)mu;
         pis[c] = (float)(1.0 / sqrt((M ? ss / (double)M : 0.0) + (double)eps));
@@ -866,6 +1025,10 @@ static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const
         int64_t c = p % C;
         float scale = pis[c] * (pw ? pw[c] : 1.0f);
         float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
+        if (out->dtype == TS_BF16) {
+            plane_affine16((uint16_t *)ts__ptr(out) + p * HW, (const uint16_t *)ts__ptr(x) + p * HW, HW, scale, shift);
+            continue;
+        }
         const float *xp = px + p * HW;
         float *op = po + p * HW;
         for (int64_t i = 0; i < HW; i++) op[i] = xp[i] * scale + shift;
@@ -884,12 +1047,18 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
     const float *px = ts__f32(x), *pg = ts__f32(gout), *pm = ts__f32(mean), *pis = ts__f32(invstd);
     const float *pw = weight ? ts__f32(weight) : NULL;
     float *pgx = gx ? ts__f32(gx) : NULL, *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
+    const bool h = x->dtype == TS_BF16; /* bfloat16 gout, x and gx */
+    const uint16_t *hx = ts__ptr(x), *hg = ts__ptr(gout);
+    uint16_t *hgx = gx ? ts__ptr(gx) : NULL;
 #pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
     for (int64_t c = 0; c < C; c++) {
         double sg = 0, sgx = 0, mu = pm[c], is = pis[c];
         if (pgw || pgb || (pgx && training))
-            for (int64_t n = 0; n < N; n++)
-                plane_dot_dev(pg + (n * C + c) * HW, px + (n * C + c) * HW, HW, pm[c], &sg, &sgx);
+            for (int64_t n = 0; n < N; n++) {
+                const int64_t o = (n * C + c) * HW;
+                if (h) plane_dot_dev16(hg + o, hx + o, HW, pm[c], &sg, &sgx);
+                else plane_dot_dev(pg + o, px + o, HW, pm[c], &sg, &sgx);
+            }
         if (pgb) pgb[c] = (float)sg;
         if (pgw) pgw[c] = (float)(sgx * is);
         if (!pgx) continue;
@@ -901,8 +1070,11 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
             b = (float)bb;
             k = (float)(-wv * is * sg / (double)M - bb * mu);
         }
-        for (int64_t n = 0; n < N; n++)
-            plane_axpbyc(pgx + (n * C + c) * HW, pg + (n * C + c) * HW, px + (n * C + c) * HW, HW, a, b, k);
+        for (int64_t n = 0; n < N; n++) {
+            const int64_t o = (n * C + c) * HW;
+            if (h) plane_axpbyc16(hgx + o, hg + o, hx + o, HW, a, b, k);
+            else plane_axpbyc(pgx + o, pg + o, px + o, HW, a, b, k);
+        }
     }
     return TS_OK;
 }
@@ -971,4 +1143,5 @@ const struct ts_kernels_spatial ts_cpu_kernels_spatial = {
     .batchnorm2d_backward = cpu_batchnorm2d_backward,
     .adaptive_avgpool2d = cpu_adaptive_avgpool2d,
     .adaptive_avgpool2d_backward = cpu_adaptive_avgpool2d_backward,
+    .bf16 = true,
 };
