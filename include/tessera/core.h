@@ -191,8 +191,8 @@ const char *ts_conv_algo_name(ts_conv_algo a);
  * torch.set_float32_matmul_precision: TS_F32 (the default) multiplies in float32; TS_BF16 rounds both
  * operands to bfloat16 (nearest even) and accumulates the products in float32 (exact products: 8-bit
  * mantissas), on AVX512_BF16 through oneDNN where the CPU has it. Tensors, every other op (losses,
- * softmax, normalisation statistics, optimizers) and the stored weights stay float32: this is the
- * autocast of `tessera train --precision bf16`. On the CPU, convolutions run oneDNN's bf16 primitives
+ * softmax, normalisation statistics, optimizers) and the stored weights stay float32 (`tessera train
+ * --precision bf16` sets it, and on the CPU ts_set_autocast(TS_BF16) too: bfloat16 activations). On the CPU, convolutions run oneDNN's bf16 primitives
  * or im2col under TS_BF16 (never Winograd: its transforms would round in bfloat16). On CUDA devices
  * matmuls multiply bfloat16 copies of the operands (cuBLAS, float32 accumulation) and convolutions run
  * cuDNN in bfloat16 with float32 compute, their outputs rounded to bfloat16 once more (as autocast). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16

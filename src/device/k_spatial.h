@@ -6,8 +6,8 @@
  * The op layer (src/ops/conv.c, pool.c, norm.c) checks arguments, computes the
  * geometry below, allocates contiguous results on the inputs' device and calls
  * these kernels. All tensors passed to kernels are contiguous F32 (pool
- * indices: I32) and NCHW, or BF16 activations where the table's bf16 says so. Kernels may allocate scratch through ts__new on the
- * tensors' device.
+ * indices: I32) and NCHW, or BF16 activations where the table's bf16 says
+ * so. Kernels may allocate scratch through ts__new on the tensors' device.
  */
 #ifndef TS_K_SPATIAL_H
 #define TS_K_SPATIAL_H

@@ -9,7 +9,8 @@
  * plain float32 NCHW / OIHW tensors are reordered into the primitive's layouts
  * (rounding to bfloat16 on the way under bfloat16 precision: oneDNN's reorders
  * round to nearest even), the primitive runs, and its float32 output is
- * reordered back. Reorder primitives are cached with the convolution. Every
+ * reordered back; bfloat16 activation tensors (autocast) go in and come out as
+ * bfloat16, the reorders changing only the layout. Reorder primitives are cached with the convolution. Every
  * primitive uses a user scratchpad (from the device's allocator), so one
  * primitive may run on several threads at once. oneDNN threads the call over
  * the calling thread's OpenMP budget.

@@ -24,7 +24,9 @@ bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g);
 /* The k_spatial conv2d / conv2d_backward contracts (the bias gradient stays with the caller). They return
  * false, having touched nothing, when oneDNN cannot run the geometry (the caller then runs its own
  * algorithm); true with *st the outcome otherwise. Under bfloat16 matmul precision the operands are
- * rounded to bfloat16 and the results accumulated and stored in float32. */
+ * rounded to bfloat16 and the results accumulated and stored in float32. bfloat16 activations (x, out,
+ * gout, gx of dtype TS_BF16: autocast) are read and written as bfloat16, the products bfloat16 whatever
+ * the precision setting; weights and their gradient stay float32. */
 bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                          const ts_tensor *b, ts_status *st);
 bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
