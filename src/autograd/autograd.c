@@ -339,8 +339,23 @@ static ts_status give_grad(ts_node *y, ts_tensor **gk) {
         return TS_OK;
     }
     /* a backward may hand one tensor to several inputs (add passes g
-     * through): never sum into memory someone else can see */
-    if (atomic_load(&y->pending->refcount) > 1 || atomic_load(&y->pending->storage->refcount) > 1) {
+     * through): never sum into memory someone else can see. When the pending
+     * sum is shared but the new gradient is ours alone, the sum goes into the
+     * new one instead (a + b == b + a exactly): no copy (a residual block's
+     * input gets its shortcut's gradient, shared with the add's other input,
+     * first) */
+    const bool shared = atomic_load(&y->pending->refcount) > 1 || atomic_load(&y->pending->storage->refcount) > 1;
+    if (shared && atomic_load(&(*gk)->refcount) == 1 && atomic_load(&(*gk)->storage->refcount) == 1 &&
+        ts_tensor_is_contiguous(*gk) && ts_tensor_is_contiguous(y->pending) && ts__same_shape(*gk, y->pending) &&
+        (*gk)->dtype == y->pending->dtype) {
+        ts_status st = add_into(*gk, y->pending);
+        if (st != TS_OK) return st;
+        ts_tensor_release(y->pending);
+        y->pending = *gk;
+        *gk = NULL;
+        return TS_OK;
+    }
+    if (shared) {
         ts_tensor *own = NULL;
         TS_TRY(ts_tensor_clone(y->pending, &own));
         ts_tensor_release(y->pending);

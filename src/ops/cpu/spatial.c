@@ -42,12 +42,18 @@ TS_CLONES static double plane_sum(const float *p, int64_t n) {
     return s;
 }
 
-/* sum of (p[i] - m)^2 */
-TS_CLONES static double plane_sqdev(const float *p, int64_t n, float m) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += (p[i] - m) * (p[i] - m);
-    return s;
+/* *s1 += sum of (p[i] - m); *s2 += sum of (p[i] - m)^2: batchnorm's statistics in one pass, about a shift m
+ * near the mean, so the variance does not cancel */
+TS_CLONES static void plane_shifted_sums(const float *p, int64_t n, float m, double *s1, double *s2) {
+    float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t i = 0; i < n; i++) {
+        const float d = p[i] - m;
+        a += d;
+        b += d * d;
+    }
+    *s1 += a;
+    *s2 += b;
 }
 
 /* *sg += sum of g[i]; *sgx += sum of g[i] * (x[i] - m) */
@@ -78,11 +84,16 @@ TS_CLONES static double plane_sum16(const uint16_t *p, int64_t n) {
     return s;
 }
 
-TS_CLONES static double plane_sqdev16(const uint16_t *p, int64_t n, float m) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += (bf(p[i]) - m) * (bf(p[i]) - m);
-    return s;
+TS_CLONES static void plane_shifted_sums16(const uint16_t *p, int64_t n, float m, double *s1, double *s2) {
+    float a = 0.0f, b = 0.0f;
+#pragma omp simd reduction(+ : a, b)
+    for (int64_t i = 0; i < n; i++) {
+        const float d = bf(p[i]) - m;
+        a += d;
+        b += d * d;
+    }
+    *s1 += a;
+    *s2 += b;
 }
 
 TS_CLONES static void plane_dot_dev16(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgx) {
@@ -988,15 +999,17 @@ static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float mome
     const double mom = momentum;
 #pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
     for (int64_t c = 0; c < C; c++) {
-        double s = 0;
-        for (int64_t n = 0; n < N; n++) s += h ? plane_sum16(hx + (n * C + c) * HW, HW) : plane_sum(px + (n * C + c) * HW, HW);
-        double mu = M ? s / (double)M : 0.0, ss = 0;
-        /* second pass about the (float) mean: the rounding of the mean changes the sum by
-         * M (mu - mf)^2, far below float precision */
-        float mf = (float)mu;
-        for (int64_t n = 0; n < N; n++)
-            ss += h ? plane_sqdev16(hx + (n * C + c) * HW, HW, mf) : plane_sqdev(px + (n * C + c) * HW, HW, mf);
-        ss -= (double)M * (mu - mf) * (mu - mf);
+        /* one pass: sums of (x - s) and (x - s)^2 about s, the mean of the channel's first plane (close to
+         * the channel's mean, so sum (x - mu)^2 = s2 - s1^2 / M cancels no more than a two-pass sum would);
+         * x is read 1 + 1/N times instead of twice: BatchNorm is memory-bound */
+        const float sh = M ? (float)((h ? plane_sum16(hx + c * HW, HW) : plane_sum(px + c * HW, HW)) / (double)HW) : 0.0f;
+        double s1 = 0, s2 = 0;
+        for (int64_t n = 0; n < N; n++) {
+            if (h) plane_shifted_sums16(hx + (n * C + c) * HW, HW, sh, &s1, &s2);
+            else plane_shifted_sums(px + (n * C + c) * HW, HW, sh, &s1, &s2);
+        }
+        double mu = M ? sh + s1 / (double)M : 0.0, ss = M ? s2 - s1 * s1 / (double)M : 0.0;
+        if (!(ss > 0)) ss = ss == ss ? 0.0 : ss; /* rounding below zero: 0; NaN stays */
         pm[c] = (float)mu;
         pis[c] = (float)(1.0 / sqrt((M ? ss / (double)M : 0.0) + (double)eps));
         if (rm) rm[c] = (float)(mom * mu + (1.0 - mom) * rm[c]);
