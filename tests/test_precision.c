@@ -666,6 +666,23 @@ static void test_autocast_ops(void) {
             CHECK(same_as_rounded("maxpool2d backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
         ts_tensor_release(o);
         ts_tensor_release(of);
+        /* overlapping windows (3x3, stride 2, ResNet's stem pool): an input takes several gradients */
+        ts_pool2d_params op = {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false};
+        ts_tensor *go = NULL, *gob = NULL, *gof = NULL;
+        ts_tensor_zero_grad(inl);
+        ts_tensor_zero_grad(in);
+        CHECK_OK(ts_maxpool2d(inl, op, &o));
+        CHECK_OK(ts_maxpool2d(in, op, &of));
+        CHECK(same_as_rounded("maxpool2d 3x3 stride 2", o, of));
+        go = tu_rand(&r, 4, ts_tensor_shape(of), -1.0f, 1.0f, false);
+        CHECK_OK(ts_to_dtype(go, TS_BF16, &gob));
+        CHECK_OK(ts_to_dtype(gob, TS_F32, &gof));
+        CHECK_OK(ts_backward(o, gob, false));
+        CHECK_OK(ts_backward(of, gof, false));
+        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
+            CHECK(same_as_rounded("maxpool2d 3x3 stride 2 backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
+        ts_tensor *tl0[] = {o, of, go, gob, gof};
+        for (size_t i = 0; i < sizeof tl0 / sizeof tl0[0]; i++) ts_tensor_release(tl0[i]);
         /* relu backward and batchnorm backward */
         ts_tensor *ri = NULL, *rif = NULL, *grf = NULL;
         ts_tensor_zero_grad(inl);

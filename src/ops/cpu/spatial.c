@@ -882,7 +882,21 @@ static ts_status cpu_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, 
                                         const ts_tensor *idx) {
     const int64_t HW = g->H * g->W, OHW = g->OH * g->OW, P = g->N * g->C;
     const int32_t *pi = (const int32_t *)ts__ptr(idx);
-    if (gx->dtype == TS_BF16) { /* summed in a thread's float32 plane, rounded once */
+    if (gx->dtype == TS_BF16 && g->sh >= g->kh && g->sw >= g->kw && g->dh == 1 && g->dw == 1) {
+        /* windows that do not overlap: each input takes at most one gradient, copied as it is */
+        uint16_t *px = ts__ptr(gx);
+        const uint16_t *pg = ts__ptr(gout);
+#pragma omp parallel for if (P * HW > PAR_MIN) schedule(static)
+        for (int64_t p = 0; p < P; p++) {
+            uint16_t *xp = px + p * HW;
+            const uint16_t *gp = pg + p * OHW;
+            const int32_t *ip = pi + p * OHW;
+            memset(xp, 0, sizeof(uint16_t) * (size_t)HW);
+            for (int64_t i = 0; i < OHW; i++) xp[ip[i]] = gp[i];
+        }
+        return TS_OK;
+    }
+    if (gx->dtype == TS_BF16) { /* overlapping windows: summed in a thread's float32 plane, rounded once */
         ts_tensor *scr = NULL;
         TS_TRY(ts__scratch_f32(gx->storage->device, omp_get_max_threads() * HW, &scr));
         float *sb = ts__f32(scr);
