@@ -504,16 +504,23 @@ static void conv_bwd_block(const conv_job *j, float *s, int64_t blk) {
     const conv_bwd_layout l = conv_bwd_layout_of(j, j->pgx != NULL);
     float *goc = s + l.goc, *colx = s + l.colx, *colg = s + l.colg;
     float *gwt = j->gw ? s + l.gw : NULL, *gbt = j->gb ? s + l.gb : NULL;
-    const int64_t n0 = blk * j->nb, m = TS_MIN(j->nb, g->N - n0), cols = m * j->OHW;
+    const int64_t n0 = blk * j->nb, m = TS_MIN(j->nb, g->N - n0), cols = m * j->OHW, OHW = j->OHW;
+    /* The gathers and scatters around the two sgemms run over the threads when the block is the whole
+     * batch (conv_for runs it alone, the sgemms split over the threads): left to one thread they were the
+     * other's idle time */
+    const bool par = !omp_in_parallel() && omp_get_max_threads() > 1 && cols * (j->Kg + j->CKK) >= PAR_MIN;
     for (int64_t gr = 0; gr < j->G; gr++) {
         const float *wg = j->pw + gr * j->Kg * j->CKK;
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t k = 0; k < j->Kg; k++) {
-                const float *src = j->pg + ((n0 + i) * g->K + gr * j->Kg + k) * j->OHW;
-                memcpy(goc + k * cols + i * j->OHW, src, sizeof(float) * (size_t)j->OHW);
-                if (gbt) gbt[gr * j->Kg + k] += (float)plane_sum(src, j->OHW);
+#pragma omp parallel for if (par) schedule(static)
+        for (int64_t k = 0; k < j->Kg; k++) /* goc's row k: gout's plane k of each image (a few floats each) */
+            for (int64_t i = 0; i < m; i++) {
+                const float *src = j->pg + ((n0 + i) * g->K + gr * j->Kg + k) * OHW;
+                float *dst = goc + k * cols + i * OHW;
+                for (int64_t q = 0; q < OHW; q++) dst[q] = src[q];
+                if (gbt) gbt[gr * j->Kg + k] += (float)plane_sum(src, OHW);
             }
         if (gwt) {
+#pragma omp parallel for if (par) schedule(static)
             for (int64_t i = 0; i < m; i++)
                 im2col_ld(g, j->Cg, j->px + ((n0 + i) * g->C + gr * j->Cg) * j->HW, colx + i * j->OHW, cols);
             // gw_g: (Kg, CKK) += goc: (Kg, cols) @ colx^T: (cols, CKK)
@@ -523,6 +530,7 @@ static void conv_bwd_block(const conv_job *j, float *s, int64_t blk) {
         if (j->pgx) {
             // colg: (CKK, cols) = w_g^T: (CKK, Kg) @ goc: (Kg, cols)
             j->blas->sgemm(j->dev, true, false, j->CKK, cols, j->Kg, 1.0f, wg, j->CKK, goc, cols, 0.0f, colg, cols);
+#pragma omp parallel for if (par) schedule(static)
             for (int64_t i = 0; i < m; i++) {
                 float *gxin = j->pgx + ((n0 + i) * g->C + gr * j->Cg) * j->HW;
                 memset(gxin, 0, sizeof(float) * (size_t)(j->Cg * j->HW));
