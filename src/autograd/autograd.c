@@ -291,7 +291,15 @@ static ts_status add_into(ts_tensor *acc, const ts_tensor *g) {
 
 ts_status ts__grad_accumulate(ts_tensor **acc, ts_tensor *g) {
     if (!*acc) {
-        /* take a private contiguous copy: g may be shared with other nodes */
+        /* the leaf's gradient must be private and contiguous: g itself when the caller's reference is its
+         * only one (a parameter's gradient, just computed: no copy of every parameter each step), else a
+         * copy (g may be shared with other nodes) */
+        if (atomic_load(&g->refcount) == 1 && atomic_load(&g->storage->refcount) == 1 && g->offset == 0 &&
+            ts_tensor_is_contiguous(g) && !g->requires_grad && !g->grad_fn && !g->grad_acc && !g->grad &&
+            g->nhooks == 0) {
+            *acc = ts_tensor_retain(g);
+            return TS_OK;
+        }
         return ts_tensor_clone(g, acc);
     }
     if (!ts__same_shape(*acc, g)) {
