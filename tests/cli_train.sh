@@ -136,6 +136,12 @@ if "$TS" train --model cnn --seed 3 --quiet --max-steps 5 --batch-size 32 --prec
 grep -q -- "--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation" "$T/pb.log" && ok "--precision bf16 announced" || bad "no --precision line: $(cat "$T/pb.log")"
 grep -q '"precision": "bfloat16"' "$T/pb.json" && ok "metrics record the precision" || bad "metrics: $(cat "$T/pb.json")"
 "$TS" ckpt show "$T/pb.ckpt" | grep -q "model.0.weight *float32" && ok "bf16 training keeps float32 weights" || bad "weights: $("$TS" ckpt show "$T/pb.ckpt" | grep model.0)"
+# autocast: announced with --precision bf16 on the CPU (bfloat16 activations), off under TS_AUTOCAST=fp32
+grep -q "autocast: bfloat16 activations between layers" "$T/pb.log" && ok "autocast announced" || bad "no autocast: $(cat "$T/pb.log")"
+TS_AUTOCAST=fp32 "$TS" train --model cnn --seed 3 --quiet --max-steps 2 --batch-size 32 --precision bf16 > "$T/pa.log" 2>&1 &&
+  ! grep -q "autocast:" "$T/pa.log" && ok "TS_AUTOCAST=fp32: products only" || bad "TS_AUTOCAST=fp32: $(cat "$T/pa.log")"
+"$TS" bench train --model cnn --steps 2 --warmup 1 --batch-size 16 --precision bf16 --json | grep -q '"autocast": "bfloat16"' &&
+  ok "bench train reports autocast" || bad "bench train: no autocast field"
 expect_exit 2 "--precision 'fp8': expected fp32, bf16 or fp16" "$TS" train --precision fp8
 expect_exit 2 "--precision fp16 (loss scaling) is not available with --strategy pipeline" "$TS" train --precision fp16 \
   --strategy pipeline

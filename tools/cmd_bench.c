@@ -100,10 +100,12 @@ static int bench_train(int argc, char **argv) {
     double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
     if (json)
         printf("{\"framework\": \"tessera\", \"device\": \"%s\", \"model\": \"%s\", \"image_size\": %lld, \"threads\": %d, "
-               "\"conv_algo\": \"%s\", \"precision\": \"%s\", \"gemm\": \"%s\", \"batch_size\": %lld, \"steps\": %lld, "
-               "\"seconds\": %.4f, \"images_per_second\": %.1f, \"final_loss\": %.5f}\n",
+               "\"conv_algo\": \"%s\", \"precision\": \"%s\", \"autocast\": \"%s\", \"gemm\": \"%s\", "
+               "\"batch_size\": %lld, \"steps\": %lld, \"seconds\": %.4f, \"images_per_second\": %.1f, "
+               "\"final_loss\": %.5f}\n",
                ts_device_name(dev), model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo),
-               ts_dtype_name(prec), ts_cpu_gemm_library(), (long long)batch, (long long)steps, dt, ips, loss);
+               ts_dtype_name(prec), ts_dtype_name(ts_get_autocast()), ts_cpu_gemm_library(), (long long)batch,
+               (long long)steps, dt, ips, loss);
     else
         printf("%s on %s, batch %lld, %d threads, conv %s, %s (%s): %.1f images/s (%.2f ms/step over %lld steps)\n",
                model_name, ts_device_name(dev), (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),

@@ -205,8 +205,9 @@ static void print_banner(const train_args *a, ts_strategy *s, ts_batch_source *t
         printf("--precision fp16: matmul and convolution operands rounded to float16, float32 accumulation, dynamic "
                "loss scaling from %g\n", a->loss_scale);
     if (a->prec == TS_BF16)
-        printf("--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation (%s)\n",
-               ts_cpu_gemm_library());
+        printf("--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation (%s)%s\n",
+               ts_cpu_gemm_library(),
+               ts_get_autocast() == TS_BF16 ? "; autocast: bfloat16 activations between layers on the CPU" : "");
     if (a->accum_steps > 1)
         printf("--accum-steps %lld: one optimizer step per %lld batches (%lld images%s)\n", (long long)a->accum_steps,
                (long long)a->accum_steps, (long long)(a->accum_steps * a->batch_size * world), world > 1 ? " over all ranks" : "");
