@@ -117,5 +117,13 @@ assert (len(d["cuda"]) > 0) != (len(d["cuda_missing"]) > 0), d
 for g in d["cuda"]: assert g["name"].startswith("cuda:") and "compute capability" in g["description"]' "$T/devices.json"
 then ok "devices --json: $(head -c 200 "$T/devices.json")"; else bad "devices --json: $(cat "$T/devices.json")"; fi
 
+# every strategy trains under --precision bf16 (autocast: bfloat16 activations cross devices and tiles)
+for s in data model pipeline tile; do
+  run "bf16_$s" "$TS" train "${common[@]}" --model cnn --strategy "$s" --devices cpu:0,cpu:1 --max-steps 3 \
+    --precision bf16
+  grep -q "autocast: bfloat16 activations" "$T/bf16_$s.log" && grep -q "test accuracy" "$T/bf16_$s.log" &&
+    ok "bf16 $s: autocast, evaluated" || bad "bf16 $s: $(tail -3 "$T/bf16_$s.log")"
+done
+
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -106,6 +106,9 @@ if "$TS" train "${sb[@]}" --nproc 2 --checkpoint "$T/s.ckpt" > "$T/s.log" 2>&1; 
 grep -q "\[rank 0\] --sync-bn: BatchNorm2d layers are SyncBatchNorm over all 2 ranks" "$T/s.log" && ok "--sync-bn announced" || bad "no --sync-bn line: $(cat "$T/s.log")"
 "$TS" ckpt show "$T/s.ckpt" 2>/dev/null | grep -q "model.5.running_var" && ok "--sync-bn checkpoint has BatchNorm2d keys" || bad "--sync-bn checkpoint keys: $("$TS" ckpt show "$T/s.ckpt" 2>&1 | head -12)"
 expect_exit 0 "--sync-bn" "$TS" train --help
+# SyncBatchNorm under autocast: bfloat16 activations in, float32 statistics over the ranks
+if "$TS" train "${sb[@]}" --nproc 2 --precision bf16 > "$T/sbf.log" 2>&1; then ok "train --nproc 2 --sync-bn --precision bf16"
+else bad "--sync-bn --precision bf16: $(cat "$T/sbf.log")"; fi
 # with one process --sync-bn is accepted and changes nothing: the same checkpoint as the 20-step run
 "$TS" train "${common[@]}" --max-steps 20 --sync-bn --checkpoint "$T/s1.ckpt" > "$T/s1.log" 2>&1 || bad "train --sync-bn (1 process): $(cat "$T/s1.log")"
 expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/a.ckpt" "$T/s1.ckpt" --tol 0
