@@ -738,6 +738,58 @@ static void test_autocast_ops(void) {
     }
 }
 
+/* Convolutions of tiny output planes (2x2: the batched backward) and others on bfloat16 activations:
+ * gradients against the same conv run on float32 copies under bfloat16 precision (the same products,
+ * float32 sums in another order): gx within its bfloat16 rounding, gw and gb to float32 summation order. */
+static void test_autocast_conv_backward(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 33);
+    const struct {
+        int64_t x[4], w[4];
+        int stride, pad;
+    } cases[] = {
+        {{8, 16, 4, 4}, {24, 16, 3, 3}, 2, 1}, /* 2x2 output: the tiny-plane path */
+        {{8, 16, 3, 3}, {24, 16, 3, 3}, 1, 0}, /* 1x1 output, no padding */
+        {{4, 8, 6, 6}, {12, 8, 3, 3}, 1, 1},   /* 6x6: oneDNN */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ts_tensor *x = tu_rand(&r, 4, cases[k].x, -2.0f, 2.0f, false), *w = tu_rand(&r, 4, cases[k].w, -0.2f, 0.2f, true);
+        ts_tensor *b = tu_rand(&r, 1, &cases[k].w[0], -0.5f, 0.5f, true);
+        ts_conv2d_params cp = TS_CONV2D_DEFAULT;
+        cp.stride[0] = cp.stride[1] = cases[k].stride;
+        cp.padding[0] = cp.padding[1] = cases[k].pad;
+        ts_tensor *xb = NULL, *xh = NULL, *xf = NULL, *yh = NULL, *yf = NULL, *gh = NULL, *gf = NULL, *g = NULL;
+        CHECK_OK(ts_to_dtype(x, TS_BF16, &xb));
+        CHECK_OK(ts_tensor_clone(xb, &xh));
+        ts_tensor_set_requires_grad(xh, true);
+        CHECK_OK(ts_to_dtype(xb, TS_F32, &xf));
+        ts_tensor_set_requires_grad(xf, true);
+        CHECK_OK(ts_conv2d(xh, w, b, cp, &yh));
+        CHECK(yh && ts_tensor_dtype(yh) == TS_BF16);
+        g = tu_rand(&r, 4, ts_tensor_shape(yh), -1.0f, 1.0f, false);
+        CHECK_OK(ts_to_dtype(g, TS_BF16, &gh));
+        CHECK_OK(ts_to_dtype(gh, TS_F32, &gf));
+        CHECK_OK(ts_backward(yh, gh, false));
+        ts_tensor *gw_h = NULL, *gb_h = NULL, *gx_h = NULL;
+        CHECK_OK(ts_tensor_clone(ts_tensor_grad(w), &gw_h));
+        CHECK_OK(ts_tensor_clone(ts_tensor_grad(b), &gb_h));
+        CHECK_OK(ts_to_dtype(ts_tensor_grad(xh), TS_F32, &gx_h));
+        ts_tensor_zero_grad(w);
+        ts_tensor_zero_grad(b);
+        CHECK_OK(ts_set_matmul_precision(TS_BF16));
+        CHECK_OK(ts_conv2d(xf, w, b, cp, &yf));
+        CHECK_OK(ts_backward(yf, gf, false));
+        CHECK_OK(ts_set_matmul_precision(TS_F32));
+        double ex = max_rel(gx_h, ts_tensor_grad(xf)), ew = max_rel(gw_h, ts_tensor_grad(w)),
+               eb = max_rel(gb_h, ts_tensor_grad(b));
+        fprintf(stderr, "  conv %lldx%lld -> %lld, stride %d: gx %.2g, gw %.2g, gb %.2g from the float32 copies\n",
+                (long long)cases[k].x[2], (long long)cases[k].x[3], (long long)cases[k].w[0], cases[k].stride, ex, ew, eb);
+        CHECK(ex <= 1.0 / 128 && ew <= 1e-5 && eb <= 1e-5);
+        ts_tensor *tl[] = {x, w, b, xb, xh, xf, yh, yf, gh, gf, g, gw_h, gb_h, gx_h};
+        for (size_t i = 0; i < sizeof tl / sizeof tl[0]; i++) ts_tensor_release(tl[i]);
+    }
+}
+
 /* A bfloat16 leaf used twice gets the sum of both gradients (autograd's 16-bit accumulation). */
 static void test_half_grad_accumulation(void) {
     for (int k = 0; k < 2; k++) {
@@ -775,7 +827,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {
         T(test_convert_golden), T(test_every_pattern), T(test_to_dtype_op), T(test_half_ops), T(test_checkpoint_16bit),
         T(test_grad_scaler_golden), T(test_matmul_precision), T(test_bf16_step_vs_torch), T(test_autocast_ops),
-        T(test_half_grad_accumulation),
+        T(test_half_grad_accumulation), T(test_autocast_conv_backward),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     ts_tensor_list_clear(&golden);

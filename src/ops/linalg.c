@@ -376,6 +376,105 @@ static ts_status linear_backward(ts_node *n, ts_tensor *g, ts_tensor **gin) {
 
 static ts_status linear_run(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out);
 
+/* ---- linear on bfloat16 activations (autocast) --------------------------------------------------------- */
+/* o (bfloat16, like y's shape) = the float32 y rounded */
+static ts_status narrow_into(const ts_tensor *y, ts_dtype dt, ts_tensor **o) {
+    TS_TRY(ts__new(y->storage->device, dt, y->ndim, y->shape, o));
+    ts_status st = y->storage->device->k_ew->cast(*o, y);
+    if (st != TS_OK) {
+        ts_tensor_release(*o);
+        *o = NULL;
+    }
+    return st;
+}
+
+/* saved: x (bfloat16), w (float32); g: bfloat16 (N, OUT) */
+static ts_status linear_bf16_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
+    const ts_tensor *x = ts__node_saved(n, 0), *w = ts__node_saved(n, 1);
+    ts_device *d = x->storage->device;
+    const int64_t N = x->shape[0], IN = x->shape[1], OUT = w->shape[0];
+    if (g_in->dtype != x->dtype)
+        return ts_error(TS_ERR_DTYPE, "linear backward: a %s gradient for a %s output", ts_dtype_name(g_in->dtype),
+                        ts_dtype_name(x->dtype));
+    ts_tensor *g = NULL, *f = NULL;
+    ts_status st;
+    TS_CHECK_GOTO(ts__contiguous(g_in, &g));
+    if (n->needs[0]) { /* gx = g w: (N, OUT)(OUT, IN), bfloat16 like x */
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 2, x->shape, &f));
+        TS_CHECK_GOTO(d->k_blas->gemm_bf16(d, false, false, N, IN, OUT, 1.0f, ts__ptr(g), TS_BF16, OUT, ts__ptr(w),
+                                           TS_F32, IN, 0.0f, ts__f32(f), IN));
+        TS_CHECK_GOTO(narrow_into(f, x->dtype, &gin[0]));
+    }
+    if (n->needs[1]) { /* gw = g^T x: (OUT, N)(N, IN), float32 */
+        TS_CHECK_GOTO(ts__new_like(w, &gin[1]));
+        TS_CHECK_GOTO(d->k_blas->gemm_bf16(d, true, false, OUT, IN, N, 1.0f, ts__ptr(g), TS_BF16, OUT, ts__ptr(x),
+                                           TS_BF16, IN, 0.0f, ts__f32(gin[1]), IN));
+    }
+    if (n->needs[2]) { /* gb = column sums of g, in float32 */
+        ts_tensor *gf = NULL;
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 2, g->shape, &gf));
+        st = d->k_ew->cast(gf, g);
+        if (st == TS_OK) st = ts__new(d, TS_F32, 1, &OUT, &gin[2]);
+        if (st == TS_OK) st = d->k_ew->sum_dim(gin[2], gf, 1, N, OUT, 1.0f);
+        ts_tensor_release(gf);
+        TS_CHECK_GOTO(st);
+    }
+fail:
+    ts_tensor_release(g);
+    ts_tensor_release(f);
+    return st;
+}
+
+/* y: bfloat16 (N, OUT) = x: bfloat16 (N, IN) w^T (float32 w rounded in the product) + b, the sums and the bias
+ * in float32, rounded once */
+static ts_status linear_bf16(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out) {
+    TS_TRY(ts__check_ndim("linear", "x", x_in, 2));
+    TS_TRY(ts__check_ndim("linear", "weight", w_in, 2));
+    TS_TRY(ts__check_same_device("linear", x_in, w_in));
+    char s1[64], s2[64];
+    if (x_in->shape[1] != w_in->shape[1])
+        return ts_error(TS_ERR_SHAPE, "linear: input %s does not fit weight %s (in_features %lld)",
+                        ts_shape_str(2, x_in->shape, s1, sizeof s1), ts_shape_str(2, w_in->shape, s2, sizeof s2),
+                        (long long)w_in->shape[1]);
+    if (b) {
+        TS_TRY(ts__check_same_device("linear", x_in, b));
+        if (b->ndim != 1 || b->shape[0] != w_in->shape[0])
+            return ts_error(TS_ERR_SHAPE, "linear: bias %s for weight %s", ts_shape_str(b->ndim, b->shape, s1, sizeof s1),
+                            ts_shape_str(2, w_in->shape, s2, sizeof s2));
+    }
+    ts_status st;
+    ts_tensor *x = NULL, *w = NULL, *y = NULL, *o = NULL;
+    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
+    TS_CHECK_GOTO(ts__contiguous(w_in, &w));
+    const int64_t N = x->shape[0], IN = x->shape[1], OUT = w->shape[0];
+    ts_device *d = x->storage->device;
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 2, (int64_t[]){N, OUT}, &y));
+    if (IN == 0)
+        TS_CHECK_GOTO(d->k_ew->fill(y, 0.0f));
+    else
+        TS_CHECK_GOTO(d->k_blas->gemm_bf16(d, false, true, N, OUT, IN, 1.0f, ts__ptr(x), TS_BF16, IN, ts__ptr(w), TS_F32,
+                                           IN, 0.0f, ts__f32(y), OUT));
+    if (b) TS_CHECK_GOTO(add_row_bias(y, b));
+    TS_CHECK_GOTO(narrow_into(y, TS_BF16, &o));
+    const ts_tensor *in[3] = {x_in, w_in, b};
+    ts_node *n = NULL;
+    TS_CHECK_GOTO(ts__node_new("linear", linear_bf16_backward, 3, in, &n));
+    if (n) {
+        ts__node_save(n, x);
+        ts__node_save(n, w);
+        TS_CHECK_GOTO(ts__node_attach(n, o));
+    }
+    TS_CHECK_GOTO(ts__trace_op(TS_OP_LINEAR, 3, in, o, NULL));
+    *out = o;
+    o = NULL;
+fail:
+    ts_tensor_release(x);
+    ts_tensor_release(w);
+    ts_tensor_release(y);
+    ts_tensor_release(o);
+    return st;
+}
+
 /* linear on float32 x and w; the bias (arg) goes up to float32 here when it is 16-bit */
 static ts_status linear_thunk(const ts_tensor *x, const ts_tensor *w, const void *arg, ts_tensor **out) {
     const ts_tensor *b = arg;
@@ -391,7 +490,10 @@ ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     TS_ARG(x_in && w_in && out, "linear: NULL argument");
     ts_tensor *x = NULL;
     TS_TRY(ts__autocast(x_in, &x));
-    ts_status st = ts__any_half(x, w_in) || ts__any_half(b, NULL)
+    const bool native = x->dtype == TS_BF16 && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32) &&
+                        x->storage->device->k_blas->gemm_bf16 && ts__bf16_native(x);
+    ts_status st = native ? linear_bf16(x, w_in, b, out)
+                   : ts__any_half(x, w_in) || ts__any_half(b, NULL)
                        ? ts__half_op_as(linear_thunk, x, w_in, b, ts__any_half(x, NULL) ? x->dtype : TS_F32, out)
                        : linear_run(x, w_in, b, out);
     ts_tensor_release(x);

@@ -220,28 +220,26 @@ static dnnl_primitive_t prim_get(int64_t M, int64_t N, int64_t K, bool ta, bool 
     return p;
 }
 
-/* C = op(A) op(B) (+ C when acc) in bfloat16 x bfloat16 -> float32; false when oneDNN could not run it. */
-static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
-                           int64_t lda, const float *B, int64_t ldb, bool acc, float *C, int64_t ldc) {
+/* C = op(a) op(b) (+ C when acc) for contiguous bfloat16 operands (round_rows' layout) -> float32, on one
+ * thread (inside blas.c's split) or on the calling thread's whole OpenMP budget (all_threads); false when
+ * oneDNN could not run it. */
+static bool matmul_bf16_run(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const uint16_t *a,
+                            const uint16_t *b, bool acc, float *C, int64_t ldc, bool all_threads) {
     size_t sbytes = 0;
     dnnl_primitive_t p = prim_get(M, N, K, ta, tb, ldc, acc, &sbytes);
     if (!p) return false;
-    ts_tensor *ta_ = scratch_bytes(d, (size_t)(M * K) * 2), *tb_ = scratch_bytes(d, (size_t)(K * N) * 2),
-              *tw = sbytes ? scratch_bytes(d, sbytes) : NULL;
-    uint16_t *a = ta_ ? ts__ptr(ta_) : NULL, *b = tb_ ? ts__ptr(tb_) : NULL;
+    ts_tensor *tw = sbytes ? scratch_bytes(d, sbytes) : NULL;
     void *ws = tw ? ts__ptr(tw) : NULL;
-    bool ok = a && b && (!sbytes || ws);
-    if (!ok) goto done;
-    round_rows(ta ? K : M, ta ? M : K, A, lda, a, NULL, TS_BF16);
-    round_rows(tb ? N : K, tb ? K : N, B, ldb, b, NULL, TS_BF16);
+    bool ok = !sbytes || ws;
     dnnl_memory_desc_t ad, bd, cd;
     dnnl_dims_t cd_ = {M, N}, cs = {ldc, 1};
     dnnl_memory_t am = NULL, bm = NULL, cm = NULL, sm = NULL;
     dnnl_stream_t s = NULL;
     dnnl_engine_t eng = ts__dnnl_engine();
-    ok = operand_md(&ad, M, K, ta, dnnl_bf16) && operand_md(&bd, K, N, tb, dnnl_bf16) &&
+    ok = ok && operand_md(&ad, M, K, ta, dnnl_bf16) && operand_md(&bd, K, N, tb, dnnl_bf16) &&
          dnnl_memory_desc_init_by_strides(&cd, 2, cd_, dnnl_f32, cs) == dnnl_success &&
-         dnnl_memory_create(&am, &ad, eng, a) == dnnl_success && dnnl_memory_create(&bm, &bd, eng, b) == dnnl_success &&
+         dnnl_memory_create(&am, &ad, eng, (void *)a) == dnnl_success &&
+         dnnl_memory_create(&bm, &bd, eng, (void *)b) == dnnl_success &&
          dnnl_memory_create(&cm, &cd, eng, C) == dnnl_success &&
          dnnl_stream_create(&s, eng, dnnl_stream_default_flags) == dnnl_success;
     if (ok && sbytes) ok = ts__dnnl_bytes_memory(ws, sbytes, &sm);
@@ -249,7 +247,10 @@ static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm},
                                    {DNNL_ARG_SCRATCHPAD, sm}};
         dnnl_status_t st = dnnl_success;
-        ONE_THREAD(st = dnnl_primitive_execute(p, s, sbytes ? 4 : 3, args));
+        if (all_threads)
+            st = dnnl_primitive_execute(p, s, sbytes ? 4 : 3, args);
+        else
+            ONE_THREAD(st = dnnl_primitive_execute(p, s, sbytes ? 4 : 3, args));
         ok = st == dnnl_success && dnnl_stream_wait(s) == dnnl_success;
     }
     if (s) dnnl_stream_destroy(s);
@@ -257,21 +258,44 @@ static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
     if (bm) dnnl_memory_destroy(bm);
     if (cm) dnnl_memory_destroy(cm);
     if (sm) dnnl_memory_destroy(sm);
-done:
-    ts_tensor_release(ta_);
-    ts_tensor_release(tb_);
     ts_tensor_release(tw);
     return ok;
 }
+
+/* C = op(A) op(B) (+ C when acc) in bfloat16 x bfloat16 -> float32 from float32 operands, rounded here; false
+ * when oneDNN could not run it. */
+static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, bool acc, float *C, int64_t ldc) {
+    ts_tensor *ta_ = scratch_bytes(d, (size_t)(M * K) * 2), *tb_ = scratch_bytes(d, (size_t)(K * N) * 2);
+    uint16_t *a = ta_ ? ts__ptr(ta_) : NULL, *b = tb_ ? ts__ptr(tb_) : NULL;
+    bool ok = a && b;
+    if (ok) {
+        round_rows(ta ? K : M, ta ? M : K, A, lda, a, NULL, TS_BF16);
+        round_rows(tb ? N : K, tb ? K : N, B, ldb, b, NULL, TS_BF16);
+        ok = matmul_bf16_run(d, ta, tb, M, N, K, a, b, acc, C, ldc, false);
+    }
+    ts_tensor_release(ta_);
+    ts_tensor_release(tb_);
+    return ok;
+}
 #endif
+
+/* Whether a product in precision prec goes to oneDNN's bfloat16 matmul primitive. */
+static bool bf16_dnnl_takes(ts_dtype prec, float alpha, float beta, int64_t K) {
+#ifdef TS_HAVE_DNNL
+    return prec == TS_BF16 && use_dnnl && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0;
+#else
+    (void)prec, (void)alpha, (void)beta, (void)K;
+    return false;
+#endif
+}
 
 /* One product in bfloat16 or float16 precision (see the top of the file). */
 static ts_status gemm1_half(ts_device *d, ts_dtype prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                             float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                             int64_t ldc) {
 #ifdef TS_HAVE_DNNL
-    if (prec == TS_BF16 && use_dnnl && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0 &&
-        gemm_bf16_dnnl(d, ta, tb, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc))
+    if (bf16_dnnl_takes(prec, alpha, beta, K) && gemm_bf16_dnnl(d, ta, tb, M, N, K, A, lda, B, ldb, beta == 1.0f, C, ldc))
         return TS_OK;
 #endif
     ts_tensor *ta_ = scratch_bytes(d, (size_t)(M * K) * 4), *tb_ = scratch_bytes(d, (size_t)(K * N) * 4);
@@ -356,7 +380,72 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
                : TS_OK;
 }
 
+/* ---- bfloat16 operands (autocast's activations) ---------------------------------------------------------- */
+/* X (rows x cols as stored, leading dimension ld; F32 or BF16) into dst, contiguous rows x cols bfloat16:
+ * copied, or rounded to nearest even; rows over the threads when there are many */
+static void bf16_rows(int64_t rows, int64_t cols, const void *X, ts_dtype dt, int64_t ld, uint16_t *dst) {
+#pragma omp parallel for if (!omp_in_parallel() && rows * cols >= (1 << 16)) schedule(static)
+    for (int64_t i = 0; i < rows; i++) {
+        uint16_t *o = dst + i * cols;
+        if (dt == TS_BF16) {
+            memcpy(o, (const uint16_t *)X + i * ld, sizeof(uint16_t) * (size_t)cols);
+        } else {
+            const float *x = (const float *)X + i * ld;
+            for (int64_t j = 0; j < cols; j++) o[j] = ts__bf16_from_f32(x[j]);
+        }
+    }
+}
+
+/* The k_blas gemm_bf16 contract (device/k_blas.h): oneDNN's bfloat16 matmul on the calling thread's OpenMP
+ * budget, bfloat16 operands read where they are already contiguous; without oneDNN (or for an alpha/beta its
+ * primitive does not take), float32 copies of the operands through the bfloat16-precision sgemm path (the
+ * same products: bfloat16 values round to themselves). */
+static ts_status cpu_gemm_bf16(ts_device *d, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                               const void *A, ts_dtype adt, int64_t lda, const void *B, ts_dtype bdt, int64_t ldb,
+                               float beta, float *C, int64_t ldc) {
+    if (M == 0 || N == 0) return TS_OK;
+    TS_ARG((adt == TS_F32 || adt == TS_BF16) && (bdt == TS_F32 || bdt == TS_BF16),
+           "gemm_bf16: operands of %s and %s (want float32 or bfloat16)", ts_dtype_name(adt), ts_dtype_name(bdt));
+    pthread_once(&blas_once, blas_init);
+    const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    ts_status st = TS_OK;
+    ts_tensor *sa = NULL, *sb = NULL;
+#ifdef TS_HAVE_DNNL
+    if (bf16_dnnl_takes(TS_BF16, alpha, beta, K)) {
+        const uint16_t *a = adt == TS_BF16 && lda == ac ? A : NULL, *b = bdt == TS_BF16 && ldb == bc ? B : NULL;
+        if (!a && (sa = scratch_bytes(d, (size_t)(ar * ac) * 2))) bf16_rows(ar, ac, A, adt, lda, ts__ptr(sa));
+        if (!b && (sb = scratch_bytes(d, (size_t)(br * bc) * 2))) bf16_rows(br, bc, B, bdt, ldb, ts__ptr(sb));
+        if (!a) a = sa ? ts__ptr(sa) : NULL;
+        if (!b) b = sb ? ts__ptr(sb) : NULL;
+        bool done = a && b && matmul_bf16_run(d, ta, tb, M, N, K, a, b, beta == 1.0f, C, ldc, true);
+        ts_tensor_release(sa);
+        ts_tensor_release(sb);
+        if (done) return TS_OK;
+        sa = sb = NULL;
+    }
+#endif
+    /* float32 copies (contiguous), then the bfloat16-precision path of cpu_sgemm */
+    sa = scratch_bytes(d, (size_t)(ar * ac) * 4);
+    sb = scratch_bytes(d, (size_t)(br * bc) * 4);
+    if (!sa || !sb) {
+        st = ts_error(TS_ERR_NOMEM, "gemm_bf16: %lld x %lld x %lld operands", (long long)M, (long long)N, (long long)K);
+    } else {
+        float *fa = ts__ptr(sa), *fb = ts__ptr(sb);
+        for (int64_t i = 0; i < ar; i++)
+            for (int64_t j = 0; j < ac; j++)
+                fa[i * ac + j] = adt == TS_BF16 ? ts__bf16_to_f32(((const uint16_t *)A)[i * lda + j]) : ((const float *)A)[i * lda + j];
+        for (int64_t i = 0; i < br; i++)
+            for (int64_t j = 0; j < bc; j++)
+                fb[i * bc + j] = bdt == TS_BF16 ? ts__bf16_to_f32(((const uint16_t *)B)[i * ldb + j]) : ((const float *)B)[i * ldb + j];
+        st = gemm1(d, TS_BF16, ta, tb, M, N, K, alpha, fa, ac, fb, bc, beta, C, ldc);
+    }
+    ts_tensor_release(sa);
+    ts_tensor_release(sb);
+    return st;
+}
+
 const struct ts_kernels_blas ts_cpu_kernels_blas = {
     .sgemm = cpu_sgemm,
     .sgemm_batched = cpu_sgemm_batched,
+    .gemm_bf16 = cpu_gemm_bf16,
 };

@@ -606,6 +606,77 @@ static bool conv_bwd_batched(const ts_conv2d_geom *g) {
 static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
 
+/* The batched tiny-plane backward (conv_bwd_batched) on bfloat16 gout, x and gx, one group: gout's planes
+ * gathered into goc (K, N*OHW) and x's windows into colx (C*kh*kw, N*OHW) in bfloat16 through tiny_map, the two
+ * products through the blas table's gemm_bf16 (bfloat16 operands read as they are), gx scattered per image
+ * in float32 and rounded once. The float32 path would widen gout and x, gather in float32 and round the
+ * columns back to bfloat16 for its products. false (nothing touched) when it does not apply. */
+static bool conv2d_backward_tiny_bf16(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
+                                      const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb, ts_status *st) {
+    ts_device *dev = x->storage->device;
+    int32_t map[TINY_MAP];
+    if (g->groups != 1 || !dev->k_blas->gemm_bf16 || !tiny_map(g, map)) return false;
+    const int64_t N = g->N, K = g->K, C = g->C, OHW = g->OH * g->OW, HW = g->H * g->W, kk = (int64_t)g->kh * g->kw,
+                  CKK = C * kk, cols = N * OHW;
+    const uint16_t *go = ts__ptr(gout), *px = ts__ptr(x);
+    ts_tensor *tgoc = NULL, *tcol = NULL, *tcg = NULL, *tacc = NULL;
+    *st = ts__scratch_bytes(dev, sizeof(uint16_t) * (size_t)(K * cols), &tgoc);
+    if (*st != TS_OK) return true;
+    uint16_t *goc = ts__ptr(tgoc);
+    const bool par = omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for if (par) schedule(static)
+    for (int64_t k = 0; k < K; k++) {
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t q = 0; q < OHW; q++) goc[k * cols + n * OHW + q] = go[(n * K + k) * OHW + q];
+        if (gb) ts__f32(gb)[k] = (float)plane_sum16(goc + k * cols, cols);
+    }
+    if (gw && *st == TS_OK) { /* gw (K, CKK) = goc (K, cols) @ colx^T (cols, CKK) */
+        *st = ts__scratch_bytes(dev, sizeof(uint16_t) * (size_t)(CKK * cols), &tcol);
+        uint16_t *colx = *st == TS_OK ? ts__ptr(tcol) : NULL;
+        if (colx) {
+#pragma omp parallel for if (par) schedule(static)
+            for (int64_t r = 0; r < CKK; r++) {
+                const int64_t c = r / kk, t = r % kk;
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t q = 0; q < OHW; q++) {
+                        const int32_t m = map[t * OHW + q];
+                        colx[r * cols + n * OHW + q] = m >= 0 ? px[(n * C + c) * HW + m] : 0;
+                    }
+            }
+            *st = dev->k_blas->gemm_bf16(dev, false, true, K, CKK, cols, 1.0f, goc, TS_BF16, cols, colx, TS_BF16, cols,
+                                         0.0f, ts__f32(gw), CKK);
+        }
+    }
+    if (gx && *st == TS_OK) { /* colg (CKK, cols) = w^T (CKK, K) @ goc (K, cols); gx = col2im per image */
+        *st = ts__scratch_f32(dev, CKK * cols, &tcg);
+        if (*st == TS_OK) *st = ts__scratch_f32(dev, (par ? omp_get_max_threads() : 1) * C * HW, &tacc);
+        if (*st == TS_OK)
+            *st = dev->k_blas->gemm_bf16(dev, true, false, CKK, cols, K, 1.0f, ts__f32(w), TS_F32, CKK, goc, TS_BF16,
+                                         cols, 0.0f, ts__f32(tcg), cols);
+        if (*st == TS_OK) {
+            const float *colg = ts__f32(tcg);
+            uint16_t *pgx = ts__ptr(gx);
+#pragma omp parallel for if (par) schedule(static)
+            for (int64_t n = 0; n < N; n++) {
+                float *acc = ts__f32(tacc) + (par ? omp_get_thread_num() : 0) * C * HW;
+                memset(acc, 0, sizeof(float) * (size_t)(C * HW));
+                for (int64_t c = 0; c < C; c++)
+                    for (int64_t t = 0; t < kk; t++)
+                        for (int64_t q = 0; q < OHW; q++) {
+                            const int32_t m = map[t * OHW + q];
+                            if (m >= 0) acc[c * HW + m] += colg[(c * kk + t) * cols + n * OHW + q];
+                        }
+                narrow16_row(pgx + n * C * HW, acc, C * HW);
+            }
+        }
+    }
+    ts_tensor_release(tgoc);
+    ts_tensor_release(tcol);
+    ts_tensor_release(tcg);
+    ts_tensor_release(tacc);
+    return true;
+}
+
 /* bfloat16 gout, x, gx (float32 w, gw, gb), as conv2d_bf16 */
 static ts_status conv2d_backward_bf16(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
@@ -624,6 +695,7 @@ static ts_status conv2d_backward_bf16(const ts_conv2d_geom *g, const ts_tensor *
         }
         return st;
     }
+    if (conv_bwd_batched(g) && conv2d_backward_tiny_bf16(g, gout, x, w, gx, gw, gb, &st)) return st;
     ts_tensor *fg = NULL, *fx = NULL, *fgx = NULL;
     st = f32_like(gout, true, &fg);
     if (st == TS_OK) st = f32_like(x, true, &fx);
