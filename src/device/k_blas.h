@@ -19,9 +19,9 @@ struct ts_kernels_blas {
                                const int64_t *boff, float beta, float *C, int64_t ldc, int64_t cstride,
                                int64_t batch);
     /* C: (M, N) float32 = alpha op(A) op(B) + beta C with bfloat16 products and float32 sums whatever the
-     * matmul precision, A and B each F32 (rounded to bfloat16 here) or BF16 (read as they are: autocast's
-     * activations), A and B host-side dtypes adt, bdt; all threads of the caller's OpenMP budget. NULL where
-     * the backend has none (the op layer widens its bfloat16 operands instead). */
+     * matmul precision; A and B each of dtype adt, bdt: F32 (rounded to bfloat16 here) or BF16 (read as they
+     * are: autocast's activations); on all threads of the caller's OpenMP budget. NULL where the backend has
+     * none (the op layer then widens its bfloat16 operands). */
     ts_status (*gemm_bf16)(ts_device *d, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                            const void *A, ts_dtype adt, int64_t lda, const void *B, ts_dtype bdt, int64_t ldb,
                            float beta, float *C, int64_t ldc);
