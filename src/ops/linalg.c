@@ -425,56 +425,6 @@ fail:
     return st;
 }
 
-/* y: bfloat16 (N, OUT) = x: bfloat16 (N, IN) w^T (float32 w rounded in the product) + b, the sums and the bias
- * in float32, rounded once */
-static ts_status linear_bf16(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out) {
-    TS_TRY(ts__check_ndim("linear", "x", x_in, 2));
-    TS_TRY(ts__check_ndim("linear", "weight", w_in, 2));
-    TS_TRY(ts__check_same_device("linear", x_in, w_in));
-    char s1[64], s2[64];
-    if (x_in->shape[1] != w_in->shape[1])
-        return ts_error(TS_ERR_SHAPE, "linear: input %s does not fit weight %s (in_features %lld)",
-                        ts_shape_str(2, x_in->shape, s1, sizeof s1), ts_shape_str(2, w_in->shape, s2, sizeof s2),
-                        (long long)w_in->shape[1]);
-    if (b) {
-        TS_TRY(ts__check_same_device("linear", x_in, b));
-        if (b->ndim != 1 || b->shape[0] != w_in->shape[0])
-            return ts_error(TS_ERR_SHAPE, "linear: bias %s for weight %s", ts_shape_str(b->ndim, b->shape, s1, sizeof s1),
-                            ts_shape_str(2, w_in->shape, s2, sizeof s2));
-    }
-    ts_status st;
-    ts_tensor *x = NULL, *w = NULL, *y = NULL, *o = NULL;
-    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
-    TS_CHECK_GOTO(ts__contiguous(w_in, &w));
-    const int64_t N = x->shape[0], IN = x->shape[1], OUT = w->shape[0];
-    ts_device *d = x->storage->device;
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 2, (int64_t[]){N, OUT}, &y));
-    if (IN == 0)
-        TS_CHECK_GOTO(d->k_ew->fill(y, 0.0f));
-    else
-        TS_CHECK_GOTO(d->k_blas->gemm_bf16(d, false, true, N, OUT, IN, 1.0f, ts__ptr(x), TS_BF16, IN, ts__ptr(w), TS_F32,
-                                           IN, 0.0f, ts__f32(y), OUT));
-    if (b) TS_CHECK_GOTO(add_row_bias(y, b));
-    TS_CHECK_GOTO(narrow_into(y, TS_BF16, &o));
-    const ts_tensor *in[3] = {x_in, w_in, b};
-    ts_node *n = NULL;
-    TS_CHECK_GOTO(ts__node_new("linear", linear_bf16_backward, 3, in, &n));
-    if (n) {
-        ts__node_save(n, x);
-        ts__node_save(n, w);
-        TS_CHECK_GOTO(ts__node_attach(n, o));
-    }
-    TS_CHECK_GOTO(ts__trace_op(TS_OP_LINEAR, 3, in, o, NULL));
-    *out = o;
-    o = NULL;
-fail:
-    ts_tensor_release(x);
-    ts_tensor_release(w);
-    ts_tensor_release(y);
-    ts_tensor_release(o);
-    return st;
-}
-
 /* linear on float32 x and w; the bias (arg) goes up to float32 here when it is 16-bit */
 static ts_status linear_thunk(const ts_tensor *x, const ts_tensor *w, const void *arg, ts_tensor **out) {
     const ts_tensor *b = arg;
@@ -492,7 +442,7 @@ ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     TS_TRY(ts__autocast(x_in, &x));
     const bool native = x->dtype == TS_BF16 && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32) &&
                         x->storage->device->k_blas->gemm_bf16 && ts__bf16_native(x);
-    ts_status st = native ? linear_bf16(x, w_in, b, out)
+    ts_status st = native ? linear_run(x, w_in, b, out)
                    : ts__any_half(x, w_in) || ts__any_half(b, NULL)
                        ? ts__half_op_as(linear_thunk, x, w_in, b, ts__any_half(x, NULL) ? x->dtype : TS_F32, out)
                        : linear_run(x, w_in, b, out);
@@ -500,8 +450,11 @@ ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     return st;
 }
 
+/* Float32 x, or bfloat16 x on a device with gemm_bf16 (ts_linear decides): y (N, OUT) in x's dtype =
+ * x w^T + b, for bfloat16 the products bfloat16, the sums and the bias float32, rounded once */
 static ts_status linear_run(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tensor *b, ts_tensor **out) {
-    TS_TRY(ts__check_f32("linear", "x", x_in));
+    const bool h = x_in->dtype == TS_BF16;
+    if (!h) TS_TRY(ts__check_f32("linear", "x", x_in));
     TS_TRY(ts__check_f32("linear", "weight", w_in));
     TS_TRY(ts__check_ndim("linear", "x", x_in, 2));
     TS_TRY(ts__check_ndim("linear", "weight", w_in, 2));
@@ -520,21 +473,25 @@ static ts_status linear_run(const ts_tensor *x_in, const ts_tensor *w_in, const 
                             ts_shape_str(2, w_in->shape, s2, sizeof s2));
     }
     ts_status st;
-    ts_tensor *x = NULL, *w = NULL, *o = NULL;
+    ts_tensor *x = NULL, *w = NULL, *y = NULL, *o = NULL;
     TS_CHECK_GOTO(ts__contiguous(x_in, &x));
     TS_CHECK_GOTO(ts__contiguous(w_in, &w));
     int64_t N = x->shape[0], IN = x->shape[1], OUT = w->shape[0];
     ts_device *d = x->storage->device;
-    TS_CHECK_GOTO(ts__new(d, TS_F32, 2, (int64_t[]){N, OUT}, &o));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 2, (int64_t[]){N, OUT}, h ? &y : &o));
     if (IN == 0)
-        TS_CHECK_GOTO(d->k_ew->fill(o, 0.0f));
+        TS_CHECK_GOTO(d->k_ew->fill(h ? y : o, 0.0f));
+    else if (h)
+        TS_CHECK_GOTO(d->k_blas->gemm_bf16(d, false, true, N, OUT, IN, 1.0f, ts__ptr(x), TS_BF16, IN, ts__ptr(w), TS_F32,
+                                           IN, 0.0f, ts__f32(y), OUT));
     else
         TS_CHECK_GOTO(d->k_blas->sgemm(d, false, true, N, OUT, IN, 1.0f, ts__f32(x), IN, ts__f32(w), IN, 0.0f,
                                        ts__f32(o), OUT));
-    if (b) TS_CHECK_GOTO(add_row_bias(o, b));
+    if (b) TS_CHECK_GOTO(add_row_bias(h ? y : o, b));
+    if (h) TS_CHECK_GOTO(narrow_into(y, TS_BF16, &o));
     const ts_tensor *in[3] = {x_in, w_in, b};
     ts_node *n = NULL;
-    TS_CHECK_GOTO(ts__node_new("linear", linear_backward, 3, in, &n));
+    TS_CHECK_GOTO(ts__node_new("linear", h ? linear_bf16_backward : linear_backward, 3, in, &n));
     if (n) {
         ts__node_save(n, x);
         ts__node_save(n, w);
@@ -546,6 +503,7 @@ static ts_status linear_run(const ts_tensor *x_in, const ts_tensor *w_in, const 
 fail:
     ts_tensor_release(x);
     ts_tensor_release(w);
+    ts_tensor_release(y);
     ts_tensor_release(o);
     return st;
 }
