@@ -55,6 +55,15 @@ float ts_bf16_to_f32(uint16_t h) { return ts__bf16_to_f32(h); }
 uint16_t ts_f32_to_f16(float f) { return ts__f16_from_f32(f); }
 float ts_f16_to_f32(uint16_t h) { return ts__f16_to_f32(h); }
 
+/* The bfloat16 conversions, cloned per ISA (TS_CLONES): the integer rounding vectorises with AVX-512; the CPU
+ * kernels of bfloat16 activations convert their planes and rows through ts_convert */
+TS_CLONES static void f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
+    for (size_t i = 0; i < n; i++) d[i] = ts__bf16_from_f32(s[i]);
+}
+TS_CLONES static void bf16_to_f32_n(float *d, const uint16_t *s, size_t n) {
+    for (size_t i = 0; i < n; i++) d[i] = ts__bf16_to_f32(s[i]);
+}
+
 ts_status ts_convert(void *dst, ts_dtype to, const void *src, ts_dtype from, size_t n) {
     TS_ARG((dst && src) || n == 0, "ts_convert: NULL buffer");
     if (!ts_dtype_is_float(to) || !ts_dtype_is_float(from))
@@ -69,11 +78,11 @@ ts_status ts_convert(void *dst, ts_dtype to, const void *src, ts_dtype from, siz
     const float *fs = src;
     const uint16_t *hs = src;
     if (from == TS_F32 && to == TS_BF16)
-        for (size_t i = 0; i < n; i++) hd[i] = ts__bf16_from_f32(fs[i]);
+        f32_to_bf16_n(hd, fs, n);
     else if (from == TS_F32)
         for (size_t i = 0; i < n; i++) hd[i] = ts__f16_from_f32(fs[i]);
     else if (from == TS_BF16 && to == TS_F32)
-        for (size_t i = 0; i < n; i++) fd[i] = ts__bf16_to_f32(hs[i]);
+        bf16_to_f32_n(fd, hs, n);
     else if (from == TS_F16 && to == TS_F32)
         for (size_t i = 0; i < n; i++) fd[i] = ts__f16_to_f32(hs[i]);
     else if (from == TS_BF16) /* to f16, through float32 (exact) */

@@ -61,21 +61,29 @@ ts_status ts_set_matmul_precision(ts_dtype dt) {
     return TS_OK;
 }
 
-ts_dtype ts_get_matmul_precision(void) {
-    int p = matmul_precision;
+/* A dtype setting *v, read once from environment variable env while unset (-1): fp32, bf16 or, with
+ * allow_f16, fp16; another value is named on stderr and gives fp32 */
+static ts_dtype dtype_setting(_Atomic int *v, const char *env, bool allow_f16) {
+    int p = *v;
     if (p < 0) {
-        const char *e = getenv("TS_MATMUL_PRECISION");
+        const char *e = getenv(env);
         ts_dtype dt = TS_F32;
-        if (e && *e && (ts_dtype_parse(e, &dt) != TS_OK || (dt != TS_F32 && dt != TS_BF16 && dt != TS_F16))) {
-            ts_log(TS_LOG_WARN, "TS_MATMUL_PRECISION=%s: expected fp32, bf16 or fp16; using fp32", e);
-            dt = TS_F32;
+        if (e && *e) {
+            bool ok = ts_dtype_parse(e, &dt) == TS_OK && (dt == TS_F32 || dt == TS_BF16 || (allow_f16 && dt == TS_F16));
+            if (!ok) {
+                ts_log(TS_LOG_WARN, "%s=%s: expected %s; using fp32", env, e,
+                       allow_f16 ? "fp32, bf16 or fp16" : "fp32 (off) or bf16");
+                dt = TS_F32;
+            }
         }
         int expect = -1;
-        atomic_compare_exchange_strong(&matmul_precision, &expect, (int)dt);
-        p = matmul_precision;
+        atomic_compare_exchange_strong(v, &expect, (int)dt);
+        p = *v;
     }
     return (ts_dtype)p;
 }
+
+ts_dtype ts_get_matmul_precision(void) { return dtype_setting(&matmul_precision, "TS_MATMUL_PRECISION", true); }
 
 /* ---- autocast (read by the op layer: ops/half.c) ---- */
 static _Atomic int autocast = -1; /* -1: not yet read from TS_AUTOCAST */
@@ -86,21 +94,7 @@ ts_status ts_set_autocast(ts_dtype dt) {
     return TS_OK;
 }
 
-ts_dtype ts_get_autocast(void) {
-    int a = autocast;
-    if (a < 0) {
-        const char *e = getenv("TS_AUTOCAST");
-        ts_dtype dt = TS_F32;
-        if (e && *e && (ts_dtype_parse(e, &dt) != TS_OK || (dt != TS_F32 && dt != TS_BF16))) {
-            ts_log(TS_LOG_WARN, "TS_AUTOCAST=%s: expected fp32 (off) or bf16; using fp32", e);
-            dt = TS_F32;
-        }
-        int expect = -1;
-        atomic_compare_exchange_strong(&autocast, &expect, (int)dt);
-        a = autocast;
-    }
-    return (ts_dtype)a;
-}
+ts_dtype ts_get_autocast(void) { return dtype_setting(&autocast, "TS_AUTOCAST", false); }
 
 ts_conv_algo ts_get_conv_algo(void) {
     int a = conv_algo;

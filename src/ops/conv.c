@@ -128,7 +128,7 @@ ts_status ts_conv2d(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     TS_ARG(x_in && w_in && out, "conv2d: NULL argument");
     ts_tensor *x = NULL;
     TS_TRY(ts__autocast(x_in, &x));
-    const bool native = x->dtype == TS_BF16 && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32) && ts__bf16_native(x);
+    const bool native = ts__bf16_kept(x) && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32);
     ts_status st = !native && (ts__any_half(x, w_in) || ts__any_half(b, NULL))
                        ? ts__half_op_as(conv_thunk, x, w_in, &(conv_args){b, p}, ts__any_half(x, NULL) ? x->dtype : TS_F32, out)
                        : conv2d_run(x, w_in, b, p, out);

@@ -121,8 +121,8 @@ static ts_status binary_thunk(const ts_tensor *a, const ts_tensor *b, const void
 /* Whether add runs on the device's bfloat16 kernel: a and b bfloat16 of one shape (the residual add of
  * bfloat16 activations; its backward passes the gradient through unchanged) */
 static bool add_bf16_native(ts_binop op, const ts_tensor *a, const ts_tensor *b) {
-    return op == TS_BIN_ADD && a && b && a->dtype == TS_BF16 && b->dtype == TS_BF16 && ts__same_shape(a, b) &&
-           a->storage->device == b->storage->device && ts__bf16_native(a);
+    return op == TS_BIN_ADD && ts__bf16_kept(a) && b && b->dtype == TS_BF16 && ts__same_shape(a, b) &&
+           a->storage->device == b->storage->device;
 }
 
 static ts_status binary_op(const char *name, ts_binop op, const ts_tensor *a, const ts_tensor *b, ts_tensor **out) {
@@ -222,7 +222,7 @@ static ts_status relu_thunk(const ts_tensor *a, const ts_tensor *b, const void *
 /* bfloat16 x stays bfloat16 where the device's kernels take it; other 16-bit x runs on a float32 copy */
 ts_status ts_relu(const ts_tensor *x, ts_tensor **out) {
     TS_ARG(x, "relu: NULL x");
-    const bool native = x->dtype == TS_BF16 && ts__bf16_native(x);
+    const bool native = ts__bf16_kept(x);
     if (!native && ts__any_half(x, NULL)) return ts__half_op(relu_thunk, x, NULL, NULL, out);
     if (!native) TS_TRY(ts__check_f32("relu", "x", x));
     TS_ARG(out, "relu: NULL out");

@@ -20,6 +20,8 @@ bool ts__bf16_native(const ts_tensor *x) {
     return d->k_ew->bf16 && d->k_spatial->bf16;
 }
 
+bool ts__bf16_kept(const ts_tensor *x) { return x && x->dtype == TS_BF16 && ts__bf16_native(x); }
+
 ts_status ts__autocast(const ts_tensor *x, ts_tensor **out) {
     TS_ARG(x && out, "autocast: NULL argument");
     if (x->dtype == TS_F32 && ts_get_autocast() == TS_BF16 && ts__bf16_native(x)) return ts_to_dtype(x, TS_BF16, out);

@@ -30,6 +30,10 @@ ts_status ts__half_op_as(ts__op2_fn fn, const ts_tensor *a, const ts_tensor *b, 
  * (device/k_ew.h, k_spatial.h: bf16). */
 bool ts__bf16_native(const ts_tensor *x);
 
+/* Whether x is a bfloat16 activation its device's kernels take as it is (x non-NULL, BF16, ts__bf16_native):
+ * the ops that keep bfloat16 (batchnorm, relu, max pooling, conv2d, linear) run their kernels on it. */
+bool ts__bf16_kept(const ts_tensor *x);
+
 /* Autocast (ts_set_autocast) for an op of its list: *out = x cast to bfloat16 (a ts_to_dtype node) when
  * autocast is on, x is float32 and its device keeps bfloat16 activations; else x itself (a new reference). */
 ts_status ts__autocast(const ts_tensor *x, ts_tensor **out);

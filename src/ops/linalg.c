@@ -440,8 +440,8 @@ ts_status ts_linear(const ts_tensor *x_in, const ts_tensor *w_in, const ts_tenso
     TS_ARG(x_in && w_in && out, "linear: NULL argument");
     ts_tensor *x = NULL;
     TS_TRY(ts__autocast(x_in, &x));
-    const bool native = x->dtype == TS_BF16 && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32) &&
-                        x->storage->device->k_blas->gemm_bf16 && ts__bf16_native(x);
+    const bool native = ts__bf16_kept(x) && w_in->dtype == TS_F32 && (!b || b->dtype == TS_F32) &&
+                        x->storage->device->k_blas->gemm_bf16;
     ts_status st = native ? linear_run(x, w_in, b, out)
                    : ts__any_half(x, w_in) || ts__any_half(b, NULL)
                        ? ts__half_op_as(linear_thunk, x, w_in, b, ts__any_half(x, NULL) ? x->dtype : TS_F32, out)

@@ -125,6 +125,7 @@ fail:
 }
 
 typedef struct bn_args {
+    bool one_d; /* batchnorm1d */
     const ts_tensor *weight, *bias;
     ts_tensor *running_mean, *running_var;
     bool training;
@@ -133,7 +134,8 @@ typedef struct bn_args {
 static ts_status bn_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
     const bn_args *a = arg;
     (void)b;
-    return ts_batchnorm2d(x, a->weight, a->bias, a->running_mean, a->running_var, a->training, a->momentum, a->eps, out);
+    return (a->one_d ? ts_batchnorm1d : ts_batchnorm2d)(x, a->weight, a->bias, a->running_mean, a->running_var,
+                                                         a->training, a->momentum, a->eps, out);
 }
 
 /* A bfloat16 input stays bfloat16 where the device's kernels take it (statistics, weight, bias and their
@@ -143,20 +145,14 @@ ts_status ts_batchnorm2d(const ts_tensor *x, const ts_tensor *weight, const ts_t
                          ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum, float eps,
                          ts_tensor **out) {
     TS_ARG(x && out, "batchnorm2d: NULL argument");
-    const bool native = x->dtype == TS_BF16 && ts__bf16_native(x);
+    const bool native = ts__bf16_kept(x);
     if (ts__any_half(x, NULL) && !native)
         return ts__half_op(bn_thunk, x, NULL,
-                           &(bn_args){weight, bias, running_mean, running_var, training, momentum, eps}, out);
+                           &(bn_args){false, weight, bias, running_mean, running_var, training, momentum, eps}, out);
     if (!native) TS_TRY(ts__check_f32("batchnorm2d", "input", x));
     TS_TRY(ts__check_ndim("batchnorm2d", "input", x, 4));
     TS_TRY(batchnorm_check("batchnorm2d", x, weight, bias, running_mean, running_var, training, eps));
     return batchnorm_run(x, weight, bias, running_mean, running_var, training, momentum, eps, out);
-}
-
-static ts_status bn1d_thunk(const ts_tensor *x, const ts_tensor *b, const void *arg, ts_tensor **out) {
-    const bn_args *a = arg;
-    (void)b;
-    return ts_batchnorm1d(x, a->weight, a->bias, a->running_mean, a->running_var, a->training, a->momentum, a->eps, out);
 }
 
 /* 16-bit inputs as batchnorm2d's */
@@ -164,10 +160,10 @@ ts_status ts_batchnorm1d(const ts_tensor *x, const ts_tensor *weight, const ts_t
                          ts_tensor *running_mean, ts_tensor *running_var, bool training, float momentum, float eps,
                          ts_tensor **out) {
     TS_ARG(x && out, "batchnorm1d: NULL argument");
-    const bool native = x->dtype == TS_BF16 && ts__bf16_native(x);
+    const bool native = ts__bf16_kept(x);
     if (ts__any_half(x, NULL) && !native)
-        return ts__half_op(bn1d_thunk, x, NULL,
-                           &(bn_args){weight, bias, running_mean, running_var, training, momentum, eps}, out);
+        return ts__half_op(bn_thunk, x, NULL,
+                           &(bn_args){true, weight, bias, running_mean, running_var, training, momentum, eps}, out);
     if (!native) TS_TRY(ts__check_f32("batchnorm1d", "input", x));
     if (x->ndim != 2 && x->ndim != 3) {
         char xs[96];

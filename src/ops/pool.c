@@ -25,7 +25,7 @@ static int64_t pool_out_size(int64_t in, int k, int pad, int s, int d, bool ceil
 /* Normalises p (stride 0 -> kernel, dilation 0 -> 1), checks it against x and fills the geometry. */
 static ts_status pool_setup(const char *op, const ts_tensor *x, ts_pool2d_params *p, bool allow_dilation,
                             ts_pool2d_geom *g) {
-    if (!(x && x->dtype == TS_BF16 && ts__bf16_native(x))) TS_TRY(ts__check_f32(op, "input", x));
+    if (!ts__bf16_kept(x)) TS_TRY(ts__check_f32(op, "input", x));
     TS_TRY(ts__check_ndim(op, "input", x, 4));
     for (int i = 0; i < 2; i++) {
         if (p->stride[i] == 0) p->stride[i] = p->kernel[i];
@@ -100,7 +100,7 @@ static ts_status maxpool_thunk(const ts_tensor *x, const ts_tensor *b, const voi
  * other 16-bit inputs run on a float32 copy */
 ts_status ts_maxpool2d(const ts_tensor *x_in, ts_pool2d_params p, ts_tensor **out) {
     TS_ARG(x_in && out, "maxpool2d: NULL argument");
-    if (ts__any_half(x_in, NULL) && !(x_in->dtype == TS_BF16 && ts__bf16_native(x_in)))
+    if (ts__any_half(x_in, NULL) && !ts__bf16_kept(x_in))
         return ts__half_op(maxpool_thunk, x_in, NULL, &p, out);
     ts_pool2d_geom g;
     TS_TRY(pool_setup("maxpool2d", x_in, &p, true, &g));

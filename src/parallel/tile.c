@@ -343,8 +343,7 @@ static ts_status window_bands(fwd *f, int64_t *H_out) {
 /* A (N, C, rows, W) block of constant padding rows on dev. */
 static ts_status pad_rows(ts_device *dev, const ts_tensor *like, int64_t rows, float v, ts_tensor **out) {
     int64_t shape[4] = {like->shape[0], like->shape[1], rows, like->shape[3]};
-    if (like->dtype == TS_F32) return ts_tensor_full(dev, 4, shape, v, out);
-    ts_tensor *f = NULL; /* bfloat16 activations (autocast): padding of their dtype */
+    ts_tensor *f = NULL; /* in the activations' dtype (bfloat16 under autocast; float32: f itself) */
     TS_TRY(ts_tensor_full(dev, 4, shape, v, &f));
     ts_status st = ts_to_dtype(f, like->dtype, out);
     ts_tensor_release(f);

@@ -124,19 +124,14 @@ static ts_tensor *scratch_bytes(ts_device *d, size_t bytes) {
 /* X (rows x cols as stored, leading dimension ld) into dst, contiguous rows x cols, each value rounded to
  * bfloat16: as 16-bit values (dst16) or as float32 (dst32). Row by row, as stored: the loops vectorise;
  * transposes stay with the product. */
-/* X's rows rounded to bfloat16 (dst16: the 16-bit values) or to the nearest value of dt, BF16 or F16, kept
- * in float32 (dst32). */
-/* one row to bfloat16 (cloned per ISA: the rounding's integer ops vectorise with AVX-512) */
-TS_CLONES static void bf16_row(uint16_t *o, const float *x, int64_t n) {
-    for (int64_t j = 0; j < n; j++) o[j] = ts__bf16_from_f32(x[j]);
-}
-
+/* X's rows rounded to bfloat16 (dst16: the 16-bit values, ts_convert's per-ISA loop) or to the nearest value of
+ * dt, BF16 or F16, kept in float32 (dst32). */
 static void round_rows(int64_t rows, int64_t cols, const float *X, int64_t ld, uint16_t *dst16, float *dst32,
                        ts_dtype dt) {
     for (int64_t i = 0; i < rows; i++) {
         const float *x = X + i * ld;
         if (dst16) {
-            bf16_row(dst16 + i * cols, x, cols);
+            (void)ts_convert(dst16 + i * cols, TS_BF16, x, TS_F32, (size_t)cols);
         } else if (dt == TS_F16) {
             float *o = dst32 + i * cols;
             for (int64_t j = 0; j < cols; j++) o[j] = ts__f16_to_f32(ts__f16_from_f32(x[j]));
@@ -389,14 +384,8 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
  * copied, or rounded to nearest even; rows over the threads when there are many */
 static void bf16_rows(int64_t rows, int64_t cols, const void *X, ts_dtype dt, int64_t ld, uint16_t *dst) {
 #pragma omp parallel for if (!omp_in_parallel() && rows * cols >= (1 << 16)) schedule(static)
-    for (int64_t i = 0; i < rows; i++) {
-        uint16_t *o = dst + i * cols;
-        if (dt == TS_BF16) {
-            memcpy(o, (const uint16_t *)X + i * ld, sizeof(uint16_t) * (size_t)cols);
-        } else {
-            bf16_row(o, (const float *)X + i * ld, cols);
-        }
-    }
+    for (int64_t i = 0; i < rows; i++)
+        (void)ts_convert(dst + i * cols, TS_BF16, (const char *)X + (size_t)(i * ld) * ts_dtype_size(dt), dt, (size_t)cols);
 }
 
 /* The k_blas gemm_bf16 contract (device/k_blas.h): oneDNN's bfloat16 matmul on the calling thread's OpenMP
@@ -435,11 +424,9 @@ static ts_status cpu_gemm_bf16(ts_device *d, bool ta, bool tb, int64_t M, int64_
     } else {
         float *fa = ts__ptr(sa), *fb = ts__ptr(sb);
         for (int64_t i = 0; i < ar; i++)
-            for (int64_t j = 0; j < ac; j++)
-                fa[i * ac + j] = adt == TS_BF16 ? ts__bf16_to_f32(((const uint16_t *)A)[i * lda + j]) : ((const float *)A)[i * lda + j];
+            (void)ts_convert(fa + i * ac, TS_F32, (const char *)A + (size_t)(i * lda) * ts_dtype_size(adt), adt, (size_t)ac);
         for (int64_t i = 0; i < br; i++)
-            for (int64_t j = 0; j < bc; j++)
-                fb[i * bc + j] = bdt == TS_BF16 ? ts__bf16_to_f32(((const uint16_t *)B)[i * ldb + j]) : ((const float *)B)[i * ldb + j];
+            (void)ts_convert(fb + i * bc, TS_F32, (const char *)B + (size_t)(i * ldb) * ts_dtype_size(bdt), bdt, (size_t)bc);
         st = gemm1(d, TS_BF16, ta, tb, M, N, K, alpha, fa, ac, fb, bc, beta, C, ldc);
     }
     ts_tensor_release(sa);

@@ -20,6 +20,7 @@
 #include "tensor/tensor.h"
 #include "core/half.h"
 #include "device/k_blas.h"
+#include "device/k_ew.h"
 #include "device/k_spatial.h"
 #include "ops/cpu/winograd.h"
 #include "ops/cpu/dnnl_conv.h"
@@ -112,35 +113,16 @@ TS_CLONES static void plane_axpbyc16(uint16_t *o, const uint16_t *g, const uint1
     for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(a * bf(g[i]) + b * bf(x[i]) + k);
 }
 
-/* row conversions (max pooling's planes) */
-TS_CLONES static void widen16_row(float *o, const uint16_t *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) o[i] = bf(x[i]);
-}
-
-TS_CLONES static void narrow16_row(uint16_t *o, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(x[i]);
-}
-
 /* o[i] = x[i] s + t on bfloat16 planes (batchnorm's affine) */
 TS_CLONES static void plane_affine16(uint16_t *o, const uint16_t *x, int64_t n, float s, float t) {
     for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(bf(x[i]) * s + t);
 }
 
-/* dst (n elements of dtype dt) <- src (of dtype st), in chunks over the threads */
-static void convert_par(void *dst, ts_dtype dt, const void *src, ts_dtype st, int64_t n) {
-    const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
-    const size_t sd = ts_dtype_size(dt), ss = ts_dtype_size(st);
-#pragma omp parallel for if (chunks > 1) schedule(static)
-    for (int64_t c = 0; c < chunks; c++)
-        (void)ts_convert((char *)dst + (size_t)(c * chunk) * sd, dt, (const char *)src + (size_t)(c * chunk) * ss, st,
-                         (size_t)TS_MIN(chunk, n - c * chunk));
-}
-
-/* A float32 copy of bfloat16 tensor t, or (widen false) an uninitialised float32 tensor of its shape. */
+/* A float32 copy of bfloat16 tensor t (the device's cast kernel), or (widen false) an uninitialised float32
+ * tensor of its shape. */
 static ts_status f32_like(const ts_tensor *t, bool widen, ts_tensor **out) {
     TS_TRY(ts__new(t->storage->device, TS_F32, t->ndim, t->shape, out));
-    if (widen) convert_par(ts__ptr(*out), TS_F32, ts__ptr(t), t->dtype, ts_tensor_numel(t));
-    return TS_OK;
+    return widen ? t->storage->device->k_ew->cast(*out, t) : TS_OK;
 }
 
 /* ================================ conv2d ================================ */
@@ -450,7 +432,7 @@ static ts_status conv2d_bf16(const ts_conv2d_geom *g, ts_tensor *out, const ts_t
     st = f32_like(x, true, &fx);
     if (st == TS_OK) st = f32_like(out, false, &fo);
     if (st == TS_OK) st = cpu_conv2d(g, fo, fx, w, b);
-    if (st == TS_OK) convert_par(ts__ptr(out), TS_BF16, ts__ptr(fo), TS_F32, ts_tensor_numel(out));
+    if (st == TS_OK) st = out->storage->device->k_ew->cast(out, fo);
     ts_tensor_release(fx);
     ts_tensor_release(fo);
     return st;
@@ -580,13 +562,20 @@ static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
 }
 
 /* gb[k] = sum of gout's planes of channel k over the images (float plane sums added in double) */
-static void conv_grad_bias(const ts_conv2d_geom *g, const float *go, float *gb) {
+static void conv_grad_bias(const ts_conv2d_geom *g, const ts_tensor *gout, ts_tensor *gb) {
     const int64_t OHW = g->OH * g->OW;
+    const bool h = gout->dtype == TS_BF16; /* bfloat16 activations' gradient */
+    const float *go = ts__f32(gout);
+    const uint16_t *ho = ts__ptr(gout);
+    float *pb = ts__f32(gb);
 #pragma omp parallel for schedule(static) if (g->N * g->K * OHW >= PAR_MIN)
     for (int64_t k = 0; k < g->K; k++) {
         double s = 0.0;
-        for (int64_t n = 0; n < g->N; n++) s += plane_sum(go + (n * g->K + k) * OHW, OHW);
-        gb[k] = (float)s;
+        for (int64_t n = 0; n < g->N; n++) {
+            const int64_t o = (n * g->K + k) * OHW;
+            s += h ? plane_sum16(ho + o, OHW) : plane_sum(go + o, OHW);
+        }
+        pb[k] = (float)s;
     }
 }
 
@@ -666,7 +655,7 @@ static bool conv2d_backward_tiny_bf16(const ts_conv2d_geom *g, const ts_tensor *
                             const int32_t m = map[t * OHW + q];
                             if (m >= 0) acc[c * HW + m] += colg[(c * kk + t) * cols + n * OHW + q];
                         }
-                narrow16_row(pgx + n * C * HW, acc, C * HW);
+                (void)ts_convert(pgx + n * C * HW, TS_BF16, acc, TS_F32, (size_t)(C * HW));
             }
         }
     }
@@ -681,27 +670,18 @@ static bool conv2d_backward_tiny_bf16(const ts_conv2d_geom *g, const ts_tensor *
 static ts_status conv2d_backward_bf16(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     ts_status st;
-    if (!conv_bwd_batched(g) && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
-        if (st == TS_OK && gb) {
-            const int64_t OHW = g->OH * g->OW;
-            const uint16_t *go = ts__ptr(gout);
-            float *pb = ts__f32(gb);
-#pragma omp parallel for schedule(static) if (g->N * g->K * OHW >= PAR_MIN)
-            for (int64_t k = 0; k < g->K; k++) {
-                double sum = 0.0;
-                for (int64_t n = 0; n < g->N; n++) sum += plane_sum16(go + (n * g->K + k) * OHW, OHW);
-                pb[k] = (float)sum;
-            }
-        }
+    const bool batched = conv_bwd_batched(g);
+    if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
+        if (st == TS_OK && gb) conv_grad_bias(g, gout, gb);
         return st;
     }
-    if (conv_bwd_batched(g) && conv2d_backward_tiny_bf16(g, gout, x, w, gx, gw, gb, &st)) return st;
+    if (batched && conv2d_backward_tiny_bf16(g, gout, x, w, gx, gw, gb, &st)) return st;
     ts_tensor *fg = NULL, *fx = NULL, *fgx = NULL;
     st = f32_like(gout, true, &fg);
     if (st == TS_OK) st = f32_like(x, true, &fx);
     if (st == TS_OK && gx) st = f32_like(gx, false, &fgx);
     if (st == TS_OK) st = cpu_conv2d_backward(g, fg, fx, w, fgx, gw, gb);
-    if (st == TS_OK && gx) convert_par(ts__ptr(gx), TS_BF16, ts__ptr(fgx), TS_F32, ts_tensor_numel(gx));
+    if (st == TS_OK && gx) st = gx->storage->device->k_ew->cast(gx, fgx);
     ts_tensor_release(fg);
     ts_tensor_release(fx);
     ts_tensor_release(fgx);
@@ -714,11 +694,11 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
     if (x->dtype == TS_BF16) return conv2d_backward_bf16(g, gout, x, w, gx, gw, gb);
     const bool batched = conv_bwd_batched(g);
     if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
-        if (st == TS_OK && gb) conv_grad_bias(g, ts__f32(gout), ts__f32(gb));
+        if (st == TS_OK && gb) conv_grad_bias(g, gout, gb);
         return st;
     }
     if (!batched && ts__cpu_wino_ok(g)) {
-        if (gb) conv_grad_bias(g, ts__f32(gout), ts__f32(gb));
+        if (gb) conv_grad_bias(g, gout, gb);
         return ts__cpu_wino_conv2d_backward(g, gout, x, w, gx, gw);
     }
     conv_job j = conv_job_init(g, x, w);
@@ -949,9 +929,9 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
         float *t = sb + omp_get_thread_num() * per;
         const uint16_t *xp = (const uint16_t *)ts__ptr(x) + p * H * W;
         uint16_t *op = (uint16_t *)ts__ptr(out) + p * OH * OW;
-        widen16_row(t, xp, H * W);
+        (void)ts_convert(t, TS_F32, xp, TS_BF16, (size_t)(H * W));
         maxpool_plane(g, t, t + H * W, pi + p * OH * OW, k2s2, vec);
-        narrow16_row(op, t + H * W, OH * OW);
+        (void)ts_convert(op, TS_BF16, t + H * W, TS_F32, (size_t)(OH * OW));
     }
     ts_tensor_release(scr);
     return TS_OK;
@@ -989,7 +969,7 @@ static ts_status cpu_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, 
             const int32_t *ip = pi + p * OHW;
             memset(t, 0, sizeof(float) * (size_t)HW);
             for (int64_t i = 0; i < OHW; i++) t[ip[i]] += bf(gp[i]);
-            narrow16_row(px + p * HW, t, HW);
+            (void)ts_convert(px + p * HW, TS_BF16, t, TS_F32, (size_t)HW);
         }
         ts_tensor_release(scr);
         return TS_OK;
