@@ -811,7 +811,7 @@ static void test_pipeline_corrupt(void) {
             CHECK(st == TS_OK && total == 19 && skipped == 1);
             int64_t dec = 0, sk = 0;
             ts_pipeline_counts(p, &dec, &sk);
-            CHECK(sk == 1);
+            CHECK(sk >= 1 && dec + sk >= 20); /* later epochs may be prefetched (and skipped) already */
         } else {
             CHECK(st == TS_ERR_FORMAT);
             CHECK_ERR_MENTIONS("class_01/img_00004.png");

@@ -245,7 +245,9 @@ const ts_reader *ts_pipeline_reader(const ts_pipeline *p); /* borrowed */
 const int64_t *ts_pipeline_batch_samples(const ts_pipeline *p, int64_t *n);
 /* One output sample's shape (C, H, W) into shape; returns 3. */
 int ts_pipeline_sample_shape(const ts_pipeline *p, int64_t *shape);
-/* Samples decoded and samples skipped as corrupt so far. */
+/* Samples decoded and samples skipped as corrupt so far by the workers,
+ * counting batches prefetched but not yet returned (and those a seek drops);
+ * ts_batch_info.skipped counts a returned batch's. */
 void ts_pipeline_counts(const ts_pipeline *p, int64_t *decoded, int64_t *skipped);
 
 /* An in-memory ts_dataset (tessera/data.h) of every sample of opts' shard for
