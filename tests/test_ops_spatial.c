@@ -7,6 +7,7 @@
  * 2-thread paths agreeing, and error messages. (tests/test_golden_ops.c compares
  * the same ops with PyTorch's values.)
  */
+#include "ops/cpu/blocked.h"
 #include "test_util.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
@@ -633,6 +634,39 @@ static void test_maxpool_wide(void) {
     ts_tensor_release(x);
 }
 
-TU_MAIN(T(test_params_literal_by_value), T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
+/* NCHW <-> nChw16c (the oneDNN convolutions' layout change, ops/cpu/blocked.c) against the index formula, in both
+ * element sizes, on partial channel blocks and plane tails, 1 and 2 threads: every element lands where the layout
+ * says, the padding channels come out zero, and the way back restores the input. */
+static void test_blocked_layout(void) {
+    const int64_t dims[][3] = {{1, 1, 1}, {2, 16, 16}, {3, 20, 49}, {2, 33, 5}, {4, 32, 196}, {1, 64, 17}, {8, 40, 101}}; /* the last over PAR_MIN: threaded */
+    int bad = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        ts_set_num_threads(threads);
+        for (size_t es = 2; es <= 4; es += 2)
+            for (size_t k = 0; k < LEN(dims); k++) {
+                const int64_t N = dims[k][0], C = dims[k][1], HW = dims[k][2], CB = (C + 15) / 16;
+                const size_t n = (size_t)(N * C * HW), nb = (size_t)(N * CB * HW * 16);
+                uint8_t *a = malloc(n * es), *b = malloc(nb * es), *c = malloc(n * es);
+                for (size_t i = 0; i < n * es; i++) a[i] = (uint8_t)(i * 131 + 7 + (i >> 8));
+                memset(b, 0xAB, nb * es);
+                memset(c, 0, n * es);
+                ts__cpu_to_blocked16(a, b, N, C, HW, es);
+                for (int64_t nn = 0; nn < N; nn++)
+                    for (int64_t ch = 0; ch < CB * 16; ch++)
+                        for (int64_t p = 0; p < HW; p++) {
+                            const uint8_t *got = b + (size_t)(((nn * CB + ch / 16) * HW + p) * 16 + ch % 16) * es;
+                            for (size_t e = 0; e < es; e++)
+                                bad += got[e] != (ch < C ? a[(size_t)((nn * C + ch) * HW + p) * es + e] : 0);
+                        }
+                ts__cpu_from_blocked16(b, c, N, C, HW, es);
+                bad += memcmp(a, c, n * es) != 0;
+                free(a), free(b), free(c);
+            }
+    }
+    ts_set_num_threads(0);
+    CHECK(bad == 0);
+}
+
+TU_MAIN(T(test_params_literal_by_value), T(test_blocked_layout), T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
         T(test_maxpool_values), T(test_maxpool_wide), T(test_avgpool_values), T(test_pool_grad), T(test_pool_errors),
         T(test_batchnorm_values), T(test_batchnorm_grad), T(test_batchnorm_errors), T(test_block_lifetime))
