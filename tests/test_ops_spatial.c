@@ -7,6 +7,7 @@
  * 2-thread paths agreeing, and error messages. (tests/test_golden_ops.c compares
  * the same ops with PyTorch's values.)
  */
+#include "core/half.h"
 #include "ops/cpu/blocked.h"
 #include "test_util.h"
 
@@ -667,6 +668,62 @@ static void test_blocked_layout(void) {
     CHECK(bad == 0);
 }
 
-TU_MAIN(T(test_params_literal_by_value), T(test_blocked_layout), T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
+/* Weights OIhw <-> oneDNN's four blocked layouts (ops/cpu/blocked.c) against the index formulas: partial blocks of
+ * both channel kinds zero-padded, bfloat16 ones rounded as ts__bf16_from_f32 (ties, a NaN), float32 ones back. */
+static void test_blocked_weights(void) {
+    const int64_t dims[][3] = {{16, 16, 9}, {20, 3, 1}, {33, 40, 9}, {64, 32, 25}, {1, 17, 4}, {128, 64, 9}};
+    const ts_wblock kinds[] = {TS_WB_16I16O, TS_WB_16O16I, TS_WB_8I16O2I, TS_WB_8O16I2O};
+    int bad = 0;
+    for (int threads = 1; threads <= 2; threads++) {
+        ts_set_num_threads(threads);
+        for (size_t k = 0; k < LEN(dims); k++)
+            for (size_t q = 0; q < LEN(kinds); q++) {
+                const int64_t O = dims[k][0], I = dims[k][1], KK = dims[k][2], OB = (O + 15) / 16, IB = (I + 15) / 16;
+                const ts_wblock kind = kinds[q];
+                const bool h = kind == TS_WB_8I16O2I || kind == TS_WB_8O16I2O;
+                const size_t n = (size_t)(O * I * KK), nb = (size_t)(OB * IB * KK * 256);
+                float *w = malloc(n * sizeof(float)), *back = calloc(n, sizeof(float));
+                uint8_t *b = malloc(nb * 4);
+                for (size_t i = 0; i < n; i++) {
+                    uint32_t u = (uint32_t)(i * 2654435761u) ^ 0x3f000000u;
+                    if (i % 7 == 3) u = (u & 0xffff0000u) | 0x8000u; /* a tie */
+                    memcpy(&w[i], &u, 4);
+                }
+                w[n / 2] = NAN;
+                memset(b, 0xAB, nb * 4);
+                ts__cpu_weights_to_blocked(w, b, O, I, KK, kind);
+                for (int64_t t = 0; t < OB * IB * KK; t++)
+                    for (int o = 0; o < 16; o++)
+                        for (int i = 0; i < 16; i++) {
+                            const int64_t A = t / (IB * KK), B = t / KK % IB, cd = t % KK, oo = A * 16 + o, ii = B * 16 + i;
+                            const size_t at = kind == TS_WB_16I16O   ? (size_t)(i * 16 + o)
+                                              : kind == TS_WB_16O16I ? (size_t)(o * 16 + i)
+                                              : kind == TS_WB_8I16O2I ? (size_t)((i / 2) * 32 + o * 2 + i % 2)
+                                                                      : (size_t)((o / 2) * 32 + i * 2 + o % 2);
+                            const float v = oo < O && ii < I ? w[(oo * I + ii) * KK + cd] : 0.0f;
+                            if (h) {
+                                uint16_t got;
+                                memcpy(&got, b + ((size_t)t * 256 + at) * 2, 2);
+                                bad += got != ts__bf16_from_f32(v);
+                            } else {
+                                float got;
+                                memcpy(&got, b + ((size_t)t * 256 + at) * 4, 4);
+                                bad += memcmp(&got, &v, 4) != 0;
+                            }
+                        }
+                if (!h) {
+                    ts__cpu_weights_from_blocked((const float *)b, back, O, I, KK, kind);
+                    bad += memcmp(w, back, n * sizeof(float)) != 0;
+                }
+                if (bad) fprintf(stderr, "  weights %lldx%lldx%lld kind %d: %d wrong\n", (long long)O, (long long)I,
+                                 (long long)KK, (int)kind, bad);
+                free(w), free(back), free(b);
+            }
+    }
+    ts_set_num_threads(0);
+    CHECK(bad == 0);
+}
+
+TU_MAIN(T(test_params_literal_by_value), T(test_blocked_layout), T(test_blocked_weights), T(test_conv2d_values), T(test_conv2d_grad), T(test_conv2d_threads_agree), T(test_conv2d_errors),
         T(test_maxpool_values), T(test_maxpool_wide), T(test_avgpool_values), T(test_pool_grad), T(test_pool_errors),
         T(test_batchnorm_values), T(test_batchnorm_grad), T(test_batchnorm_errors), T(test_block_lifetime))

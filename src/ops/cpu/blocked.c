@@ -7,8 +7,15 @@
  * lanes; bfloat16 tiles widen to 32 bits on the load and narrow on the store).
  * A tile of the last, partial channel block or of the plane's tail is loaded
  * and stored under masks.
+ *
+ * Weights: one (output block, input block) pair is a 16 x 16*KK matrix M (rows o, columns i * KK + cd) on the
+ * plain side, contiguous rows of the OIhw tensor. KK transposes turn it into M^T, whose row i * KK + cd holds
+ * the 16 o's of (i, cd) — the i-th row of the "16I16O" block of cd as it is; two such rows rounded to bfloat16
+ * and interleaved are a row of words of "8I16O2I"; a 16x16 transpose of the block's 16 rows gives the "16O16I"
+ * and "8O16I2O" ones. The way back (float32 gradients) runs the same steps backwards.
  */
 #include "ops/cpu/blocked.h"
+#include "core/half.h"
 #include "core/internal.h"
 
 #include <stdbool.h>
@@ -164,4 +171,141 @@ void ts__cpu_to_blocked16(const void *src, void *dst, int64_t N, int64_t C, int6
 
 void ts__cpu_from_blocked16(const void *src, void *dst, int64_t N, int64_t C, int64_t HW, size_t esize) {
     convert(src, dst, N, C, HW, esize, false);
+}
+
+/* ---- weights ------------------------------------------------------------------------------------ */
+
+static bool wb_bf16(ts_wblock k) { return k == TS_WB_8I16O2I || k == TS_WB_8O16I2O; }
+
+/* Where (o, i) of a 16x16 block sits in it, in elements. */
+static size_t wb_inner(ts_wblock k, int o, int i) {
+    switch (k) {
+    case TS_WB_16I16O: return (size_t)(i * 16 + o);
+    case TS_WB_16O16I: return (size_t)(o * 16 + i);
+    case TS_WB_8I16O2I: return (size_t)((i / 2) * 32 + o * 2 + i % 2);
+    default: return (size_t)((o / 2) * 32 + i * 2 + o % 2);
+    }
+}
+
+/* One (output block A, input block B) pair, every cd, element by element. */
+static void wtile_scalar(const float *w, char *blk0, int64_t I, int64_t KK, int64_t o0, int64_t i0, int orr, int ir,
+                         ts_wblock kind, bool to_blocked, float *wout) {
+    const size_t es = wb_bf16(kind) ? 2 : 4;
+    for (int64_t cd = 0; cd < KK; cd++) {
+        char *blk = blk0 + (size_t)cd * 256 * es;
+        for (int o = 0; o < 16; o++)
+            for (int i = 0; i < 16; i++) {
+                const size_t at = wb_inner(kind, o, i), pi = (size_t)(((o0 + o) * I + i0 + i) * KK + cd);
+                const bool real = o < orr && i < ir;
+                if (!to_blocked) {
+                    if (real) wout[pi] = ((const float *)blk)[at];
+                } else if (es == 4) {
+                    ((float *)blk)[at] = real ? w[pi] : 0.0f;
+                } else {
+                    ((uint16_t *)blk)[at] = real ? ts__bf16_from_f32(w[pi]) : 0;
+                }
+            }
+    }
+}
+
+#ifdef BLOCKED_AVX512
+/* float32 bits -> bfloat16 bits in each 32-bit lane's low half (ts__bf16_from_f32: ties to even, NaN quiet) */
+AVX512_TARGET static inline __m512i bf16_bits(__m512i x) {
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7fff)),
+                                 _mm512_and_si512(_mm512_srli_epi32(x, 16), one));
+    r = _mm512_srli_epi32(r, 16);
+    const __m512i q = _mm512_or_si512(_mm512_srli_epi32(x, 16), _mm512_set1_epi32(0x40));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, q);
+}
+
+/* 16 words: a's rounded element in the low half, b's in the high half */
+AVX512_TARGET static inline __m512i bf16_pairs(__m512i a, __m512i b) {
+    return _mm512_or_si512(bf16_bits(a), _mm512_slli_epi32(bf16_bits(b), 16));
+}
+
+AVX512_TARGET static void wtile_avx512(const float *w, char *blk0, int64_t I, int64_t KK, int64_t o0, int64_t i0,
+                                       int orr, int ir, ts_wblock kind, bool to_blocked, float *wout) {
+    __m512i mt[16 * TS_WB_MAX_KK]; /* M^T: row i * KK + cd, lane o */
+    __m512i r[16];
+    const size_t es = wb_bf16(kind) ? 2 : 4;
+    const int64_t cols = ir * KK; /* M's real columns */
+    const bool by_o = kind == TS_WB_16O16I || kind == TS_WB_8O16I2O; /* the block's rows run over o */
+    if (to_blocked) {
+        for (int64_t j = 0; j < KK; j++) {
+            const int n = (int)TS_MAX(0, TS_MIN(16, cols - 16 * j));
+#pragma GCC unroll 16
+            for (int o = 0; o < 16; o++)
+                r[o] = o < orr && n > 0 ? load_row((const char *)(w + ((o0 + o) * I + i0) * KK + 16 * j), n, 4)
+                                        : _mm512_setzero_si512();
+            transpose16(r);
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) mt[16 * j + t] = r[t];
+        }
+        for (int64_t cd = 0; cd < KK; cd++) {
+            char *blk = blk0 + (size_t)cd * 256 * es;
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = mt[i * KK + cd];
+            if (by_o) transpose16(r); /* r[o]: lane i */
+            if (es == 4) {
+#pragma GCC unroll 16
+                for (int k = 0; k < 16; k++) _mm512_storeu_si512(blk + k * 64, r[k]);
+            } else {
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) _mm512_storeu_si512(blk + k * 64, bf16_pairs(r[2 * k], r[2 * k + 1]));
+            }
+        }
+        return;
+    }
+    for (int64_t cd = 0; cd < KK; cd++) { /* float32 blocks only */
+        const char *blk = blk0 + (size_t)cd * 1024;
+#pragma GCC unroll 16
+        for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_si512(blk + k * 64);
+        if (by_o) transpose16(r);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) mt[i * KK + cd] = r[i];
+    }
+    for (int64_t j = 0; j < KK; j++) {
+        const int n = (int)TS_MAX(0, TS_MIN(16, cols - 16 * j));
+        if (n == 0) continue;
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; t++) r[t] = mt[16 * j + t];
+        transpose16(r);
+        for (int o = 0; o < orr; o++) store_row((char *)(wout + ((o0 + o) * I + i0) * KK + 16 * j), r[o], n, 4);
+    }
+}
+#endif
+
+static void weights(const float *w, char *blocked, int64_t O, int64_t I, int64_t KK, ts_wblock kind, bool to_blocked,
+                    float *wout) {
+    const int64_t OB = (O + 15) / 16, IB = (I + 15) / 16;
+    const size_t es = wb_bf16(kind) ? 2 : 4;
+    bool vec = false;
+#ifdef BLOCKED_AVX512
+    vec = KK <= TS_WB_MAX_KK && have_avx512();
+#endif
+#pragma omp parallel for schedule(static) if (OB * IB * KK * 256 >= PAR_MIN)
+    for (int64_t t = 0; t < OB * IB; t++) {
+        const int64_t A = t / IB, B = t % IB;
+        const int orr = (int)TS_MIN(16, O - A * 16), ir = (int)TS_MIN(16, I - B * 16);
+        char *blk0 = blocked + (size_t)(t * KK * 256) * es;
+#ifdef BLOCKED_AVX512
+        if (vec) {
+            wtile_avx512(w, blk0, I, KK, A * 16, B * 16, orr, ir, kind, to_blocked, wout);
+            continue;
+        }
+#endif
+        wtile_scalar(w, blk0, I, KK, A * 16, B * 16, orr, ir, kind, to_blocked, wout);
+    }
+    (void)vec;
+}
+
+void ts__cpu_weights_to_blocked(const float *w, void *dst, int64_t O, int64_t I, int64_t KK, ts_wblock kind) {
+    weights(w, dst, O, I, KK, kind, true, NULL);
+}
+
+void ts__cpu_weights_from_blocked(const float *src, float *w, int64_t O, int64_t I, int64_t KK, ts_wblock kind) {
+    weights(NULL, (char *)src, O, I, KK, kind, false, w);
 }

@@ -20,4 +20,20 @@ void ts__cpu_to_blocked16(const void *src, void *dst, int64_t N, int64_t C, int6
 /* blocked (N, ceil(C/16), HW, 16) -> plain (N, C, HW); the padding channels are not read. */
 void ts__cpu_from_blocked16(const void *src, void *dst, int64_t N, int64_t C, int64_t HW, size_t esize);
 
+/* Convolution weights: plain float32 OIhw (O, I, KK = kh * kw) <-> oneDNN's blocked (ceil(O/16), ceil(I/16), KK,
+ * then a 16x16 block of (o, i) laid out as the kind says: o the output channel's index in its block, i the input
+ * channel's). The 8x16x2 kinds are bfloat16 (rounded to nearest even, as ts_convert); their pairs of adjacent
+ * channels share a 32-bit word. */
+typedef enum ts_wblock {
+    TS_WB_16I16O,  /* "ABcd16b16a", float32: i * 16 + o (the forward's float32 weights, their gradient) */
+    TS_WB_16O16I,  /* "ABcd16a16b", float32: o * 16 + i (backward-data's) */
+    TS_WB_8I16O2I, /* "ABcd8b16a2b", bfloat16: (i / 2) * 32 + o * 2 + i % 2 (the bfloat16 forward's) */
+    TS_WB_8O16I2O, /* "ABcd8a16b2a", bfloat16: (o / 2) * 32 + i * 2 + o % 2 (bfloat16 backward-data's) */
+} ts_wblock;
+#define TS_WB_MAX_KK 25 /* kernels up to 5x5 (a tile's transposed copy lives on the stack) */
+/* plain -> blocked; padding (o >= O, i >= I) zeroed. KK <= TS_WB_MAX_KK. */
+void ts__cpu_weights_to_blocked(const float *w, void *dst, int64_t O, int64_t I, int64_t KK, ts_wblock kind);
+/* blocked float32 (TS_WB_16I16O or TS_WB_16O16I) -> plain; padding not read. KK <= TS_WB_MAX_KK. */
+void ts__cpu_weights_from_blocked(const float *src, float *w, int64_t O, int64_t I, int64_t KK, ts_wblock kind);
+
 #endif

@@ -66,6 +66,14 @@ bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
 
 enum { PASS_FWD = 0, PASS_BWD_DATA = 1, PASS_BWD_WEIGHTS = 2 };
 
+/* A reorder blocked.c does (oneDNN's reorders run the rest): activations NCHW <-> nChw16c in one type, and
+ * float32 OIhw weights to the primitive's blocked weights (bfloat16 or float32) and float32 gradients back. */
+typedef struct own_reorder {
+    enum { OWN_NONE, OWN_ACT, OWN_WEIGHTS } what;
+    size_t es;       /* OWN_ACT: the element size */
+    ts_wblock kind;  /* OWN_WEIGHTS: the blocked layout */
+} own_reorder;
+
 /* One cached primitive: the convolution of one pass and the reorders of its three tensors
  * (in0, in1: inputs, from our layout; t2: the output, back to ours), NULL where none is needed. */
 typedef struct conv_entry {
@@ -77,7 +85,7 @@ typedef struct conv_entry {
                  * reads and writes them in bfloat16, its reorders only change the layout */
     dnnl_primitive_t conv, reorder[3];
     dnnl_memory_desc_t user_md[3], prim_md[3];
-    size_t own[3]; /* reorder i is NCHW <-> nChw16c in one type: blocked.c's, on elements of this size (0: oneDNN's) */
+    own_reorder own[3]; /* reorder i through blocked.c's kernels instead of oneDNN's */
     size_t scratch;
     uint64_t used;
 } conv_entry;
@@ -119,17 +127,29 @@ static dnnl_primitive_t make_reorder(const dnnl_memory_desc_t *src, const dnnl_m
     return p;
 }
 
-/* The element size when user (plain NCHW) -> prim is blocked.c's layout change: prim is nChw16c of the same
- * type (float32 or bfloat16); 0 otherwise (a weight layout, a type change: oneDNN's reorder). */
-static size_t own_reorder(const dnnl_memory_desc_t *user, const dnnl_memory_desc_t *prim) {
-    if (user->ndims != 4 || user->data_type != prim->data_type) return 0;
-    const size_t es = user->data_type == dnnl_f32 ? 4 : user->data_type == dnnl_bf16 ? 2 : 0;
-    dnnl_memory_desc_t plain, blk;
-    return es && dnnl_memory_desc_init_by_tag(&plain, 4, user->dims, user->data_type, dnnl_nchw) == dnnl_success &&
-                   dnnl_memory_desc_init_by_tag(&blk, 4, user->dims, user->data_type, dnnl_aBcd16b) == dnnl_success &&
-                   dnnl_memory_desc_equal(user, &plain) && dnnl_memory_desc_equal(prim, &blk)
-               ? es
-               : 0;
+static bool md_is(const dnnl_memory_desc_t *md, dnnl_data_type_t dt, dnnl_format_tag_t tag) {
+    dnnl_memory_desc_t m;
+    return md->ndims == 4 && dnnl_memory_desc_init_by_tag(&m, 4, md->dims, dt, tag) == dnnl_success &&
+           dnnl_memory_desc_equal(md, &m);
+}
+
+/* Whether blocked.c does the reorder between user (our plain tensor) and prim (the primitive's layout). */
+static own_reorder own_reorder_of(const dnnl_memory_desc_t *user, const dnnl_memory_desc_t *prim) {
+    own_reorder r = {OWN_NONE, 0, TS_WB_16I16O};
+    for (int t = 0; t < 2; t++) { /* activations */
+        const dnnl_data_type_t dt = t ? dnnl_bf16 : dnnl_f32;
+        if (md_is(user, dt, dnnl_nchw) && md_is(prim, dt, dnnl_aBcd16b)) return (own_reorder){OWN_ACT, t ? 2 : 4, 0};
+    }
+    static const struct {
+        dnnl_data_type_t dt;
+        dnnl_format_tag_t tag;
+        ts_wblock kind;
+    } wk[] = {{dnnl_f32, dnnl_ABcd16b16a, TS_WB_16I16O}, {dnnl_f32, dnnl_ABcd16a16b, TS_WB_16O16I},
+              {dnnl_bf16, dnnl_ABcd8b16a2b, TS_WB_8I16O2I}, {dnnl_bf16, dnnl_ABcd8a16b2a, TS_WB_8O16I2O}};
+    if (!md_is(user, dnnl_f32, dnnl_oihw) || user->dims[2] * user->dims[3] > TS_WB_MAX_KK) return r;
+    for (size_t k = 0; k < sizeof wk / sizeof wk[0]; k++)
+        if (md_is(prim, wk[k].dt, wk[k].tag)) return (own_reorder){OWN_WEIGHTS, 0, wk[k].kind};
+    return r;
 }
 
 static void entry_destroy(conv_entry *e) {
@@ -197,7 +217,9 @@ static bool entry_make(conv_entry *e) {
         e->user_md[i] = *user[e->pass][i];
         e->reorder[i] = i < 2 ? make_reorder(&e->user_md[i], &e->prim_md[i], &ok)
                               : make_reorder(&e->prim_md[i], &e->user_md[i], &ok);
-        e->own[i] = ok && e->reorder[i] ? own_reorder(&e->user_md[i], &e->prim_md[i]) : 0;
+        if (ok && e->reorder[i]) e->own[i] = own_reorder_of(&e->user_md[i], &e->prim_md[i]);
+        if (i == 2 && e->own[i].what == OWN_WEIGHTS && e->own[i].kind != TS_WB_16I16O && e->own[i].kind != TS_WB_16O16I)
+            e->own[i].what = OWN_NONE; /* a gradient comes back from float32 blocks only */
     }
     e->scratch = ok ? ts__dnnl_scratchpad_bytes(pd) : 0;
     ok = ok && dnnl_primitive_create(&e->conv, pd) == dnnl_success;
@@ -310,9 +332,12 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
         size_t bytes = dnnl_memory_desc_get_size(&e->prim_md[i]);
         if ((st = ts__scratch_bytes(dev, bytes, &buf[i])) != TS_OK) break;
         ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, ts__ptr(buf[i]));
-        if (ds == dnnl_success && i < 2 && e->own[i]) {
+        if (ds == dnnl_success && i < 2 && e->own[i].what != OWN_NONE) {
             const int64_t *d = e->user_md[i].dims;
-            ts__cpu_to_blocked16(u[i], ts__ptr(buf[i]), d[0], d[1], d[2] * d[3], e->own[i]);
+            if (e->own[i].what == OWN_ACT)
+                ts__cpu_to_blocked16(u[i], ts__ptr(buf[i]), d[0], d[1], d[2] * d[3], e->own[i].es);
+            else
+                ts__cpu_weights_to_blocked(u[i], ts__ptr(buf[i]), d[0], d[1], d[2] * d[3], e->own[i].kind);
             if (keep) keep[i] = ts_tensor_retain(buf[i]);
         } else if (ds == dnnl_success && i < 2) {
             dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, pm[i]}};
@@ -338,9 +363,12 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
         if (sm) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sm};
         ds = run(e->conv, s, n, args);
     }
-    if (ds == dnnl_success && st == TS_OK && e->own[2]) {
+    if (ds == dnnl_success && st == TS_OK && e->own[2].what != OWN_NONE) {
         const int64_t *d = e->user_md[2].dims;
-        ts__cpu_from_blocked16(ts__ptr(buf[2]), u[2], d[0], d[1], d[2] * d[3], e->own[2]);
+        if (e->own[2].what == OWN_ACT)
+            ts__cpu_from_blocked16(ts__ptr(buf[2]), u[2], d[0], d[1], d[2] * d[3], e->own[2].es);
+        else
+            ts__cpu_weights_from_blocked(ts__f32(buf[2]), u[2], d[0], d[1], d[2] * d[3], e->own[2].kind);
     } else if (ds == dnnl_success && st == TS_OK && e->reorder[2]) {
         dnnl_exec_arg_t ra[2] = {{DNNL_ARG_FROM, pm[2]}, {DNNL_ARG_TO, um[2]}};
         ds = run(e->reorder[2], s, 2, ra);
