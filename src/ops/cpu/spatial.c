@@ -561,22 +561,40 @@ static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
     }
 }
 
-/* gb[k] = sum of gout's planes of channel k over the images (float plane sums added in double) */
-static void conv_grad_bias(const ts_conv2d_geom *g, const ts_tensor *gout, ts_tensor *gb) {
-    const int64_t OHW = g->OH * g->OW;
+/* BatchNorm's per-channel loops walk the tensor in memory order — image by image, each thread over its own
+ * range of channels (channel_range), with per-channel accumulators — instead of channel by channel, which
+ * jumps C*H*W elements between planes: planes of 7x7 .. 28x28 are too short for the hardware prefetcher, and
+ * the reference CNN's bfloat16 BatchNorm spent most of its time waiting on those jumps. Each channel's
+ * planes are still summed in image order, on one thread: the results do not change. */
+static void channel_range(int64_t C, int64_t *c0, int64_t *c1) {
+    const int64_t t = omp_in_parallel() ? omp_get_thread_num() : 0, nt = omp_in_parallel() ? omp_get_num_threads() : 1;
+    *c0 = C * t / nt;
+    *c1 = C * (t + 1) / nt;
+}
+
+/* gb[k] = sum of gout's planes of channel k over the images (float plane sums added in double, in image
+ * order; the planes walked in memory order, as BatchNorm's: channel_range) */
+static ts_status conv_grad_bias(const ts_conv2d_geom *g, const ts_tensor *gout, ts_tensor *gb) {
+    const int64_t OHW = g->OH * g->OW, K = g->K;
     const bool h = gout->dtype == TS_BF16; /* bfloat16 activations' gradient */
     const float *go = ts__f32(gout);
     const uint16_t *ho = ts__ptr(gout);
     float *pb = ts__f32(gb);
-#pragma omp parallel for schedule(static) if (g->N * g->K * OHW >= PAR_MIN)
-    for (int64_t k = 0; k < g->K; k++) {
-        double s = 0.0;
-        for (int64_t n = 0; n < g->N; n++) {
-            const int64_t o = (n * g->K + k) * OHW;
-            s += h ? plane_sum16(ho + o, OHW) : plane_sum(go + o, OHW);
-        }
-        pb[k] = (float)s;
+    double *acc = calloc((size_t)K, sizeof(double));
+    if (!acc) return ts_error(TS_ERR_NOMEM, "conv2d backward: %lld channels' bias sums", (long long)K);
+#pragma omp parallel if (g->N * K * OHW >= PAR_MIN)
+    {
+        int64_t k0, k1;
+        channel_range(K, &k0, &k1);
+        for (int64_t n = 0; n < g->N; n++)
+            for (int64_t k = k0; k < k1; k++) {
+                const int64_t o = (n * K + k) * OHW;
+                acc[k] += h ? plane_sum16(ho + o, OHW) : plane_sum(go + o, OHW);
+            }
+        for (int64_t k = k0; k < k1; k++) pb[k] = (float)acc[k];
     }
+    free(acc);
+    return TS_OK;
 }
 
 /* Backward of a conv with a tiny output plane (dnnl_conv.h: TS_CONV_TINY_PLANE) under the automatic choice
@@ -672,7 +690,7 @@ static ts_status conv2d_backward_bf16(const ts_conv2d_geom *g, const ts_tensor *
     ts_status st;
     const bool batched = conv_bwd_batched(g);
     if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
-        if (st == TS_OK && gb) conv_grad_bias(g, gout, gb);
+        if (st == TS_OK && gb) st = conv_grad_bias(g, gout, gb);
         return st;
     }
     if (batched && conv2d_backward_tiny_bf16(g, gout, x, w, gx, gw, gb, &st)) return st;
@@ -694,11 +712,11 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
     if (x->dtype == TS_BF16) return conv2d_backward_bf16(g, gout, x, w, gx, gw, gb);
     const bool batched = conv_bwd_batched(g);
     if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
-        if (st == TS_OK && gb) conv_grad_bias(g, gout, gb);
+        if (st == TS_OK && gb) st = conv_grad_bias(g, gout, gb);
         return st;
     }
     if (!batched && ts__cpu_wino_ok(g)) {
-        if (gb) conv_grad_bias(g, gout, gb);
+        if (gb && (st = conv_grad_bias(g, gout, gb)) != TS_OK) return st;
         return ts__cpu_wino_conv2d_backward(g, gout, x, w, gx, gw);
     }
     conv_job j = conv_job_init(g, x, w);
@@ -1071,24 +1089,36 @@ static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float mome
     float *pm = ts__f32(mean), *pis = ts__f32(invstd);
     float *rm = running_mean ? ts__f32(running_mean) : NULL, *rv = running_var ? ts__f32(running_var) : NULL;
     const double mom = momentum;
-#pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
-    for (int64_t c = 0; c < C; c++) {
+    double *acc = malloc(sizeof(double) * (size_t)(3 * C)); /* per channel: the shift, s1, s2 */
+    if (!acc) return ts_error(TS_ERR_NOMEM, "batchnorm2d: %lld channels' sums", (long long)C);
+#pragma omp parallel if (N * C * HW > PAR_MIN)
+    {
+        int64_t c0, c1;
+        channel_range(C, &c0, &c1);
         /* one pass: sums of (x - s) and (x - s)^2 about s, the mean of the channel's first plane (close to
          * the channel's mean, so sum (x - mu)^2 = s2 - s1^2 / M cancels no more than a two-pass sum would);
          * x is read 1 + 1/N times instead of twice: BatchNorm is memory-bound */
-        const float sh = M ? (float)((h ? plane_sum16(hx + c * HW, HW) : plane_sum(px + c * HW, HW)) / (double)HW) : 0.0f;
-        double s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < N; n++) {
-            if (h) plane_shifted_sums16(hx + (n * C + c) * HW, HW, sh, &s1, &s2);
-            else plane_shifted_sums(px + (n * C + c) * HW, HW, sh, &s1, &s2);
+        for (int64_t c = c0; c < c1; c++) {
+            acc[3 * c] = M ? (h ? plane_sum16(hx + c * HW, HW) : plane_sum(px + c * HW, HW)) / (double)HW : 0.0;
+            acc[3 * c + 1] = acc[3 * c + 2] = 0.0;
         }
-        double mu = M ? sh + s1 / (double)M : 0.0, ss = M ? s2 - s1 * s1 / (double)M : 0.0;
-        if (!(ss > 0)) ss = ss == ss ? 0.0 : ss; /* rounding below zero: 0; NaN stays */
-        pm[c] = (float)mu;
-        pis[c] = (float)(1.0 / sqrt((M ? ss / (double)M : 0.0) + (double)eps));
-        if (rm) rm[c] = (float)(mom * mu + (1.0 - mom) * rm[c]);
-        if (rv) rv[c] = (float)(mom * (M > 1 ? ss / (double)(M - 1) : 0.0) + (1.0 - mom) * rv[c]);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = c0; c < c1; c++) {
+                const float sh = (float)acc[3 * c];
+                if (h) plane_shifted_sums16(hx + (n * C + c) * HW, HW, sh, &acc[3 * c + 1], &acc[3 * c + 2]);
+                else plane_shifted_sums(px + (n * C + c) * HW, HW, sh, &acc[3 * c + 1], &acc[3 * c + 2]);
+            }
+        for (int64_t c = c0; c < c1; c++) {
+            const double sh = (float)acc[3 * c], s1 = acc[3 * c + 1], s2 = acc[3 * c + 2];
+            double mu = M ? sh + s1 / (double)M : 0.0, ss = M ? s2 - s1 * s1 / (double)M : 0.0;
+            if (!(ss > 0)) ss = ss == ss ? 0.0 : ss; /* rounding below zero: 0; NaN stays */
+            pm[c] = (float)mu;
+            pis[c] = (float)(1.0 / sqrt((M ? ss / (double)M : 0.0) + (double)eps));
+            if (rm) rm[c] = (float)(mom * mu + (1.0 - mom) * rm[c]);
+            if (rv) rv[c] = (float)(mom * (M > 1 ? ss / (double)(M - 1) : 0.0) + (1.0 - mom) * rv[c]);
+        }
     }
+    free(acc);
     return TS_OK;
 }
 
@@ -1137,32 +1167,46 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
     const bool h = x->dtype == TS_BF16; /* bfloat16 gout, x and gx */
     const uint16_t *hx = ts__ptr(x), *hg = ts__ptr(gout);
     uint16_t *hgx = gx ? ts__ptr(gx) : NULL;
-#pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
-    for (int64_t c = 0; c < C; c++) {
-        double sg = 0, sgx = 0, mu = pm[c], is = pis[c];
-        if (pgw || pgb || (pgx && training))
-            for (int64_t n = 0; n < N; n++) {
-                const int64_t o = (n * C + c) * HW;
-                if (h) plane_dot_dev16(hg + o, hx + o, HW, pm[c], &sg, &sgx);
-                else plane_dot_dev(pg + o, px + o, HW, pm[c], &sg, &sgx);
+    const bool sums = pgw || pgb || (pgx && training);
+    double *acc = malloc((sizeof(double) * 2 + sizeof(float) * 3) * (size_t)C); /* per channel: sg, sgx */
+    float *coef = (float *)(acc + 2 * C);                                        /* per channel: a, b, k */
+    if (!acc) return ts_error(TS_ERR_NOMEM, "batchnorm2d backward: %lld channels' sums", (long long)C);
+#pragma omp parallel if (N * C * HW > PAR_MIN)
+    {
+        int64_t c0, c1;
+        channel_range(C, &c0, &c1);
+        for (int64_t c = c0; c < c1; c++) acc[2 * c] = acc[2 * c + 1] = 0.0;
+        if (sums)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t c = c0; c < c1; c++) {
+                    const int64_t o = (n * C + c) * HW;
+                    if (h) plane_dot_dev16(hg + o, hx + o, HW, pm[c], &acc[2 * c], &acc[2 * c + 1]);
+                    else plane_dot_dev(pg + o, px + o, HW, pm[c], &acc[2 * c], &acc[2 * c + 1]);
+                }
+        for (int64_t c = c0; c < c1; c++) {
+            const double sg = acc[2 * c], sgx = acc[2 * c + 1], mu = pm[c], is = pis[c];
+            if (pgb) pgb[c] = (float)sg;
+            if (pgw) pgw[c] = (float)(sgx * is);
+            double wv = pw ? pw[c] : 1.0;
+            float a = (float)(wv * is), b = 0.0f, k = 0.0f;
+            if (training && M > 0) {
+                /* - w is (xhat gw / M) = - w is^3 (x - mu) sgx / M ; - w is gb / M */
+                double bb = -wv * is * is * is * sgx / (double)M;
+                b = (float)bb;
+                k = (float)(-wv * is * sg / (double)M - bb * mu);
             }
-        if (pgb) pgb[c] = (float)sg;
-        if (pgw) pgw[c] = (float)(sgx * is);
-        if (!pgx) continue;
-        double wv = pw ? pw[c] : 1.0;
-        float a = (float)(wv * is), b = 0.0f, k = 0.0f;
-        if (training && M > 0) {
-            /* - w is (xhat gw / M) = - w is^3 (x - mu) sgx / M ; - w is gb / M */
-            double bb = -wv * is * is * is * sgx / (double)M;
-            b = (float)bb;
-            k = (float)(-wv * is * sg / (double)M - bb * mu);
+            coef[3 * c] = a, coef[3 * c + 1] = b, coef[3 * c + 2] = k;
         }
-        for (int64_t n = 0; n < N; n++) {
-            const int64_t o = (n * C + c) * HW;
-            if (h) plane_axpbyc16(hgx + o, hg + o, hx + o, HW, a, b, k);
-            else plane_axpbyc(pgx + o, pg + o, px + o, HW, a, b, k);
-        }
+        if (pgx)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t c = c0; c < c1; c++) {
+                    const int64_t o = (n * C + c) * HW;
+                    const float *abk = coef + 3 * c;
+                    if (h) plane_axpbyc16(hgx + o, hg + o, hx + o, HW, abk[0], abk[1], abk[2]);
+                    else plane_axpbyc(pgx + o, pg + o, px + o, HW, abk[0], abk[1], abk[2]);
+                }
     }
+    free(acc);
     return TS_OK;
 }
 
