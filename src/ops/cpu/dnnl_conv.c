@@ -38,8 +38,8 @@ bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tenso
     return false;
 }
 bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
-                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st) {
-    (void)g, (void)gout, (void)x, (void)w, (void)gx, (void)gw, (void)st;
+                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor **gb, ts_status *st) {
+    (void)g, (void)gout, (void)x, (void)w, (void)gx, (void)gw, (void)gb, (void)st;
     return false;
 }
 #else
@@ -195,9 +195,9 @@ static bool entry_make(conv_entry *e) {
         if (ok && e->pass == PASS_BWD_DATA)
             ok = dnnl_dilated_convolution_backward_data_desc_init(&cd, e->alg, &xo, &wa, &ya, strides,
                                                                   dil, pl, pr) == dnnl_success;
-        else if (ok)
-            ok = dnnl_dilated_convolution_backward_weights_desc_init(&cd, e->alg, &xa, &wo, NULL, &ya,
-                                                                     strides, dil, pl, pr) == dnnl_success;
+        else if (ok) /* with the bias gradient when asked for (e->bias): summed inside oneDNN's kernel */
+            ok = dnnl_dilated_convolution_backward_weights_desc_init(&cd, e->alg, &xa, &wo, e->bias ? &bm : NULL,
+                                                                     &ya, strides, dil, pl, pr) == dnnl_success;
         ok = ok && dnnl_primitive_desc_create(&pd, &cd, attr, eng, hint) == dnnl_success;
     }
     /* the three tensors: (in0, in1, out) of each pass */
@@ -301,11 +301,12 @@ static dnnl_status_t run(dnnl_primitive_t p, dnnl_stream_t s, int n, const dnnl_
     return st == dnnl_success ? dnnl_stream_wait(s) : st;
 }
 
-/* Runs entry e on user buffers u[0], u[1] (inputs) and u[2] (output), bias (fwd, or NULL). pre (may be NULL):
+/* Runs entry e on user buffers u[0], u[1] (inputs) and u[2] (output), bias (the forward's bias, the bias
+ * gradient backward-weights writes, or NULL). pre (may be NULL):
  * pre[i] already holds input i reordered into the primitive's layout (borrowed; no reorder then); keep (may be
  * NULL): keep[i] receives input i's reordered buffer when one was made (a new reference), for another pass
  * that takes the same layout. */
-static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], const float *bias,
+static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], float *bias,
                          ts_tensor *const pre[2], ts_tensor *keep[2]) {
     dnnl_engine_t eng = ts__dnnl_engine();
     static const int fwd_args[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
@@ -359,7 +360,7 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
         dnnl_exec_arg_t args[5];
         int n = 0;
         for (int i = 0; i < 3; i++) args[n++] = (dnnl_exec_arg_t){ids[i], pm[i]};
-        if (bm) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
+        if (bm) args[n++] = (dnnl_exec_arg_t){e->pass == PASS_FWD ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS, bm};
         if (sm) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sm};
         ds = run(e->conv, s, n, args);
     }
@@ -394,16 +395,17 @@ bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tenso
     const bool act16 = x->dtype == TS_BF16; /* bfloat16 activations: bfloat16 products too */
     if (!entry_get(g, PASS_FWD, act16 || ts_get_matmul_precision() == TS_BF16, act16, b != NULL, &e)) return false;
     void *u[3] = {ts__ptr(x), ts__ptr(w), ts__ptr(out)};
-    *st = execute(&e, out->storage->device, u, b ? ts__f32(b) : NULL, NULL, NULL);
+    *st = execute(&e, out->storage->device, u, b ? (float *)ts__f32(b) : NULL, NULL, NULL);
     return true;
 }
 
 bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
-                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st) {
+                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor **gb, ts_status *st) {
     const bool act16 = x->dtype == TS_BF16, bf16 = act16 || ts_get_matmul_precision() == TS_BF16;
+    const bool with_bias = gw && *gb;
     conv_entry ed, ew;
     if ((gx && !entry_get(g, PASS_BWD_DATA, bf16, act16, false, &ed)) ||
-        (gw && !entry_get(g, PASS_BWD_WEIGHTS, bf16, act16, false, &ew)))
+        (gw && !entry_get(g, PASS_BWD_WEIGHTS, bf16, act16, with_bias, &ew)))
         return false;
     ts_device *dev = gout->storage->device;
     /* gout goes into both passes: reordered once when they take the same layout */
@@ -417,7 +419,8 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
     if (gw && *st == TS_OK) {
         void *u[3] = {ts__ptr(x), ts__ptr(gout), ts__ptr(gw)};
         ts_tensor *pre[2] = {NULL, kept[0]};
-        *st = execute(&ew, dev, u, NULL, pre, NULL);
+        *st = execute(&ew, dev, u, with_bias ? ts__f32(*gb) : NULL, pre, NULL);
+        if (with_bias) *gb = NULL; /* written */
     }
     ts_tensor_release(kept[0]);
     ts_tensor_release(kept[1]);

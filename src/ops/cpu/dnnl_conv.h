@@ -21,7 +21,8 @@
  * planes. */
 bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g);
 
-/* The k_spatial conv2d / conv2d_backward contracts (the bias gradient stays with the caller). They return
+/* The k_spatial conv2d / conv2d_backward contracts. The backward writes the bias gradient *gb (may be NULL)
+ * with the weights' and sets *gb to NULL when it does (gw wanted); otherwise it stays with the caller. They return
  * false, having touched nothing, when oneDNN cannot run the geometry (the caller then runs its own
  * algorithm); true with *st the outcome otherwise. Under bfloat16 matmul precision the operands are
  * rounded to bfloat16 and the results accumulated and stored in float32. bfloat16 activations (x, out,
@@ -30,6 +31,6 @@ bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g);
 bool ts__cpu_dnnl_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_tensor *x, const ts_tensor *w,
                          const ts_tensor *b, ts_status *st);
 bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
-                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_status *st);
+                                  const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor **gb, ts_status *st);
 
 #endif

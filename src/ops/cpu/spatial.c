@@ -689,7 +689,7 @@ static ts_status conv2d_backward_bf16(const ts_conv2d_geom *g, const ts_tensor *
                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     ts_status st;
     const bool batched = conv_bwd_batched(g);
-    if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
+    if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &gb, &st)) {
         if (st == TS_OK && gb) st = conv_grad_bias(g, gout, gb);
         return st;
     }
@@ -711,7 +711,7 @@ static ts_status cpu_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *g
     ts_status st;
     if (x->dtype == TS_BF16) return conv2d_backward_bf16(g, gout, x, w, gx, gw, gb);
     const bool batched = conv_bwd_batched(g);
-    if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &st)) {
+    if (!batched && ts__cpu_dnnl_conv_ok(g) && ts__cpu_dnnl_conv2d_backward(g, gout, x, w, gx, gw, &gb, &st)) {
         if (st == TS_OK && gb) st = conv_grad_bias(g, gout, gb);
         return st;
     }
