@@ -813,6 +813,37 @@ static void test_half_grad_accumulation(void) {
     }
 }
 
+/* The bfloat16 2x2 / stride 2 max pool (the row kernels on bfloat16 rows) on wide rows (several 16-output
+ * blocks and a tail), an odd width and height (a column and a row no window covers), ties and NaNs: values
+ * and each input's gradient bit for bit the float32 op on the widened input. */
+static void test_autocast_maxpool_2x2(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 77);
+    const int64_t shape[4] = {2, 3, 11, 75};
+    ts_tensor *x = tu_rand(&r, 4, shape, -2.0f, 2.0f, false), *xb = NULL;
+    float *px = ts_tensor_data_f32(x);
+    for (int64_t i = 0; i < ts_tensor_numel(x); i++) px[i] = roundf(px[i] * 2.0f) / 2.0f; /* 9 values: ties */
+    px[1 * 11 * 75 + 4 * 75 + 40] = NAN; /* plane 1 goes the float32 way */
+    CHECK_OK(ts_to_dtype(x, TS_BF16, &xb));
+    ts_tensor_set_requires_grad(xb, true);
+    ts_tensor *xf = widened_leaf(xb), *o = NULL, *of = NULL;
+    ts_pool2d_params pp = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
+    CHECK_OK(ts_maxpool2d(xb, pp, &o));
+    CHECK_OK(ts_maxpool2d(xf, pp, &of));
+    if (o && of) CHECK(same_as_rounded("maxpool2d 2x2 wide", o, of));
+    ts_tensor *g = o ? tu_rand(&r, 4, ts_tensor_shape(o), -1.0f, 1.0f, false) : NULL, *gb = NULL, *gf = NULL;
+    if (g) {
+        CHECK_OK(ts_to_dtype(g, TS_BF16, &gb));
+        CHECK_OK(ts_to_dtype(gb, TS_F32, &gf));
+        CHECK_OK(ts_backward(o, gb, false));
+        CHECK_OK(ts_backward(of, gf, false));
+        if (ts_tensor_grad(xb) && ts_tensor_grad(xf))
+            CHECK(same_as_rounded("maxpool2d 2x2 wide backward", ts_tensor_grad(xb), ts_tensor_grad(xf)));
+    }
+    ts_tensor *all[] = {x, xb, xf, o, of, g, gb, gf};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
+}
+
 int main(int argc, char **argv) {
     if (tg_load(GOLDEN, &golden) != TS_OK) {
         fprintf(stderr, "cannot read %s: %s\n", GOLDEN, ts_last_error());
@@ -827,7 +858,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {
         T(test_convert_golden), T(test_every_pattern), T(test_to_dtype_op), T(test_half_ops), T(test_checkpoint_16bit),
         T(test_grad_scaler_golden), T(test_matmul_precision), T(test_bf16_step_vs_torch), T(test_autocast_ops),
-        T(test_half_grad_accumulation), T(test_autocast_conv_backward),
+        T(test_half_grad_accumulation), T(test_autocast_conv_backward), T(test_autocast_maxpool_2x2),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     ts_tensor_list_clear(&golden);

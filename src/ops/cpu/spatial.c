@@ -787,10 +787,46 @@ __attribute__((target("avx512f"))) static int maxpool_2x2_row_avx512(const float
     return nan;
 }
 
+/* maxpool_2x2_row_avx512 on bfloat16 rows: each 32-bit lane of a row holds an even column (low half) and the
+ * odd one after it (high half), so the four candidates widen with a shift and a mask; the max is one of them,
+ * narrowed back exactly. AVX-512 (F, BW), run only where cpuid has it. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static int maxpool_2x2_row16_avx512(const uint16_t *r0,
+                                                                                      const uint16_t *r1, int64_t OW,
+                                                                                      int32_t b0, int32_t b1,
+                                                                                      uint16_t *o, int32_t *ix) {
+    int nan = 0;
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i hi = _mm512_set1_epi32((int32_t)0xffff0000u);
+    for (int64_t ow = 0; ow < OW; ow += 16) {
+        const int64_t nout = TS_MIN(16, OW - ow);
+        const __mmask16 mout = (__mmask16)(nout == 16 ? 0xffff : (1u << nout) - 1);
+        const __m512i w0 = _mm512_maskz_loadu_epi32(mout, r0 + 2 * ow), w1 = _mm512_maskz_loadu_epi32(mout, r1 + 2 * ow);
+        const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), b = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
+        const __m512 c = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), d = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
+        __m512 m = _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(b, a), c), d);
+        __m512i j = _mm512_add_epi32(ev, _mm512_set1_epi32((int32_t)(2 * ow)));
+        __m512i bi = _mm512_add_epi32(j, _mm512_set1_epi32(b1 + 1));
+        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(c, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b1)));
+        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(b, m, _CMP_EQ_OQ),
+                                   _mm512_add_epi32(j, _mm512_set1_epi32(b0 + 1)));
+        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(a, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b0)));
+        nan |= (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q)) != 0;
+        _mm256_mask_storeu_epi16(o + ow, mout, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(m), 16)));
+        _mm512_mask_storeu_epi32(ix + ow, mout, bi);
+    }
+    return nan;
+}
+
 static _Atomic int have_avx512 = -1; /* cpuid, asked once */
 static bool avx512(void) {
     if (have_avx512 < 0) have_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
     return have_avx512 != 0;
+}
+static _Atomic int have_avx512bw = -1;
+static bool avx512bw(void) { /* with VL: the bfloat16 rows' 256-bit masked loads and stores */
+    if (have_avx512bw < 0)
+        have_avx512bw = avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
+    return have_avx512bw != 0;
 }
 
 /* Max-pool outputs t = 0..n-1 (n <= 16) of one output row whose windows lie inside the row horizontally:
@@ -947,6 +983,13 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
         float *t = sb + omp_get_thread_num() * per;
         const uint16_t *xp = (const uint16_t *)ts__ptr(x) + p * H * W;
         uint16_t *op = (uint16_t *)ts__ptr(out) + p * OH * OW;
+        if (k2s2 && avx512bw()) { /* on the bfloat16 rows; a plane with a NaN goes the float32 way below */
+            int nan = 0;
+            for (int64_t oh = 0; oh < OH && !nan; oh++)
+                nan = maxpool_2x2_row16_avx512(xp + 2 * oh * W, xp + (2 * oh + 1) * W, OW, (int32_t)(2 * oh * W),
+                                               (int32_t)((2 * oh + 1) * W), op + oh * OW, pi + p * OH * OW + oh * OW);
+            if (!nan) continue;
+        }
         (void)ts_convert(t, TS_F32, xp, TS_BF16, (size_t)(H * W));
         maxpool_plane(g, t, t + H * W, pi + p * OH * OW, k2s2, vec);
         (void)ts_convert(op, TS_BF16, t + H * W, TS_F32, (size_t)(OH * OW));
