@@ -641,8 +641,9 @@ static void test_maxpool_wide(void) {
 static void test_blocked_layout(void) {
     const int64_t dims[][3] = {{1, 1, 1}, {2, 16, 16}, {3, 20, 49}, {2, 33, 5}, {4, 32, 196}, {1, 64, 17}, {8, 40, 101}}; /* the last over PAR_MIN: threaded */
     int bad = 0;
-    for (int threads = 1; threads <= 2; threads++) {
-        ts_set_num_threads(threads);
+    for (int run = 0; run < 4; run++) { /* 1 and 2 threads, AVX-512 (where cpuid has it) and portable loops */
+        ts_set_num_threads(1 + run % 2);
+        ts__cpu_blocked_portable(run >= 2);
         for (size_t es = 2; es <= 4; es += 2)
             for (size_t k = 0; k < LEN(dims); k++) {
                 const int64_t N = dims[k][0], C = dims[k][1], HW = dims[k][2], CB = (C + 15) / 16;
@@ -665,6 +666,7 @@ static void test_blocked_layout(void) {
             }
     }
     ts_set_num_threads(0);
+    ts__cpu_blocked_portable(false);
     CHECK(bad == 0);
 }
 
@@ -674,8 +676,9 @@ static void test_blocked_weights(void) {
     const int64_t dims[][3] = {{16, 16, 9}, {20, 3, 1}, {33, 40, 9}, {64, 32, 25}, {1, 17, 4}, {128, 64, 9}};
     const ts_wblock kinds[] = {TS_WB_16I16O, TS_WB_16O16I, TS_WB_8I16O2I, TS_WB_8O16I2O};
     int bad = 0;
-    for (int threads = 1; threads <= 2; threads++) {
-        ts_set_num_threads(threads);
+    for (int run = 0; run < 4; run++) { /* 1 and 2 threads, AVX-512 (where cpuid has it) and portable loops */
+        ts_set_num_threads(1 + run % 2);
+        ts__cpu_blocked_portable(run >= 2);
         for (size_t k = 0; k < LEN(dims); k++)
             for (size_t q = 0; q < LEN(kinds); q++) {
                 const int64_t O = dims[k][0], I = dims[k][1], KK = dims[k][2], OB = (O + 15) / 16, IB = (I + 15) / 16;
@@ -721,6 +724,7 @@ static void test_blocked_weights(void) {
             }
     }
     ts_set_num_threads(0);
+    ts__cpu_blocked_portable(false);
     CHECK(bad == 0);
 }
 

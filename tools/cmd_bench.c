@@ -24,7 +24,7 @@ static int bench_train(int argc, char **argv) {
         {"classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
         {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
         {"conv-algo", CLI_STRING, &conv_algo, "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", 1, 0},
-        {"precision", CLI_STRING, &precision, "matmul/conv precision: fp32 or bf16 (operands rounded to bfloat16, float32 accumulation)", 1, 0},
+        {"precision", CLI_STRING, &precision, "fp32 or bf16: bfloat16 autocast where the device's kernels take bfloat16 activations (the CPU: as tessera train --precision bf16), else bfloat16 products with float32 accumulation", 1, 0},
         {"device", CLI_STRING, &device_name, "where the model and the batches live: cpu or cuda:N", 1, 0},
         {"steps", CLI_INT, &steps, "timed steps", 1, 1e9},
         {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},

@@ -115,14 +115,25 @@ AVX512_TARGET static void block_avx512(const char *src, char *dst, int64_t HW, i
     if (es == 4 && !to_blocked) block_tiles(src, dst, HW, cr, 4, false);
 }
 
+static _Atomic bool portable; /* ts__cpu_blocked_portable */
+
 static bool have_avx512(void) {
     static _Atomic int have = -1; /* cpuid, asked once */
+    if (portable) return false;
     if (have < 0)
         have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl");
     return have > 0;
 }
 #endif
+
+void ts__cpu_blocked_portable(bool on) {
+#ifdef BLOCKED_AVX512
+    portable = on;
+#else
+    (void)on;
+#endif
+}
 
 static void block_scalar(const char *src, char *dst, int64_t HW, int cr, size_t es, bool to_blocked) {
     for (int64_t p = 0; p < HW; p++)

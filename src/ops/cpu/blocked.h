@@ -1,17 +1,19 @@
 /*
- * ops/cpu/blocked.h — NCHW <-> nChw16c layout changes (oneDNN's "aBcd16b":
- * channels in blocks of 16, the 16 channels of one position contiguous), for
- * the convolutions dnnl_conv.c runs in oneDNN's blocked layout. Same element
+ * ops/cpu/blocked.h — the layout changes of the convolutions dnnl_conv.c runs in
+ * oneDNN's blocked layouts: activations NCHW <-> nChw16c (oneDNN's "aBcd16b":
+ * channels in blocks of 16, the 16 channels of one position contiguous) and
+ * weights OIhw <-> 16x16-blocked (below). Activations: same element
  * type on both sides (float32 or bfloat16: 4- or 2-byte elements, moved as
  * bits), 16x16 transposes in AVX-512 where cpuid has it, a scalar loop
  * elsewhere; threaded over (image, channel block) on the caller's OpenMP
- * budget. oneDNN's own reorder does the same (and is what runs without these),
- * but its bfloat16 one is a generic kernel: 0.5 ms for the reference CNN's
+ * budget. oneDNN's own reorders do the same (and run for every other layout),
+ * but its bfloat16 ones are generic kernels: 0.5 ms for the reference CNN's
  * 64x32x28x28 activations against ~0.1 ms here.
  */
 #ifndef TS_OPS_CPU_BLOCKED_H
 #define TS_OPS_CPU_BLOCKED_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,5 +37,10 @@ typedef enum ts_wblock {
 void ts__cpu_weights_to_blocked(const float *w, void *dst, int64_t O, int64_t I, int64_t KK, ts_wblock kind);
 /* blocked float32 (TS_WB_16I16O or TS_WB_16O16I) -> plain; padding not read. KK <= TS_WB_MAX_KK. */
 void ts__cpu_weights_from_blocked(const float *src, float *w, int64_t O, int64_t I, int64_t KK, ts_wblock kind);
+
+
+/* Tests: run the portable loops even where cpuid has AVX-512 (both paths stay checked on this project's
+ * machines). */
+void ts__cpu_blocked_portable(bool on);
 
 #endif
