@@ -68,13 +68,19 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
   done
   step fp16_cuda .gpu/bin/tessera train --device cuda:0 --precision fp16 --model cnn --epochs 1 \
     --data .gpu/fashion-mnist --quiet
+  # bf16 autocast on the GPU (bfloat16 activations through cuDNN/cuBLAS and our bfloat16 kernels; first
+  # compiled 2026-11-26 without a GPU), then the products-only bf16 of before (TS_AUTOCAST=fp32)
+  step bf16_autocast_cuda .gpu/bin/tessera train --device cuda:0 --precision bf16 --model cnn --epochs 1 \
+    --data .gpu/fashion-mnist --quiet --metrics-json "$OUT/bf16_autocast.json"
+  TS_AUTOCAST=fp32 step bf16_products_cuda .gpu/bin/tessera train --device cuda:0 --precision bf16 --model cnn \
+    --epochs 1 --data .gpu/fashion-mnist --quiet --metrics-json "$OUT/bf16_products.json"
 fi
 # PyTorch's cudnn.benchmark set (FFT and Winograd included): how far those algorithms drift from the
 # golden tolerance (informational: not counted in the status)
 TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=benchmark timeout 150 .gpu/bin/test_golden_ops > "$OUT/golden_ops_cuda_benchmark.log" 2>&1
 printf '%-24s rc=%-3d %s\n' golden_ops_benchmark $? "$(tail -1 "$OUT/golden_ops_cuda_benchmark.log")"
 grep -E "^FAIL|^SKIP|^  " "$OUT"/golden_ops_cuda*.log | head -40
-grep -E "matmul|conv|step|FAIL|CHECK" "$OUT/test_cuda.log"
+grep -E "matmul|conv|step|autocast|FAIL|CHECK" "$OUT/test_cuda.log"
 if [ "${2:-}" != 0 ]; then
   timeout 300 bench/gpu_vs_pytorch.sh .gpu/bin "${2:-60}" "${3:-1}" 2>&1 | tee "$OUT/bench.log"
 fi

@@ -3,8 +3,9 @@
  * with the reason, elsewhere): memory accounting and the caching allocator,
  * copies both ways and between tensors, refusals that name both devices, a
  * bf16-precision matmul, the reference CNN trained on cuda:0 against the same
- * steps on the CPU, and out-of-range class and embedding indices reported from
- * the GPU at the next synchronisation (the device's deferred index checks).
+ * steps on the CPU, out-of-range class and embedding indices reported from
+ * the GPU at the next synchronisation (the device's deferred index checks), and
+ * autocast's bfloat16 activations on the GPU against the CPU's.
  * The op-by-op checks against PyTorch are test_golden_ops / test_golden_step
  * with TS_TEST_DEVICE=cuda:0.
  */
@@ -321,6 +322,191 @@ static void test_bad_target(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
 }
 
+/* bfloat16 tensor t's bits on the host (n elements) */
+static uint16_t *bits16(const ts_tensor *t, int64_t *n) {
+    ts_tensor *h = NULL;
+    *n = ts_tensor_numel(t);
+    uint16_t *b = malloc(2 * (size_t)(*n ? *n : 1));
+    if (!b || ts_tensor_dtype(t) != TS_BF16 || ts_to_device(t, ts_device_cpu(), &h) != TS_OK) {
+        free(b);
+        return NULL;
+    }
+    memcpy(b, ts_tensor_data(h), 2 * (size_t)*n);
+    ts_tensor_release(h);
+    return b;
+}
+
+/* Elements where two bfloat16 tensors' bits differ (-1: not both bfloat16 of one size) */
+static int64_t bits_differ(const ts_tensor *a, const ts_tensor *b) {
+    int64_t na = 0, nb = 0, bad = 0;
+    uint16_t *x = bits16(a, &na), *y = bits16(b, &nb);
+    if (!x || !y || na != nb) bad = -1;
+    for (int64_t i = 0; bad >= 0 && i < na; i++) bad += x[i] != y[i];
+    free(x);
+    free(y);
+    return bad;
+}
+
+/* Autocast on cuda:0 (bfloat16 activations through cuDNN, cuBLAS and our bfloat16 kernels) against the CPU's
+ * autocast on the same inputs: relu, max pooling (2x2 and overlapping 3x3/2) and the residual add compute each
+ * element in float32 and round once on both, so forward and backward agree bit for bit; batchnorm within a
+ * bfloat16 rounding (sums in another order); then the reference CNN's 3 SGD steps under autocast end close to
+ * the CPU's (both round every activation: within 2% of the loss, 1e-2 in every parameter). */
+static void test_autocast_matches_cpu(void) {
+    CHECK_OK(ts_set_autocast(TS_BF16));
+    CHECK_OK(ts_set_matmul_precision(TS_BF16));
+    int64_t sx[4] = {4, 8, 10, 14};
+    ts_tensor *xf = randn(ts_device_cpu(), 4, sx, 31), *xb = NULL;
+    CHECK_OK(ts_to_dtype(xf, TS_BF16, &xb));
+    ts_tensor *in[2] = {NULL, NULL}, *out[2][6], *grad[2][3];
+    memset(out, 0, sizeof out);
+    memset(grad, 0, sizeof grad);
+    ts_pool2d_params p2 = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
+    ts_pool2d_params p3 = {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false};
+    for (int on = 0; on < 2; on++) {
+        ts_device *d = on ? gpu : ts_device_cpu();
+        CHECK_OK(ts_to_device(xb, d, &in[on]));
+        if (!in[on]) return;
+        ts_tensor_set_requires_grad(in[on], true);
+        ts_tensor *w = NULL, *b = NULL, *rm = NULL, *rv = NULL;
+        int64_t c = 8;
+        CHECK_OK(ts_tensor_full(d, 1, &c, 1.5f, &w));
+        CHECK_OK(ts_tensor_full(d, 1, &c, -0.25f, &b));
+        ts_tensor_set_requires_grad(w, true);
+        CHECK_OK(ts_tensor_zeros(d, TS_F32, 1, &c, &rm));
+        CHECK_OK(ts_tensor_full(d, 1, &c, 1.0f, &rv));
+        CHECK_OK(ts_relu(in[on], &out[on][0]));
+        CHECK_OK(ts_maxpool2d(out[on][0], p2, &out[on][1]));
+        CHECK_OK(ts_maxpool2d(in[on], p3, &out[on][2]));
+        CHECK_OK(ts_add(out[on][0], in[on], &out[on][3]));
+        CHECK_OK(ts_batchnorm2d(in[on], w, b, rm, rv, true, 0.1f, 1e-5f, &out[on][4]));
+        /* one float32 loss over everything: sum of each output times fixed weights */
+        ts_tensor *total = NULL;
+        for (int k = 0; k < 5 && out[on][k]; k++) {
+            ts_tensor *f = NULL, *sq = NULL, *sm = NULL, *t2 = NULL;
+            CHECK_OK(ts_to_dtype(out[on][k], TS_F32, &f));
+            CHECK_OK(ts_mul(f, f, &sq));
+            CHECK_OK(ts_sum(sq, &sm));
+            if (total) {
+                CHECK_OK(ts_add(total, sm, &t2));
+                ts_tensor_release(total);
+                total = t2;
+            } else {
+                total = ts_tensor_retain(sm);
+            }
+            ts_tensor *rel[] = {f, sq, sm};
+            for (int i = 0; i < 3; i++) ts_tensor_release(rel[i]);
+        }
+        CHECK_OK(ts_backward(total, NULL, false));
+        grad[on][0] = ts_tensor_grad(in[on]) ? ts_tensor_retain(ts_tensor_grad(in[on])) : NULL;
+        grad[on][1] = ts_tensor_grad(w) ? ts_tensor_retain(ts_tensor_grad(w)) : NULL;
+        out[on][5] = rm;
+        ts_tensor_release(total);
+        ts_tensor_release(w);
+        ts_tensor_release(b);
+        ts_tensor_release(rv);
+    }
+    static const char *const names[] = {"relu", "maxpool 2x2", "maxpool 3x3/2", "add"};
+    for (int k = 0; k < 4; k++) {
+        int64_t d = out[0][k] && out[1][k] ? bits_differ(out[0][k], out[1][k]) : -1;
+        printf("autocast %s: %lld of %lld bfloat16 outputs differ cpu/gpu\n", names[k], (long long)d,
+               (long long)(out[0][k] ? ts_tensor_numel(out[0][k]) : 0));
+        CHECK(d == 0);
+    }
+    if (out[0][4] && out[1][4]) {
+        ts_tensor *a = NULL, *b = NULL;
+        CHECK_OK(ts_to_dtype(out[0][4], TS_F32, &a));
+        CHECK_OK(ts_to_dtype(out[1][4], TS_F32, &b));
+        double e = a && b ? rel_diff(b, a) : 1.0, er = max_diff(out[0][5], out[1][5]);
+        printf("autocast batchnorm2d: relative |gpu - cpu| %.3g, running mean %.3g\n", e, er);
+        CHECK(e <= 1.0 / 128 && er < 1e-5);
+        ts_tensor_release(a);
+        ts_tensor_release(b);
+    }
+    if (grad[0][0] && grad[1][0]) { /* the input's gradient: the sum of five bfloat16 paths, rounded in each */
+        ts_tensor *a = NULL, *b = NULL;
+        CHECK_OK(ts_to_dtype(grad[0][0], TS_F32, &a));
+        CHECK_OK(ts_to_dtype(grad[1][0], TS_F32, &b));
+        double e = a && b ? rel_diff(b, a) : 1.0, ew = grad[0][1] && grad[1][1] ? rel_diff(grad[1][1], grad[0][1]) : 1.0;
+        printf("autocast backward: input gradient relative |gpu - cpu| %.3g, BN weight gradient %.3g\n", e, ew);
+        CHECK(e <= 2.0 / 128 && ew <= 1e-3);
+        ts_tensor_release(a);
+        ts_tensor_release(b);
+    } else {
+        CHECK(!"autocast backward gave no input gradient");
+    }
+    for (int on = 0; on < 2; on++) {
+        ts_tensor_release(in[on]);
+        for (int k = 0; k < 6; k++) ts_tensor_release(out[on][k]);
+        for (int k = 0; k < 3; k++) ts_tensor_release(grad[on][k]);
+    }
+    ts_tensor_release(xf);
+    ts_tensor_release(xb);
+
+    /* the reference CNN under autocast: its activations are bfloat16 on the GPU too */
+    ts_module *m[2] = {NULL, NULL};
+    ts_optimizer *opt[2] = {NULL, NULL};
+    ts_tensor_list params[2] = {TS_TENSOR_LIST_INIT, TS_TENSOR_LIST_INIT};
+    ts_device *devs[2] = {ts_device_cpu(), gpu};
+    int64_t xs[4] = {16, 1, 28, 28}, n = 16;
+    ts_tensor *x = randn(ts_device_cpu(), 4, xs, 8), *y = NULL;
+    CHECK_OK(ts_tensor_empty(ts_device_cpu(), TS_I64, 1, &n, &y));
+    int64_t *yy = ts_tensor_data(y);
+    for (int i = 0; i < n; i++) yy[i] = (i * 3) % 10;
+    double loss[2][3];
+    ts_dtype act[2] = {TS_F32, TS_F32};
+    for (int k = 0; k < 2; k++) {
+        ts_rng r;
+        ts_rng_seed(&r, 12);
+        CHECK_OK(ts_model_reference_cnn(&r, &m[k]));
+        CHECK_OK(ts_module_to(m[k], devs[k]));
+        ts_module_train(m[k], true);
+        CHECK_OK(ts_module_parameters(m[k], &params[k]));
+        ts_sgd_config cfg = TS_SGD_CONFIG_INIT;
+        cfg.lr = 0.05f;
+        cfg.momentum = 0.9f;
+        CHECK_OK(ts_optim_sgd_new(&params[k], &cfg, &opt[k]));
+        ts_tensor *xd = NULL, *yd = NULL;
+        CHECK_OK(ts_to_device(x, devs[k], &xd));
+        CHECK_OK(ts_to_device(y, devs[k], &yd));
+        for (int step = 0; step < 3; step++) {
+            ts_tensor *logits = NULL, *l = NULL, *h = NULL;
+            ts_optimizer_zero_grad(opt[k]);
+            CHECK_OK(ts_module_forward(m[k], xd, &logits));
+            CHECK_OK(ts_conv2d(xd, params[k].tensors[0], params[k].tensors[1], (ts_conv2d_params)TS_CONV2D_DEFAULT, &h));
+            if (h) act[k] = ts_tensor_dtype(h); /* the first conv's output: bfloat16 under autocast */
+            CHECK_OK(ts_cross_entropy(logits, yd, 0.0f, &l));
+            loss[k][step] = l ? ts_tensor_item(l, 0) : NAN;
+            CHECK_OK(ts_backward(l, NULL, false));
+            CHECK_OK(ts_optimizer_step(opt[k]));
+            ts_tensor_release(logits);
+            ts_tensor_release(l);
+            ts_tensor_release(h);
+        }
+        ts_tensor_release(xd);
+        ts_tensor_release(yd);
+    }
+    CHECK(act[0] == TS_BF16 && act[1] == TS_BF16);
+    for (int st = 0; st < 3; st++) {
+        printf("autocast step %d: loss cpu %.6f gpu %.6f\n", st, loss[0][st], loss[1][st]);
+        CHECK(fabs(loss[0][st] - loss[1][st]) <= 0.02 * fabs(loss[0][st]));
+    }
+    double worst = 0;
+    for (int i = 0; i < params[0].n && i < params[1].n; i++)
+        worst = fmax(worst, max_diff(params[0].tensors[i], params[1].tensors[i]));
+    printf("autocast, after 3 steps: max |cpu - gpu| over %d parameters %.3g\n", params[0].n, worst);
+    CHECK(params[0].n == params[1].n && worst < 1e-2);
+    for (int k = 0; k < 2; k++) {
+        ts_optimizer_free(opt[k]);
+        ts_tensor_list_clear(&params[k]);
+        ts_module_free(m[k]);
+    }
+    ts_tensor_release(x);
+    ts_tensor_release(y);
+    CHECK_OK(ts_set_autocast(TS_F32));
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+}
+
 int main(int argc, char **argv) {
     char why[256];
     if (ts_cuda_device_count(why, sizeof why) == 0) {
@@ -332,6 +518,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     static const tu_test tests[] = {T(test_describe_and_memory), T(test_copies), T(test_matmul_precision), T(test_conv_precision),
-                                    T(test_cnn_steps_match_cpu), T(test_bad_target)};
+                                    T(test_cnn_steps_match_cpu), T(test_bad_target), T(test_autocast_matches_cpu)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -210,8 +210,8 @@ ts_dtype ts_get_matmul_precision(void);
  * (losses return float32). Weights, optimizer state and parameter gradients stay float32. Halves the
  * activations' memory and traffic; products are bfloat16 (exact, float32 sums) as under
  * ts_set_matmul_precision(TS_BF16), which should be set too for the layers that run on float32 copies.
- * Applies on devices whose kernels take bfloat16 activations (the CPU); elsewhere (CUDA, for now) the ops
- * behave as without it. Process-wide; TS_AUTOCAST=fp32|bf16 in the environment sets the starting value;
+ * Applies on devices whose kernels take bfloat16 activations (the CPU; CUDA devices too, not yet run on a
+ * GPU); elsewhere the ops behave as without it. Process-wide; TS_AUTOCAST=fp32|bf16 in the environment sets the starting value;
  * `tessera train --precision bf16` turns it on. TS_F32 turns it off; other dtypes: TS_ERR_INVALID_ARG. */
 ts_status ts_set_autocast(ts_dtype dt);
 ts_dtype ts_get_autocast(void);

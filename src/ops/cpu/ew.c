@@ -76,7 +76,8 @@ static ts_status cpu_copy(ts_tensor *out, const ts_tensor *x) {
 #define ROWS16 16384 /* elements per OpenMP work item */
 
 TS_CLONES static void add16_row(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(ts__bf16_to_f32(a[i]) + ts__bf16_to_f32(b[i]));
+    for (int64_t i = 0; i < n; i++)
+        o[i] = ts__bf16_from_f32(ts_elem_binary(TS_ELEM_ADD, ts__bf16_to_f32(a[i]), ts__bf16_to_f32(b[i])));
 }
 
 TS_CLONES static void relu16_row(uint16_t *o, const uint16_t *x, int64_t n) {
@@ -91,7 +92,8 @@ TS_CLONES static void relu_bwd16_row(uint16_t *o, const uint16_t *g, const uint1
 }
 
 TS_CLONES static void axpy16_row(uint16_t *o, float alpha, const uint16_t *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(ts__bf16_to_f32(o[i]) + alpha * ts__bf16_to_f32(x[i]));
+    for (int64_t i = 0; i < n; i++)
+        o[i] = ts__bf16_from_f32(ts_elem_axpy(ts__bf16_to_f32(o[i]), alpha, ts__bf16_to_f32(x[i])));
 }
 
 /* binary on bfloat16 a, b and out: the add of two contiguous tensors of one shape (the residual add of
@@ -194,7 +196,7 @@ static ts_status axpy_16(ts_tensor *y, float alpha, const ts_tensor *x) {
         for (int64_t i = 0; i < n; i += ROWS16) axpy16_row(o + i, alpha, p + i, TS_MIN(ROWS16, n - i));
     } else {
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
-        for (int64_t i = 0; i < n; i++) o[i] = ts__f16_from_f32(ts__f16_to_f32(o[i]) + alpha * ts__f16_to_f32(p[i]));
+        for (int64_t i = 0; i < n; i++) o[i] = ts__f16_from_f32(ts_elem_axpy(ts__f16_to_f32(o[i]), alpha, ts__f16_to_f32(p[i])));
     }
     return TS_OK;
 }

@@ -14,7 +14,8 @@
  * its results differed from the CPU's bf16 products by ~1e-2 relative on a
  * 64x96x80 product, not the ~1e-6 of a different summation order: it does not
  * round its inputs to nearest.) TS_F16 (float16 training) is the same with
- * float16 copies (CUDA_R_16F).
+ * float16 copies (CUDA_R_16F). gemm_bf16 (autocast's linear) takes bfloat16
+ * activations as they are and rounds only its float32 operands (the weights).
  *
  * A batch whose operand offsets are evenly spaced (broadcast operands: spacing 0)
  * is one strided-batched call; other batches run product by product. The handle
@@ -95,6 +96,25 @@ typedef struct gemm_operands {
     ts_tensor *ta, *tb;
 } gemm_operands;
 
+/* One operand of n elements of dtype dt as cuBLAS reads it in 16-bit type ct (TS_CU_BF16 / TS_CU_F16): as it is
+ * when it is of that type already (bfloat16 activations under autocast), else a copy rounded to nearest even in
+ * the scratch *t (released by the caller after queuing the product). */
+static ts_status operand16(ts_device *d, cudaStream_t s, int ct, const void *p, ts_dtype dt, int64_t n,
+                           const void **out, ts_tensor **t, const char *what) {
+    *out = p;
+    *t = NULL;
+    if ((ct == TS_CU_BF16 && dt == TS_BF16) || (ct == TS_CU_F16 && dt == TS_F16)) return TS_OK;
+    TS_TRY(ts__scratch_bytes(d, (size_t)TS_MAX(n, 1) * 2, t));
+    ts_status st = ts__cuda_status(d, ts_cu_cast(ts__ptr(*t), ct, p, TS_CU_F32, n, s), what);
+    if (st != TS_OK) {
+        ts_tensor_release(*t);
+        *t = NULL;
+        return st;
+    }
+    *out = ts__ptr(*t);
+    return TS_OK;
+}
+
 static ts_status operands(ts_device *d, const float *A, int64_t na, const float *B, int64_t nb, gemm_operands *o) {
     memset(o, 0, sizeof *o);
     o->a = A, o->b = B, o->type = CUDA_R_32F, o->compute = CUBLAS_COMPUTE_32F;
@@ -102,16 +122,14 @@ static ts_status operands(ts_device *d, const float *A, int64_t na, const float 
     if (prec != TS_BF16 && prec != TS_F16) return TS_OK;
     const int ct = prec == TS_BF16 ? TS_CU_BF16 : TS_CU_F16;
     TS_CU_BEGIN(d, s);
-    TS_TRY(ts__scratch_bytes(d, (size_t)TS_MAX(na, 1) * 2, &o->ta));
-    ts_status st = ts__scratch_bytes(d, (size_t)TS_MAX(nb, 1) * 2, &o->tb);
-    if (st == TS_OK) st = ts__cuda_status(d, ts_cu_cast(ts__ptr(o->ta), ct, A, TS_CU_F32, na, s), "gemm: 16-bit A");
-    if (st == TS_OK) st = ts__cuda_status(d, ts_cu_cast(ts__ptr(o->tb), ct, B, TS_CU_F32, nb, s), "gemm: 16-bit B");
+    ts_status st = operand16(d, s, ct, A, TS_F32, na, &o->a, &o->ta, "gemm: 16-bit A");
+    if (st == TS_OK) st = operand16(d, s, ct, B, TS_F32, nb, &o->b, &o->tb, "gemm: 16-bit B");
     if (st != TS_OK) {
         ts_tensor_release(o->ta);
         ts_tensor_release(o->tb);
         return st;
     }
-    o->a = ts__ptr(o->ta), o->b = ts__ptr(o->tb), o->type = prec == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    o->type = prec == TS_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     return TS_OK;
 }
 
@@ -183,7 +201,39 @@ static ts_status cuda_sgemm_batched(ts_device *d, bool trans_a, bool trans_b, in
     return TS_OK;
 }
 
+/* The k_blas gemm_bf16 contract: bfloat16 operands (autocast's activations) read as they are, float32 ones
+ * rounded to bfloat16 copies, bf16 x bf16 -> float32 with float32 accumulation whatever the precision. */
+static ts_status cuda_gemm_bf16(ts_device *d, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                const void *A, ts_dtype adt, int64_t lda, const void *B, ts_dtype bdt, int64_t ldb,
+                                float beta, float *C, int64_t ldc) {
+    if (M == 0 || N == 0) return TS_OK;
+    TS_ARG((adt == TS_F32 || adt == TS_BF16) && (bdt == TS_F32 || bdt == TS_BF16),
+           "gemm_bf16 on %s: operands of %s and %s (want float32 or bfloat16)", d->name, ts_dtype_name(adt),
+           ts_dtype_name(bdt));
+    TS_TRY(check_dims(d, M, N, K, lda, ldb, ldc));
+    TS_CU_BEGIN(d, s);
+    const void *a = NULL, *b = NULL;
+    ts_tensor *ta = NULL, *tb = NULL;
+    ts_status st = operand16(d, s, TS_CU_BF16, A, adt, span(trans_a, M, K, lda), &a, &ta, "gemm_bf16: bfloat16 A");
+    if (st == TS_OK)
+        st = operand16(d, s, TS_CU_BF16, B, bdt, span(trans_b, K, N, ldb), &b, &tb, "gemm_bf16: bfloat16 B");
+    cublasHandle_t h;
+    if (st == TS_OK && (st = lock_handle(d, &h)) == TS_OK) {
+        st = cublas_status(d,
+                           cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                        (int)N, (int)M, (int)K, &alpha, b, CUDA_R_16BF, (int)ldb, a, CUDA_R_16BF,
+                                        (int)lda, &beta, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT),
+                           "cublasGemmEx");
+        unlock_handle(d);
+    }
+    ts_tensor_release(ta);
+    ts_tensor_release(tb);
+    return st;
+}
+
 const struct ts_kernels_blas ts_cuda_kernels_blas = {
     .sgemm = cuda_sgemm,
     .sgemm_batched = cuda_sgemm_batched,
+    .gemm_bf16 = cuda_gemm_bf16,
 };

@@ -82,21 +82,34 @@ static ts_status cuda_copy(ts_tensor *out, const ts_tensor *x) {
     return TS_OK;
 }
 
+/* Whether a and b are read contiguously over out's shape (their strides those of out's layout). */
+static bool flat_operands(const ts_tensor *out, const int64_t *astr, const int64_t *bstr) {
+    int64_t c = 1;
+    for (int d = out->ndim - 1; d >= 0; d--) {
+        if (out->shape[d] != 1 && (astr[d] != c || bstr[d] != c)) return false;
+        c *= out->shape[d];
+    }
+    return true;
+}
+
 static ts_status cuda_binary(ts_binop op, ts_tensor *out, const ts_tensor *a, const int64_t *astr,
                              const ts_tensor *b, const int64_t *bstr) {
     ts_device *dev = ts__dev(out);
+    if (out->dtype == TS_BF16) { /* bfloat16 activations: the residual add, as the CPU's */
+        if (op != TS_BIN_ADD || a->dtype != TS_BF16 || b->dtype != TS_BF16 || !flat_operands(out, astr, bstr))
+            return ts_error(TS_ERR_UNSUPPORTED, "binary on %s in bfloat16: only the add of two contiguous bfloat16 "
+                            "tensors of one shape", dev->name);
+        TS_CU_BEGIN(dev, s);
+        TS_CU_LAUNCH(dev, "ew.binary", ts_cu_add_bf16(ts__ptr(out), ts__ptr(a), ts__ptr(b), ts_tensor_numel(out), s));
+        return TS_OK;
+    }
     TS_TRY(need_f32("binary", out));
     TS_TRY(need_f32("binary", a));
     TS_TRY(need_f32("binary", b));
     int nd = out->ndim;
     int64_t n = ts_tensor_numel(out);
     if (n == 0) return TS_OK;
-    bool flat = true; /* a and b read contiguously, as out */
-    int64_t c = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        if (out->shape[d] != 1 && (astr[d] != c || bstr[d] != c)) flat = false;
-        c *= out->shape[d];
-    }
+    const bool flat = flat_operands(out, astr, bstr); /* a and b read contiguously, as out */
     TS_CU_BEGIN(dev, s);
     ts_cu_walk w = make_walk(nd, out->shape, astr, bstr);
     TS_CU_LAUNCH(dev, "ew.binary",
@@ -115,6 +128,16 @@ static ts_status cuda_scale(ts_tensor *out, const ts_tensor *x, float v) {
 
 static ts_status cuda_axpy(ts_tensor *y, float alpha, const ts_tensor *x) {
     ts_device *dev = ts__dev(y);
+    if (y->dtype != x->dtype)
+        return ts_error(TS_ERR_DTYPE, "axpy on %s: %s += %s", dev->name, ts_dtype_name(y->dtype),
+                        ts_dtype_name(x->dtype));
+    if (y->dtype == TS_BF16 || y->dtype == TS_F16) { /* autograd's sum of two 16-bit gradients */
+        TS_CU_BEGIN(dev, s);
+        TS_CU_LAUNCH(dev, "ew.axpy",
+                     ts_cu_axpy16(y->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F16, ts__ptr(y), alpha, ts__ptr(x),
+                                  ts_tensor_numel(y), s));
+        return TS_OK;
+    }
     TS_TRY(need_f32("axpy", y));
     TS_TRY(need_f32("axpy", x));
     TS_CU_BEGIN(dev, s);
@@ -124,6 +147,11 @@ static ts_status cuda_axpy(ts_tensor *y, float alpha, const ts_tensor *x) {
 
 static ts_status cuda_relu(ts_tensor *out, const ts_tensor *x) {
     ts_device *dev = ts__dev(out);
+    if (x->dtype == TS_BF16 && out->dtype == TS_BF16) {
+        TS_CU_BEGIN(dev, s);
+        TS_CU_LAUNCH(dev, "ew.relu", ts_cu_relu_bf16(ts__ptr(out), ts__ptr(x), ts_tensor_numel(out), s));
+        return TS_OK;
+    }
     TS_TRY(need_f32("relu", out));
     TS_TRY(need_f32("relu", x));
     TS_CU_BEGIN(dev, s);
@@ -133,6 +161,12 @@ static ts_status cuda_relu(ts_tensor *out, const ts_tensor *x) {
 
 static ts_status cuda_relu_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y) {
     ts_device *dev = ts__dev(gx);
+    if (gx->dtype == TS_BF16 && gy->dtype == TS_BF16 && y->dtype == TS_BF16) {
+        TS_CU_BEGIN(dev, s);
+        TS_CU_LAUNCH(dev, "ew.relu_backward",
+                     ts_cu_relu_backward_bf16(ts__ptr(gx), ts__ptr(gy), ts__ptr(y), ts_tensor_numel(gx), s));
+        return TS_OK;
+    }
     TS_TRY(need_f32("relu_backward", gx));
     TS_TRY(need_f32("relu_backward", gy));
     TS_TRY(need_f32("relu_backward", y));
@@ -335,4 +369,5 @@ const struct ts_kernels_ew ts_cuda_kernels_ew = {
     .max_dim_backward = cuda_max_dim_backward,
     .permute = cuda_permute,
     .cast = cuda_cast,
+    .bf16 = true,
 };

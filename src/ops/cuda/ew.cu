@@ -21,6 +21,7 @@
 #include "ops/cuda/ew_cu.h"
 #include "core/half.h"
 #include "device/k_elem.h"
+#include "ops/cuda/elem16.cuh"
 
 #include <math.h>
 
@@ -177,6 +178,59 @@ extern "C" cudaError_t ts_cu_relu(float *o, const float *x, int64_t n, cudaStrea
 
 extern "C" cudaError_t ts_cu_relu_backward(float *gx, const float *gy, const float *y, int64_t n, cudaStream_t s) {
     relu_backward_kernel<<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(gx, gy, y, n);
+    return cudaGetLastError();
+}
+
+/* ---- bfloat16 activations (and float16 gradients' axpy): each element in float32, rounded once, the
+ * CPU's formulas (k_elem.h) ---- */
+static __global__ void add_bf16_kernel(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n) {
+    TS_CU_LOOP(i, n) ts_cu_store<TS_CU_BF16>(o, i, ts_elem_binary(TS_ELEM_ADD, ts_cu_load<TS_CU_BF16>(a, i),
+                                                                 ts_cu_load<TS_CU_BF16>(b, i)));
+}
+
+template <int D>
+static __global__ void axpy16_kernel(void *y, float alpha, const void *x, int64_t n) {
+    TS_CU_LOOP(i, n) ts_cu_store<D>(y, i, ts_elem_axpy(ts_cu_load<D>(y, i), alpha, ts_cu_load<D>(x, i)));
+}
+
+static __global__ void relu_bf16_kernel(uint16_t *o, const uint16_t *x, int64_t n) {
+    TS_CU_LOOP(i, n) ts_cu_store<TS_CU_BF16>(o, i, ts_elem_relu(ts_cu_load<TS_CU_BF16>(x, i)));
+}
+
+static __global__ void relu_backward_bf16_kernel(uint16_t *gx, const uint16_t *gy, const uint16_t *y, int64_t n) {
+    TS_CU_LOOP(i, n) {
+        const float g = ts_cu_load<TS_CU_BF16>(gy, i), v = ts_cu_load<TS_CU_BF16>(y, i);
+        ts_cu_store<TS_CU_BF16>(gx, i, ts_elem_relu_backward(g, v));
+    }
+}
+
+extern "C" cudaError_t ts_cu_add_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    add_bf16_kernel<<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(o, a, b, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ts_cu_axpy16(int dt, void *y, float alpha, const void *x, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    if (dt == TS_CU_BF16)
+        axpy16_kernel<TS_CU_BF16><<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(y, alpha, x, n);
+    else if (dt == TS_CU_F16)
+        axpy16_kernel<TS_CU_F16><<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(y, alpha, x, n);
+    else
+        return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ts_cu_relu_bf16(uint16_t *o, const uint16_t *x, int64_t n, cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    relu_bf16_kernel<<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(o, x, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ts_cu_relu_backward_bf16(uint16_t *gx, const uint16_t *gy, const uint16_t *y, int64_t n,
+                                                cudaStream_t s) {
+    if (n <= 0) return cudaSuccess;
+    relu_backward_bf16_kernel<<<ts_cu_blocks(n), TS_CU_THREADS, 0, s>>>(gx, gy, y, n);
     return cudaGetLastError();
 }
 
@@ -518,30 +572,10 @@ extern "C" cudaError_t ts_cu_max_dim_backward(float *gx, const float *g, const i
 }
 
 /* ---- cast ------------------------------------------------------------------------------------------- */
-template <int F>
-static __device__ __forceinline__ float load_as_f32(const void *p, int64_t i) {
-    if constexpr (F == TS_CU_F32)
-        return ((const float *)p)[i];
-    else if constexpr (F == TS_CU_F16)
-        return ts__f16_to_f32(((const uint16_t *)p)[i]);
-    else
-        return ts__bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
-template <int T>
-static __device__ __forceinline__ void store_from_f32(void *p, int64_t i, float v) {
-    if constexpr (T == TS_CU_F32)
-        ((float *)p)[i] = v;
-    else if constexpr (T == TS_CU_F16)
-        ((uint16_t *)p)[i] = ts__f16_from_f32(v);
-    else
-        ((uint16_t *)p)[i] = ts__bf16_from_f32(v);
-}
-
 /* through float32, as the CPU (16 bits to float32 is exact) */
 template <int F, int T>
 static __global__ void cast_kernel(void *o, const void *x, int64_t n) {
-    TS_CU_LOOP(i, n) store_from_f32<T>(o, i, load_as_f32<F>(x, i));
+    TS_CU_LOOP(i, n) ts_cu_store<T>(o, i, ts_cu_load<F>(x, i));
 }
 
 extern "C" cudaError_t ts_cu_cast(void *o, int to, const void *x, int from, int64_t n, cudaStream_t s) {

@@ -42,6 +42,15 @@ TS_CU_EXTERN_C cudaError_t ts_cu_axpy(float *y, float alpha, const float *x, int
 TS_CU_EXTERN_C cudaError_t ts_cu_relu(float *o, const float *x, int64_t n, cudaStream_t s);
 TS_CU_EXTERN_C cudaError_t ts_cu_relu_backward(float *gx, const float *gy, const float *y, int64_t n,
                                                cudaStream_t s);
+/* bfloat16 activations (ts_set_autocast; the CPU's ew.c does the same): o = a + b of two contiguous bfloat16
+ * tensors; y += alpha x on 16-bit y and x of type dt (TS_CU_BF16 or TS_CU_F16: autograd's gradient sums);
+ * relu and its backward on bfloat16. Each element computed in float32 and rounded once. */
+TS_CU_EXTERN_C cudaError_t ts_cu_add_bf16(uint16_t *o, const uint16_t *a, const uint16_t *b, int64_t n,
+                                          cudaStream_t s);
+TS_CU_EXTERN_C cudaError_t ts_cu_axpy16(int dt, void *y, float alpha, const void *x, int64_t n, cudaStream_t s);
+TS_CU_EXTERN_C cudaError_t ts_cu_relu_bf16(uint16_t *o, const uint16_t *x, int64_t n, cudaStream_t s);
+TS_CU_EXTERN_C cudaError_t ts_cu_relu_backward_bf16(uint16_t *gx, const uint16_t *gy, const uint16_t *y, int64_t n,
+                                                    cudaStream_t s);
 /* o = f(x); gx = gy f'(v) with v = y (sigmoid, tanh) or x (the others) */
 TS_CU_EXTERN_C cudaError_t ts_cu_unary(int op, float *o, const float *x, int64_t n, cudaStream_t s);
 TS_CU_EXTERN_C cudaError_t ts_cu_unary_backward(int op, float *gx, const float *gy, const float *v, int64_t n,

@@ -121,9 +121,11 @@ static algo_mode algo_how(void) {
     return env_algo;
 }
 
-/* The 16-bit type a conv pass runs in now: TS_CU_BF16 under TS_BF16, TS_CU_F16 under TS_F16 (float16
- * training), else TS_CU_F32 (0: float32). */
-static int conv_half(void) {
+/* The 16-bit type a conv pass runs in now: TS_CU_BF16 for bfloat16 activations (autocast: act16, whatever
+ * the precision and TS_CUDA_CONV_BF16), under TS_BF16, TS_CU_F16 under TS_F16 (float16 training), else
+ * TS_CU_F32 (0: float32). */
+static int conv_half(bool act16) {
+    if (act16) return TS_CU_BF16;
     pthread_once(&env_once, env_init);
     ts_dtype p = ts_get_matmul_precision();
     if (!env_bf16 || p == TS_F32) return TS_CU_F32;
@@ -604,21 +606,23 @@ static bool conv_trivial(const ts_conv2d_geom *g) {
 }
 
 static ts_status zero_fill(ts_device *dev, cudaStream_t s, ts_tensor *t, int64_t n) {
-    if (n > 0) TS_CU_LAUNCH(dev, "cudaMemsetAsync", cudaMemsetAsync(ts__ptr(t), 0, sizeof(float) * (size_t)n, s));
+    if (n > 0)
+        TS_CU_LAUNCH(dev, "cudaMemsetAsync", cudaMemsetAsync(ts__ptr(t), 0, ts_dtype_size(t->dtype) * (size_t)n, s));
     return TS_OK;
 }
 
 // gb: (K) = per-channel sums of gout: (N, K, OHW), in double (deterministic)
 static ts_status bias_grad(ts_device *dev, cudaStream_t s, const ts_conv2d_geom *g, const ts_tensor *gout,
                            ts_tensor *gb) {
+    const int dt = gout->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32;
     if (g->K == 0) return TS_OK;
     const int64_t OHW = g->OH * g->OW;
     const int S = ts_cu_chan_splits(g->N, g->K, OHW);
     ts_tensor *pt = NULL;
     TS_TRY(ts__scratch_bytes(dev, sizeof(double) * 2 * (size_t)(g->K * S), &pt));
     double *part = (double *)ts__ptr(pt);
-    ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, ts__f32(gout), NULL, NULL, g->N, g->K, OHW,
-                                                            S, part, s), "spatial.conv2d_bias_grad");
+    ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, dt, ts__ptr(gout), NULL, NULL, g->N, g->K,
+                                                            OHW, S, part, s), "spatial.conv2d_bias_grad");
     if (st == TS_OK)
         st = ts__cuda_status(dev, ts_cu_chan_sum_finalize(part, g->K, S, ts__f32(gb), s), "spatial.conv2d_bias_grad");
     ts_tensor_release(pt);
@@ -659,12 +663,14 @@ static ts_status plan_run(ts_device *dev, cudnnHandle_t h, const conv_plan *p, c
 }
 
 // out: (N, K, OH, OW) = conv(x: (N, C, H, W), w: (K, C/g, kh, kw)) through cuDNN, chunk by chunk; in
-// 16-bit under conv_half()
+// 16-bit under conv_half(). Bfloat16 x and out (autocast) go to cuDNN as they are: only w is cast.
 static ts_status conv_forward_cudnn(ts_device *dev, cudaStream_t s, const ts_conv2d_geom *g, ts_tensor *out,
                                     const ts_tensor *x, const ts_tensor *w) {
     const int64_t nb = conv_chunk(g), xi = g->C * g->H * g->W, yi = g->K * g->OH * g->OW;
     if (nb == 0) return conv_too_large(dev, g);
-    const int hf = conv_half(); /* 16-bit passes: TS_CU_BF16 / TS_CU_F16; 0: float32 */
+    const bool act16 = x->dtype == TS_BF16;
+    const size_t es = ts_dtype_size(x->dtype); /* the activations' element size */
+    const int hf = conv_half(act16); /* 16-bit passes: TS_CU_BF16 / TS_CU_F16; 0: float32 */
     const bool bf = hf != TS_CU_F32;
     ts_tensor *wb = NULL; /* bfloat16: w's copy */
     if (bf) TS_TRY(half_copy(dev, s, hf, ts__f32(w), numel4(g->K, g->C / g->groups, g->kh, g->kw), &wb));
@@ -678,11 +684,13 @@ static ts_status conv_forward_cudnn(ts_device *dev, cudaStream_t s, const ts_con
     for (int64_t n0 = 0; n0 < g->N; n0 += nb) {
         ts_conv2d_geom cg = *g;
         cg.N = TS_MIN(nb, g->N - n0);
-        const float *px = ts__f32(x) + n0 * xi;
-        float *py = ts__f32(out) + n0 * yi;
+        const void *px = (const char *)ts__ptr(x) + (size_t)(n0 * xi) * es;
+        void *py = (char *)ts__ptr(out) + (size_t)(n0 * yi) * es;
         ts_tensor *xb = NULL, *yb = NULL; /* bfloat16: the chunk's x and y */
         conv_io io = {px, ts__f32(w), py};
-        if (bf) {
+        if (act16) {
+            io = (conv_io){px, ts__ptr(wb), py};
+        } else if (bf) {
             st = half_copy(dev, s, hf, px, cg.N * xi, &xb);
             if (st == TS_OK) st = ts__scratch_bytes(dev, 2 * (size_t)(cg.N * yi), &yb);
             if (st == TS_OK) io = (conv_io){ts__ptr(xb), ts__ptr(wb), ts__ptr(yb)};
@@ -690,7 +698,7 @@ static ts_status conv_forward_cudnn(ts_device *dev, cudaStream_t s, const ts_con
         conv_plan *p;
         if (st == TS_OK) st = plan_get(dev, h, cc, &cg, PASS_FWD, hf, &io, &p);
         if (st == TS_OK) st = plan_run(dev, h, p, &io, 0.0f);
-        if (st == TS_OK && bf) st = from_half(dev, s, hf, py, ts__ptr(yb), cg.N * yi);
+        if (st == TS_OK && bf && !act16) st = from_half(dev, s, hf, py, ts__ptr(yb), cg.N * yi);
         ts_tensor_release(xb);
         ts_tensor_release(yb);
         if (st != TS_OK) break;
@@ -711,14 +719,16 @@ static ts_status cuda_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_t
         TS_TRY(zero_fill(dev, s, out, on));
     else
         TS_TRY(conv_forward_cudnn(dev, s, g, out, x, w));
-    if (b)
+    if (b) /* bfloat16 out: cuDNN's rounded result plus the bias, rounded again */
         TS_CU_LAUNCH(dev, "spatial.conv2d_bias",
-                     ts_cu_bias_add(ts__f32(out), ts__f32(b), g->N, g->K, g->OH * g->OW, s));
+                     ts_cu_bias_add(out->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32, ts__ptr(out), ts__f32(b), g->N,
+                                    g->K, g->OH * g->OW, s));
     return TS_OK;
 }
 
 // gx: (N, C, H, W), gw: (K, C/g, kh, kw), gb: (K) from gout: (N, K, OH, OW); each may be NULL. The conv
-// passes run in 16 bits under conv_half(); gb is always summed from the float32 gout.
+// passes run in 16 bits under conv_half(); gb is always summed from gout as it is. Bfloat16 gout, x and gx
+// (autocast) go to cuDNN as they are; w is cast, the weight gradient comes back as float32.
 static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout, const ts_tensor *x,
                                       const ts_tensor *w, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     ts_device *dev = ts__dev(gout);
@@ -733,7 +743,9 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
     const int64_t nb = conv_chunk(g), xi = g->C * g->H * g->W, yi = g->K * g->OH * g->OW;
     const int64_t wn = numel4(g->K, g->C / g->groups, g->kh, g->kw);
     if (nb == 0) return conv_too_large(dev, g);
-    const int hf = conv_half(); /* 16-bit passes: TS_CU_BF16 / TS_CU_F16; 0: float32 */
+    const bool act16 = x->dtype == TS_BF16;
+    const size_t es = ts_dtype_size(x->dtype); /* the activations' element size */
+    const int hf = conv_half(act16); /* 16-bit passes: TS_CU_BF16 / TS_CU_F16; 0: float32 */
     const bool bf = hf != TS_CU_F32;
     /* bfloat16: w's copy (for gx); a chunk's weight gradient; with several chunks, its float32 copy */
     ts_tensor *wb = NULL, *dwb = NULL, *dwf = NULL;
@@ -753,30 +765,36 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
     for (int64_t n0 = 0; n0 < g->N; n0 += nb) {
         ts_conv2d_geom cg = *g;
         cg.N = TS_MIN(nb, g->N - n0);
-        const float *pg = ts__f32(gout) + n0 * yi, *px = ts__f32(x) + n0 * xi;
+        const void *pg = (const char *)ts__ptr(gout) + (size_t)(n0 * yi) * es;
+        const void *px = (const char *)ts__ptr(x) + (size_t)(n0 * xi) * es;
         ts_tensor *gob = NULL, *xb = NULL, *dxb = NULL; /* bfloat16: the chunk's gout, x (for gw), gx */
+        const void *pgb = pg, *pxb = px; /* the chunk's gout and x as cuDNN reads them */
         conv_plan *p;
-        if (bf) {
+        if (bf && !act16) {
             st = half_copy(dev, s, hf, pg, cg.N * yi, &gob);
             if (st == TS_OK && gw) st = half_copy(dev, s, hf, px, cg.N * xi, &xb);
+            pgb = gob ? ts__ptr(gob) : NULL;
+            pxb = xb ? ts__ptr(xb) : NULL;
         }
         if (st == TS_OK && gx) {
-            float *pgx = ts__f32(gx) + n0 * xi;
+            void *pgx = (char *)ts__ptr(gx) + (size_t)(n0 * xi) * es;
             conv_io io = {ts__f32(w), pg, pgx};
-            if (bf) {
+            if (act16) {
+                io = (conv_io){ts__ptr(wb), pg, pgx};
+            } else if (bf) {
                 st = ts__scratch_bytes(dev, 2 * (size_t)(cg.N * xi), &dxb);
-                if (st == TS_OK) io = (conv_io){ts__ptr(wb), ts__ptr(gob), ts__ptr(dxb)};
+                if (st == TS_OK) io = (conv_io){ts__ptr(wb), pgb, ts__ptr(dxb)};
             }
             if (st == TS_OK) st = plan_get(dev, h, cc, &cg, PASS_BWD_DATA, hf, &io, &p);
             if (st == TS_OK) st = plan_run(dev, h, p, &io, 0.0f);
-            if (st == TS_OK && bf) st = from_half(dev, s, hf, pgx, ts__ptr(dxb), cg.N * xi);
+            if (st == TS_OK && bf && !act16) st = from_half(dev, s, hf, pgx, ts__ptr(dxb), cg.N * xi);
         }
         if (st == TS_OK && gw) {
             /* float32: chunks after the first accumulate into gw (beta 1), so a measurement must not write
              * it (y NULL: a scratch). bfloat16: each chunk's gradient into dwb, then converted into gw (the
              * first chunk) or into dwf and added to gw. */
             conv_io io = {px, pg, ts__f32(gw)};
-            if (bf) io = (conv_io){ts__ptr(xb), ts__ptr(gob), ts__ptr(dwb)};
+            if (bf) io = (conv_io){pxb, pgb, ts__ptr(dwb)};
             conv_io pio = io;
             if (!bf && n0 > 0) pio.y = NULL;
             st = plan_get(dev, h, cc, &cg, PASS_BWD_FILTER, hf, &pio, &p);
@@ -806,6 +824,9 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
 
 /* ================================ pooling ================================ */
 
+/* The launchers' type of an activation tensor: bfloat16 (autocast) or float32. */
+static int act_type(const ts_tensor *t) { return t->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32; }
+
 static ts_cu_pool_geom pool_geom(const ts_pool2d_geom *g) {
     return (ts_cu_pool_geom){.N = g->N, .C = g->C, .H = g->H, .W = g->W, .OH = g->OH, .OW = g->OW, .kh = g->kh,
                              .kw = g->kw, .sh = g->sh, .sw = g->sw, .ph = g->ph, .pw = g->pw, .dh = g->dh,
@@ -817,7 +838,8 @@ static ts_status cuda_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tens
     ts_device *dev = ts__dev(out);
     TS_CU_BEGIN(dev, s);
     const ts_cu_pool_geom cg = pool_geom(g);
-    TS_CU_LAUNCH(dev, "spatial.maxpool2d", ts_cu_maxpool2d(&cg, ts__f32(out), (int32_t *)ts__ptr(idx), ts__f32(x), s));
+    TS_CU_LAUNCH(dev, "spatial.maxpool2d", ts_cu_maxpool2d(act_type(x), &cg, ts__ptr(out), (int32_t *)ts__ptr(idx),
+                                                           ts__ptr(x), s));
     return TS_OK;
 }
 
@@ -828,7 +850,8 @@ static ts_status cuda_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx,
     TS_CU_BEGIN(dev, s);
     const ts_cu_pool_geom cg = pool_geom(g);
     TS_CU_LAUNCH(dev, "spatial.maxpool2d_backward",
-                 ts_cu_maxpool2d_backward(&cg, ts__f32(gx), ts__f32(gout), (const int32_t *)ts__ptr(idx), s));
+                 ts_cu_maxpool2d_backward(act_type(gx), &cg, ts__ptr(gx), ts__ptr(gout), (const int32_t *)ts__ptr(idx),
+                                          s));
     return TS_OK;
 }
 
@@ -885,14 +908,15 @@ static ts_status cuda_batchnorm2d_stats(const ts_tensor *x, float eps, float mom
     /* part: (C, S, 2) doubles, then mu: (C) doubles */
     TS_TRY(ts__scratch_bytes(dev, sizeof(double) * (size_t)(C * (2 * S + 1)), &pt));
     double *part = (double *)ts__ptr(pt), *mu = part + C * 2 * S;
-    const float *px = ts__f32(x);
+    const void *px = ts__ptr(x);
+    const int dt = act_type(x);
     float *pm = ts__f32(mean);
-    ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, px, NULL, NULL, N, C, HW, S, part, s),
+    ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, dt, px, NULL, NULL, N, C, HW, S, part, s),
                                    "spatial.batchnorm2d_stats");
     if (st == TS_OK)
         st = ts__cuda_status(dev, ts_cu_bn_stats_mean(part, C, S, M, mu, pm, s), "spatial.batchnorm2d_stats");
     if (st == TS_OK)
-        st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SQDEV, px, NULL, pm, N, C, HW, S, part, s),
+        st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SQDEV, dt, px, NULL, pm, N, C, HW, S, part, s),
                              "spatial.batchnorm2d_stats");
     if (st == TS_OK)
         st = ts__cuda_status(dev,
@@ -920,7 +944,7 @@ static ts_status cuda_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, cons
     TS_CU_BEGIN(dev, s);
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
     TS_CU_LAUNCH(dev, "spatial.batchnorm2d_apply",
-                 ts_cu_bn_apply(ts__f32(out), ts__f32(x), ts__f32(mean), ts__f32(invstd),
+                 ts_cu_bn_apply(act_type(x), ts__ptr(out), ts__ptr(x), ts__f32(mean), ts__f32(invstd),
                                 weight ? ts__f32(weight) : NULL, bias ? ts__f32(bias) : NULL, N, C, HW, s));
     return TS_OK;
 }
@@ -941,10 +965,12 @@ static ts_status cuda_batchnorm2d_backward(const ts_tensor *gout, const ts_tenso
     TS_TRY(ts__scratch_bytes(dev, part_bytes + sizeof(float) * 3 * (size_t)C, &pt));
     double *part = sums ? (double *)ts__ptr(pt) : NULL;
     float *coef = (float *)((char *)ts__ptr(pt) + part_bytes);
-    const float *px = ts__f32(x), *pg = ts__f32(gout), *pm = ts__f32(mean);
+    const void *px = ts__ptr(x), *pg = ts__ptr(gout);
+    const float *pm = ts__f32(mean);
+    const int dt = act_type(x);
     ts_status st = TS_OK;
     if (sums)
-        st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_DOTDEV, px, pg, pm, N, C, HW, S, part, s),
+        st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_DOTDEV, dt, px, pg, pm, N, C, HW, S, part, s),
                              "spatial.batchnorm2d_backward");
     const float *pw = weight ? ts__f32(weight) : NULL;
     float *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
@@ -953,7 +979,7 @@ static ts_status cuda_batchnorm2d_backward(const ts_tensor *gout, const ts_tenso
                                                          coef, s),
                              "spatial.batchnorm2d_backward");
     if (st == TS_OK && gx)
-        st = ts__cuda_status(dev, ts_cu_bn_axpbyc(ts__f32(gx), pg, px, coef, N, C, HW, s),
+        st = ts__cuda_status(dev, ts_cu_bn_axpbyc(dt, ts__ptr(gx), pg, px, coef, N, C, HW, s),
                              "spatial.batchnorm2d_backward");
     ts_tensor_release(pt);
     return st;
@@ -972,4 +998,5 @@ const struct ts_kernels_spatial ts_cuda_kernels_spatial = {
     .batchnorm2d_backward = cuda_batchnorm2d_backward,
     .adaptive_avgpool2d = cuda_adaptive_avgpool2d,
     .adaptive_avgpool2d_backward = cuda_adaptive_avgpool2d_backward,
+    .bf16 = true,
 };

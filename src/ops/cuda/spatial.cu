@@ -11,8 +11,14 @@
  *     spatial_cu.h).
  * Elementwise and pooling kernels index with 32-bit unsigned arithmetic when the element count fits
  * in an int (divisions are cheaper), else with int64_t.
+ *
+ * The kernels that touch activations (bias add, max pooling, batchnorm) are templates on their element
+ * type D (TS_CU_F32, or TS_CU_BF16: bfloat16 activations under ts_set_autocast), loading through
+ * elem16.cuh: every element computed in float32 (the sums in double, as for float32) and each output
+ * rounded once, as the CPU's bfloat16 kernels.
  */
 #include "ops/cuda/spatial_cu.h"
+#include "ops/cuda/elem16.cuh"
 
 #include <math.h>
 
@@ -27,6 +33,22 @@
             kernel<int64_t><<<ts_cu_blocks(n), TS_CU_THREADS, 0, (s)>>>(__VA_ARGS__);          \
     } while (0)
 
+/* The same for kernels templated on <element type, index type>, dt chosen at run time. */
+#define LAUNCH_DT_IDX(dt, n, kernel, s, ...)                                                      \
+    do {                                                                                          \
+        if ((dt) == TS_CU_BF16)                                                                   \
+            LAUNCH_IDX_D(TS_CU_BF16, n, kernel, s, __VA_ARGS__);                                  \
+        else                                                                                      \
+            LAUNCH_IDX_D(TS_CU_F32, n, kernel, s, __VA_ARGS__);                                   \
+    } while (0)
+#define LAUNCH_IDX_D(D, n, kernel, s, ...)                                                        \
+    do {                                                                                          \
+        if ((n) <= (int64_t)INT32_MAX)                                                            \
+            kernel<D, uint32_t><<<ts_cu_blocks(n), TS_CU_THREADS, 0, (s)>>>(__VA_ARGS__);         \
+        else                                                                                      \
+            kernel<D, int64_t><<<ts_cu_blocks(n), TS_CU_THREADS, 0, (s)>>>(__VA_ARGS__);          \
+    } while (0)
+
 /* Grid-stride loop over [0, n) with index type I. */
 #define IDX_LOOP(I, i, n) \
     for (I i = (I)(blockIdx.x * blockDim.x + threadIdx.x); i < (I)(n); i += (I)(blockDim.x * gridDim.x))
@@ -34,16 +56,16 @@
 /* ================================ conv2d helpers ================================ */
 
 // y: (N, K, HW) += b[k]
-template <typename I>
-__global__ void bias_add_kernel(float *y, const float *b, I n, I K, I HW) {
-    IDX_LOOP(I, i, n) y[i] += b[(i / HW) % K];
+template <int D, typename I>
+__global__ void bias_add_kernel(void *y, const float *b, I n, I K, I HW) {
+    IDX_LOOP(I, i, n) ts_cu_store<D>(y, i, ts_cu_load<D>(y, i) + b[(i / HW) % K]);
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_bias_add(float *y, const float *b, int64_t N, int64_t K, int64_t HW,
+TS_CU_EXTERN_C cudaError_t ts_cu_bias_add(int dt, void *y, const float *b, int64_t N, int64_t K, int64_t HW,
                                           cudaStream_t s) {
     const int64_t n = N * K * HW;
     if (n == 0) return cudaSuccess;
-    LAUNCH_IDX(n, bias_add_kernel, s, y, b, n, K, HW);
+    LAUNCH_DT_IDX(dt, n, bias_add_kernel, s, y, b, n, K, HW);
     return cudaGetLastError();
 }
 
@@ -57,14 +79,14 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return a <= 0 ? -((-a) /
 
 // out, idx: (P, OH, OW) <- x: (P, H, W); the CPU's sequential rule: v > best or v is NaN wins
 // (so the last NaN does), the index starts at the window's first valid position
-template <typename I>
-__global__ void maxpool_kernel(ts_cu_pool_geom g, float *out, int32_t *idx, const float *x, I n) {
+template <int D, typename I>
+__global__ void maxpool_kernel(ts_cu_pool_geom g, void *out, int32_t *idx, const void *x, I n) {
     const int H = (int)g.H, W = (int)g.W, OH = (int)g.OH, OW = (int)g.OW;
     IDX_LOOP(I, i, n) {
         const int ow = (int)(i % (I)OW);
         const I r = i / (I)OW;
         const int oh = (int)(r % (I)OH);
-        const float *xp = x + (int64_t)(r / (I)OH) * H * W;
+        const int64_t xp = (int64_t)(r / (I)OH) * H * W; /* the plane's first element */
         const int hs = oh * g.sh - g.ph, he = min(hs + (g.kh - 1) * g.dh + 1, H);
         const int ws = ow * g.sw - g.pw, we = min(ws + (g.kw - 1) * g.dw + 1, W);
         const int h0 = first_valid(hs, g.dh), w0 = first_valid(ws, g.dw);
@@ -72,38 +94,38 @@ __global__ void maxpool_kernel(ts_cu_pool_geom g, float *out, int32_t *idx, cons
         int bi = h0 * W + w0;
         for (int ih = h0; ih < he; ih += g.dh)
             for (int iw = w0; iw < we; iw += g.dw) {
-                const float v = xp[ih * W + iw];
+                const float v = ts_cu_load<D>(x, xp + ih * W + iw);
                 if (v > best || isnan(v)) {
                     best = v;
                     bi = ih * W + iw;
                 }
             }
-        out[i] = best;
+        ts_cu_store<D>(out, i, best); /* one of the inputs: exact in their type */
         idx[i] = h0 < he && w0 < we ? bi : 0;
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d(const ts_cu_pool_geom *g, float *out, int32_t *idx, const float *x,
+TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d(int dt, const ts_cu_pool_geom *g, void *out, int32_t *idx, const void *x,
                                            cudaStream_t s) {
     const int64_t n = g->N * g->C * g->OH * g->OW;
     if (n == 0) return cudaSuccess;
-    LAUNCH_IDX(n, maxpool_kernel, s, *g, out, idx, x, n);
+    LAUNCH_DT_IDX(dt, n, maxpool_kernel, s, *g, out, idx, x, n);
     return cudaGetLastError();
 }
 
 // gx: (P, H, W) <- gout, idx: (P, OH, OW). Input (ih, iw) is tap (a, b) of output (oh, ow) when
 // ih = oh sh - ph + a dh with 0 <= a < kh (likewise for columns); it adds gout of those whose idx
 // is its position, in (oh, ow) order (the CPU's scatter order).
-template <typename I>
-__global__ void maxpool_backward_kernel(ts_cu_pool_geom g, float *gx, const float *gout, const int32_t *idx, I n) {
+template <int D, typename I>
+__global__ void maxpool_backward_kernel(ts_cu_pool_geom g, void *gx, const void *gout, const int32_t *idx, I n) {
     const int H = (int)g.H, W = (int)g.W, OH = (int)g.OH, OW = (int)g.OW;
     IDX_LOOP(I, i, n) {
         const int iw = (int)(i % (I)W);
         const I r = i / (I)W;
         const int ih = (int)(r % (I)H);
         const int64_t p = (int64_t)(r / (I)H);
-        const float *gp = gout + p * OH * OW;
-        const int32_t *ip = idx + p * OH * OW;
+        const int64_t gp = p * OH * OW; /* the plane's first output */
+        const int32_t *ip = idx + gp;
         const int pos = ih * W + iw;
         const int oh0 = max(ceil_div(ih + g.ph - (g.kh - 1) * g.dh, g.sh), 0);
         const int oh1 = min((ih + g.ph) / g.sh, OH - 1);
@@ -114,18 +136,18 @@ __global__ void maxpool_backward_kernel(ts_cu_pool_geom g, float *gx, const floa
             if ((ih + g.ph - oh * g.sh) % g.dh != 0) continue;
             for (int ow = ow0; ow <= ow1; ow++) {
                 if ((iw + g.pw - ow * g.sw) % g.dw != 0) continue;
-                if (ip[oh * OW + ow] == pos) acc += gp[oh * OW + ow];
+                if (ip[oh * OW + ow] == pos) acc += ts_cu_load<D>(gout, gp + oh * OW + ow);
             }
         }
-        gx[i] = acc;
+        ts_cu_store<D>(gx, i, acc);
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d_backward(const ts_cu_pool_geom *g, float *gx, const float *gout,
+TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d_backward(int dt, const ts_cu_pool_geom *g, void *gx, const void *gout,
                                                     const int32_t *idx, cudaStream_t s) {
     const int64_t n = g->N * g->C * g->H * g->W;
     if (n == 0) return cudaSuccess;
-    LAUNCH_IDX(n, maxpool_backward_kernel, s, *g, gx, gout, idx, n);
+    LAUNCH_DT_IDX(dt, n, maxpool_backward_kernel, s, *g, gx, gout, idx, n);
     return cudaGetLastError();
 }
 
@@ -273,8 +295,8 @@ TS_CU_EXTERN_C int ts_cu_chan_splits(int64_t N, int64_t C, int64_t HW) {
 // part[(c S + s) 2 + {0, 1}] <- sums over range s = [s M / S, (s + 1) M / S) of channel c's M = N*HW
 // elements (flat n*HW + j, element (n, c, j) of x); grid (C, S), RED_THREADS threads; each thread adds
 // its elements in double, then the block's tree adds the threads' sums
-template <int MODE>
-__global__ void __launch_bounds__(RED_THREADS) chan_partials_kernel(const float *x, const float *g, const float *mean,
+template <int MODE, int D>
+__global__ void __launch_bounds__(RED_THREADS) chan_partials_kernel(const void *x, const void *g, const float *mean,
                                                                     int64_t N, int64_t C, int64_t HW, int S,
                                                                     double *part) {
     __shared__ double sa[RED_THREADS], sb[RED_THREADS];
@@ -290,14 +312,14 @@ __global__ void __launch_bounds__(RED_THREADS) chan_partials_kernel(const float 
         const int64_t dn = RED_THREADS / HW, dj = RED_THREADS % HW;
         for (; f < hi; f += RED_THREADS) {
             const int64_t e = (n * C + c) * HW + j;
-            const float v = x[e];
+            const float v = ts_cu_load<D>(x, e);
             if (MODE == TS_CU_CHAN_SUM) {
                 a += (double)v;
             } else if (MODE == TS_CU_CHAN_SQDEV) {
                 const double d = (double)v - m;
                 a += d * d;
             } else {
-                const double gv = (double)g[e];
+                const double gv = (double)ts_cu_load<D>(g, e);
                 a += gv;
                 b += gv * ((double)v - m);
             }
@@ -325,16 +347,25 @@ __global__ void __launch_bounds__(RED_THREADS) chan_partials_kernel(const float 
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_chan_partials(int mode, const float *x, const float *g, const float *mean, int64_t N,
-                                               int64_t C, int64_t HW, int S, double *part, cudaStream_t s) {
-    if (C == 0) return cudaSuccess;
+template <int D>
+static void chan_partials_launch(int mode, const void *x, const void *g, const float *mean, int64_t N, int64_t C,
+                                 int64_t HW, int S, double *part, cudaStream_t s) {
     const dim3 grid((unsigned)C, (unsigned)S);
     if (mode == TS_CU_CHAN_SUM)
-        chan_partials_kernel<TS_CU_CHAN_SUM><<<grid, RED_THREADS, 0, s>>>(x, g, mean, N, C, HW, S, part);
+        chan_partials_kernel<TS_CU_CHAN_SUM, D><<<grid, RED_THREADS, 0, s>>>(x, g, mean, N, C, HW, S, part);
     else if (mode == TS_CU_CHAN_SQDEV)
-        chan_partials_kernel<TS_CU_CHAN_SQDEV><<<grid, RED_THREADS, 0, s>>>(x, g, mean, N, C, HW, S, part);
+        chan_partials_kernel<TS_CU_CHAN_SQDEV, D><<<grid, RED_THREADS, 0, s>>>(x, g, mean, N, C, HW, S, part);
     else
-        chan_partials_kernel<TS_CU_CHAN_DOTDEV><<<grid, RED_THREADS, 0, s>>>(x, g, mean, N, C, HW, S, part);
+        chan_partials_kernel<TS_CU_CHAN_DOTDEV, D><<<grid, RED_THREADS, 0, s>>>(x, g, mean, N, C, HW, S, part);
+}
+
+TS_CU_EXTERN_C cudaError_t ts_cu_chan_partials(int mode, int dt, const void *x, const void *g, const float *mean,
+                                               int64_t N, int64_t C, int64_t HW, int S, double *part, cudaStream_t s) {
+    if (C == 0) return cudaSuccess;
+    if (dt == TS_CU_BF16)
+        chan_partials_launch<TS_CU_BF16>(mode, x, g, mean, N, C, HW, S, part, s);
+    else
+        chan_partials_launch<TS_CU_F32>(mode, x, g, mean, N, C, HW, S, part, s);
     return cudaGetLastError();
 }
 
@@ -405,23 +436,23 @@ TS_CU_EXTERN_C cudaError_t ts_cu_bn_invstd(const float *var, float eps, float *i
 }
 
 // out: (N, C, HW) = x * scale + shift, scale = invstd[c] weight[c], shift = bias[c] - mean[c] scale
-template <typename I>
-__global__ void bn_apply_kernel(float *out, const float *x, const float *mean, const float *invstd,
+template <int D, typename I>
+__global__ void bn_apply_kernel(void *out, const void *x, const float *mean, const float *invstd,
                                 const float *weight, const float *bias, I n, I C, I HW) {
     IDX_LOOP(I, i, n) {
         const I c = (i / HW) % C;
         const float scale = invstd[c] * (weight ? weight[c] : 1.0f);
         const float shift = (bias ? bias[c] : 0.0f) - mean[c] * scale;
-        out[i] = x[i] * scale + shift;
+        ts_cu_store<D>(out, i, ts_cu_load<D>(x, i) * scale + shift);
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(float *out, const float *x, const float *mean, const float *invstd,
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(int dt, void *out, const void *x, const float *mean, const float *invstd,
                                           const float *weight, const float *bias, int64_t N, int64_t C, int64_t HW,
                                           cudaStream_t s) {
     const int64_t n = N * C * HW;
     if (n == 0) return cudaSuccess;
-    LAUNCH_IDX(n, bn_apply_kernel, s, out, x, mean, invstd, weight, bias, n, C, HW);
+    LAUNCH_DT_IDX(dt, n, bn_apply_kernel, s, out, x, mean, invstd, weight, bias, n, C, HW);
     return cudaGetLastError();
 }
 
@@ -459,18 +490,18 @@ TS_CU_EXTERN_C cudaError_t ts_cu_bn_backward_coef(const double *part, int64_t C,
 }
 
 // gx: (N, C, HW) = a g + b x + k with (a, b, k) = coef[c]
-template <typename I>
-__global__ void bn_axpbyc_kernel(float *gx, const float *g, const float *x, const float *coef, I n, I C, I HW) {
+template <int D, typename I>
+__global__ void bn_axpbyc_kernel(void *gx, const void *g, const void *x, const float *coef, I n, I C, I HW) {
     IDX_LOOP(I, i, n) {
         const I c = (i / HW) % C;
-        gx[i] = coef[c * 3] * g[i] + coef[c * 3 + 1] * x[i] + coef[c * 3 + 2];
+        ts_cu_store<D>(gx, i, coef[c * 3] * ts_cu_load<D>(g, i) + coef[c * 3 + 1] * ts_cu_load<D>(x, i) + coef[c * 3 + 2]);
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(float *gx, const float *g, const float *x, const float *coef, int64_t N,
-                                           int64_t C, int64_t HW, cudaStream_t s) {
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(int dt, void *gx, const void *g, const void *x, const float *coef,
+                                           int64_t N, int64_t C, int64_t HW, cudaStream_t s) {
     const int64_t n = N * C * HW;
     if (n == 0) return cudaSuccess;
-    LAUNCH_IDX(n, bn_axpbyc_kernel, s, gx, g, x, coef, n, C, HW);
+    LAUNCH_DT_IDX(dt, n, bn_axpbyc_kernel, s, gx, g, x, coef, n, C, HW);
     return cudaGetLastError();
 }

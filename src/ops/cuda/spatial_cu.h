@@ -6,6 +6,10 @@
  * Convolutions themselves go to cuDNN (spatial.c); what is here is pooling, batchnorm and the small
  * per-channel helpers of conv2d (bias add, bias gradient).
  *
+ * dt (TS_CU_F32 or TS_CU_BF16, ew_cu.h) is the type of the activations a launcher reads and writes (x, out,
+ * gout, gx, g; void pointers): bfloat16 under ts_set_autocast, each element computed in float32 and rounded
+ * once. Statistics, weights, biases, coefficients and their gradients are float32 always.
+ *
  * Per-channel reductions (batchnorm statistics and gradients, the conv bias gradient) are
  * deterministic: ts_cu_chan_partials splits each channel's N*HW elements into S contiguous ranges
  * (S from ts_cu_chan_splits, a function of the shape only), one block per (channel, range); each
@@ -16,6 +20,7 @@
 #define TS_OPS_CUDA_SPATIAL_CU_H
 
 #include "ops/cuda/cu.h"
+#include "ops/cuda/ew_cu.h"
 
 /* Pooling geometry (the fields of ts_pool2d_geom, device/k_spatial.h, which .cu files do not see). */
 typedef struct ts_cu_pool_geom {
@@ -32,15 +37,15 @@ enum {
 };
 
 // y: (N, K, HW) += b[k]
-TS_CU_EXTERN_C cudaError_t ts_cu_bias_add(float *y, const float *b, int64_t N, int64_t K, int64_t HW,
+TS_CU_EXTERN_C cudaError_t ts_cu_bias_add(int dt, void *y, const float *b, int64_t N, int64_t K, int64_t HW,
                                           cudaStream_t s);
 
 /* ---- pooling ---- */
 // out, idx: (N, C, OH, OW) = max (and its flat h*W + w) over each window of x: (N, C, H, W)
-TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d(const ts_cu_pool_geom *g, float *out, int32_t *idx, const float *x,
+TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d(int dt, const ts_cu_pool_geom *g, void *out, int32_t *idx, const void *x,
                                            cudaStream_t s);
 // gx: (N, C, H, W) = sum of the gout: (N, C, OH, OW) whose idx points at each element (a gather)
-TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d_backward(const ts_cu_pool_geom *g, float *gx, const float *gout,
+TS_CU_EXTERN_C cudaError_t ts_cu_maxpool2d_backward(int dt, const ts_cu_pool_geom *g, void *gx, const void *gout,
                                                     const int32_t *idx, cudaStream_t s);
 // out: (N, C, OH, OW) = window means of x: (N, C, H, W)
 TS_CU_EXTERN_C cudaError_t ts_cu_avgpool2d(const ts_cu_pool_geom *g, float *out, const float *x, cudaStream_t s);
@@ -59,8 +64,8 @@ TS_CU_EXTERN_C cudaError_t ts_cu_adaptive_avgpool2d_backward(float *gx, const fl
 TS_CU_EXTERN_C int ts_cu_chan_splits(int64_t N, int64_t C, int64_t HW);
 // part: (C, S, 2) doubles <- per (channel, range) sums of x (and g): (N, C, HW) as `mode` says; mean: (C)
 // (read by SQDEV and DOTDEV only, else may be NULL), g: NULL except for DOTDEV
-TS_CU_EXTERN_C cudaError_t ts_cu_chan_partials(int mode, const float *x, const float *g, const float *mean, int64_t N,
-                                               int64_t C, int64_t HW, int S, double *part, cudaStream_t s);
+TS_CU_EXTERN_C cudaError_t ts_cu_chan_partials(int mode, int dt, const void *x, const void *g, const float *mean,
+                                               int64_t N, int64_t C, int64_t HW, int S, double *part, cudaStream_t s);
 // out: (C) = (float) sum of part: (C, S, 2)'s first components (the conv bias gradient)
 TS_CU_EXTERN_C cudaError_t ts_cu_chan_sum_finalize(const double *part, int64_t C, int S, float *out, cudaStream_t s);
 
@@ -75,7 +80,7 @@ TS_CU_EXTERN_C cudaError_t ts_cu_bn_stats_var(const double *part, int64_t C, int
 // invstd: (C) = 1 / sqrt(var + eps) in double
 TS_CU_EXTERN_C cudaError_t ts_cu_bn_invstd(const float *var, float eps, float *invstd, int64_t C, cudaStream_t s);
 // out: (N, C, HW) = x * scale[c] + shift[c]; weight, bias may be NULL; out may alias x
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(float *out, const float *x, const float *mean, const float *invstd,
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(int dt, void *out, const void *x, const float *mean, const float *invstd,
                                           const float *weight, const float *bias, int64_t N, int64_t C, int64_t HW,
                                           cudaStream_t s);
 // part: (C, S, 2) DOTDEV partials (NULL when no sums were needed) -> gw, gb (C) when not NULL and
@@ -84,7 +89,7 @@ TS_CU_EXTERN_C cudaError_t ts_cu_bn_backward_coef(const double *part, int64_t C,
                                                   const float *invstd, const float *weight, bool training, float *gw,
                                                   float *gb, float *coef, cudaStream_t s);
 // gx: (N, C, HW) = coef[c].a * g + coef[c].b * x + coef[c].k
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(float *gx, const float *g, const float *x, const float *coef, int64_t N,
-                                           int64_t C, int64_t HW, cudaStream_t s);
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(int dt, void *gx, const void *g, const void *x, const float *coef,
+                                           int64_t N, int64_t C, int64_t HW, cudaStream_t s);
 
 #endif
