@@ -8,7 +8,10 @@
  * bfloat16 matmul precision (the autocast of --precision bf16): matmul, linear and
  * conv2d products from rounded operands with float32 sums, forward and backward,
  * every other op bit-identical to float32, and a small CNN's two SGD steps under
- * it no further from the float32 result than PyTorch's own bfloat16 autocast step.
+ * it no further from the float32 result than PyTorch's own bfloat16 autocast step;
+ * autocast's bfloat16 kernels against the float32 ones. Those autocast tests run on
+ * TS_TEST_DEVICE (cuda:0 on a GPU machine, cpu:1 for a virtual device; the CPU by
+ * default), the rest on the CPU.
  */
 #include "test_util.h"
 #include "golden_io.h"
@@ -306,12 +309,30 @@ static ts_tensor *rounded(const ts_tensor *t) {
     return d;
 }
 
-static double max_rel(const ts_tensor *a, const ts_tensor *b) {
+/* Where the autocast tests run: TS_TEST_DEVICE (golden_io.h; the CPU when unset), e.g. cuda:0 to check the
+ * GPU's bfloat16 kernels against its own float32 ones, or cpu:1 (a virtual CPU device). */
+static ts_device *dev;
+
+/* t (a CPU tensor made by the test) as a leaf on dev, requires_grad kept; t is released */
+static ts_tensor *on_dev(ts_tensor *t) {
+    ts_tensor *o = tg_on_device(t, dev);
+    ts_tensor_set_requires_grad(o, ts_tensor_requires_grad(t));
+    ts_tensor_release(t);
+    return o;
+}
+
+/* A CPU copy of t (t itself, retained, when it is on the CPU) */
+static ts_tensor *host(const ts_tensor *t) { return tg_on_device((ts_tensor *)t, ts_device_cpu()); }
+
+static double max_rel(const ts_tensor *ta, const ts_tensor *tb) {
+    ts_tensor *a = host(ta), *b = host(tb);
     double w = 0, m = 0;
     for (int64_t i = 0; i < ts_tensor_numel(a); i++) {
-        w = fmax(w, fabs((double)ts_tensor_data_f32((ts_tensor *)a)[i] - (double)ts_tensor_data_f32((ts_tensor *)b)[i]));
-        m = fmax(m, fabs((double)ts_tensor_data_f32((ts_tensor *)b)[i]));
+        w = fmax(w, fabs((double)ts_tensor_data_f32(a)[i] - (double)ts_tensor_data_f32(b)[i]));
+        m = fmax(m, fabs((double)ts_tensor_data_f32(b)[i]));
     }
+    ts_tensor_release(a);
+    ts_tensor_release(b);
     return w / (m > 0 ? m : 1);
 }
 
@@ -523,21 +544,25 @@ static void test_bf16_step_vs_torch(void) {
 }
 
 /* Whether a (bfloat16) holds exactly the values of f (float32) rounded to bfloat16; prints the first miss. */
-static bool same_as_rounded(const char *what, const ts_tensor *a, const ts_tensor *f) {
-    if (ts_tensor_dtype(a) != TS_BF16 || ts_tensor_numel(a) != ts_tensor_numel(f)) {
-        fprintf(stderr, "  %s: dtype %s, %lld elements (want bfloat16, %lld)\n", what, ts_dtype_name(ts_tensor_dtype(a)),
-                (long long)ts_tensor_numel(a), (long long)ts_tensor_numel(f));
+static bool same_as_rounded(const char *what, const ts_tensor *ta, const ts_tensor *tf) {
+    if (ts_tensor_dtype(ta) != TS_BF16 || ts_tensor_numel(ta) != ts_tensor_numel(tf)) {
+        fprintf(stderr, "  %s: dtype %s, %lld elements (want bfloat16, %lld)\n", what, ts_dtype_name(ts_tensor_dtype(ta)),
+                (long long)ts_tensor_numel(ta), (long long)ts_tensor_numel(tf));
         return false;
     }
-    const uint16_t *pa = ts_tensor_data((ts_tensor *)a);
-    const float *pf = ts_tensor_data_f32((ts_tensor *)f);
-    for (int64_t i = 0; i < ts_tensor_numel(a); i++)
+    ts_tensor *a = host(ta), *f = host(tf);
+    const uint16_t *pa = ts_tensor_data(a);
+    const float *pf = ts_tensor_data_f32(f);
+    bool same = true;
+    for (int64_t i = 0; same && i < ts_tensor_numel(a); i++)
         if (pa[i] != ts_f32_to_bf16(pf[i])) {
-            fprintf(stderr, "  %s[%lld]: 0x%04x, float32 op rounded 0x%04x (%.9g)\n", what, (long long)i, pa[i],
-                    ts_f32_to_bf16(pf[i]), (double)pf[i]);
-            return false;
+            fprintf(stderr, "  %s on %s [%lld]: 0x%04x, float32 op rounded 0x%04x (%.9g)\n", what, ts_device_name(dev),
+                    (long long)i, pa[i], ts_f32_to_bf16(pf[i]), (double)pf[i]);
+            same = false;
         }
-    return true;
+    ts_tensor_release(a);
+    ts_tensor_release(f);
+    return same;
 }
 
 /* A float32 leaf holding bfloat16 tensor h's values */
@@ -550,7 +575,7 @@ static ts_tensor *widened_leaf(const ts_tensor *h) {
     return leaf;
 }
 
-/* Autocast on the CPU: conv2d and linear return bfloat16; batchnorm2d, relu, max pooling and the same-shape add
+/* Autocast (on the test device): conv2d and linear return bfloat16; batchnorm2d, relu, max pooling and the same-shape add
  * keep it, each output (and each input gradient) exactly the float32 op on the widened inputs, rounded once;
  * cross-entropy returns float32; parameter gradients stay float32; a bfloat16 tensor used twice gets the sum
  * of its gradients (it got garbage before: autograd summed 16-bit gradients as float32). */
@@ -560,9 +585,9 @@ static void test_autocast_ops(void) {
     ts_rng r;
     ts_rng_seed(&r, 21);
     int64_t xs[4] = {4, 6, 10, 10}, ws[4] = {8, 6, 3, 3}, bs[1] = {8}, cs[1] = {8};
-    ts_tensor *x = tu_rand(&r, 4, xs, -2.0f, 2.0f, false), *w = tu_rand(&r, 4, ws, -0.3f, 0.3f, true),
-              *b = tu_rand(&r, 1, bs, -0.5f, 0.5f, true), *gamma = tu_rand(&r, 1, cs, 0.5f, 1.5f, true),
-              *beta = tu_rand(&r, 1, cs, -0.5f, 0.5f, true);
+    ts_tensor *x = on_dev(tu_rand(&r, 4, xs, -2.0f, 2.0f, false)), *w = on_dev(tu_rand(&r, 4, ws, -0.3f, 0.3f, true)),
+              *b = on_dev(tu_rand(&r, 1, bs, -0.5f, 0.5f, true)), *gamma = on_dev(tu_rand(&r, 1, cs, 0.5f, 1.5f, true)),
+              *beta = on_dev(tu_rand(&r, 1, cs, -0.5f, 0.5f, true));
     ts_conv2d_params cp = TS_CONV2D_DEFAULT;
     cp.padding[0] = cp.padding[1] = 1;
     ts_pool2d_params pp = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, false};
@@ -585,18 +610,23 @@ static void test_autocast_ops(void) {
 
     /* batchnorm2d, relu, maxpool, add: bit for bit the float32 op on the widened input, rounded; backward too */
     ts_tensor *yl = widened_leaf(y), *rm = NULL, *rv = NULL, *rm32 = NULL, *rv32 = NULL;
-    CHECK_OK(ts_tensor_zeros(NULL, TS_F32, 1, cs, &rm));
-    CHECK_OK(ts_tensor_full(NULL, 1, cs, 1.0f, &rv));
-    CHECK_OK(ts_tensor_zeros(NULL, TS_F32, 1, cs, &rm32));
-    CHECK_OK(ts_tensor_full(NULL, 1, cs, 1.0f, &rv32));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, cs, &rm));
+    CHECK_OK(ts_tensor_full(dev, 1, cs, 1.0f, &rv));
+    CHECK_OK(ts_tensor_zeros(dev, TS_F32, 1, cs, &rm32));
+    CHECK_OK(ts_tensor_full(dev, 1, cs, 1.0f, &rv32));
     ts_tensor *yb = NULL;
     CHECK_OK(ts_to_dtype(yl, TS_BF16, &yb)); /* bfloat16, with a graph back to yl */
     ts_tensor *h[5] = {NULL}, *f[5] = {NULL};
     CHECK_OK(ts_batchnorm2d(yb, gamma, beta, rm, rv, true, 0.1f, 1e-5f, &h[0]));
     CHECK_OK(ts_batchnorm2d(yl, gamma, beta, rm32, rv32, true, 0.1f, 1e-5f, &f[0]));
     CHECK(same_as_rounded("batchnorm2d", h[0], f[0]));
-    CHECK(memcmp(ts_tensor_data(rm), ts_tensor_data(rm32), 8 * sizeof(float)) == 0 &&
-          memcmp(ts_tensor_data(rv), ts_tensor_data(rv32), 8 * sizeof(float)) == 0);
+    {
+        ts_tensor *hm = host(rm), *hm32 = host(rm32), *hv = host(rv), *hv32 = host(rv32);
+        CHECK(memcmp(ts_tensor_data(hm), ts_tensor_data(hm32), 8 * sizeof(float)) == 0 &&
+              memcmp(ts_tensor_data(hv), ts_tensor_data(hv32), 8 * sizeof(float)) == 0);
+        ts_tensor *hl[] = {hm, hm32, hv, hv32};
+        for (int i = 0; i < 4; i++) ts_tensor_release(hl[i]);
+    }
     /* each op from the rounded values the bfloat16 chain has (graph-less float32 copies), for the exact checks;
      * the float32 chain f[] goes on from f[0] for the gradients' comparison below */
     ts_tensor *e[3] = {widened_leaf(h[0]), NULL, NULL}, *eo[3] = {NULL, NULL, NULL};
@@ -619,7 +649,7 @@ static void test_autocast_ops(void) {
     CHECK_OK(ts_maxpool2d(f[1], pp, &f[2]));
     CHECK_OK(ts_add(f[2], f[2], &f[3]));
     /* a float32 loss of each: sum of squares with fixed weights, through mean of (out * c) */
-    ts_tensor *c = tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false), *cb = NULL, *lh = NULL, *lf = NULL,
+    ts_tensor *c = on_dev(tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false)), *cb = NULL, *lh = NULL, *lf = NULL,
               *mh = NULL, *mf = NULL;
     CHECK_OK(ts_to_dtype(c, TS_BF16, &cb));
     CHECK_OK(ts_mul(h[3], cb, &mh));
@@ -655,7 +685,7 @@ static void test_autocast_ops(void) {
         ts_tensor *inl = NULL;
         CHECK_OK(ts_tensor_clone(inb, &inl));
         ts_tensor_set_requires_grad(inl, true);
-        g = tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false);
+        g = on_dev(tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false));
         CHECK_OK(ts_to_dtype(g, TS_BF16, &gb16));
         CHECK_OK(ts_to_dtype(gb16, TS_F32, &gin));
         CHECK_OK(ts_maxpool2d(inl, pp, &o));
@@ -674,7 +704,7 @@ static void test_autocast_ops(void) {
         CHECK_OK(ts_maxpool2d(inl, op, &o));
         CHECK_OK(ts_maxpool2d(in, op, &of));
         CHECK(same_as_rounded("maxpool2d 3x3 stride 2", o, of));
-        go = tu_rand(&r, 4, ts_tensor_shape(of), -1.0f, 1.0f, false);
+        go = on_dev(tu_rand(&r, 4, ts_tensor_shape(of), -1.0f, 1.0f, false));
         CHECK_OK(ts_to_dtype(go, TS_BF16, &gob));
         CHECK_OK(ts_to_dtype(gob, TS_F32, &gof));
         CHECK_OK(ts_backward(o, gob, false));
@@ -689,7 +719,7 @@ static void test_autocast_ops(void) {
         ts_tensor_zero_grad(in);
         CHECK_OK(ts_relu(inl, &ri));
         CHECK_OK(ts_relu(in, &rif));
-        ts_tensor *g2 = tu_rand(&r, 4, (int64_t[]){4, 8, 10, 10}, -1.0f, 1.0f, false), *g2b = NULL;
+        ts_tensor *g2 = on_dev(tu_rand(&r, 4, (int64_t[]){4, 8, 10, 10}, -1.0f, 1.0f, false)), *g2b = NULL;
         CHECK_OK(ts_to_dtype(g2, TS_BF16, &g2b));
         CHECK_OK(ts_to_dtype(g2b, TS_F32, &grf));
         CHECK_OK(ts_backward(ri, g2b, false));
@@ -712,9 +742,9 @@ static void test_autocast_ops(void) {
 
     /* linear returns bfloat16 under autocast, cross-entropy float32; the weights' gradients float32 */
     CHECK_OK(ts_set_autocast(TS_BF16));
-    ts_tensor *lw = tu_rand(&r, 2, (int64_t[]){10, 200}, -0.1f, 0.1f, true), *flat = NULL, *logits = NULL, *loss = NULL;
+    ts_tensor *lw = on_dev(tu_rand(&r, 2, (int64_t[]){10, 200}, -0.1f, 0.1f, true)), *flat = NULL, *logits = NULL, *loss = NULL;
     ts_tensor *t = NULL, *z[3] = {NULL, NULL, NULL};
-    CHECK_OK(ts_tensor_zeros(NULL, TS_I64, 1, (int64_t[]){4}, &t));
+    CHECK_OK(ts_tensor_zeros(dev, TS_I64, 1, (int64_t[]){4}, &t));
     CHECK_OK(ts_conv2d(x, w, b, cp, &z[0]));
     CHECK_OK(ts_relu(z[0], &z[1]));
     CHECK_OK(ts_maxpool2d(z[1], pp, &z[2]));
@@ -753,8 +783,9 @@ static void test_autocast_conv_backward(void) {
         {{4, 8, 6, 6}, {12, 8, 3, 3}, 1, 1},   /* 6x6: oneDNN */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        ts_tensor *x = tu_rand(&r, 4, cases[k].x, -2.0f, 2.0f, false), *w = tu_rand(&r, 4, cases[k].w, -0.2f, 0.2f, true);
-        ts_tensor *b = tu_rand(&r, 1, &cases[k].w[0], -0.5f, 0.5f, true);
+        ts_tensor *x = on_dev(tu_rand(&r, 4, cases[k].x, -2.0f, 2.0f, false)),
+                  *w = on_dev(tu_rand(&r, 4, cases[k].w, -0.2f, 0.2f, true));
+        ts_tensor *b = on_dev(tu_rand(&r, 1, &cases[k].w[0], -0.5f, 0.5f, true));
         ts_conv2d_params cp = TS_CONV2D_DEFAULT;
         cp.stride[0] = cp.stride[1] = cases[k].stride;
         cp.padding[0] = cp.padding[1] = cases[k].pad;
@@ -766,7 +797,7 @@ static void test_autocast_conv_backward(void) {
         ts_tensor_set_requires_grad(xf, true);
         CHECK_OK(ts_conv2d(xh, w, b, cp, &yh));
         CHECK(yh && ts_tensor_dtype(yh) == TS_BF16);
-        g = tu_rand(&r, 4, ts_tensor_shape(yh), -1.0f, 1.0f, false);
+        g = on_dev(tu_rand(&r, 4, ts_tensor_shape(yh), -1.0f, 1.0f, false));
         CHECK_OK(ts_to_dtype(g, TS_BF16, &gh));
         CHECK_OK(ts_to_dtype(gh, TS_F32, &gf));
         CHECK_OK(ts_backward(yh, gh, false));
@@ -796,7 +827,7 @@ static void test_half_grad_accumulation(void) {
         ts_dtype dt = k ? TS_F16 : TS_BF16;
         float v[5] = {1, 2, 3, 4, 5};
         ts_tensor *a32 = NULL, *a = NULL, *y1 = NULL, *y2 = NULL, *s1 = NULL, *s2 = NULL, *s = NULL;
-        CHECK_OK(ts_tensor_from_data(NULL, TS_F32, 1, (int64_t[]){5}, v, &a32));
+        CHECK_OK(ts_tensor_from_data(dev, TS_F32, 1, (int64_t[]){5}, v, &a32));
         CHECK_OK(ts_to_dtype(a32, dt, &a));
         ts_tensor_set_requires_grad(a, true);
         CHECK_OK(ts_scale(a, 2.0f, &y1));
@@ -824,6 +855,7 @@ static void test_autocast_maxpool_2x2(void) {
     float *px = ts_tensor_data_f32(x);
     for (int64_t i = 0; i < ts_tensor_numel(x); i++) px[i] = roundf(px[i] * 2.0f) / 2.0f; /* 9 values: ties */
     px[1 * 11 * 75 + 4 * 75 + 40] = NAN; /* plane 1 goes the float32 way */
+    x = on_dev(x);
     CHECK_OK(ts_to_dtype(x, TS_BF16, &xb));
     ts_tensor_set_requires_grad(xb, true);
     ts_tensor *xf = widened_leaf(xb), *o = NULL, *of = NULL;
@@ -831,7 +863,7 @@ static void test_autocast_maxpool_2x2(void) {
     CHECK_OK(ts_maxpool2d(xb, pp, &o));
     CHECK_OK(ts_maxpool2d(xf, pp, &of));
     if (o && of) CHECK(same_as_rounded("maxpool2d 2x2 wide", o, of));
-    ts_tensor *g = o ? tu_rand(&r, 4, ts_tensor_shape(o), -1.0f, 1.0f, false) : NULL, *gb = NULL, *gf = NULL;
+    ts_tensor *g = o ? on_dev(tu_rand(&r, 4, ts_tensor_shape(o), -1.0f, 1.0f, false)) : NULL, *gb = NULL, *gf = NULL;
     if (g) {
         CHECK_OK(ts_to_dtype(g, TS_BF16, &gb));
         CHECK_OK(ts_to_dtype(gb, TS_F32, &gf));
@@ -845,6 +877,8 @@ static void test_autocast_maxpool_2x2(void) {
 }
 
 int main(int argc, char **argv) {
+    dev = tg_test_device();
+    if (dev != ts_device_cpu()) fprintf(stderr, "the autocast tests on %s\n", ts_device_name(dev));
     if (tg_load(GOLDEN, &golden) != TS_OK) {
         fprintf(stderr, "cannot read %s: %s\n", GOLDEN, ts_last_error());
         return 1;
