@@ -33,6 +33,7 @@ step test_cuda .gpu/bin/test_cuda
 TS_TEST_DEVICE=cuda:0 step golden_ops_cuda .gpu/bin/test_golden_ops
 TS_TEST_DEVICE=cuda:0 step golden_step_cuda .gpu/bin/test_golden_step
 TS_TEST_DEVICE=cuda:0 step precision_cuda .gpu/bin/test_precision # autocast's bf16 kernels vs the float32 ones
+TS_TEST_DEVICE=cuda:0 step optim_cuda .gpu/bin/test_optim # SGD and AdamW steps vs torch's formulas in double
 TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=find step golden_ops_cuda_find .gpu/bin/test_golden_ops
 TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=find step golden_step_cuda_find .gpu/bin/test_golden_step
 if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the checkpoint on the CPU

@@ -1,7 +1,10 @@
 /* Optimizers against torch.optim's formulas recomputed here in double
  * precision, state save/load, and learning-rate schedules against closed
- * forms and torch's recursive scheduler updates. */
+ * forms and torch's recursive scheduler updates. The SGD and AdamW steps run
+ * on TS_TEST_DEVICE (cuda:0 on a GPU machine, cpu:1 a virtual CPU device; the
+ * CPU by default), the rest on the CPU. */
 #include "test_util.h"
+#include "golden_io.h"
 
 #define NP 7     /* elements of the small parameter */
 #define NSTEPS 3
@@ -16,25 +19,35 @@ static float *grads_for(uint64_t seed, int step, int n) {
     return g;
 }
 
+static ts_device *dev; /* where run_sgd_case and test_adamw's steps run (TS_TEST_DEVICE) */
+
 static void set_grad(ts_tensor *p, const float *g) {
-    ts_tensor *t = tu_tensor(ts_tensor_ndim(p), ts_tensor_shape(p), g);
-    ts_tensor_set_grad(p, t);
+    ts_tensor *t = tu_tensor(ts_tensor_ndim(p), ts_tensor_shape(p), g), *d = tg_on_device(t, ts_tensor_device(p));
+    ts_tensor_set_grad(p, d);
     ts_tensor_release(t);
+    ts_tensor_release(d);
 }
 
-static ts_tensor *param(int n, uint64_t seed, double **ref) {
+/* A parameter of n values on d (a leaf with requires_grad), its values in *ref as doubles */
+static ts_tensor *param_on(ts_device *d, int n, uint64_t seed, double **ref) {
     ts_rng r;
     ts_rng_seed(&r, seed);
-    ts_tensor *p = tu_rand(&r, 1, (int64_t[]){n}, -1, 1, true);
+    ts_tensor *h = tu_rand(&r, 1, (int64_t[]){n}, -1, 1, true), *p = tg_on_device(h, d);
+    ts_tensor_set_requires_grad(p, true);
     *ref = malloc(sizeof(double) * (size_t)n);
-    for (int i = 0; i < n; i++) (*ref)[i] = ts_tensor_data_f32(p)[i];
+    for (int i = 0; i < n; i++) (*ref)[i] = ts_tensor_data_f32(h)[i];
+    ts_tensor_release(h);
     return p;
 }
 
+static ts_tensor *param(int n, uint64_t seed, double **ref) { return param_on(ts_device_cpu(), n, seed, ref); }
+
 static double max_rel_err(ts_tensor *p, const double *ref, int n) {
     double e = 0;
-    const float *v = ts_tensor_data_f32(p);
+    ts_tensor *h = tg_on_device(p, ts_device_cpu());
+    const float *v = ts_tensor_data_f32(h);
     for (int i = 0; i < n; i++) e = fmax(e, fabs(v[i] - ref[i]) / fmax(1.0, fabs(ref[i])));
+    ts_tensor_release(h);
     return e;
 }
 
@@ -56,7 +69,7 @@ static void ref_sgd(double *p, double *buf, bool first, const float *gf, int n, 
 
 static void run_sgd_case(const char *what, ts_sgd_config c, int n) {
     double *ref = NULL;
-    ts_tensor *p = param(n, 11, &ref);
+    ts_tensor *p = param_on(dev, n, 11, &ref);
     double *buf = calloc((size_t)n, sizeof(double));
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
     ts_tensor_list_append(&l, "w", p);
@@ -135,7 +148,7 @@ static void ref_adamw(double *p, adam_ref *s, const float *gf, int n, const ts_a
 /* Two parameters; the second has no gradient at step 2 (skipped, its state not advanced). */
 static void run_adamw_case(const char *what, ts_adamw_config c, int n) {
     double *ref[2];
-    ts_tensor *p[2] = {param(n, 21, &ref[0]), param(n, 22, &ref[1])};
+    ts_tensor *p[2] = {param_on(dev, n, 21, &ref[0]), param_on(dev, n, 22, &ref[1])};
     adam_ref s[2];
     for (int k = 0; k < 2; k++) {
         s[k].m = calloc((size_t)n, sizeof(double));
@@ -429,4 +442,10 @@ static void test_schedules(void) {
     CHECK_STATUS(ts_lr_schedule_check(&bad), TS_ERR_INVALID_ARG);
 }
 
-TU_MAIN(T(test_sgd), T(test_adamw), T(test_state_save_load), T(test_misc_api), T(test_schedules))
+int main(int argc, char **argv) {
+    dev = tg_test_device();
+    if (dev != ts_device_cpu()) printf("SGD and AdamW steps on %s\n", ts_device_name(dev));
+    static const tu_test tests[] = {T(test_sgd), T(test_adamw), T(test_state_save_load), T(test_misc_api),
+                                    T(test_schedules)};
+    return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
+}
