@@ -77,6 +77,21 @@ for r in 0 1 2; do
   grep -qx "\[rank $r\] $r/3/$r/3/127.0.0.1/$port/0/tessera-run" "$T/env.out" && ok "rank $r environment" || bad "rank $r environment: $(cat "$T/env.out")"
 done
 [ "$(wc -l < "$T/env.out")" -eq 3 ] && ok "one line per rank" || bad "line count: $(cat "$T/env.out")"
+# the port is ours from the start: the launcher holds its listening socket and hands it to rank 0 alone
+# (TS_STORE_LISTEN_FD), so nothing else can bind MASTER_PORT before rank 0's store serves on it
+"$TS" run -n 2 sh -c 'echo "fd=${TS_STORE_LISTEN_FD:-none}"' > "$T/lfd.out" 2>&1
+grep -qx '\[rank 0\] fd=[0-9]*' "$T/lfd.out" && grep -qx '\[rank 1\] fd=none' "$T/lfd.out" && ok "listening socket for rank 0 only" \
+  || bad "TS_STORE_LISTEN_FD: $(cat "$T/lfd.out")"
+if command -v python3 >/dev/null; then
+  "$TS" run -n 2 python3 -c 'import os, socket
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(os.environ["MASTER_PORT"]))); print("bound")
+except OSError as e:
+    print("in use" if e.errno == 98 else e)' > "$T/bind.out" 2>&1
+  [ "$(grep -c '] in use$' "$T/bind.out")" -eq 2 ] && ok "MASTER_PORT is taken before any rank binds it" \
+    || bad "MASTER_PORT bindable by another process: $(cat "$T/bind.out")"
+fi
 
 # two nodes, this is node 1: ranks 2 and 3 of 4; the given address and port
 "$TS" run -n 2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 29555 sh -c "$ENVS" > "$T/mn.out" 2>&1

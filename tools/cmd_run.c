@@ -284,21 +284,28 @@ static int find_program(const char *prog, const char **why) {
     return -1;
 }
 
-/* A port that was free a moment ago on 127.0.0.1 (bind port 0, read it back). */
-static int pick_free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
+/* A port of our own on 127.0.0.1 for rank 0's store: a listening socket bound to port 0 (the kernel's
+ * choice), kept open (close-on-exec) and handed to rank 0 alone (TS_STORE_LISTEN_FD: the tcp store serves
+ * on it instead of binding again), so no other process can take the port between its choice and the
+ * store's bind — as closing a probe socket and binding again later allowed, which a machine running many
+ * jobs hits now and then. Returns the port, *fd the socket; -1 with errno set. */
+static int listen_free_port(int *fd) {
+    *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (*fd < 0) return -1;
     struct sockaddr_in sa;
     memset(&sa, 0, sizeof sa);
     sa.sin_family = AF_INET;
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     sa.sin_port = 0;
     socklen_t len = sizeof sa;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
+    if (bind(*fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(*fd, SOMAXCONN) == 0 &&
+        getsockname(*fd, (struct sockaddr *)&sa, &len) == 0)
+        return ntohs(sa.sin_port);
+    int e = errno;
+    close(*fd);
+    *fd = -1;
+    errno = e;
+    return -1;
 }
 
 /* ---- signals ---------------------------------------------------------------------------------- */
@@ -357,6 +364,7 @@ typedef struct launcher {
     bool own_run_dir;       /* made by us: removed at the end */
     int port;
     bool auto_port; /* chosen by us: a fresh one for each attempt */
+    int listen_fd;  /* auto_port: the store's listening socket, for rank 0 (listen_free_port); else -1 */
     int attempt;    /* 0, then 1.. after restarts */
     char job_token[TS__JOB_TOKEN_CHARS + 1]; /* generated for the ranks; "" when TS_JOB_TOKEN was set or nnodes > 1 */
     int n;
@@ -514,6 +522,10 @@ static void exec_rank(launcher *L, int local_rank, int rank, int out_w, int err_
     set_env_int("GROUP_RANK", L->o.node_rank);
     setenv("MASTER_ADDR", L->o.master_addr, 1);
     set_env_int("MASTER_PORT", L->port);
+    if (rank == 0 && L->listen_fd >= 0 && fcntl(L->listen_fd, F_SETFD, 0) == 0) /* inherited by rank 0 alone */
+        set_env_int("TS_STORE_LISTEN_FD", L->listen_fd);
+    else
+        unsetenv("TS_STORE_LISTEN_FD");
     setenv("TS_LAUNCHED_BY", "tessera-run", 1);
     if (L->job_token[0]) setenv("TS_JOB_TOKEN", L->job_token, 1);
     if (L->run_dir[0]) setenv("TS_RUN_DIR", L->run_dir, 1);
@@ -946,9 +958,13 @@ static bool next_attempt(launcher *L, int culprit_rank) {
     handle_signals(L); /* one that came after the last poll round */
     if (L->got_signal || L->nsignals || L->attempt >= L->o.max_restarts) return false;
     int port = L->port;
-    if (L->auto_port && (port = pick_free_port()) <= 0) {
-        fprintf(stderr, "tessera run: cannot find a free port on 127.0.0.1 for the restart: %s\n", strerror(errno));
-        return false;
+    if (L->auto_port) { /* a fresh port: the last attempt's clients may still knock on the old one */
+        if (L->listen_fd >= 0) close(L->listen_fd);
+        if ((port = listen_free_port(&L->listen_fd)) <= 0) {
+            fprintf(stderr, "tessera run: cannot listen on a free port of 127.0.0.1 for the restart: %s\n",
+                    strerror(errno));
+            return false;
+        }
     }
     L->attempt++;
     fprintf(stderr, "tessera run: restarting all %d ranks (restart %d of %lld) after rank %d failed with status %d\n",
@@ -982,6 +998,7 @@ static void launcher_free(launcher *L) {
     free(L->ranks);
     free(L->outbuf);
     if (L->devnull >= 0) close(L->devnull);
+    if (L->listen_fd >= 0) close(L->listen_fd);
     if (L->sig_r >= 0) close(L->sig_r);
     if (L->own_run_dir) { /* our ranks' reports only: anything else keeps it (and tells of it) */
         remove_reports(L);
@@ -997,7 +1014,7 @@ int ts_cmd_run(int argc, char **argv) {
     memset(&L, 0, sizeof L);
     L.o = (run_opts){.nproc = 1, .nnodes = 1, .node_rank = 0, .master_port = 0, .grace = 10.0,
                      .master_addr = "127.0.0.1"};
-    L.sig_r = L.devnull = -1;
+    L.sig_r = L.devnull = L.listen_fd = -1;
     L.deadline = -1;
     int rc = parse_args(argc, argv, &L.o);
     if (rc) return rc == 1 ? 0 : rc;
@@ -1010,8 +1027,8 @@ int ts_cmd_run(int argc, char **argv) {
     L.port = (int)L.o.master_port;
     L.auto_port = L.port == 0;
     L.culprit_rank = -1;
-    if (L.port == 0 && (L.port = pick_free_port()) <= 0) {
-        fprintf(stderr, "tessera run: cannot find a free port on 127.0.0.1: %s (give --master-port)\n",
+    if (L.port == 0 && (L.port = listen_free_port(&L.listen_fd)) <= 0) {
+        fprintf(stderr, "tessera run: cannot listen on a free port of 127.0.0.1: %s (give --master-port)\n",
                 strerror(errno));
         return 1;
     }
@@ -1024,6 +1041,7 @@ int ts_cmd_run(int argc, char **argv) {
                 (long long)L.o.nnodes);
     } else if (!(tok && *tok) && ts__auth_new_token(L.job_token) != TS_OK) {
         fprintf(stderr, "tessera run: cannot generate a job token: %s\n", ts_last_error());
+        if (L.listen_fd >= 0) close(L.listen_fd);
         return 1;
     }
 
@@ -1036,6 +1054,7 @@ int ts_cmd_run(int argc, char **argv) {
         fprintf(stderr, "tessera run: %s\n", strerror(errno ? errno : ENOMEM));
         free(pfds);
         free(L.ranks);
+        if (L.listen_fd >= 0) close(L.listen_fd);
         return 1;
     }
     L.sig_r = sp[0];

@@ -79,6 +79,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -87,7 +88,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -877,10 +880,43 @@ static bool loopback_alias(const char *host, const struct addrinfo *a) {
 /* Binds host:port, listens and starts the thread. *bound gets the address (with the real port).
  * auth and the limits (already resolved) are copied. A host name that resolves to a loopback address
  * (loopback_alias) binds every interface of that family instead. */
-static ts_status srv_start(const char *host, int port, const ts__auth *auth, const ts_store_tcp_options *o,
-                           tcp_server **out, struct sockaddr_storage *bound, socklen_t *boundlen) {
-    char hp[300], ps[16];
-    fmt_hostport(hp, sizeof hp, host, port);
+/* A listening socket a launcher handed down for this server: `tessera run` binds the store's port itself and
+ * passes the socket to rank 0 (TS_STORE_LISTEN_FD=<descriptor>, as systemd's socket activation does), so
+ * that no other process can take the port between the launcher's choice and our bind. Taken once per
+ * process, and only when it is a listening TCP socket bound to `port`; -1 otherwise (then we bind). */
+static int inherited_listener(int port) {
+    static atomic_bool taken;
+    const char *e = getenv("TS_STORE_LISTEN_FD");
+    if (!e || !*e || port <= 0 || atomic_load(&taken)) return -1;
+    char *end = NULL;
+    long fd = strtol(e, &end, 10);
+    if (*end || fd < 3 || fd > INT_MAX) return -1;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    int acc = 0, type = 0;
+    socklen_t al = sizeof acc, tl = sizeof type;
+    if (getsockname((int)fd, (struct sockaddr *)&ss, &sl) != 0 ||
+        getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) != 0 || !acc ||
+        getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
+        return -1;
+    const int bport = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                      : ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                                                : -1;
+    if (bport != port || atomic_exchange(&taken, true)) return -1;
+    (void)fcntl((int)fd, F_SETFD, FD_CLOEXEC); /* not for our own children */
+    (void)fcntl((int)fd, F_SETFL, fcntl((int)fd, F_GETFL) | O_NONBLOCK);
+    return (int)fd;
+}
+
+/* The listening socket for host:port: bound here, unless a launcher handed one down (inherited_listener). */
+static ts_status srv_listen(const char *host, int port, const char *hp, int *out) {
+    int lfd = inherited_listener(port), err = 0;
+    if (lfd >= 0) {
+        ts_log(TS_LOG_DEBUG, "tcp store: serving on %s through the listening socket the launcher passed down", hp);
+        *out = lfd;
+        return TS_OK;
+    }
+    char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
@@ -890,7 +926,6 @@ static ts_status srv_start(const char *host, int port, const ts__auth *auth, con
     int g = getaddrinfo(host, ps, &hints, &res);
     if (g != 0) return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: cannot resolve '%s': %s", hp, host,
                                 gai_strerror(g));
-    int lfd = -1, err = 0;
     for (struct addrinfo *ai = res; ai && lfd < 0; ai = ai->ai_next) {
         lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (lfd < 0) {
@@ -918,6 +953,16 @@ static ts_status srv_start(const char *host, int port, const ts__auth *auth, con
     }
     freeaddrinfo(res);
     if (lfd < 0) return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: %s", hp, strerror(err));
+    *out = lfd;
+    return TS_OK;
+}
+
+static ts_status srv_start(const char *host, int port, const ts__auth *auth, const ts_store_tcp_options *o,
+                           tcp_server **out, struct sockaddr_storage *bound, socklen_t *boundlen) {
+    char hp[300];
+    fmt_hostport(hp, sizeof hp, host, port);
+    int lfd = -1, err = 0;
+    TS_TRY(srv_listen(host, port, hp, &lfd));
     *boundlen = sizeof *bound;
     if (getsockname(lfd, (struct sockaddr *)bound, boundlen) != 0) {
         err = errno;
