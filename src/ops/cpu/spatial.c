@@ -32,24 +32,37 @@
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
 
-/* Plane reductions (TS_CLONES: a copy per ISA, core/internal.h): float partial sums in SIMD lanes (omp simd; each lane adds
- * only n/16 terms), totalled in double. Callers add a channel's planes in double. */
+/* Plane kernels of BatchNorm and the conv bias gradient, on float32 planes and on bfloat16 ones (bfloat16
+ * activations, ts_set_autocast). Each is written once, over elements loaded as float32 (el: a bfloat16 one
+ * widened) and stored from float32 (el_set: rounded once to bfloat16); the TS_CLONES wrappers (a copy per ISA,
+ * core/internal.h) pass the element type as a constant, so each instance is specialised and vectorised.
+ * Reductions keep float partial sums in SIMD lanes (omp simd; each lane adds only n/16 terms), totalled in
+ * double; callers add a channel's planes in double. */
+static inline float bf(uint16_t h) { return ts__bf16_to_f32(h); }
+#define PLANE_INLINE static inline __attribute__((always_inline))
+PLANE_INLINE float el(const void *p, int64_t i, bool h) { return h ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i]; }
+PLANE_INLINE void el_set(void *p, int64_t i, float v, bool h) {
+    if (h)
+        ((uint16_t *)p)[i] = ts__bf16_from_f32(v);
+    else
+        ((float *)p)[i] = v;
+}
 
 /* sum of p[0..n) */
-TS_CLONES static double plane_sum(const float *p, int64_t n) {
+PLANE_INLINE double plane_sum_t(const void *p, int64_t n, bool h) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += p[i];
+    for (int64_t i = 0; i < n; i++) s += el(p, i, h);
     return s;
 }
 
 /* *s1 += sum of (p[i] - m); *s2 += sum of (p[i] - m)^2: batchnorm's statistics in one pass, about a shift m
  * near the mean, so the variance does not cancel */
-TS_CLONES static void plane_shifted_sums(const float *p, int64_t n, float m, double *s1, double *s2) {
+PLANE_INLINE void plane_shifted_sums_t(const void *p, int64_t n, float m, double *s1, double *s2, bool h) {
     float a = 0.0f, b = 0.0f;
 #pragma omp simd reduction(+ : a, b)
     for (int64_t i = 0; i < n; i++) {
-        const float d = p[i] - m;
+        const float d = el(p, i, h) - m;
         a += d;
         b += d * d;
     }
@@ -58,64 +71,53 @@ TS_CLONES static void plane_shifted_sums(const float *p, int64_t n, float m, dou
 }
 
 /* *sg += sum of g[i]; *sgx += sum of g[i] * (x[i] - m) */
-TS_CLONES static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
+PLANE_INLINE void plane_dot_dev_t(const void *g, const void *x, int64_t n, float m, double *sg, double *sgx, bool h) {
     float a = 0.0f, b = 0.0f;
 #pragma omp simd reduction(+ : a, b)
     for (int64_t i = 0; i < n; i++) {
-        a += g[i];
-        b += g[i] * (x[i] - m);
+        a += el(g, i, h);
+        b += el(g, i, h) * (el(x, i, h) - m);
     }
     *sg += a;
     *sgx += b;
 }
 
 /* o[i] = a g[i] + b x[i] + k (batchnorm's input gradient) */
-TS_CLONES static void plane_axpbyc(float *o, const float *g, const float *x, int64_t n, float a, float b, float k) {
-    for (int64_t i = 0; i < n; i++) o[i] = a * g[i] + b * x[i] + k;
+PLANE_INLINE void plane_axpbyc_t(void *o, const void *g, const void *x, int64_t n, float a, float b, float k, bool h) {
+    for (int64_t i = 0; i < n; i++) el_set(o, i, a * el(g, i, h) + b * el(x, i, h) + k, h);
 }
 
-/* The same on bfloat16 planes (bfloat16 activations, ts_set_autocast): each element widened, the sums in
- * float32 lanes as above, an output rounded once. */
-static inline float bf(uint16_t h) { return ts__bf16_to_f32(h); }
-
-TS_CLONES static double plane_sum16(const uint16_t *p, int64_t n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += bf(p[i]);
-    return s;
+/* o[i] = x[i] s + t (batchnorm's affine) */
+PLANE_INLINE void plane_affine_t(void *o, const void *x, int64_t n, float s, float t, bool h) {
+    for (int64_t i = 0; i < n; i++) el_set(o, i, el(x, i, h) * s + t, h);
 }
 
+TS_CLONES static double plane_sum(const float *p, int64_t n) { return plane_sum_t(p, n, false); }
+TS_CLONES static double plane_sum16(const uint16_t *p, int64_t n) { return plane_sum_t(p, n, true); }
+TS_CLONES static void plane_shifted_sums(const float *p, int64_t n, float m, double *s1, double *s2) {
+    plane_shifted_sums_t(p, n, m, s1, s2, false);
+}
 TS_CLONES static void plane_shifted_sums16(const uint16_t *p, int64_t n, float m, double *s1, double *s2) {
-    float a = 0.0f, b = 0.0f;
-#pragma omp simd reduction(+ : a, b)
-    for (int64_t i = 0; i < n; i++) {
-        const float d = bf(p[i]) - m;
-        a += d;
-        b += d * d;
-    }
-    *s1 += a;
-    *s2 += b;
+    plane_shifted_sums_t(p, n, m, s1, s2, true);
 }
-
+TS_CLONES static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
+    plane_dot_dev_t(g, x, n, m, sg, sgx, false);
+}
 TS_CLONES static void plane_dot_dev16(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgx) {
-    float a = 0.0f, b = 0.0f;
-#pragma omp simd reduction(+ : a, b)
-    for (int64_t i = 0; i < n; i++) {
-        a += bf(g[i]);
-        b += bf(g[i]) * (bf(x[i]) - m);
-    }
-    *sg += a;
-    *sgx += b;
+    plane_dot_dev_t(g, x, n, m, sg, sgx, true);
 }
-
+TS_CLONES static void plane_axpbyc(float *o, const float *g, const float *x, int64_t n, float a, float b, float k) {
+    plane_axpbyc_t(o, g, x, n, a, b, k, false);
+}
 TS_CLONES static void plane_axpbyc16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, float a, float b,
                                      float k) {
-    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(a * bf(g[i]) + b * bf(x[i]) + k);
+    plane_axpbyc_t(o, g, x, n, a, b, k, true);
 }
-
-/* o[i] = x[i] s + t on bfloat16 planes (batchnorm's affine) */
+TS_CLONES static void plane_affine(float *o, const float *x, int64_t n, float s, float t) {
+    plane_affine_t(o, x, n, s, t, false);
+}
 TS_CLONES static void plane_affine16(uint16_t *o, const uint16_t *x, int64_t n, float s, float t) {
-    for (int64_t i = 0; i < n; i++) o[i] = ts__bf16_from_f32(bf(x[i]) * s + t);
+    plane_affine_t(o, x, n, s, t, true);
 }
 
 /* A float32 copy of bfloat16 tensor t (the device's cast kernel), or (widen false) an uninitialised float32
@@ -1185,13 +1187,10 @@ static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const
         int64_t c = p % C;
         float scale = pis[c] * (pw ? pw[c] : 1.0f);
         float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
-        if (out->dtype == TS_BF16) {
+        if (out->dtype == TS_BF16)
             plane_affine16((uint16_t *)ts__ptr(out) + p * HW, (const uint16_t *)ts__ptr(x) + p * HW, HW, scale, shift);
-            continue;
-        }
-        const float *xp = px + p * HW;
-        float *op = po + p * HW;
-        for (int64_t i = 0; i < HW; i++) op[i] = xp[i] * scale + shift;
+        else
+            plane_affine(po + p * HW, px + p * HW, HW, scale, shift);
     }
     return TS_OK;
 }
