@@ -575,6 +575,29 @@ static ts_tensor *widened_leaf(const ts_tensor *h) {
     return leaf;
 }
 
+/* A bfloat16 tensor on the test device shaped like t, uniform in [-1, 1) (a gradient to feed backward) */
+static ts_tensor *rand_bf16(ts_rng *r, const ts_tensor *t) {
+    ts_tensor *f = on_dev(tu_rand(r, ts_tensor_ndim(t), ts_tensor_shape(t), -1.0f, 1.0f, false)), *h = NULL;
+    CHECK_OK(ts_to_dtype(f, TS_BF16, &h));
+    ts_tensor_release(f);
+    return h;
+}
+
+/* o, the bfloat16 op's output from the bfloat16 leaf xl, given the bfloat16 gradient g; of, the float32 op's from
+ * the float32 leaf xf holding the same values, given g widened: xl's gradient is xf's rounded, bit for bit */
+static void same_backward(const char *what, ts_tensor *o, ts_tensor *of, ts_tensor *xl, ts_tensor *xf,
+                          const ts_tensor *g) {
+    ts_tensor *gf = NULL;
+    CHECK_OK(ts_to_dtype(g, TS_F32, &gf));
+    ts_tensor_zero_grad(xl);
+    ts_tensor_zero_grad(xf);
+    CHECK_OK(ts_backward(o, (ts_tensor *)g, false));
+    CHECK_OK(ts_backward(of, gf, false));
+    CHECK(ts_tensor_grad(xl) && ts_tensor_grad(xf));
+    if (ts_tensor_grad(xl) && ts_tensor_grad(xf)) CHECK(same_as_rounded(what, ts_tensor_grad(xl), ts_tensor_grad(xf)));
+    ts_tensor_release(gf);
+}
+
 /* Autocast (on the test device): conv2d and linear return bfloat16; batchnorm2d, relu, max pooling and the same-shape add
  * keep it, each output (and each input gradient) exactly the float32 op on the widened inputs, rounded once;
  * cross-entropy returns float32; parameter gradients stay float32; a bfloat16 tensor used twice gets the sum
@@ -679,64 +702,31 @@ static void test_autocast_ops(void) {
 
     /* each op's input gradient: bit for bit the float32 backward on the widened gradient, rounded */
     {
-        ts_tensor *in = widened_leaf(h[1]), *inb = NULL, *o = NULL, *of = NULL, *g = NULL, *gb16 = NULL, *gin = NULL;
+        ts_tensor *in = widened_leaf(h[1]), *inb = NULL, *inl = NULL, *o[4] = {NULL}, *of[4] = {NULL}, *g[3] = {NULL};
         CHECK_OK(ts_to_dtype(in, TS_BF16, &inb));
-        ts_tensor_set_requires_grad(inb, true); /* a bfloat16 leaf */
-        ts_tensor *inl = NULL;
         CHECK_OK(ts_tensor_clone(inb, &inl));
-        ts_tensor_set_requires_grad(inl, true);
-        g = on_dev(tu_rand(&r, 4, (int64_t[]){4, 8, 5, 5}, -1.0f, 1.0f, false));
-        CHECK_OK(ts_to_dtype(g, TS_BF16, &gb16));
-        CHECK_OK(ts_to_dtype(gb16, TS_F32, &gin));
-        CHECK_OK(ts_maxpool2d(inl, pp, &o));
-        CHECK_OK(ts_maxpool2d(in, pp, &of));
-        CHECK_OK(ts_backward(o, gb16, false));
-        CHECK_OK(ts_backward(of, gin, false));
-        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
-            CHECK(same_as_rounded("maxpool2d backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
-        ts_tensor_release(o);
-        ts_tensor_release(of);
+        ts_tensor_set_requires_grad(inl, true); /* a bfloat16 leaf */
+        CHECK_OK(ts_maxpool2d(inl, pp, &o[0]));
+        CHECK_OK(ts_maxpool2d(in, pp, &of[0]));
+        g[0] = rand_bf16(&r, of[0]);
+        same_backward("maxpool2d backward", o[0], of[0], inl, in, g[0]);
         /* overlapping windows (3x3, stride 2, ResNet's stem pool): an input takes several gradients */
         ts_pool2d_params op = {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false};
-        ts_tensor *go = NULL, *gob = NULL, *gof = NULL;
-        ts_tensor_zero_grad(inl);
-        ts_tensor_zero_grad(in);
-        CHECK_OK(ts_maxpool2d(inl, op, &o));
-        CHECK_OK(ts_maxpool2d(in, op, &of));
-        CHECK(same_as_rounded("maxpool2d 3x3 stride 2", o, of));
-        go = on_dev(tu_rand(&r, 4, ts_tensor_shape(of), -1.0f, 1.0f, false));
-        CHECK_OK(ts_to_dtype(go, TS_BF16, &gob));
-        CHECK_OK(ts_to_dtype(gob, TS_F32, &gof));
-        CHECK_OK(ts_backward(o, gob, false));
-        CHECK_OK(ts_backward(of, gof, false));
-        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
-            CHECK(same_as_rounded("maxpool2d 3x3 stride 2 backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
-        ts_tensor *tl0[] = {o, of, go, gob, gof};
-        for (size_t i = 0; i < sizeof tl0 / sizeof tl0[0]; i++) ts_tensor_release(tl0[i]);
-        /* relu backward and batchnorm backward */
-        ts_tensor *ri = NULL, *rif = NULL, *grf = NULL;
-        ts_tensor_zero_grad(inl);
-        ts_tensor_zero_grad(in);
-        CHECK_OK(ts_relu(inl, &ri));
-        CHECK_OK(ts_relu(in, &rif));
-        ts_tensor *g2 = on_dev(tu_rand(&r, 4, (int64_t[]){4, 8, 10, 10}, -1.0f, 1.0f, false)), *g2b = NULL;
-        CHECK_OK(ts_to_dtype(g2, TS_BF16, &g2b));
-        CHECK_OK(ts_to_dtype(g2b, TS_F32, &grf));
-        CHECK_OK(ts_backward(ri, g2b, false));
-        CHECK_OK(ts_backward(rif, grf, false));
-        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
-            CHECK(same_as_rounded("relu backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
-        ts_tensor_zero_grad(inl);
-        ts_tensor_zero_grad(in);
-        ts_tensor *bo = NULL, *bof = NULL;
-        CHECK_OK(ts_batchnorm2d(inl, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f, &bo));
-        CHECK_OK(ts_batchnorm2d(in, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f, &bof));
-        CHECK(same_as_rounded("batchnorm2d (no running statistics)", bo, bof));
-        CHECK_OK(ts_backward(bo, g2b, false));
-        CHECK_OK(ts_backward(bof, grf, false));
-        if (ts_tensor_grad(inl) && ts_tensor_grad(in))
-            CHECK(same_as_rounded("batchnorm2d backward", ts_tensor_grad(inl), ts_tensor_grad(in)));
-        ts_tensor *tl[] = {in, inb, inl, g, gb16, gin, ri, rif, grf, g2, g2b, bo, bof};
+        CHECK_OK(ts_maxpool2d(inl, op, &o[1]));
+        CHECK_OK(ts_maxpool2d(in, op, &of[1]));
+        CHECK(same_as_rounded("maxpool2d 3x3 stride 2", o[1], of[1]));
+        g[1] = rand_bf16(&r, of[1]);
+        same_backward("maxpool2d 3x3 stride 2 backward", o[1], of[1], inl, in, g[1]);
+        /* relu backward and batchnorm backward (the same gradient) */
+        CHECK_OK(ts_relu(inl, &o[2]));
+        CHECK_OK(ts_relu(in, &of[2]));
+        g[2] = rand_bf16(&r, of[2]);
+        same_backward("relu backward", o[2], of[2], inl, in, g[2]);
+        CHECK_OK(ts_batchnorm2d(inl, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f, &o[3]));
+        CHECK_OK(ts_batchnorm2d(in, gamma, beta, NULL, NULL, true, 0.1f, 1e-5f, &of[3]));
+        CHECK(same_as_rounded("batchnorm2d (no running statistics)", o[3], of[3]));
+        same_backward("batchnorm2d backward", o[3], of[3], inl, in, g[2]);
+        ts_tensor *tl[] = {in, inb, inl, o[0], o[1], o[2], o[3], of[0], of[1], of[2], of[3], g[0], g[1], g[2]};
         for (size_t i = 0; i < sizeof tl / sizeof tl[0]; i++) ts_tensor_release(tl[i]);
     }
 
@@ -863,16 +853,9 @@ static void test_autocast_maxpool_2x2(void) {
     CHECK_OK(ts_maxpool2d(xb, pp, &o));
     CHECK_OK(ts_maxpool2d(xf, pp, &of));
     if (o && of) CHECK(same_as_rounded("maxpool2d 2x2 wide", o, of));
-    ts_tensor *g = o ? on_dev(tu_rand(&r, 4, ts_tensor_shape(o), -1.0f, 1.0f, false)) : NULL, *gb = NULL, *gf = NULL;
-    if (g) {
-        CHECK_OK(ts_to_dtype(g, TS_BF16, &gb));
-        CHECK_OK(ts_to_dtype(gb, TS_F32, &gf));
-        CHECK_OK(ts_backward(o, gb, false));
-        CHECK_OK(ts_backward(of, gf, false));
-        if (ts_tensor_grad(xb) && ts_tensor_grad(xf))
-            CHECK(same_as_rounded("maxpool2d 2x2 wide backward", ts_tensor_grad(xb), ts_tensor_grad(xf)));
-    }
-    ts_tensor *all[] = {x, xb, xf, o, of, g, gb, gf};
+    ts_tensor *g = of ? rand_bf16(&r, of) : NULL;
+    if (g) same_backward("maxpool2d 2x2 wide backward", o, of, xb, xf, g);
+    ts_tensor *all[] = {x, xb, xf, o, of, g};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
 }
 
