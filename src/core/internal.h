@@ -21,6 +21,20 @@
 #define TS_CLONES
 #endif
 
+/* Whether this CPU has AVX-512 F, BW and VL (cpuid, asked once per file), for the kernels compiled with
+ * __attribute__((target("avx512f,avx512bw,avx512vl"))) beside a portable loop. */
+static inline bool ts__cpu_avx512bw(void) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    static _Atomic int have = -1;
+    if (have < 0)
+        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+    return have > 0;
+#else
+    return false;
+#endif
+}
+
 #define TS_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TS_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define TS_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

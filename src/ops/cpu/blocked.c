@@ -117,14 +117,7 @@ AVX512_TARGET static void block_avx512(const char *src, char *dst, int64_t HW, i
 
 static _Atomic bool portable; /* ts__cpu_blocked_portable */
 
-static bool have_avx512(void) {
-    static _Atomic int have = -1; /* cpuid, asked once */
-    if (portable) return false;
-    if (have < 0)
-        have = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl");
-    return have > 0;
-}
+static bool have_avx512(void) { return !portable && ts__cpu_avx512bw(); }
 #endif
 
 void ts__cpu_blocked_portable(bool on) {

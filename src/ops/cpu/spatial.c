@@ -824,12 +824,7 @@ static bool avx512(void) {
     if (have_avx512 < 0) have_avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
     return have_avx512 != 0;
 }
-static _Atomic int have_avx512bw = -1;
-static bool avx512bw(void) { /* with VL: the bfloat16 rows' 256-bit masked loads and stores */
-    if (have_avx512bw < 0)
-        have_avx512bw = avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") ? 1 : 0;
-    return have_avx512bw != 0;
-}
+
 
 /* Max-pool outputs t = 0..n-1 (n <= 16) of one output row whose windows lie inside the row horizontally:
  * window t spans columns c0 + t sw .. + kw - 1 (sw 1 or 2, dilation 1) of rows h0, h0 + dh, .. < he.
@@ -985,7 +980,7 @@ static ts_status cpu_maxpool2d(const ts_pool2d_geom *g, ts_tensor *out, ts_tenso
         float *t = sb + omp_get_thread_num() * per;
         const uint16_t *xp = (const uint16_t *)ts__ptr(x) + p * H * W;
         uint16_t *op = (uint16_t *)ts__ptr(out) + p * OH * OW;
-        if (k2s2 && avx512bw()) { /* on the bfloat16 rows; a plane with a NaN goes the float32 way below */
+        if (k2s2 && ts__cpu_avx512bw()) { /* on the bfloat16 rows; a plane with a NaN goes the float32 way below */
             int nan = 0;
             for (int64_t oh = 0; oh < OH && !nan; oh++)
                 nan = maxpool_2x2_row16_avx512(xp + 2 * oh * W, xp + (2 * oh + 1) * W, OW, (int32_t)(2 * oh * W),
