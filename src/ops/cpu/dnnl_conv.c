@@ -77,7 +77,8 @@ typedef struct own_reorder {
 } own_reorder;
 
 /* One cached primitive: the convolution of one pass and the reorders of its three tensors
- * (in0, in1: inputs, from our layout; t2: the output, back to ours), NULL where none is needed. */
+ * (in0, in1: inputs, from our layout; t2: the output, back to ours), NULL where none is needed or blocked.c
+ * does it (own). */
 typedef struct conv_entry {
     ts_conv2d_geom g;
     int pass;
@@ -154,6 +155,9 @@ static own_reorder own_reorder_of(const dnnl_memory_desc_t *user, const dnnl_mem
     return r;
 }
 
+/* Whether tensor i goes through a layout change (blocked.c's or a oneDNN reorder primitive) */
+static bool reordered(const conv_entry *e, int i) { return e->reorder[i] || e->own[i].what != OWN_NONE; }
+
 static void entry_destroy(conv_entry *e) {
     if (e->conv) dnnl_primitive_destroy(e->conv);
     for (int i = 0; i < 3; i++)
@@ -217,11 +221,13 @@ static bool entry_make(conv_entry *e) {
         }
         e->prim_md[i] = *m;
         e->user_md[i] = *user[e->pass][i];
-        e->reorder[i] = i < 2 ? make_reorder(&e->user_md[i], &e->prim_md[i], &ok)
-                              : make_reorder(&e->prim_md[i], &e->user_md[i], &ok);
-        if (ok && e->reorder[i]) e->own[i] = own_reorder_of(&e->user_md[i], &e->prim_md[i]);
+        if (dnnl_memory_desc_equal(&e->user_md[i], &e->prim_md[i])) continue; /* the primitive takes our layout */
+        e->own[i] = own_reorder_of(&e->user_md[i], &e->prim_md[i]);
         if (i == 2 && e->own[i].what == OWN_WEIGHTS && e->own[i].kind != TS_WB_16I16O && e->own[i].kind != TS_WB_16O16I)
             e->own[i].what = OWN_NONE; /* a gradient comes back from float32 blocks only */
+        if (e->own[i].what == OWN_NONE)
+            e->reorder[i] = i < 2 ? make_reorder(&e->user_md[i], &e->prim_md[i], &ok)
+                                  : make_reorder(&e->prim_md[i], &e->user_md[i], &ok);
     }
     e->scratch = ok ? ts__dnnl_scratchpad_bytes(pd) : 0;
     ok = ok && dnnl_primitive_create(&e->conv, pd) == dnnl_success;
@@ -324,7 +330,7 @@ static ts_status execute(const conv_entry *e, ts_device *dev, void *const u[3], 
     for (int i = 0; i < 3 && ds == dnnl_success && st == TS_OK; i++) {
         ds = dnnl_memory_create(&um[i], &e->user_md[i], eng, u[i]);
         if (ds != dnnl_success) break;
-        if (!e->reorder[i]) { /* the primitive takes our layout */
+        if (!reordered(e, i)) { /* the primitive takes our layout */
             ds = dnnl_memory_create(&pm[i], &e->prim_md[i], eng, u[i]);
             continue;
         }
@@ -411,7 +417,8 @@ bool ts__cpu_dnnl_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *gout
         return false;
     ts_device *dev = gout->storage->device;
     /* gout goes into both passes: reordered once when they take the same layout */
-    const bool share = gx && gw && ed.reorder[0] && ew.reorder[1] && dnnl_memory_desc_equal(&ed.prim_md[0], &ew.prim_md[1]);
+    const bool share =
+        gx && gw && reordered(&ed, 0) && reordered(&ew, 1) && dnnl_memory_desc_equal(&ed.prim_md[0], &ew.prim_md[1]);
     ts_tensor *kept[2] = {NULL, NULL};
     *st = TS_OK;
     if (gx) {
