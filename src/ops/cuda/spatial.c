@@ -605,6 +605,9 @@ static bool conv_trivial(const ts_conv2d_geom *g) {
            (g->C / g->groups) * g->kh * g->kw == 0;
 }
 
+/* The launchers' type of an activation tensor: bfloat16 (autocast) or float32. */
+static int act_type(const ts_tensor *t) { return t->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32; }
+
 static ts_status zero_fill(ts_device *dev, cudaStream_t s, ts_tensor *t, int64_t n) {
     if (n > 0)
         TS_CU_LAUNCH(dev, "cudaMemsetAsync", cudaMemsetAsync(ts__ptr(t), 0, ts_dtype_size(t->dtype) * (size_t)n, s));
@@ -614,15 +617,14 @@ static ts_status zero_fill(ts_device *dev, cudaStream_t s, ts_tensor *t, int64_t
 // gb: (K) = per-channel sums of gout: (N, K, OHW), in double (deterministic)
 static ts_status bias_grad(ts_device *dev, cudaStream_t s, const ts_conv2d_geom *g, const ts_tensor *gout,
                            ts_tensor *gb) {
-    const int dt = gout->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32;
     if (g->K == 0) return TS_OK;
     const int64_t OHW = g->OH * g->OW;
     const int S = ts_cu_chan_splits(g->N, g->K, OHW);
     ts_tensor *pt = NULL;
     TS_TRY(ts__scratch_bytes(dev, sizeof(double) * 2 * (size_t)(g->K * S), &pt));
     double *part = (double *)ts__ptr(pt);
-    ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, dt, ts__ptr(gout), NULL, NULL, g->N, g->K,
-                                                            OHW, S, part, s), "spatial.conv2d_bias_grad");
+    ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, act_type(gout), ts__ptr(gout), NULL, NULL,
+                                                            g->N, g->K, OHW, S, part, s), "spatial.conv2d_bias_grad");
     if (st == TS_OK)
         st = ts__cuda_status(dev, ts_cu_chan_sum_finalize(part, g->K, S, ts__f32(gb), s), "spatial.conv2d_bias_grad");
     ts_tensor_release(pt);
@@ -721,7 +723,7 @@ static ts_status cuda_conv2d(const ts_conv2d_geom *g, ts_tensor *out, const ts_t
         TS_TRY(conv_forward_cudnn(dev, s, g, out, x, w));
     if (b) /* bfloat16 out: cuDNN's rounded result plus the bias, rounded again */
         TS_CU_LAUNCH(dev, "spatial.conv2d_bias",
-                     ts_cu_bias_add(out->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32, ts__ptr(out), ts__f32(b), g->N,
+                     ts_cu_bias_add(act_type(out), ts__ptr(out), ts__f32(b), g->N,
                                     g->K, g->OH * g->OW, s));
     return TS_OK;
 }
@@ -824,8 +826,6 @@ static ts_status cuda_conv2d_backward(const ts_conv2d_geom *g, const ts_tensor *
 
 /* ================================ pooling ================================ */
 
-/* The launchers' type of an activation tensor: bfloat16 (autocast) or float32. */
-static int act_type(const ts_tensor *t) { return t->dtype == TS_BF16 ? TS_CU_BF16 : TS_CU_F32; }
 
 static ts_cu_pool_geom pool_geom(const ts_pool2d_geom *g) {
     return (ts_cu_pool_geom){.N = g->N, .C = g->C, .H = g->H, .W = g->W, .OH = g->OH, .OW = g->OW, .kh = g->kh,
