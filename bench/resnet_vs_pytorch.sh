@@ -9,7 +9,10 @@
 # fp32 columns knowing it rounds more). Effective GFLOP/s = 3 x forward FLOPs per image (forward + two
 # backward products; counted by the PyTorch script's hooks: 2 x MACs of every convolution and linear
 # layer, as a direct convolution does them) x images/s of the default, against the AVX-512 (else AVX2)
-# FMA peak of the same threads measured in the same run (`tessera bench gemm`).
+# FMA peak of the same threads measured in the same run (`tessera bench gemm`); wino_pip / wino_deb are the
+# Winograd run over PyTorch's, and 1.5x_needs is the share of that peak a direct-convolution step would
+# need to run 1.5x PyTorch (pip's, else Debian's): beyond ~90% it takes fewer multiplies (Winograd), not a
+# faster direct kernel.
 #
 # usage: bench/resnet_vs_pytorch.sh [BUILD_DIR] [STEPS] [ROUNDS]
 set -euo pipefail
@@ -33,8 +36,8 @@ pipv=$([ -n "$PIP_PY" ] && $PIP_PY -c 'import torch; print(torch.__version__)' |
 debv=$([ -n "$DEB_PY" ] && $DEB_PY -c 'import torch; print(torch.__version__)' || echo -)
 echo "ResNet-18 training, batch 32, SGD momentum 0.9; best of $ROUNDS rounds of $STEPS steps"
 echo "pip torch: $pipv   Debian torch: $debv"
-printf '%-5s %-7s %10s %10s %10s %10s %10s %8s %8s %10s %10s %7s\n' size threads tessera ts_winograd ts_bf16 \
-  pip_torch deb_torch vs_pip vs_deb eff_GFLOP/s fma_peak of_peak
+printf '%-5s %-7s %9s %9s %9s %9s %9s %7s %7s %8s %8s %10s %9s %7s %9s\n' size threads tessera ts_wino ts_bf16 \
+  pip_torch deb_torch vs_pip vs_deb wino_pip wino_deb eff_GFLOP/s fma_peak of_peak 1.5x_needs
 for size in 64 112; do
   fwd=$($REF bench/resnet_vs_pytorch.py 1 "$size" 1 2 | json_field forward_gflops_per_image)
   for t in 1 2; do
@@ -52,9 +55,11 @@ for size in 64 112; do
       [ "$(awk -v p="$v" 'BEGIN{print (p>0)}')" = 1 ] || v=$(json_field fma_peak_avx2 <<<"$g"); peak=$(max "$peak" "$v")
     done
     awk -v s="$size" -v t="$t" -v a="$ts" -v f4="$t4" -v i="$ti" -v p="$pp" -v d="$dp" -v f="$fwd" -v pk="$peak" 'BEGIN{
-      g = 3 * f * a;
-      printf "%-5s %-7s %10.1f %10.1f %10.1f %10s %10s %8s %8s %10.1f %10.1f %6.0f%%\n", s, t, a, f4, i,
+      g = 3 * f * a; r = (p > 0 ? p : d);
+      printf "%-5s %-7s %9.1f %9.1f %9.1f %9s %9s %7s %7s %8s %8s %10.1f %9.1f %6.0f%% %8.0f%%\n", s, t, a, f4, i,
         (p > 0 ? sprintf("%.1f", p) : "-"), (d > 0 ? sprintf("%.1f", d) : "-"),
-        (p > 0 ? sprintf("%.2f", a / p) : "-"), (d > 0 ? sprintf("%.2f", a / d) : "-"), g, pk, 100 * g / pk }'
+        (p > 0 ? sprintf("%.2f", a / p) : "-"), (d > 0 ? sprintf("%.2f", a / d) : "-"),
+        (p > 0 ? sprintf("%.2f", f4 / p) : "-"), (d > 0 ? sprintf("%.2f", f4 / d) : "-"), g, pk, 100 * g / pk,
+        100 * 3 * f * 1.5 * r / pk }'
   done
 done
