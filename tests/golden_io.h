@@ -154,20 +154,6 @@ typedef struct tg_diff {
     bool shape_ok;
 } tg_diff;
 
-/* The device the op tests run on: TS_TEST_DEVICE (e.g. cuda:0; "cpu" when unset). A device this
- * machine cannot give (no GPU, a Tessera built without CUDA) ends the test as skipped: exit status 77
- * with the reason on stderr. */
-static inline ts_device *tg_test_device(void) {
-    const char *name = getenv("TS_TEST_DEVICE");
-    if (!name || !*name) return ts_device_cpu();
-    ts_device *d = NULL;
-    if (ts_device_get(name, &d) != TS_OK) {
-        fprintf(stderr, "SKIP: TS_TEST_DEVICE=%s: %s\n", name, ts_last_error());
-        exit(77);
-    }
-    return d;
-}
-
 /* A copy of t on dev as a new leaf (no autograd history), or t itself (retained) when it is there.
  * Aborts on failure: a test fixture, not a subject. */
 static inline ts_tensor *tg_on_device(ts_tensor *t, ts_device *dev) {

@@ -7,6 +7,8 @@
  * bit-identical and a different K is refused; ts_clip_grad_norm and
  * ts_scale_grads against hand-computed values; the grad scaler's rules;
  * DDP with bfloat16 gradient communication (close to float32, replicas equal).
+ * The runs without a strategy and the DDP ranks train on TS_TEST_DEVICE (cuda:0 on
+ * a GPU machine, cpu:1 a virtual CPU device; the CPU by default: train_fixtures.h).
  */
 #include "test_util.h"
 #include "rank_threads.h"
@@ -56,6 +58,8 @@ static ts_status train(const cfg *c, ts_process_group *pg, result *r) {
     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
     so.kind = c->kind;
     so.pg = pg;
+    ts_device *dev;
+    tf_place(&so, &dev);
     ts_ddp_options dopt = TS_DDP_OPTIONS_INIT;
     dopt.comm_dtype = c->comm;
     so.ddp = &dopt;
@@ -93,10 +97,7 @@ static ts_status train(const cfg *c, ts_process_group *pg, result *r) {
         ts_ddp_get_stats(ts_strategy_ddp(s), &ds);
         r->syncs = ds.syncs;
     }
-    for (int i = 0; i < params.n; i++) r->nparams += ts_tensor_numel(params.tensors[i]);
-    r->params = malloc(sizeof(float) * (size_t)r->nparams);
-    for (int64_t i = 0, off = 0; i < params.n; off += ts_tensor_numel(params.tensors[i]), i++)
-        TS_CHECK_GOTO_T(ts_tensor_to_host(params.tensors[i], r->params + off, ts_tensor_nbytes(params.tensors[i])));
+    r->params = tf_params_host(&params, c->kind == TS_STRATEGY_NONE || c->kind == TS_STRATEGY_DDP ? dev : NULL, &r->nparams, &st);
 fail:
     r->st = st;
     if (st != TS_OK) snprintf(r->err, sizeof r->err, "%s", ts_last_error());

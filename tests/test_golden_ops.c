@@ -418,7 +418,7 @@ static void test_reader_errors(void) {
 int main(int argc, char **argv) {
     g_argc = argc;
     g_argv = argv;
-    dev = tg_test_device();
+    dev = tu_test_device();
     printf("ops on %s\n", ts_device_name(dev));
     static const tu_test tests[] = {T(test_reader_errors), T(test_golden_ops)};
     /* case filters are handled by selected(), not by tu_run */

@@ -171,7 +171,7 @@ static void test_cnn_two_sgd_steps(void) {
     if (!ok_or_skip(ts_model_reference_cnn(&rng, &model), "ts_model_reference_cnn")) goto done;
     if (!build_init(model, &init)) goto done;
     if (!ok_or_skip(ts_module_load_state_dict(model, &init, true), "ts_module_load_state_dict")) goto done;
-    ts_device *dev = tg_test_device();
+    ts_device *dev = tu_test_device();
     printf("the CNN on %s\n", ts_device_name(dev));
     if (!ok_or_skip(ts_module_to(model, dev), "ts_module_to")) goto done;
     x = tg_on_device(x, dev);

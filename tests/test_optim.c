@@ -443,7 +443,7 @@ static void test_schedules(void) {
 }
 
 int main(int argc, char **argv) {
-    dev = tg_test_device();
+    dev = tu_test_device();
     if (dev != ts_device_cpu()) printf("SGD and AdamW steps on %s\n", ts_device_name(dev));
     static const tu_test tests[] = {T(test_sgd), T(test_adamw), T(test_state_save_load), T(test_misc_api),
                                     T(test_schedules)};

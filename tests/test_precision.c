@@ -309,7 +309,7 @@ static ts_tensor *rounded(const ts_tensor *t) {
     return d;
 }
 
-/* Where the autocast tests run: TS_TEST_DEVICE (golden_io.h; the CPU when unset), e.g. cuda:0 to check the
+/* Where the autocast tests run: TS_TEST_DEVICE (test_util.h; the CPU when unset), e.g. cuda:0 to check the
  * GPU's bfloat16 kernels against its own float32 ones, or cpu:1 (a virtual CPU device). */
 static ts_device *dev;
 
@@ -860,7 +860,7 @@ static void test_autocast_maxpool_2x2(void) {
 }
 
 int main(int argc, char **argv) {
-    dev = tg_test_device();
+    dev = tu_test_device();
     if (dev != ts_device_cpu()) fprintf(stderr, "the autocast tests on %s\n", ts_device_name(dev));
     if (tg_load(GOLDEN, &golden) != TS_OK) {
         fprintf(stderr, "cannot read %s: %s\n", GOLDEN, ts_last_error());

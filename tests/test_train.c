@@ -5,7 +5,8 @@
  * within 1e-5), evaluation (real rows only, labels checked), and the trainer
  * (resume is bit-identical, checkpoints every N steps, callbacks, errors), and
  * DDP through the trainer on ranks as threads (equals one process at the global
- * batch; a resumed DDP run equals an uninterrupted one bit for bit).
+ * batch; a resumed DDP run equals an uninterrupted one bit for bit). The trainer's
+ * runs without a strategy and its DDP ranks train on TS_TEST_DEVICE (train_fixtures.h).
  */
 #include "test_util.h"
 #include "rank_threads.h"
@@ -385,12 +386,14 @@ typedef struct run {
     ts_trainer *t;
     ts_tensor_list params;
     counts c;
+    ts_device *dev; /* where the model trains (TS_TEST_DEVICE) */
 } run;
 
 static void run_open(run *r, ts_dataset *ds, ts_dataset *test, const char *ckpt, int64_t max_steps,
                      int64_t every, const char *model_name) {
     memset(r, 0, sizeof *r);
     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
+    tf_place(&so, &r->dev);
     CHECK_OK(ts_strategy_new(make_model(4), &so, &r->s));
     CHECK_OK(ts_module_parameters(ts_strategy_model(r->s), &r->params));
     CHECK_OK(ts_optimizer_by_name("sgd", &r->params, 0.2, 0.9, 5e-4, &r->opt));
@@ -424,10 +427,13 @@ static void run_close(run *r) {
 }
 
 static bool same_params(run *a, run *b) {
-    bool same = a->params.n == b->params.n;
-    for (int i = 0; same && i < a->params.n; i++)
-        same = memcmp(ts_tensor_data_f32(a->params.tensors[i]), ts_tensor_data_f32(b->params.tensors[i]),
-                      sizeof(float) * (size_t)ts_tensor_numel(a->params.tensors[i])) == 0;
+    int64_t na = 0, nb = 0;
+    ts_status sa, sb;
+    float *pa = tf_params_host(&a->params, a->dev, &na, &sa), *pb = tf_params_host(&b->params, b->dev, &nb, &sb);
+    CHECK(sa == TS_OK && sb == TS_OK);
+    bool same = pa && pb && na == nb && memcmp(pa, pb, sizeof(float) * (size_t)na) == 0;
+    free(pa);
+    free(pb);
     return same;
 }
 
@@ -644,12 +650,17 @@ static void test_resume_refuses_forged_checkpoints(void) {
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         copy_ckpt(ckpt, bad, cases[k].skip, cases[k].mod);
         run_open(&b, ds, test, NULL, 0, 0, "tiny");
-        float before = ts_tensor_data_f32(b.params.tensors[0])[0];
+        int64_t n0 = 0, n1 = 0;
+        ts_status s0, s1;
+        float *before = tf_params_host(&b.params, b.dev, &n0, &s0);
         CHECK_STATUS(ts_trainer_resume(b.t, bad), cases[k].st);
         CHECK_ERR_MENTIONS(cases[k].msg);
         CHECK_ERR_MENTIONS("bad.ckpt");
         CHECK(ts_trainer_step(b.t) == 0 && ts_trainer_epoch(b.t) == 0);
-        CHECK(ts_tensor_data_f32(b.params.tensors[0])[0] == before); /* nothing loaded */
+        float *after = tf_params_host(&b.params, b.dev, &n1, &s1);
+        CHECK(before && after && n0 == n1 && memcmp(before, after, sizeof(float) * (size_t)n0) == 0); /* nothing loaded */
+        free(before);
+        free(after);
         CHECK(ts_optimizer_step_count(b.opt) == 0);
         run_close(&b);
     }
@@ -793,6 +804,8 @@ static ts_status ddp_rank(rank_ctx *c, ts_process_group *pg) {
     ts_strategy_opts so = TS_STRATEGY_OPTS_INIT;
     so.kind = c->world > 1 ? TS_STRATEGY_DDP : TS_STRATEGY_NONE; /* one rank: the plain model */
     so.pg = pg;
+    ts_device *dev;
+    tf_place(&so, &dev);
     ts_dataset_source_opts dso = TS_DATASET_SOURCE_OPTS_INIT;
     dso.batch_size = 8 / c->world;
     dso.seed = 11;
@@ -825,10 +838,7 @@ static ts_status ddp_rank(rank_ctx *c, ts_process_group *pg) {
     TS_CHECK_GOTO_T(ts_trainer_run(t, &r));
     c->steps = r.steps;
     c->eval_samples = r.eval.samples;
-    for (int i = 0; i < params.n; i++) c->nparams += ts_tensor_numel(params.tensors[i]);
-    c->params = malloc(sizeof(float) * (size_t)c->nparams);
-    for (int i = 0, off = 0; i < params.n; off += (int)ts_tensor_numel(params.tensors[i]), i++)
-        memcpy(c->params + off, ts_tensor_data_f32(params.tensors[i]), ts_tensor_nbytes(params.tensors[i]));
+    c->params = tf_params_host(&params, dev, &c->nparams, &st);
 fail:
     ts_trainer_free(t);
     ts_optimizer_free(opt);

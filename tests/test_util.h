@@ -135,6 +135,20 @@ static inline double tu_max_abs_diff(ts_tensor *a, const float *b) {
 }
 
 /* ---- a per-process temporary directory ------------------------------------------------ */
+/* The device a test runs on: TS_TEST_DEVICE (e.g. cuda:0; "cpu" when unset). A device this
+ * machine cannot give (no GPU, a Tessera built without CUDA) ends the test as skipped: exit status 77
+ * with the reason on stderr. */
+static inline ts_device *tu_test_device(void) {
+    const char *name = getenv("TS_TEST_DEVICE");
+    if (!name || !*name) return ts_device_cpu();
+    ts_device *d = NULL;
+    if (ts_device_get(name, &d) != TS_OK) {
+        fprintf(stderr, "SKIP: TS_TEST_DEVICE=%s: %s\n", name, ts_last_error());
+        exit(77);
+    }
+    return d;
+}
+
 static char tu_dir[256];
 
 /* Creates /tmp/ts_test_XXXXXX on first use; tu_rm_tmpdir removes it. */

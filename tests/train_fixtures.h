@@ -55,5 +55,41 @@ static ts_module *make_model(uint64_t seed) {
     return m;
 }
 
-#endif
+/* Where the single-device runs (no strategy, a DDP rank) train: TS_TEST_DEVICE (tu_test_device; cuda:0 on a
+ * GPU machine, cpu:1 for a virtual CPU device), into a strategy's options. The CPU leaves them as they are. */
+static inline void tf_place(ts_strategy_opts *so, ts_device **dev) {
+    *dev = tu_test_device();
+    if ((so->kind == TS_STRATEGY_NONE || so->kind == TS_STRATEGY_DDP) && *dev != ts_device_cpu()) {
+        so->devices = dev;
+        so->num_devices = 1;
+    }
+}
 
+/* The tensors of ps (float32, all on device `on` unless it is NULL, else an error naming the first that is not) flattened
+ * into a malloc'd host array of *n values; NULL with the status in *st when a check or a copy fails. */
+static inline float *tf_params_host(const ts_tensor_list *ps, ts_device *on, int64_t *n, ts_status *st) {
+    *n = 0;
+    *st = TS_OK;
+    for (int i = 0; i < ps->n; i++) {
+        if (on && ts_tensor_device(ps->tensors[i]) != on) {
+            *st = ts_error(TS_ERR_DEVICE, "parameter %s is on %s, the test placed the model on %s", ps->names[i],
+                           ts_device_name(ts_tensor_device(ps->tensors[i])), ts_device_name(on));
+            return NULL;
+        }
+        *n += ts_tensor_numel(ps->tensors[i]);
+    }
+    float *h = malloc(sizeof(float) * (size_t)(*n ? *n : 1));
+    if (!h) {
+        *st = ts_error(TS_ERR_NOMEM, "tf_params_host: %lld floats", (long long)*n);
+        return NULL;
+    }
+    for (int64_t i = 0, off = 0; i < ps->n && *st == TS_OK; off += ts_tensor_numel(ps->tensors[i]), i++)
+        *st = ts_tensor_to_host(ps->tensors[i], h + off, ts_tensor_nbytes(ps->tensors[i]));
+    if (*st != TS_OK) {
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+#endif
