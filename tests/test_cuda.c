@@ -5,13 +5,15 @@
  * bf16-precision matmul, the reference CNN trained on cuda:0 against the same
  * steps on the CPU, out-of-range class and embedding indices reported from
  * the GPU at the next synchronisation (the device's deferred index checks), and
- * autocast's bfloat16 activations on the GPU against the CPU's.
+ * autocast's bfloat16 activations on the GPU against the CPU's, and the input
+ * pipeline's mixed decoding (nvJPEG) against its CPU decoding.
  * The op-by-op checks against PyTorch are test_golden_ops / test_golden_step
  * with TS_TEST_DEVICE=cuda:0.
  */
 #include "test_util.h"
 
-#include <unistd.h> /* usleep */
+#include <sys/stat.h> /* mkdir */
+#include <unistd.h>   /* usleep, ftruncate */
 
 static ts_device *gpu;
 
@@ -473,6 +475,128 @@ static void test_autocast_matches_cpu(void) {
     CHECK_OK(ts_set_matmul_precision(TS_F32));
 }
 
+/* ---- the pipeline's mixed decoding (nvJPEG) against its CPU decoding ---------------------------- */
+/* A folder of 2 classes: 13 JPEGs of assorted sizes (smooth patterns with noise), one PNG (decoded on the
+ * host in a mixed batch) and one truncated JPEG (nvJPEG refuses it, the host decoder too: skipped). */
+static const char *mixed_folder(void) {
+    static char root[512];
+    snprintf(root, sizeof root, "%s/mixed", tu_tmpdir());
+    char path[700];
+    mkdir(root, 0755);
+    ts_rng r;
+    ts_rng_seed(&r, 5);
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/class_%d", root, k);
+        mkdir(path, 0755);
+    }
+    for (int i = 0; i < 15; i++) {
+        const int w = 40 + 23 * (i % 5), h = 36 + 17 * (i % 4);
+        ts_image im = TS_IMAGE_INIT;
+        CHECK_OK(ts_image_alloc(&im, w, h, 3));
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++)
+                for (int c = 0; c < 3; c++) {
+                    double v = 128 + 90 * sin(0.11 * (x + 7 * c) + 0.07 * y * (i + 1)) + 20 * (ts_rng_uniform(&r) - 0.5);
+                    im.data[((size_t)y * w + x) * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+                }
+        snprintf(path, sizeof path, "%s/class_%d/img_%02d.%s", root, i % 2, i, i == 6 ? "png" : "jpg");
+        CHECK_OK(i == 6 ? ts_image_write_png(&im, path) : ts_image_write_jpeg(&im, path, 92));
+        if (i == 9) { /* cut the JPEG short: no end of image, half its scans */
+            FILE *f = fopen(path, "r+b");
+            CHECK(f && fseek(f, 0, SEEK_END) == 0);
+            long n = f ? ftell(f) : 0;
+            CHECK(f && ftruncate(fileno(f), n / 2) == 0);
+            if (f) fclose(f);
+        }
+        ts_image_free(&im);
+    }
+    return root;
+}
+
+/* One epoch of the folder through a pipeline (decode on `decode`, batches on dev): every batch's values
+ * copied to the host, into *vals (malloc'd, *n floats), the labels into labels, the listing indices
+ * into idx. */
+static void run_epoch(const char *root, ts_color color, ts_decode_device decode, ts_device *dev, float **vals,
+                      int64_t *n, int64_t *labels, int64_t *idx, int64_t *skipped) {
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.file_root = root;
+    o.reader.random_shuffle = true;
+    o.reader.seed = 3;
+    o.batch_size = 4;
+    o.num_threads = 2;
+    o.device = dev;
+    o.decode = decode;
+    o.color = color;
+    o.skip_corrupt = true;
+    o.out_width = 24;
+    o.out_height = 20;
+    o.random_resized_crop = true;
+    o.flip_prob = 0.5f;
+    o.jpeg_scaled_decode = false; /* the device decodes whole images */
+    for (int c = 0; c < 3; c++) {
+        o.mean[c] = 120.0f + 5 * c;
+        o.std[c] = 60.0f - 3 * c;
+    }
+    ts_pipeline *p = NULL;
+    CHECK_OK(ts_pipeline_new(&o, &p));
+    *vals = NULL;
+    *n = 0;
+    int64_t rows = 0;
+    for (;;) {
+        ts_tensor *x = NULL, *y = NULL;
+        ts_batch_info info;
+        if (!p || ts_pipeline_next(p, &x, &y, &info) != TS_OK || info.epoch_end) break;
+        CHECK(ts_tensor_device(x) == dev);
+        int64_t m = ts_tensor_numel(x), nb = 0;
+        *vals = realloc(*vals, sizeof(float) * (size_t)(*n + m));
+        CHECK_OK(ts_tensor_to_host(x, *vals + *n, sizeof(float) * (size_t)m));
+        CHECK_OK(ts_tensor_to_host(y, labels + rows, sizeof(int64_t) * (size_t)info.size));
+        const int64_t *bi = ts_pipeline_batch_samples(p, &nb);
+        for (int64_t i = 0; i < nb; i++) idx[rows + i] = bi[i];
+        *n += m;
+        rows += info.size;
+    }
+    int64_t dec = 0;
+    ts_pipeline_counts(p, &dec, skipped);
+    ts_pipeline_free(p);
+}
+
+static void test_mixed_decode_matches_cpu(void) {
+    const char *root = mixed_folder();
+    for (int pass = 0; pass < 2; pass++) {
+        const ts_color color = pass ? TS_COLOR_GRAY : TS_COLOR_RGB;
+        float *a = NULL, *b = NULL;
+        int64_t na = 0, nb = 0, la[16] = {0}, lb[16] = {0}, ia[16] = {0}, ib[16] = {0}, sa = 0, sb = 0;
+        run_epoch(root, color, TS_DECODE_CPU, ts_device_cpu(), &a, &na, la, ia, &sa);
+        run_epoch(root, color, TS_DECODE_MIXED, gpu, &b, &nb, lb, ib, &sb);
+        CHECK(na == nb && na == 14 * (int64_t)color * 24 * 20);
+        CHECK(sa >= 1 && sb >= 1);
+        CHECK(memcmp(la, lb, sizeof la) == 0 && memcmp(ia, ib, sizeof ia) == 0);
+        /* in pixel levels (x std): nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's */
+        double worst = 0, sum = 0;
+        for (int64_t i = 0; i < na && i < nb; i++) {
+            double d = fabs((double)a[i] - b[i]) * 60.0;
+            worst = fmax(worst, isnan(d) ? INFINITY : d);
+            sum += d;
+        }
+        const double mean = na ? sum / (double)na : INFINITY;
+        printf("mixed decoding, %s: %lld values, |gpu - cpu| mean %.3f, max %.2f pixel levels\n", pass ? "gray" : "RGB",
+               (long long)na, mean, worst);
+        CHECK(mean <= (pass ? 0.5 : 1.5));
+        CHECK(worst <= (pass ? 4 : 24));
+        free(a);
+        free(b);
+    }
+    /* the CPU device has no image decoder */
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.file_root = root;
+    o.out_width = o.out_height = 8;
+    o.decode = TS_DECODE_MIXED;
+    ts_pipeline *p = NULL;
+    CHECK_STATUS(ts_pipeline_new(&o, &p), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("has no image decoder");
+}
+
 int main(int argc, char **argv) {
     char why[256];
     if (ts_cuda_device_count(why, sizeof why) == 0) {
@@ -484,6 +608,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     static const tu_test tests[] = {T(test_describe_and_memory), T(test_copies), T(test_matmul_precision), T(test_conv_precision),
-                                    T(test_cnn_steps_match_cpu), T(test_bad_target), T(test_autocast_matches_cpu)};
+                                    T(test_cnn_steps_match_cpu), T(test_bad_target), T(test_autocast_matches_cpu),
+                                    T(test_mixed_decode_matches_cpu)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -2,10 +2,14 @@
  * tests/test_cuda_host.c — the CUDA backend's host-side logic, on any machine:
  * the caching allocator's bins, reuse, limit, empty_cache and out-of-memory
  * retry (device/cache_alloc.h, over a malloc that can be told to fail), and the
- * registry's answers for cuda:N names (malformed names, no GPU, beyond the count).
+ * registry's answers for cuda:N names (malformed names, no GPU, beyond the count),
+ * and the run-time loading of nvJPEG (CUDA builds).
  */
 #include "device/cache_alloc.h"
+#include "device/k_image.h"
 #include "test_util.h"
+
+#include <sys/stat.h>
 
 typedef struct fake_raw {
     int live, fail_next; /* fail_next > 0: that many allocations fail (out of memory) */
@@ -152,4 +156,30 @@ static void test_cuda_names(void) {
     CHECK(strstr(line, "host CPU") != NULL);
 }
 
-TU_MAIN(T(test_bins), T(test_reuse_and_stats), T(test_limit), T(test_oom_retry), T(test_cuda_names))
+/* nvJPEG (mixed decoding) is loaded at run time: TS_NVJPEG_LIB naming a library file must load and give
+ * every function ops/cuda/image.c calls (tests/nvjpeg_api.sh points it at NVIDIA's nvidia-nvjpeg package);
+ * any other value is refused naming it (make test sets a path that does not exist). CUDA builds only. */
+static void test_nvjpeg_loader(void) {
+#ifdef TS_HAVE_CUDA
+    const char *lib = getenv("TS_NVJPEG_LIB");
+    struct stat sb;
+    if (lib && *lib && stat(lib, &sb) == 0) {
+        ts_status st = ts__nvjpeg_load();
+        if (st != TS_OK) fprintf(stderr, "loading %s: %s\n", lib, ts_last_error());
+        CHECK(st == TS_OK);
+        printf("nvJPEG loaded from %s\n", lib);
+    } else if (lib && *lib) {
+        CHECK_STATUS(ts__nvjpeg_load(), TS_ERR_UNSUPPORTED);
+        CHECK_ERR_MENTIONS(lib);
+        CHECK_ERR_MENTIONS("set TS_NVJPEG_LIB to libnvjpeg.so.13");
+        printf("without nvJPEG: %s\n", ts_last_error());
+    } else {
+        printf("SKIP part: TS_NVJPEG_LIB unset\n");
+    }
+#else
+    printf("SKIP part: a build without CUDA\n");
+#endif
+}
+
+TU_MAIN(T(test_bins), T(test_reuse_and_stats), T(test_limit), T(test_oom_retry), T(test_cuda_names),
+        T(test_nvjpeg_loader))

@@ -9,6 +9,8 @@
 #include "test_util.h"
 
 #include "pipeline/pipeline_internal.h"
+#include "device/k_image.h"
+#include "device/k_image_px.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -1162,6 +1164,104 @@ static void test_data_open_classes(void) {
     ts_image_free(&im);
 }
 
+/* Mixed decoding's host half: the resampling plan a device decoder gets, replayed with the per-pixel
+ * arithmetic the CUDA kernel runs (device/k_image_px.h), equals the CPU pipeline's resampling bit for bit
+ * (RGB and gray, shrinking and enlarging, windows at the edges, mirrored or not). */
+static void test_resample_plan_replay(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 17);
+    const float mean[3] = {120, 110, 100}, std[3] = {58, 57, 59};
+    int cases = 0;
+    for (int C = 1; C <= 3; C += 2)
+        for (int k = 0; k < 12; k++) {
+            const int w = 5 + (int)(ts_rng_uniform(&r) * 90), h = 4 + (int)(ts_rng_uniform(&r) * 70);
+            ts_image im = TS_IMAGE_INIT;
+            CHECK_OK(ts_image_alloc(&im, w, h, C));
+            for (size_t i = 0; i < (size_t)w * h * C; i++) im.data[i] = (uint8_t)(ts_rng_uniform(&r) * 256);
+            ts_roi roi = {(int)(ts_rng_uniform(&r) * w / 2), (int)(ts_rng_uniform(&r) * h / 2), 1, 1};
+            roi.w = 1 + (int)(ts_rng_uniform(&r) * (w - roi.x - 1) + 0.5);
+            roi.h = 1 + (int)(ts_rng_uniform(&r) * (h - roi.y - 1) + 0.5);
+            if (k == 0) roi = (ts_roi){0, 0, w, h};
+            const int ow = k % 3 == 0 ? 3 * w / 2 : 7 + k, oh = k % 3 == 0 ? h + 5 : 5 + 2 * k; /* up and down */
+            const bool mirror = k % 2;
+            float *want = malloc(sizeof(float) * (size_t)C * ow * oh), *got = malloc(sizeof(float) * (size_t)C * ow * oh);
+            CHECK_OK(ts_image_crop_resize_normalize(&im, &roi, ow, oh, mirror, mean, std, want));
+            ts__resample_ws ws = {NULL, 0};
+            ts_resample_plan pl;
+            CHECK_OK(ts__resample_plan_ws(&ws, w, h, C, &roi, ow, oh, mirror, mean, std, &pl));
+            CHECK(pl.ow == ow && pl.oh == oh && pl.channels == C && pl.kx >= 1 && pl.ky >= 1);
+            double worst = 0;
+            for (int c = 0; c < C; c++)
+                for (int oy = 0; oy < oh; oy++)
+                    for (int ox = 0; ox < ow; ox++) {
+                        const size_t i = ((size_t)c * oh + oy) * ow + ox;
+                        got[i] = ts_resample_px(im.data, w, C, c, pl.x0[ox], pl.y0[oy], pl.wx + (size_t)ox * pl.kx,
+                                                pl.kx, pl.wy + (size_t)oy * pl.ky, pl.ky, pl.scale[c], pl.bias[c]);
+                        worst = fmax(worst, fabs((double)got[i] - want[i]));
+                    }
+            if (worst != 0)
+                fprintf(stderr, "plan replay C=%d %dx%d window (%d,%d) %dx%d -> %dx%d mirror %d: max diff %g\n", C, w, h,
+                        roi.x, roi.y, roi.w, roi.h, ow, oh, mirror, worst);
+            CHECK(worst == 0);
+            cases++;
+            ts__resample_ws_free(&ws);
+            ts_image_free(&im);
+            free(want);
+            free(got);
+        }
+    CHECK(cases == 24);
+    /* a window outside the image is refused */
+    ts__resample_ws ws = {NULL, 0};
+    ts_resample_plan pl;
+    ts_roi bad = {10, 0, 8, 8};
+    CHECK_STATUS(ts__resample_plan_ws(&ws, 16, 16, 3, &bad, 4, 4, false, mean, std, &pl), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("is not inside the 16 x 16 image");
+    ts__resample_ws_free(&ws);
+}
+
+/* ts__jpeg_has_end (mixed decoding sends files without it to the host decoder), the decode option's
+ * parsing, and "mixed" on a device without an image decoder. */
+static void test_mixed_decode_host_side(void) {
+    ts_image pic = TS_IMAGE_INIT;
+    CHECK_OK(ts_image_alloc(&pic, 40, 30, 3));
+    for (size_t i = 0; i < 40 * 30 * 3; i++) pic.data[i] = (uint8_t)(i * 7);
+    const char *path = tpath("end.jpg");
+    CHECK_OK(ts_image_write_jpeg(&pic, path, 90));
+    ts_image_free(&pic);
+    FILE *f = fopen(path, "rb");
+    uint8_t buf[65536];
+    size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    CHECK(n > 100 && n < sizeof buf - 8);
+    CHECK(ts__jpeg_has_end(buf, n));
+    CHECK(!ts__jpeg_has_end(buf, n - 2)); /* the marker cut off */
+    CHECK(!ts__jpeg_has_end(buf, n / 2)); /* half the scan */
+    memcpy(buf + n, "\0junk", 5); /* bytes after the marker are allowed */
+    CHECK(ts__jpeg_has_end(buf, n + 5));
+    /* a thumbnail's end marker before the image's scan does not count */
+    const uint8_t thumb[] = {0xff, 0xd8, 0xff, 0xe1, 0x00, 0x06, 0xff, 0xd9, 0x00, 0x00, 0xff, 0xda, 0x00, 0x02, 0x12, 0x34};
+    CHECK(!ts__jpeg_has_end(thumb, sizeof thumb));
+    CHECK(!ts__jpeg_has_end(buf, 0));
+    ts_decode_device d = TS_DECODE_MIXED;
+    CHECK_OK(ts_decode_device_parse("cpu", &d));
+    CHECK(d == TS_DECODE_CPU);
+    CHECK_OK(ts_decode_device_parse("mixed", &d));
+    CHECK(d == TS_DECODE_MIXED);
+    CHECK_STATUS(ts_decode_device_parse("gpu", &d), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("decode device 'gpu': expected cpu or mixed");
+    ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+    o.reader.file_list = path;
+    o.out_width = o.out_height = 8;
+    o.decode = TS_DECODE_MIXED;
+    ts_device *cpu1 = NULL;
+    CHECK_OK(ts_device_get("cpu:1", &cpu1));
+    o.device = cpu1;
+    ts_pipeline *p = NULL;
+    CHECK_STATUS(ts_pipeline_new(&o, &p), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("decode \"mixed\" decodes on the batches' device, and cpu:1 has no image decoder");
+    CHECK(p == NULL);
+}
+
 int main(int argc, char **argv) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ts_pipeline_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -1171,6 +1271,7 @@ int main(int argc, char **argv) {
         T(test_ops),              T(test_pipeline_shards),  T(test_pipeline_padding),    T(test_pipeline_reproducible),
         T(test_pipeline_corrupt), T(test_pipeline_shutdown), T(test_pipeline_idx),
         T(test_pixel_limit),      T(test_truncated_jpeg_any_seed), T(test_fifo_inputs), T(test_data_open_classes),
+        T(test_resample_plan_replay), T(test_mixed_decode_host_side),
     };
     int rc = tu_run(tests, (int)TS_ARRAY_LEN(tests), argc, argv);
     rm_rf(tmpdir);

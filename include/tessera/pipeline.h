@@ -175,6 +175,14 @@ void ts_reader_next(ts_reader *r, bool is_new_batch, bool is_end_of_batch, ts_re
 void ts_reader_reset(ts_reader *r);
 
 /* ---- pipeline (executor) ------------------------------------------------------------------------ */
+/* Where JPEG files are decoded (DALI's decoder device): TS_DECODE_CPU on the worker threads;
+ * TS_DECODE_MIXED read and their window drawn on the workers, decoded and resampled on the pipeline's
+ * device (a CUDA device: nvJPEG; DALI's "mixed") straight into the batch. PNG files and IDX samples
+ * are decoded on the workers either way. */
+typedef enum ts_decode_device { TS_DECODE_CPU = 0, TS_DECODE_MIXED = 1 } ts_decode_device;
+/* "cpu" | "mixed" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
+ts_status ts_decode_device_parse(const char *s, ts_decode_device *out);
+
 typedef struct ts_pipeline_opts {
     ts_reader_opts reader;    /* its batch_size is replaced by batch_size below */
     int64_t batch_size;       /* samples per batch (64) */
@@ -196,11 +204,15 @@ typedef struct ts_pipeline_opts {
     float center_crop;        /* without random_resized_crop: > 0 takes the central window torchvision's
                                  Resize(min(out) / center_crop) + CenterCrop(out) keeps (0.875 = 224/256, the
                                  ImageNet evaluation transform), resized to the output; 0: the whole image */
+    ts_decode_device decode;  /* TS_DECODE_MIXED: JPEGs decoded on `device` (it must have a device decoder,
+                                 else TS_ERR_INVALID_ARG; without nvJPEG there, a warning and the workers
+                                 decode); the whole image is decoded (no scaled decode), then resampled as on
+                                 the host (TS_DECODE_CPU) */
 } ts_pipeline_opts;
 
 #define TS_PIPELINE_OPTS_INIT                                                                                  \
     ((ts_pipeline_opts){TS_READER_OPTS_INIT, 64, 2, 2, NULL, TS_COLOR_RGB, false, 0, 0, false, {0.08f, 1.0f},  \
-                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0, 0.0f})
+                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0, 0.0f, TS_DECODE_CPU})
 
 typedef struct ts_pipeline ts_pipeline;
 

@@ -30,6 +30,7 @@ void ts__cuda_device_describe(const ts_device *d, char *buf, size_t len) { snpri
 #include "device/k_ew.h"
 #include "device/k_misc.h"
 #include "device/k_norm.h"
+#include "device/k_image.h"
 #include "device/k_optim.h"
 #include "device/k_spatial.h"
 #include "device/cuda_check.h"
@@ -279,6 +280,7 @@ ts_status ts__cuda_device_new(int ordinal, ts_device **out) {
     d->k_misc = &ts_cuda_kernels_misc;
     d->k_optim = &ts_cuda_kernels_optim;
     d->k_norm = &ts_cuda_kernels_norm;
+    d->k_image = &ts_cuda_kernels_image;
     *out = d;
     return TS_OK;
 }

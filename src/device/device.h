@@ -22,6 +22,7 @@ struct ts_kernels_spatial; /* src/device/k_spatial.h: conv2d, pooling, batchnorm
 struct ts_kernels_misc;    /* src/device/k_misc.h: embedding, concat/slice, dropout, softmax, losses */
 struct ts_kernels_optim;   /* src/device/k_optim.h: fused optimizer updates */
 struct ts_kernels_norm;    /* src/device/k_norm.h: layer norm, group norm */
+struct ts_kernels_image;   /* src/device/k_image.h: JPEG decoding + resampling on the device (NULL: none) */
 
 typedef struct ts__stream ts__stream; /* device/stream.c */
 
@@ -54,6 +55,7 @@ struct ts_device {
     const struct ts_kernels_misc *k_misc;
     const struct ts_kernels_optim *k_optim;
     const struct ts_kernels_norm *k_norm;
+    const struct ts_kernels_image *k_image; /* NULL where images are decoded on the host only */
 
     /* memory accounting (bytes handed to live storages) */
     _Atomic size_t mem_allocated;

@@ -13,6 +13,7 @@
  * horizontal pass then reads one float row per output row.
  */
 #include "pipeline/pipeline_internal.h"
+#include "device/k_image.h"
 
 #include <math.h>
 
@@ -211,18 +212,61 @@ ts_status ts_image_crop_resize_normalize(const ts_image *src, const ts_roi *roi,
     return st;
 }
 
-ts_status ts__crop_resize_normalize_ws(ts__resample_ws *ws, const ts_image *src, const ts_roi *roi, int out_w,
-                                       int out_h, bool mirror, const float *mean, const float *std, float *out) {
-    TS_TRY(check_roi("ts_image_crop_resize_normalize", src, roi, out_w, out_h));
-    TS_ARG(mean && std && out, "ts_image_crop_resize_normalize: NULL mean, std or out");
-    float scale[3], bias[3];
-    for (int c = 0; c < src->channels; c++) {
+/* out = a * scale + bias for the normalisation (a - mean) / std, per channel. */
+static ts_status norm_coeffs(int channels, const float *mean, const float *std, float *scale, float *bias) {
+    for (int c = 0; c < channels; c++) {
         TS_ARG(std[c] != 0 && isfinite(std[c]) && isfinite(mean[c]), "ts_image_crop_resize_normalize: bad mean %g / std %g",
                mean[c], std[c]);
         scale[c] = 1.0f / std[c];
         bias[c] = -mean[c] / std[c];
     }
+    return TS_OK;
+}
+
+ts_status ts__crop_resize_normalize_ws(ts__resample_ws *ws, const ts_image *src, const ts_roi *roi, int out_w,
+                                       int out_h, bool mirror, const float *mean, const float *std, float *out) {
+    TS_TRY(check_roi("ts_image_crop_resize_normalize", src, roi, out_w, out_h));
+    TS_ARG(mean && std && out, "ts_image_crop_resize_normalize: NULL mean, std or out");
+    float scale[3], bias[3];
+    TS_TRY(norm_coeffs(src->channels, mean, std, scale, bias));
     return resample(ws, src, roi, out_w, out_h, mirror, scale, bias, out, NULL);
+}
+
+ts_status ts__resample_plan_ws(ts__resample_ws *ws, int width, int height, int channels, const ts_roi *roi,
+                               int out_w, int out_h, bool mirror, const float *mean, const float *std,
+                               ts_resample_plan *plan) {
+    uint8_t px = 0; /* check_roi looks at the size only */
+    ts_image im = {&px, width, height, channels, 0};
+    TS_TRY(check_roi("ts__resample_plan_ws", &im, roi, out_w, out_h));
+    TS_ARG(mean && std && plan, "ts__resample_plan_ws: NULL mean, std or plan");
+    memset(plan, 0, sizeof *plan);
+    TS_TRY(norm_coeffs(channels, mean, std, plan->scale, plan->bias));
+    const int ow = out_w, oh = out_h, kx = taps_bound(roi->w, ow), ky = taps_bound(roi->h, oh);
+    /* taps as resample() makes them, then the columns' reordered for the mirror into wxm / x0 */
+    const size_t need = 64 * 6 + sizeof(int) * (2 * (size_t)ow + oh) + sizeof(float) * (2 * (size_t)ow * kx + (size_t)oh * ky);
+    if (need > ws->cap) {
+        void *b = malloc(need);
+        if (!b) return ts_error(TS_ERR_NOMEM, "out of memory for resampling taps (%zu bytes)", need);
+        free(ws->buf);
+        ws->buf = b;
+        ws->cap = need;
+    }
+    char *mem = ws->buf;
+    taps tx = {0, carve(&mem, sizeof(int) * (size_t)ow), carve(&mem, sizeof(float) * (size_t)ow * kx)};
+    taps ty = {0, carve(&mem, sizeof(int) * (size_t)oh), carve(&mem, sizeof(float) * (size_t)oh * ky)};
+    int *x0 = carve(&mem, sizeof(int) * (size_t)ow);
+    float *wxm = carve(&mem, sizeof(float) * (size_t)ow * kx);
+    taps_make(roi->x, roi->w, ow, &tx);
+    taps_make(roi->y, roi->h, oh, &ty);
+    for (int ox = 0; ox < ow; ox++) {
+        int from = mirror ? ow - 1 - ox : ox;
+        x0[ox] = tx.start[from];
+        memcpy(wxm + (size_t)ox * tx.k, tx.w + (size_t)from * tx.k, sizeof(float) * (size_t)tx.k);
+    }
+    *plan = (ts_resample_plan){ow, oh, channels, tx.k, ty.k, x0, ty.start, wxm, ty.w,
+                               {plan->scale[0], plan->scale[1], plan->scale[2]},
+                               {plan->bias[0], plan->bias[1], plan->bias[2]}};
+    return TS_OK;
 }
 
 ts_status ts_image_crop_mirror_normalize(const ts_image *src, int x, int y, int crop_w, int crop_h, bool mirror,

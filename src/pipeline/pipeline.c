@@ -18,6 +18,7 @@
  * hands out; they stay valid until the next call, a seek or ts_pipeline_free.
  */
 #include "pipeline/pipeline_internal.h"
+#include "device/k_image.h"
 #include "tensor/tensor.h"
 
 #include <math.h>
@@ -35,6 +36,7 @@ typedef struct slot {
     bool last;            /* ends its epoch */
     ts_reader_sample *smp; /* B planned samples */
     uint8_t *ok;           /* B: decoded (0: skipped as corrupt) */
+    uint8_t *ondev;        /* B: written on the device by its decoder (mixed decoding), not in hx */
     ts_tensor *x, *y;      /* (B, C, H, W) f32 and (B) i64 on the device */
     float *hx;             /* where workers write: x's memory, or host staging */
     int64_t *hy;
@@ -52,6 +54,7 @@ typedef struct worker {
     size_t file_cap;
     ts_image img;      /* decoded image */
     ts__resample_ws ws; /* resize scratch */
+    ts_image_decoder *gdec; /* mixed decoding: this thread's device decoder (NULL: decode on the host) */
 } worker;
 
 struct ts_pipeline {
@@ -60,6 +63,7 @@ struct ts_pipeline {
     int C, H, W;
     int64_t B, numel;
     bool staged; /* the device is not host memory: workers write to staging buffers */
+    const struct ts_kernels_image *ki; /* mixed decoding: the device's image kernels (NULL: host decoding) */
     slot *slots;
     int nslots, depth;
     worker *workers;
@@ -166,7 +170,7 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
         path = ts_reader_path(p->reader, smp->index);
         TS_TRY(ts__read_file(path, ts__reader_listed_regular(p->reader, smp->index), &wk->file, &wk->file_cap, &n));
         const uint8_t *b = wk->file;
-        if (p->o.random_resized_crop && n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
+        if (p->o.random_resized_crop && !wk->gdec && n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
             /* the common case, one header parse: DALI's fused decode + random crop */
             choose_ctx cc = {p, &rng, {0, 0, 0, 0}, false};
             ts_roi roi;
@@ -177,6 +181,19 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
         /* the window is drawn on the full-size image so the draws do not depend on the decoder */
         ts_roi roi = base_window(p, &rng, w, h);
         bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
+        if (fmt == TS__FMT_JPEG && wk->gdec && ts__jpeg_has_end(wk->file, n)) { /* mixed: decoded on the device */
+            ts_resample_plan plan;
+            TS_TRY(ts__resample_plan_ws(&wk->ws, w, h, p->C, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, &plan));
+            float *row = ts__f32(s->x) + pos * p->numel;
+            ts_status st = p->ki->jpeg_decode_resample(wk->gdec, wk->file, n, path, &plan, row);
+            if (st == TS_OK) {
+                s->ondev[pos] = 1;
+                return TS_OK;
+            }
+            if (st != TS_ERR_FORMAT && st != TS_ERR_UNSUPPORTED) return st;
+            /* a file the device decoder refuses goes to the host's, which names what is wrong with it */
+            ts_log(TS_LOG_DEBUG, "pipeline: decoding on the host: %s", ts_last_error());
+        }
         int denom = 1;
         if (fmt == TS__FMT_JPEG && p->o.jpeg_scaled_decode)
             while (denom < 8 && roi.w / (2 * denom) >= p->W && roi.h / (2 * denom) >= p->H) denom *= 2;
@@ -191,6 +208,14 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
     ts_roi roi = base_window(p, &rng, w, h);
     bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
     return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
+}
+
+/* Mixed decoding: moves the device row `from` of slot s to row `to` (queued on the device's stream,
+ * after the decoders' writes). */
+static ts_status move_device_row(ts_pipeline *p, slot *s, int64_t from, int64_t to) {
+    float *x = ts__f32(s->x);
+    ts_device *d = p->o.device;
+    return d->ops->copy_d2d(d, x + to * p->numel, x + from * p->numel, sizeof(float) * (size_t)p->numel);
 }
 
 /* ---- planning (under the mutex) ------------------------------------------------------------------ */
@@ -225,6 +250,7 @@ static void plan_locked(ts_pipeline *p) {
         s->next = s->done = 0;
         s->err = TS_OK;
         s->err_pos = INT64_MAX;
+        memset(s->ondev, 0, (size_t)p->B);
         s->state = SLOT_FILLING;
         if (s->last) {
             p->plan_epoch++;
@@ -243,7 +269,17 @@ static void finish_slot(ts_pipeline *p, slot *s) {
     for (int64_t i = 0; i < s->n; i++) {
         if (!s->ok[i]) continue;
         if (k != i) {
-            memmove(s->hx + k * p->numel, s->hx + i * p->numel, sizeof(float) * (size_t)p->numel);
+            if (s->ondev[i]) {
+                ts_status st = move_device_row(p, s, i, k);
+                if (st != TS_OK && s->err == TS_OK) { /* reported when the batch is reached */
+                    s->err = st;
+                    s->err_pos = i;
+                    snprintf(s->errmsg, sizeof s->errmsg, "%s", ts_last_error());
+                }
+            } else {
+                memmove(s->hx + k * p->numel, s->hx + i * p->numel, sizeof(float) * (size_t)p->numel);
+            }
+            s->ondev[k] = s->ondev[i];
             s->hy[k] = s->hy[i];
             s->smp[k] = s->smp[i];
         }
@@ -267,6 +303,8 @@ static slot *next_task(ts_pipeline *p, int64_t *pos) {
 static void *worker_main(void *arg) {
     worker *wk = arg;
     ts_pipeline *p = wk->p;
+    if (p->ki && p->ki->decoder_new(p->o.device, &wk->gdec) != TS_OK) /* ts_pipeline_new made one: rare */
+        ts_log(TS_LOG_WARN, "pipeline: worker decodes on the host: %s", ts_last_error());
     pthread_mutex_lock(&p->mu);
     for (;;) {
         slot *s = NULL;
@@ -316,6 +354,7 @@ void ts_pipeline_free(ts_pipeline *p) {
         pthread_mutex_unlock(&p->mu);
         for (int i = 0; i < p->nworkers; i++) {
             if (p->workers[i].started) pthread_join(p->workers[i].tid, NULL);
+            if (p->ki) p->ki->decoder_free(p->workers[i].gdec);
             ts__decoder_free(p->workers[i].dec);
             free(p->workers[i].file);
             ts_image_free(&p->workers[i].img);
@@ -334,6 +373,7 @@ void ts_pipeline_free(ts_pipeline *p) {
         }
         free(s->smp);
         free(s->ok);
+        free(s->ondev);
     }
     free(p->slots);
     free(p->held_idx);
@@ -367,6 +407,14 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     TS_ARG(o->center_crop >= 0 && o->center_crop <= 1, "ts_pipeline_new: center_crop %g is not in [0, 1]",
            o->center_crop);
     TS_ARG(o->max_pixels >= 0, "ts_pipeline_new: max_pixels %lld is negative", (long long)o->max_pixels);
+    TS_ARG(o->decode == TS_DECODE_CPU || o->decode == TS_DECODE_MIXED, "ts_pipeline_new: decode %d is not cpu or mixed",
+           (int)o->decode);
+    if (o->decode == TS_DECODE_MIXED) {
+        const ts_device *d = o->device ? o->device : ts_device_cpu();
+        TS_ARG(d->k_image && d->k_image->decoder_new,
+               "ts_pipeline_new: decode \"mixed\" decodes on the batches' device, and %s has no image decoder "
+               "(give a CUDA device, or decode \"cpu\")", d->name);
+    }
     for (int c = 0; c < (int)o->color; c++)
         TS_ARG(o->std[c] != 0 && isfinite(o->std[c]) && isfinite(o->mean[c]), "ts_pipeline_new: bad mean %g / std %g",
                o->mean[c], o->std[c]);
@@ -389,6 +437,15 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     p->B = o->batch_size;
     p->numel = (int64_t)p->C * p->H * p->W;
     p->staged = !p->o.device->host_accessible;
+    if (o->decode == TS_DECODE_MIXED) { /* one decoder now: a device that cannot decode says why, once */
+        ts_image_decoder *probe = NULL;
+        if (p->o.device->k_image->decoder_new(p->o.device, &probe) == TS_OK) {
+            p->ki = p->o.device->k_image;
+            p->ki->decoder_free(probe);
+        } else {
+            ts_log(TS_LOG_WARN, "pipeline: decoding JPEGs on the CPU, not on %s: %s", p->o.device->name, ts_last_error());
+        }
+    }
     p->depth = o->prefetch_queue_depth;
     p->nslots = p->depth + 1;
     p->slots = ts__calloc((size_t)p->nslots, sizeof *p->slots);
@@ -404,6 +461,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
         TS_CHECK_GOTO(ts__new(p->o.device, TS_I64, 1, &p->B, &s->y));
         s->smp = ts__malloc(sizeof *s->smp * (size_t)p->B);
         s->ok = ts__malloc((size_t)p->B);
+        s->ondev = ts__calloc((size_t)p->B, 1);
         if (p->staged) {
             s->hx = ts__malloc(sizeof(float) * (size_t)(p->B * p->numel));
             s->hy = ts__malloc(sizeof(int64_t) * (size_t)p->B);
@@ -411,7 +469,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
             s->hx = ts__f32(s->x);
             s->hy = ts__ptr(s->y);
         }
-        if (!s->smp || !s->ok || !s->hx || !s->hy) {
+        if (!s->smp || !s->ok || !s->ondev || !s->hx || !s->hy) {
             st = TS_ERR_NOMEM;
             goto fail;
         }
@@ -524,7 +582,22 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         bx = p->vx;
         by = p->vy;
     }
-    if (p->staged) {
+    if (p->staged && p->ki) { /* mixed: the rows the workers decoded on the host, a run at a time */
+        ts_device *d = p->o.device;
+        for (int64_t i = 0; i < s->n;) {
+            if (s->ondev[i]) {
+                i++;
+                continue;
+            }
+            int64_t j = i;
+            while (j < s->n && !s->ondev[j]) j++;
+            const size_t row = sizeof(float) * (size_t)p->numel;
+            TS_TRY(d->ops->copy_h2d(d, (char *)ts__ptr(s->x) + (size_t)i * row, s->hx + i * p->numel,
+                                    (size_t)(j - i) * row));
+            i = j;
+        }
+        TS_TRY(ts_tensor_from_host(by, s->hy, ts_tensor_nbytes(by)));
+    } else if (p->staged) {
         TS_TRY(ts_tensor_from_host(bx, s->hx, ts_tensor_nbytes(bx)));
         TS_TRY(ts_tensor_from_host(by, s->hy, ts_tensor_nbytes(by)));
     }
@@ -609,6 +682,7 @@ ts_status ts_dataset_load_images(const ts_pipeline_opts *opts, ts_dataset **out)
     o.random_resized_crop = false;
     o.flip_prob = 0;
     o.device = NULL;
+    o.decode = TS_DECODE_CPU; /* the data set lives in host memory */
     if (o.batch_size < 256) o.batch_size = 256;
     ts_pipeline *p = NULL;
     TS_TRY(ts_pipeline_new(&o, &p));
@@ -642,4 +716,17 @@ ts_status ts_dataset_load_images(const ts_pipeline_opts *opts, ts_dataset **out)
     free(hy);
     ts_pipeline_free(p);
     return st;
+}
+
+ts_status ts_decode_device_parse(const char *s, ts_decode_device *out) {
+    TS_ARG(out, "ts_decode_device_parse: NULL argument");
+    if (s && strcmp(s, "cpu") == 0) {
+        *out = TS_DECODE_CPU;
+        return TS_OK;
+    }
+    if (s && strcmp(s, "mixed") == 0) {
+        *out = TS_DECODE_MIXED;
+        return TS_OK;
+    }
+    return ts_error(TS_ERR_INVALID_ARG, "decode device '%s': expected cpu or mixed", s ? s : "(null)");
 }

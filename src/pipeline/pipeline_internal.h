@@ -80,7 +80,12 @@ typedef void (*ts__window_fn)(void *ctx, int width, int height, ts_roi *win, int
 ts_status ts__decode_window_chosen(ts__decoder *d, const void *buf, size_t n, ts_color color, const char *name,
                                    ts__window_fn choose, void *ctx, ts_image *out, ts_roi *roi);
 
+/* Whether JPEG data b[0, n) holds an end-of-image marker after its last start-of-scan marker (a file cut
+ * short does not; the mixed decoding leaves such files to the host decoder). */
+bool ts__jpeg_has_end(const uint8_t *b, size_t n);
+
 /* ---- resampling with reusable buffers (ops.c) ------------------------------------------------- */
+struct ts_resample_plan; /* device/k_image.h */
 typedef struct ts__resample_ws {
     void *buf;  /* one block, grown as needed */
     size_t cap;
@@ -89,6 +94,11 @@ void ts__resample_ws_free(ts__resample_ws *ws);
 /* ts_image_crop_resize_normalize with the scratch memory in ws (one per thread). */
 ts_status ts__crop_resize_normalize_ws(ts__resample_ws *ws, const ts_image *src, const ts_roi *roi, int out_w,
                                        int out_h, bool mirror, const float *mean, const float *std, float *out);
+/* The same step as taps for a device decoder (device/k_image.h): *plan's arrays live in ws until its next
+ * use. roi is in the coordinates of the whole width x height image. */
+ts_status ts__resample_plan_ws(ts__resample_ws *ws, int width, int height, int channels, const ts_roi *roi,
+                               int out_w, int out_h, bool mirror, const float *mean, const float *std,
+                               struct ts_resample_plan *plan);
 
 /* Reads a whole file into *buf (grown as needed; *cap is its size): open, fstat, one read of the size,
  * close. listed_regular: a directory listing reported the path as a regular file
