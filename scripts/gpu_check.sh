@@ -79,12 +79,21 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
   TS_AUTOCAST=fp32 step bf16_products_cuda .gpu/bin/tessera train --device cuda:0 --precision bf16 --model cnn \
     --epochs 1 --data .gpu/fashion-mnist --quiet --metrics-json "$OUT/bf16_products.json"
 fi
+if [ -d .gpu/photos ]; then # mixed decoding (nvJPEG on the GPU, first written 2026-11-26 without one) beside the
+  # worker threads' decoding, batches on cuda:0 both ways (images/s, 8 workers, 224x224), then ResNet-18 trained on it
+  step loader_cpu .gpu/bin/tessera bench loader .gpu/photos --threads 8 --seconds 3 --no-raw --device cuda:0
+  step loader_mixed .gpu/bin/tessera bench loader .gpu/photos --threads 8 --seconds 3 --no-raw --device cuda:0 \
+    --decode mixed
+  step train_mixed .gpu/bin/tessera train --device cuda:0 --decode mixed --model resnet18 --image-size 64 \
+    --data .gpu/photos --max-steps 30 --batch-size 32 --quiet
+  grep -h "img/s\|decoded by" "$OUT/loader_cpu.log" "$OUT/loader_mixed.log"
+fi
 # PyTorch's cudnn.benchmark set (FFT and Winograd included): how far those algorithms drift from the
 # golden tolerance (informational: not counted in the status)
 TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=benchmark timeout 150 .gpu/bin/test_golden_ops > "$OUT/golden_ops_cuda_benchmark.log" 2>&1
 printf '%-24s rc=%-3d %s\n' golden_ops_benchmark $? "$(tail -1 "$OUT/golden_ops_cuda_benchmark.log")"
 grep -E "^FAIL|^SKIP|^  " "$OUT"/golden_ops_cuda*.log | head -40
-grep -E "matmul|conv|step|autocast|FAIL|CHECK" "$OUT/test_cuda.log"
+grep -E "matmul|conv|step|autocast|mixed|FAIL|CHECK" "$OUT/test_cuda.log"
 if [ "${2:-}" != 0 ]; then
   timeout 300 bench/gpu_vs_pytorch.sh .gpu/bin "${2:-60}" "${3:-1}" 2>&1 | tee "$OUT/bench.log"
 fi

@@ -5,7 +5,8 @@
 # accuracy the training printed (and, with --split train, the training images'); `tessera predict`
 # naming classes; and the errors (unknown model,
 # --image-size for a fixed-size model, folders without classes, val/ classes that differ, a data
-# set with other classes than the checkpoint's). Seconds, not minutes; no timing is checked.
+# set with other classes than the checkpoint's, --decode mixed without a GPU). Seconds, not minutes; no
+# timing is checked.
 set -u
 TS=${1:?usage: cli_zoo.sh path/to/tessera}
 BIN=$(dirname "$TS")
@@ -109,6 +110,12 @@ expect_exit 0 "accuracy" "$TS" eval --checkpoint "$T/r18.ckpt" --data "$T/five" 
 expect_exit 2 "--checkpoint is required" "$TS" eval
 expect_exit 2 "no image files given" "$TS" predict --checkpoint "$T/r18.ckpt"
 expect_exit 1 "$T/nope.png" "$TS" predict --checkpoint "$T/r18.ckpt" "$T/nope.png"
+# --decode mixed (nvJPEG on the training GPU): refused without a GPU to decode on
+expect_exit 2 "--decode mixed decodes the training images on the GPU the model trains on: give --device cuda:N" \
+  "$TS" train --model resnet18 --image-size 32 --data "$T/fm" --decode mixed
+expect_exit 2 "cpu:1 has no image decoder" "$TS" train --model resnet18 --image-size 32 --data "$T/fm" --decode mixed \
+  --device cpu:1
+expect_exit 2 "decode device 'gpu': expected cpu or mixed" "$TS" train --data "$T/fm" --decode gpu
 expect_exit 2 "records no model name" "$TS" eval --checkpoint "$T/cr.ckpt"
 expect_exit 2 "do not fit --model mlp" "$TS" eval --checkpoint "$T/r18.ckpt" --model mlp
 

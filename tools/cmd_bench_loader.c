@@ -132,6 +132,7 @@ int ts_bench_loader(int argc, char **argv) {
     int64_t threads = 1, batch = 64, size = 224, max_files = 2000;
     double seconds = 4.0;
     bool gray = false, json = false, no_scaled = false, no_raw = false;
+    const char *decode = "cpu", *device = "cpu";
     const cli_flag flags[] = {
         {"threads", CLI_INT, &threads, "pipeline worker threads (and raw decode threads)", 1, 1024},
         {"batch-size", CLI_INT, &batch, "images per batch", 1, 1 << 16},
@@ -141,6 +142,8 @@ int ts_bench_loader(int argc, char **argv) {
         {"gray", CLI_BOOL, &gray, "decode to gray (1 channel)", 1, 0},
         {"no-scaled-decode", CLI_BOOL, &no_scaled, "always decode JPEGs at full size", 1, 0},
         {"no-raw", CLI_BOOL, &no_raw, "skip the raw decode measurement", 1, 0},
+        {"device", CLI_STRING, &device, "where the batches land: cpu or cuda:N", 1, 0},
+        {"decode", CLI_STRING, &decode, "cpu (the worker threads decode) or mixed (nvJPEG on --device: DALI's \"mixed\")", 1, 0},
         {"json", CLI_BOOL, &json, "print one JSON object", 1, 0},
     };
     const cli_command cmd = {
@@ -154,6 +157,10 @@ int ts_bench_loader(int argc, char **argv) {
     int rc = cli_parse(&cmd, argc, argv, pos, 2, &npos);
     if (rc) return rc == 1 ? 0 : rc;
     if (npos != 1) return cli_usage_error(&cmd, "expected one folder or file list");
+    ts_decode_device dec;
+    ts_device *dev = NULL;
+    if (ts_decode_device_parse(decode, &dec) != TS_OK) return cli_usage_error(&cmd, "--decode: %s", ts_last_error());
+    if (ts_device_get(device, &dev) != TS_OK) return cli_usage_error(&cmd, "--device: %s", ts_last_error());
 
     char rootbuf[4096];
     ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
@@ -165,6 +172,8 @@ int ts_bench_loader(int argc, char **argv) {
     o.random_resized_crop = true;
     o.flip_prob = 0.5f;
     o.jpeg_scaled_decode = !no_scaled;
+    o.device = dev;
+    o.decode = dec;
     const float mean[3] = {0.485f * 255, 0.456f * 255, 0.406f * 255}, std[3] = {0.229f * 255, 0.224f * 255, 0.225f * 255};
     memcpy(o.mean, mean, sizeof mean);
     memcpy(o.std, std, sizeof std);
@@ -235,6 +244,7 @@ int ts_bench_loader(int argc, char **argv) {
         images += bi.size;
         batches++;
     }
+    if (status == 0 && ts_device_synchronize(dev) != TS_OK) status = 1; /* the device's decoding is done */
     dt = ts_time_now() - t0;
     double cpu = cpu_seconds() - c0;
     int64_t decoded = 0, skipped = 0;
@@ -247,18 +257,20 @@ int ts_bench_loader(int argc, char **argv) {
     }
     double ips = (double)images / dt, cpu_ips = (double)images / cpu;
     if (json) {
-        printf("{\"framework\": \"tessera\", \"threads\": %lld, \"files\": %lld, \"batch_size\": %lld, \"size\": %lld, "
+        printf("{\"framework\": \"tessera\", \"decode\": \"%s\", \"device\": \"%s\", \"threads\": %lld, \"files\": %lld, "
+               "\"batch_size\": %lld, \"size\": %lld, "
                "\"channels\": %d, \"scaled_decode\": %s, \"images_per_second\": %.1f, "
                "\"raw_decode_images_per_second\": %.1f, \"images_per_cpu_second\": %.1f, "
                "\"raw_decode_images_per_cpu_second\": %.1f, \"raw_read_decode_images_per_second\": %.1f, "
                "\"raw_read_decode_images_per_cpu_second\": %.1f, \"batches\": %lld, \"seconds\": %.3f}\n",
-               (long long)threads, (long long)nfiles, (long long)batch, (long long)size, color,
-               no_scaled ? "false" : "true", ips, raw_ips, cpu_ips, raw_cpu_ips, rr_ips, rr_cpu_ips, (long long)batches,
+               decode, ts_device_name(dev), (long long)threads, (long long)nfiles, (long long)batch, (long long)size, color,
+               no_scaled || dec == TS_DECODE_MIXED ? "false" : "true", ips, raw_ips, cpu_ips, raw_cpu_ips, rr_ips, rr_cpu_ips, (long long)batches,
                dt);
     } else {
-        printf("%s: %lld files, output %dx%lldx%lld, batch %lld, random resized crop + flip + normalize%s\n", pos[0],
-               (long long)nfiles, color, (long long)size, (long long)size, (long long)batch,
-               no_scaled ? ", full-size decode" : "");
+        printf("%s: %lld files, output %dx%lldx%lld, batch %lld, random resized crop + flip + normalize%s%s%s\n",
+               pos[0], (long long)nfiles, color, (long long)size, (long long)size, (long long)batch,
+               no_scaled && dec == TS_DECODE_CPU ? ", full-size decode" : "",
+               dec == TS_DECODE_MIXED ? ", decoded by nvJPEG on " : "", dec == TS_DECODE_MIXED ? ts_device_name(dev) : "");
         printf("                 raw decode (in memory)   raw read + decode   pipeline (read + decode + augment)\n");
         printf("img/s (wall)     %22.0f   %17.0f   %17.0f (%.2f, %.2f of raw)\n", raw_ips, rr_ips, ips,
                raw_ips > 0 ? ips / raw_ips : 0.0, rr_ips > 0 ? ips / rr_ips : 0.0);

@@ -26,6 +26,8 @@
 typedef struct train_args {
     const char *data, *model, *optimizer, *schedule, *conv_algo;
     ts_conv_algo algo;
+    const char *decode;     /* --decode: cpu or mixed (the training images' JPEGs on the --device GPU) */
+    ts_decode_device dec;
     const char *checkpoint, *checkpoint_dir, *resume, *metrics_json, *init_from, *init_exclude;
     const char *trace, *metrics_csv; /* --trace, --metrics-csv */
     const char *backend; /* --backend: the process group's backend (builtin, mpi, nccl; NULL: chosen by device) */
@@ -324,6 +326,10 @@ static int check_names(const cli_command *cmd, train_args *a) {
                                "build time: see `tessera devices`)");
     if (a->init_exclude && !a->init_from) return cli_usage_error(cmd, "--init-exclude goes with --init-from");
     if (ts_conv_algo_parse(a->conv_algo, &a->algo) != TS_OK) return cli_usage_error(cmd, "--conv-algo: %s", ts_last_error());
+    if (ts_decode_device_parse(a->decode, &a->dec) != TS_OK) return cli_usage_error(cmd, "--decode: %s", ts_last_error());
+    if (a->dec == TS_DECODE_MIXED && !a->device)
+        return cli_usage_error(cmd, "--decode mixed decodes the training images on the GPU the model trains on: give "
+                               "--device cuda:N (or cuda)");
     if (ts_dtype_parse(a->precision, &a->prec) != TS_OK || (a->prec != TS_F32 && a->prec != TS_BF16 && a->prec != TS_F16))
         return cli_usage_error(cmd, "--precision '%s': expected fp32, bf16 or fp16", a->precision);
     if (a->prec == TS_F16 && a->strategy && !strcasecmp(a->strategy, "pipeline"))
@@ -340,11 +346,12 @@ int ts_cmd_train(int argc, char **argv) {
     train_args a = {.data = "/usr/share/datasets/fashion-mnist", .data_threads = 2, .model = "cnn",
                     .optimizer = "sgd", .schedule = "cosine", .epochs = 4, .batch_size = 64, .lr = 0.05,
                     .momentum = 0.9, .weight_decay = 5e-4, .nproc = 1, .micro_batches = 8, .pp_schedule = "1f1b",
-                    .backend = NULL, .conv_algo = "auto", .accum_steps = 1, .ddp_comm = "fp32",
+                    .backend = NULL, .conv_algo = "auto", .decode = "cpu", .accum_steps = 1, .ddp_comm = "fp32",
                     .precision = "fp32", .loss_scale = 65536.0};
     const cli_flag flags[] = {
         {"data", CLI_STRING, &a.data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images (image --data only)", 1, 256},
+        {"decode", CLI_STRING, &a.decode, "where the training images' JPEGs are decoded: cpu (the worker threads) or mixed (read and cropped on the workers, decoded by nvJPEG and resized on the --device GPU, DALI's device=\"mixed\"; PNGs and evaluation on the workers)", 1, 0},
         {"model", CLI_STRING, &a.model, "cnn (the reference CNN), mlp, resnet18, resnet34, resnet50, resnet101 or resnet152 (torchvision's)", 1, 0},
         {"image-size", CLI_INT, &a.image_size, "ResNets: train on RGB crops of this side (64, 112, 224: the default); cnn and mlp take 28", 0, 4096},
         {"num-classes", CLI_INT, &a.num_classes, "outputs of the model's last layer (0: the data's classes; more keeps e.g. ImageNet's 1000 for --init-from)", 0, 1 << 20},
@@ -451,6 +458,7 @@ int ts_cmd_train(int argc, char **argv) {
     d.rank = rank;
     d.world_size = pg ? ts_pg_size(pg) : 1;
     d.threads = (int)a.data_threads;
+    if (a.dec == TS_DECODE_MIXED) d.mixed_decode = so.devices[0];
     ts_model_desc md;
     ts_model_info(a.model, &md);
     d.image_size = md.fixed_size ? 0 : (int)(a.image_size ? a.image_size : md.image_size);

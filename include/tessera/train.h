@@ -151,9 +151,12 @@ typedef struct ts_data_opts {
                                central 0.875 window (Resize(S/0.875) + CenterCrop(S)), streamed (0) */
     bool eval_on_train;     /* the evaluation source reads the training split (in order, evaluation
                                preprocessing) instead of the test split: training accuracy (false) */
+    ts_device *mixed_decode; /* images: the training pipeline's JPEGs decoded on this device (DALI's "mixed":
+                                a CUDA device with nvJPEG), its batches landing there; evaluation decodes on
+                                the workers. NULL: the workers decode everything (NULL) */
 } ts_data_opts;
 
-#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false})
+#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false, NULL})
 
 /* Opens the training source (shuffled; this rank's share: the distributed
  * sampler's for IDX files, the reader's shard with pad_last_batch for images)

@@ -201,11 +201,15 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
         po.mean[0] = TS_FASHION_MNIST_MEAN * 255.0f;
         po.std[0] = TS_FASHION_MNIST_STD * 255.0f;
     }
+    ts_pipeline_opts eo = po; /* evaluation: decoded on the workers, batches on the host (scored there) */
+    if (o->mixed_decode) {
+        po.decode = TS_DECODE_MIXED;
+        po.device = o->mixed_decode;
+    }
     ts_pipeline *p = NULL;
     TS_TRY(ts_pipeline_new(&po, &p));
     TS_TRY(ts_batch_source_pipeline(p, train));
     if (!eval) return TS_OK;
-    ts_pipeline_opts eo = po;
     eo.reader.shard_id = 0;
     eo.reader.num_shards = 1;
     eo.reader.pad_last_batch = false;
