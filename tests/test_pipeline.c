@@ -9,10 +9,12 @@
 #include "test_util.h"
 
 #include "pipeline/pipeline_internal.h"
+#include "device/device.h"
 #include "device/k_image.h"
 #include "device/k_image_px.h"
 
 #include <dirent.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -416,8 +418,10 @@ static void test_decode_window(void) {
     ts_rng r;
     ts_rng_seed(&r, 3);
     for (int t = 0; t < 24; t++) {
-        int w = 40 + (int)ts_rng_below(&r, 300), h = 30 + (int)ts_rng_below(&r, 200), c = t % 3 ? 3 : 1;
+        int w = 40 + (int)ts_rng_below(&r, 300), h = 30 + (int)ts_rng_below(&r, 200), c = t % 5 ? 3 : 1;
         make_picture(&pic, w, h, c, (uint32_t)t);
+        if (t % 2) /* colours that change from pixel to pixel: chroma upsampling reads the neighbours */
+            for (size_t k = 0; k < (size_t)w * h * c; k++) pic.data[k] = (uint8_t)(pic.data[k] * 7 + (k % 3) * 85 + k / 5);
         const char *path = tpath("win_%d.jpg", t);
         CHECK_OK(ts_image_write_jpeg(&pic, path, 80));
         size_t n;
@@ -430,12 +434,15 @@ static void test_decode_window(void) {
         win.h = 1 + (int)ts_rng_below(&r, (uint64_t)(h - win.y));
         CHECK_OK(ts__decode_window(d, buf, n, col, path, denom, &win, &part, &roi));
         CHECK(roi.x >= 0 && roi.x + roi.w <= part.width && roi.h == part.height && roi.w >= 1);
-        /* the region's top-left pixel in the whole image */
-        int fx = win.x / denom - roi.x, fy = win.y / denom;
+        /* the window's pixels (roi in part) equal the same pixels of the whole image */
+        int fx = win.x / denom, fy = win.y / denom;
         bool same = true;
-        for (int y = 0; y < part.height; y++)
-            same &= memcmp(part.data + (size_t)y * part.width * col,
-                           full.data + ((size_t)(fy + y) * full.width + fx) * col, (size_t)part.width * col) == 0;
+        for (int y = 0; y < roi.h; y++)
+            same &= memcmp(part.data + ((size_t)y * part.width + roi.x) * col,
+                           full.data + ((size_t)(fy + y) * full.width + fx) * col, (size_t)roi.w * col) == 0;
+        if (!same)
+            fprintf(stderr, "window (%d, %d) %d x %d of %s (%d x %d, %d channels, 1/%d) differs from the whole decode\n",
+                    win.x, win.y, win.w, win.h, path, w, h, (int)col, denom);
         CHECK(same);
         free(buf);
     }
@@ -1262,6 +1269,191 @@ static void test_mixed_decode_host_side(void) {
     CHECK(p == NULL);
 }
 
+/* A decoder whose TurboJPEG call failed (a header cut short) reads the next file right: it used to report
+ * 0 x 0 or an earlier file's size, and the pipeline then cropped the files after a corrupt one wrong. */
+static void test_decoder_after_corrupt_header(void) {
+    ts_image pic = TS_IMAGE_INIT, got = TS_IMAGE_INIT;
+    ts__decoder *d = NULL;
+    CHECK_OK(ts__decoder_new(&d));
+    const int sizes[3][2] = {{85, 26}, {41, 44}, {63, 62}};
+    uint8_t *bufs[3];
+    size_t ns[3];
+    for (int i = 0; i < 3; i++) {
+        make_picture(&pic, sizes[i][0], sizes[i][1], 3, (uint32_t)i);
+        const char *path = tpath("hdr_%d.jpg", i);
+        CHECK_OK(ts_image_write_jpeg(&pic, path, 90));
+        bufs[i] = read_bytes(path, &ns[i]);
+    }
+    ns[1] = 300; /* cut inside its tables: no start of scan */
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < 3; i++) {
+            ts__fmt fmt;
+            int w = 0, h = 0;
+            ts_status st = ts__decode_header(d, bufs[i], ns[i], "hdr", &fmt, &w, &h);
+            if (i == 1) {
+                CHECK(st == TS_ERR_FORMAT);
+                if (round == 1) CHECK_STATUS(ts__decode(d, bufs[i], ns[i], TS_COLOR_RGB, "hdr", 1, &got), TS_ERR_FORMAT);
+                continue;
+            }
+            CHECK(st == TS_OK && w == sizes[i][0] && h == sizes[i][1]);
+            CHECK_OK(ts__decode(d, bufs[i], ns[i], TS_COLOR_RGB, "hdr", 1, &got));
+            CHECK(got.width == sizes[i][0] && got.height == sizes[i][1]);
+        }
+    for (int i = 0; i < 3; i++) free(bufs[i]);
+    ts__decoder_free(d);
+    ts_image_free(&pic);
+    ts_image_free(&got);
+}
+
+/* ---- mixed decoding through a stand-in device decoder ------------------------------------------- */
+/* An image family for a virtual CPU device (the test puts it in cpu:1's table): it decodes the whole JPEG
+ * on the host and resamples it by the plan with ts_resample_px, as the CUDA kernel does, and refuses every
+ * third file (TS_ERR_UNSUPPORTED: the pipeline then decodes it on its worker). */
+struct ts_image_decoder {
+    ts__decoder *dec;
+    ts_image img;
+};
+static _Atomic int fake_calls, fake_refused;
+static ts_status fake_new(ts_device *d, ts_image_decoder **out) {
+    (void)d;
+    ts_image_decoder *f = calloc(1, sizeof *f);
+    if (!f) return TS_ERR_NOMEM;
+    ts_status st = ts__decoder_new(&f->dec);
+    if (st != TS_OK) {
+        free(f);
+        return st;
+    }
+    *out = f;
+    return TS_OK;
+}
+static void fake_free(ts_image_decoder *f) {
+    if (!f) return;
+    ts__decoder_free(f->dec);
+    ts_image_free(&f->img);
+    free(f);
+}
+static ts_status fake_decode(ts_image_decoder *f, const uint8_t *jpeg, size_t n, const char *name,
+                             const ts_resample_plan *pl, void *out) {
+    if (atomic_fetch_add(&fake_calls, 1) % 3 == 2) {
+        atomic_fetch_add(&fake_refused, 1);
+        return ts_error(TS_ERR_UNSUPPORTED, "%s: the stand-in decoder refuses it", name);
+    }
+    TS_TRY(ts__decode(f->dec, jpeg, n, (ts_color)pl->channels, name, 1, &f->img));
+    float *o = out;
+    const size_t plane = (size_t)pl->ow * pl->oh;
+    for (int c = 0; c < pl->channels; c++)
+        for (int oy = 0; oy < pl->oh; oy++)
+            for (int ox = 0; ox < pl->ow; ox++)
+                o[c * plane + (size_t)oy * pl->ow + ox] =
+                    ts_resample_px(f->img.data, f->img.width, pl->channels, c, pl->x0[ox], pl->y0[oy],
+                                   pl->wx + (size_t)ox * pl->kx, pl->kx, pl->wy + (size_t)oy * pl->ky, pl->ky,
+                                   pl->scale[c], pl->bias[c]);
+    return TS_OK;
+}
+static const struct ts_kernels_image fake_image = {fake_new, fake_free, fake_decode};
+
+/* One epoch through a pipeline on dev: every batch's values, labels and listing indices appended. */
+static int64_t epoch_values(const ts_pipeline_opts *o, float *vals, int64_t *labels, int64_t *idx, int64_t *skipped) {
+    ts_pipeline *p = NULL;
+    CHECK_OK(ts_pipeline_new(o, &p));
+    int64_t nv = 0, rows = 0;
+    for (;;) {
+        ts_tensor *x = NULL, *y = NULL;
+        ts_batch_info bi;
+        if (!p || ts_pipeline_next(p, &x, &y, &bi) != TS_OK || bi.epoch_end) break;
+        CHECK_OK(ts_tensor_to_host(x, vals + nv, ts_tensor_nbytes(x)));
+        CHECK_OK(ts_tensor_to_host(y, labels + rows, ts_tensor_nbytes(y)));
+        int64_t n = 0;
+        const int64_t *si = ts_pipeline_batch_samples(p, &n);
+        memcpy(idx + rows, si, sizeof(int64_t) * (size_t)n);
+        nv += ts_tensor_numel(x);
+        rows += bi.size;
+    }
+    int64_t dec = 0;
+    if (p) ts_pipeline_counts(p, &dec, skipped);
+    ts_pipeline_free(p);
+    return rows;
+}
+
+/* The executor's mixed path on a virtual CPU device with the stand-in decoder: the same batches as the
+ * workers' own decoding, bit for bit (the window decode's pixels are the whole image's there), with a PNG,
+ * a truncated JPEG (skipped: its row's successors move up) and refused files among the JPEGs. */
+static void test_mixed_decode_pipeline(void) {
+    const char *root = tpath("mixed");
+    mkdir(root, 0755);
+    ts_rng r;
+    ts_rng_seed(&r, 8);
+    for (int i = 0; i < 17; i++) {
+        char dir[600], f[700];
+        snprintf(dir, sizeof dir, "%s/c%d", root, i % 3);
+        mkdir(dir, 0755);
+        const int w = 30 + 11 * (i % 6), h = 26 + 9 * (i % 5);
+        ts_image pic = TS_IMAGE_INIT;
+        CHECK_OK(ts_image_alloc(&pic, w, h, 3));
+        for (size_t k = 0; k < (size_t)w * h * 3; k++) pic.data[k] = (uint8_t)(128 + 100 * sin(0.05 * k * (i + 1)) + 20 * ts_rng_uniform(&r));
+        snprintf(f, sizeof f, "%s/img%02d.%s", dir, i, i == 4 ? "png" : "jpg");
+        CHECK_OK(i == 4 ? ts_image_write_png(&pic, f) : ts_image_write_jpeg(&pic, f, 90));
+        ts_image_free(&pic);
+        if (i == 7) CHECK(truncate(f, 300) == 0);
+    }
+    ts_device *cpu1 = NULL;
+    CHECK_OK(ts_device_get("cpu:1", &cpu1));
+    if (!cpu1) return;
+    const struct ts_kernels_image *keep = cpu1->k_image;
+    for (int color = 1; color <= 3; color += 2) {
+        ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+        o.reader.file_root = root;
+        o.reader.random_shuffle = true;
+        o.reader.seed = 4;
+        o.batch_size = 5;
+        o.num_threads = 3;
+        o.device = cpu1;
+        o.color = (ts_color)color;
+        o.skip_corrupt = true;
+        o.out_width = 13;
+        o.out_height = 11;
+        o.random_resized_crop = true;
+        o.flip_prob = 0.5f;
+        o.jpeg_scaled_decode = false;
+        for (int c = 0; c < 3; c++) {
+            o.mean[c] = 110.0f + c;
+            o.std[c] = 50.0f + c;
+        }
+        const size_t cap = 17 * 3 * 13 * 11;
+        float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
+        int64_t la[17] = {0}, lb[17] = {0}, ia[17] = {0}, ib[17] = {0}, sa = 0, sb = 0;
+        int64_t na = epoch_values(&o, a, la, ia, &sa);
+        cpu1->k_image = &fake_image;
+        fake_calls = fake_refused = 0;
+        o.decode = TS_DECODE_MIXED;
+        int64_t nb = epoch_values(&o, b, lb, ib, &sb);
+        cpu1->k_image = keep;
+        CHECK(na == 16 && nb == 16 && sa == 1 && sb == 1);
+        CHECK(fake_calls >= 15 && fake_refused >= 4); /* the truncated JPEG never reaches it */
+        CHECK(memcmp(la, lb, sizeof la) == 0 && memcmp(ia, ib, sizeof ia) == 0);
+        double worst = 0;
+        size_t wi = 0;
+        for (size_t k = 0; k < cap; k++)
+            if (fabs((double)a[k] - b[k]) > worst) worst = fabs((double)a[k] - b[k]), wi = k;
+        if (worst > 0) fprintf(stderr, "mixed vs cpu, %d channels: max diff %g at %zu (row %zu)\n", color, worst, wi, wi / ((size_t)color * 13 * 11));
+        for (int64_t row = 0; row < 16 && worst > 0; row++) {
+            double m = 0;
+            for (size_t k = 0; k < (size_t)color * 143; k++) m = fmax(m, fabs((double)a[row * color * 143 + k] - b[row * color * 143 + k]));
+            if (m > 0) {
+                double mm = 0;
+                for (int c = 0; c < color; c++) for (int yy = 0; yy < 11; yy++) for (int xx = 0; xx < 13; xx++)
+                    mm = fmax(mm, fabs((double)a[row * color * 143 + c * 143 + yy * 13 + xx] - b[row * color * 143 + c * 143 + yy * 13 + 12 - xx]));
+                fprintf(stderr, "  row %lld sample %lld: %g (mirrored: %g)\n", (long long)row, (long long)ia[row], m, mm);
+                for (int xx = 0; xx < 13; xx++) fprintf(stderr, " %.2f/%.2f", a[row * color * 143 + xx], b[row * color * 143 + xx]);
+                fprintf(stderr, "\n");
+            }
+        }
+        CHECK(memcmp(a, b, sizeof(float) * cap) == 0);
+        free(a);
+        free(b);
+    }
+}
+
 int main(int argc, char **argv) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ts_pipeline_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -1271,7 +1463,8 @@ int main(int argc, char **argv) {
         T(test_ops),              T(test_pipeline_shards),  T(test_pipeline_padding),    T(test_pipeline_reproducible),
         T(test_pipeline_corrupt), T(test_pipeline_shutdown), T(test_pipeline_idx),
         T(test_pixel_limit),      T(test_truncated_jpeg_any_seed), T(test_fifo_inputs), T(test_data_open_classes),
-        T(test_resample_plan_replay), T(test_mixed_decode_host_side),
+        T(test_resample_plan_replay), T(test_mixed_decode_host_side), T(test_mixed_decode_pipeline),
+        T(test_decoder_after_corrupt_header),
     };
     int rc = tu_run(tests, (int)TS_ARRAY_LEN(tests), argc, argv);
     rm_rf(tmpdir);

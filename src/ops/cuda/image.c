@@ -45,10 +45,10 @@ static void nvj_load_once(void) {
     for (int i = 0; i < 3 && !nvj.so; i++) {
         if (!names[i] || (i > 0 && env && *env)) continue; /* an explicit path is the only one tried */
         nvj.so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!nvj.so) {
+        if (!nvj.so && len < sizeof tried - 1) {
             const char *e = dlerror();
-            len += (size_t)snprintf(tried + len, len < sizeof tried ? sizeof tried - len : 0, "%s%s", len ? "; " : "",
-                                    e ? e : names[i]);
+            int k = snprintf(tried + len, sizeof tried - len, "%s%s", len ? "; " : "", e ? e : names[i]);
+            len = k < 0 ? len : len + (size_t)k < sizeof tried - 1 ? len + (size_t)k : sizeof tried - 1;
         }
     }
     if (!nvj.so) {
