@@ -1454,6 +1454,107 @@ static void test_mixed_decode_pipeline(void) {
     }
 }
 
+/* ---- uploads from pinned staging, on a stand-in device ------------------------------------------ */
+/* cpu:1 made to look like a device whose memory is not the host's, with "pinned" host memory whose
+ * uploads are queued (memcpy here, counted): the executor's staging and upload bookkeeping. */
+static _Atomic int pin_allocs, pin_frees, pin_copies, pin_marks, pin_waits, pin_fail_alloc;
+static void *pin_alloc(ts_device *d, size_t n) {
+    (void)d;
+    if (pin_fail_alloc) return NULL;
+    atomic_fetch_add(&pin_allocs, 1);
+    return malloc(n);
+}
+static void pin_free(ts_device *d, void *p) {
+    (void)d;
+    atomic_fetch_add(&pin_frees, 1);
+    free(p);
+}
+static ts_status pin_copy(ts_device *d, void *dst, const void *src, size_t n, void **done) {
+    (void)d;
+    atomic_fetch_add(&pin_copies, 1);
+    memcpy(dst, src, n);
+    if (done) {
+        atomic_fetch_add(&pin_marks, 1);
+        *done = malloc(1); /* a marker host_wait must release (LeakSanitizer counts them) */
+    }
+    return TS_OK;
+}
+static ts_status pin_wait(ts_device *d, void *done) {
+    (void)d;
+    atomic_fetch_add(&pin_waits, 1);
+    free(done);
+    return TS_OK;
+}
+
+static void test_pipeline_pinned_staging(void) {
+    const char *root = tpath("pinned");
+    mkdir(root, 0755);
+    for (int i = 0; i < 11; i++) {
+        char dir[600], f[700];
+        snprintf(dir, sizeof dir, "%s/c%d", root, i % 2);
+        mkdir(dir, 0755);
+        ts_image pic = TS_IMAGE_INIT;
+        make_picture(&pic, 40 + 3 * i, 30 + 2 * i, 3, (uint32_t)i);
+        snprintf(f, sizeof f, "%s/p%02d.jpg", dir, i);
+        CHECK_OK(ts_image_write_jpeg(&pic, f, 85));
+        ts_image_free(&pic);
+    }
+    ts_device *cpu1 = NULL;
+    CHECK_OK(ts_device_get("cpu:1", &cpu1));
+    if (!cpu1) return;
+    const ts_device_ops *keep = cpu1->ops;
+    ts_device_ops fake = *keep;
+    fake.host_alloc = pin_alloc;
+    fake.host_free = pin_free;
+    fake.copy_h2d_async = pin_copy;
+    fake.host_wait = pin_wait;
+    for (int fail = 0; fail < 2; fail++) {
+        ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
+        o.reader.file_root = root;
+        o.reader.random_shuffle = true;
+        o.batch_size = 4;
+        o.num_threads = 2;
+        o.device = cpu1;
+        o.out_width = o.out_height = 12;
+        o.random_resized_crop = true;
+        o.flip_prob = 0.5f;
+        const size_t cap = 2 * 12 * 3 * 144 + 64;
+        float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
+        int64_t la[32] = {0}, lb[32] = {0}, ia[32] = {0}, ib[32] = {0}, sa = 0, sb = 0;
+        int64_t na = epoch_values(&o, a, la, ia, &sa);
+        pin_allocs = pin_frees = pin_copies = pin_marks = pin_waits = 0;
+        pin_fail_alloc = fail;
+        cpu1->ops = &fake;
+        cpu1->host_accessible = false; /* the pipeline stages in host memory and uploads */
+        int64_t nb = epoch_values(&o, b, lb, ib, &sb);
+        /* a seek in the middle of an epoch, with a batch handed out and prefetched ones pending */
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        ts_tensor *x = NULL, *y = NULL;
+        for (int k = 0; p && k < 2; k++) CHECK_OK(ts_pipeline_next(p, &x, &y, NULL));
+        if (p) CHECK_OK(ts_pipeline_seek(p, 0, 1));
+        float *c = calloc(4 * 3 * 144, sizeof(float));
+        if (p) CHECK_OK(ts_pipeline_next(p, &x, &y, NULL));
+        if (x) CHECK_OK(ts_tensor_to_host(x, c, ts_tensor_nbytes(x)));
+        CHECK(x && memcmp(c, a + 4 * 3 * 144, sizeof(float) * 4 * 3 * 144) == 0); /* batch 1 again */
+        ts_pipeline_free(p);
+        cpu1->ops = keep;
+        cpu1->host_accessible = true;
+        CHECK(na == 11 && nb == 11 && sa == 0 && sb == 0);
+        CHECK(memcmp(la, lb, sizeof la) == 0 && memcmp(ia, ib, sizeof ia) == 0);
+        CHECK(memcmp(a, b, sizeof(float) * cap) == 0);
+        if (fail) { /* no pinned memory: waiting copies from malloc'd staging */
+            CHECK(pin_allocs == 0 && pin_copies == 0 && pin_marks == 0);
+        } else { /* x and y per batch, every marker waited for, every buffer freed */
+            CHECK(pin_copies >= 2 * 3 && pin_marks >= 3 && pin_marks == pin_waits);
+            CHECK(pin_allocs > 0 && pin_allocs == pin_frees);
+        }
+        free(a);
+        free(b);
+        free(c);
+    }
+}
+
 int main(int argc, char **argv) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ts_pipeline_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -1464,7 +1565,7 @@ int main(int argc, char **argv) {
         T(test_pipeline_corrupt), T(test_pipeline_shutdown), T(test_pipeline_idx),
         T(test_pixel_limit),      T(test_truncated_jpeg_any_seed), T(test_fifo_inputs), T(test_data_open_classes),
         T(test_resample_plan_replay), T(test_mixed_decode_host_side), T(test_mixed_decode_pipeline),
-        T(test_decoder_after_corrupt_header),
+        T(test_decoder_after_corrupt_header), T(test_pipeline_pinned_staging),
     };
     int rc = tu_run(tests, (int)TS_ARRAY_LEN(tests), argc, argv);
     rm_rf(tmpdir);

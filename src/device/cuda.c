@@ -232,6 +232,48 @@ static void cuda_empty_cache(ts_device *d) {
 
 static size_t cuda_reserved(const ts_device *d) { return ts__cache_get_stats(&ts__cuda(d)->cache).reserved; }
 
+/* Pinned host memory for staging (the input pipeline's batches): copies from it are truly asynchronous. */
+static void *cuda_host_alloc(ts_device *d, size_t n) {
+    void *p = NULL;
+    if (ts__cuda_enter(d, &(cudaStream_t){0}) != TS_OK || cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the caller falls back to pageable memory */
+        return NULL;
+    }
+    return p;
+}
+static void cuda_host_free(ts_device *d, void *p) {
+    (void)d;
+    if (p) cudaFreeHost(p);
+}
+
+/* The copy is queued on the device's stream (after the work that may still read dst, before the work
+ * queued later that reads it), an event after it is the completion marker. (A bad index an earlier op
+ * left is reported at the next synchronisation, not here: this one does not wait.) */
+static ts_status cuda_h2d_async(ts_device *d, void *dst, const void *src, size_t n, void **done) {
+    if (done) *done = NULL;
+    cudaStream_t s;
+    TS_TRY(ts__cuda_enter(d, &s));
+    if (n) TS_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
+    if (!done) return TS_OK;
+    cudaEvent_t e;
+    TS_CUDA_TRY(d, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    ts_status st = ts__cuda_status(d, cudaEventRecord(e, s), "cudaEventRecord (upload)");
+    if (st != TS_OK) {
+        cudaEventDestroy(e);
+        return st;
+    }
+    *done = e;
+    return TS_OK;
+}
+static ts_status cuda_host_wait(ts_device *d, void *done) {
+    if (!done) return TS_OK;
+    cudaStream_t s;
+    ts_status st = ts__cuda_enter(d, &s);
+    if (st == TS_OK) st = ts__cuda_status(d, cudaEventSynchronize((cudaEvent_t)done), "cudaEventSynchronize (upload)");
+    cudaEventDestroy((cudaEvent_t)done);
+    return st;
+}
+
 static const ts_device_ops cuda_ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -242,6 +284,10 @@ static const ts_device_ops cuda_ops = {
     .synchronize = cuda_sync,
     .empty_cache = cuda_empty_cache,
     .reserved = cuda_reserved,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .copy_h2d_async = cuda_h2d_async,
+    .host_wait = cuda_host_wait,
 };
 
 ts_status ts__cuda_device_new(int ordinal, ts_device **out) {

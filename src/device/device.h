@@ -38,6 +38,16 @@ typedef struct ts_device_ops {
     void (*empty_cache)(ts_device *d);
     /* Bytes held from the system, live and cached (NULL: the live bytes). */
     size_t (*reserved)(const ts_device *d);
+    /* Pinned host memory (page-locked: the device copies it without staging, asynchronously), for the
+     * input pipeline's staging buffers; NULL for devices whose memory is the host's (and then the three
+     * below are NULL too). host_alloc returns NULL when the memory cannot be had (use malloc then). */
+    void *(*host_alloc)(ts_device *d, size_t nbytes);
+    void (*host_free)(ts_device *d, void *p);
+    /* Queues a copy from pinned host memory src (host_alloc) to device memory dst after the work queued
+     * so far, without waiting; done (may be NULL) receives a marker of its completion, which host_wait
+     * waits for and releases (the host must not write src before). */
+    ts_status (*copy_h2d_async)(ts_device *d, void *dst, const void *src, size_t n, void **done);
+    ts_status (*host_wait)(ts_device *d, void *done);
 } ts_device_ops;
 
 struct ts_device {

@@ -40,6 +40,8 @@ typedef struct slot {
     ts_tensor *x, *y;      /* (B, C, H, W) f32 and (B) i64 on the device */
     float *hx;             /* where workers write: x's memory, or host staging */
     int64_t *hy;
+    bool pinned;           /* hx, hy are the device's pinned host memory: uploaded without waiting */
+    void *uploaded;        /* the pending upload's completion marker (pinned staging), NULL when none */
     ts_status err;         /* first failure (lowest position) */
     int64_t err_pos;
     char errmsg[1024];
@@ -338,6 +340,41 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
+/* ---- uploads (a device that is not host memory) ----------------------------------------------------- */
+/* One copy of n bytes from host staging to the device: queued without waiting from pinned staging (the
+ * last one of a batch leaving its completion marker in s->uploaded), else the device's waiting copy. */
+static ts_status stage_copy(ts_pipeline *p, slot *s, void *dst, const void *src, size_t n, bool last) {
+    ts_device *d = p->o.device;
+    if (s->pinned) return d->ops->copy_h2d_async(d, dst, src, n, last ? &s->uploaded : NULL);
+    return d->ops->copy_h2d(d, dst, src, n);
+}
+
+/* The batch in s's host staging to its device tensors: the rows not decoded on the device (all of them
+ * but with mixed decoding), a run at a time, then the labels. */
+static ts_status upload(ts_pipeline *p, slot *s) {
+    const size_t row = sizeof(float) * (size_t)p->numel;
+    for (int64_t i = 0; i < s->n;) {
+        if (s->ondev[i]) {
+            i++;
+            continue;
+        }
+        int64_t j = i;
+        while (j < s->n && !s->ondev[j]) j++;
+        TS_TRY(stage_copy(p, s, (char *)ts__ptr(s->x) + (size_t)i * row, s->hx + i * p->numel, (size_t)(j - i) * row,
+                          false));
+        i = j;
+    }
+    return stage_copy(p, s, ts__ptr(s->y), s->hy, sizeof(int64_t) * (size_t)s->n, true);
+}
+
+/* Waits for s's pending upload (its staging may be written then). */
+static ts_status upload_wait(ts_pipeline *p, slot *s) {
+    if (!s->uploaded) return TS_OK;
+    void *u = s->uploaded;
+    s->uploaded = NULL;
+    return p->o.device->ops->host_wait(p->o.device, u);
+}
+
 /* ---- construction -------------------------------------------------------------------------------- */
 static void release_views(ts_pipeline *p) {
     ts_tensor_release(p->vx);
@@ -365,9 +402,14 @@ void ts_pipeline_free(ts_pipeline *p) {
     release_views(p);
     for (int i = 0; p->slots && i < p->nslots; i++) {
         slot *s = &p->slots[i];
+        if (upload_wait(p, s) != TS_OK) /* before the memory goes */
+            ts_log(TS_LOG_WARN, "pipeline: waiting for an upload to %s: %s", p->o.device->name, ts_last_error());
         ts_tensor_release(s->x);
         ts_tensor_release(s->y);
-        if (p->staged) {
+        if (s->pinned) {
+            p->o.device->ops->host_free(p->o.device, s->hx);
+            p->o.device->ops->host_free(p->o.device, s->hy);
+        } else if (p->staged) {
             free(s->hx);
             free(s->hy);
         }
@@ -462,9 +504,23 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
         s->smp = ts__malloc(sizeof *s->smp * (size_t)p->B);
         s->ok = ts__malloc((size_t)p->B);
         s->ondev = ts__calloc((size_t)p->B, 1);
-        if (p->staged) {
-            s->hx = ts__malloc(sizeof(float) * (size_t)(p->B * p->numel));
-            s->hy = ts__malloc(sizeof(int64_t) * (size_t)p->B);
+        if (p->staged) { /* pinned where the device has it (the uploads do not wait), else pageable */
+            const ts_device_ops *ops = p->o.device->ops;
+            const size_t nx = sizeof(float) * (size_t)(p->B * p->numel), ny = sizeof(int64_t) * (size_t)p->B;
+            if (ops->host_alloc && ops->copy_h2d_async && ops->host_wait) {
+                s->hx = ops->host_alloc(p->o.device, nx);
+                s->hy = s->hx ? ops->host_alloc(p->o.device, ny) : NULL;
+                s->pinned = s->hx && s->hy;
+                if (!s->pinned) {
+                    if (s->hx) ops->host_free(p->o.device, s->hx);
+                    s->hx = NULL;
+                    s->hy = NULL;
+                }
+            }
+            if (!s->pinned) {
+                s->hx = ts__malloc(nx);
+                s->hy = ts__malloc(ny);
+            }
         } else {
             s->hx = ts__f32(s->x);
             s->hy = ts__ptr(s->y);
@@ -504,6 +560,7 @@ fail:
 }
 
 /* ---- the iterator ---------------------------------------------------------------------------------- */
+
 static slot *find_seq(ts_pipeline *p, int64_t seq) {
     for (int i = 0; i < p->nslots; i++)
         if (p->slots[i].state != SLOT_FREE && p->slots[i].state != SLOT_HELD && p->slots[i].seq == seq)
@@ -519,6 +576,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
     memset(info, 0, sizeof *info);
     if (p->sticky != TS_OK) return ts_error(p->sticky, "%s", p->sticky_msg);
     release_views(p);
+    if (p->held >= 0) TS_TRY(upload_wait(p, &p->slots[p->held])); /* its staging is written again */
     pthread_mutex_lock(&p->mu);
     if (p->held >= 0) {
         p->slots[p->held].state = SLOT_FREE;
@@ -582,25 +640,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         bx = p->vx;
         by = p->vy;
     }
-    if (p->staged && p->ki) { /* mixed: the rows the workers decoded on the host, a run at a time */
-        ts_device *d = p->o.device;
-        for (int64_t i = 0; i < s->n;) {
-            if (s->ondev[i]) {
-                i++;
-                continue;
-            }
-            int64_t j = i;
-            while (j < s->n && !s->ondev[j]) j++;
-            const size_t row = sizeof(float) * (size_t)p->numel;
-            TS_TRY(d->ops->copy_h2d(d, (char *)ts__ptr(s->x) + (size_t)i * row, s->hx + i * p->numel,
-                                    (size_t)(j - i) * row));
-            i = j;
-        }
-        TS_TRY(ts_tensor_from_host(by, s->hy, ts_tensor_nbytes(by)));
-    } else if (p->staged) {
-        TS_TRY(ts_tensor_from_host(bx, s->hx, ts_tensor_nbytes(bx)));
-        TS_TRY(ts_tensor_from_host(by, s->hy, ts_tensor_nbytes(by)));
-    }
+    if (p->staged) TS_TRY(upload(p, s));
     *x = bx;
     *y = by;
     return TS_OK;
@@ -612,6 +652,11 @@ ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
     TS_ARG(batch <= ts_pipeline_num_batches(p, epoch), "ts_pipeline_seek: batch %lld is past the %lld batches of epoch %lld",
            (long long)batch, (long long)ts_pipeline_num_batches(p, epoch), (long long)epoch);
     release_views(p);
+    ts_status st = TS_OK;
+    for (int i = 0; i < p->nslots; i++) { /* the batch handed out last may still be on its way */
+        ts_status u = upload_wait(p, &p->slots[i]);
+        if (st == TS_OK) st = u;
+    }
     pthread_mutex_lock(&p->mu);
     p->paused = true;
     while (p->in_flight > 0) pthread_cond_wait(&p->done_cv, &p->mu);
@@ -642,7 +687,7 @@ ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
     p->paused = false;
     plan_locked(p);
     pthread_mutex_unlock(&p->mu);
-    return TS_OK;
+    return st;
 }
 
 int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch) {
