@@ -8,6 +8,10 @@
                                                       torchvision's ImageFolder with RandomResizedCrop,
                                                       RandomHorizontalFlip, ToTensor, Normalize — the
                                                       same work as `tessera bench loader`
+  loader_vs_torchvision.py gpu-decode DIR --threads T images/s of torchvision's nvJPEG decoding
+                           [--device cuda]            (torchvision.io.decode_jpeg on the GPU, batched) with the
+                                                      random resized crop, flip and normalisation on the GPU:
+                                                      the reference for `tessera bench loader --decode mixed`
   loader_vs_torchvision.py dali DIR --threads T       images/s of an NVIDIA DALI CPU pipeline doing the
                                                       same: fn.readers.file (random_shuffle) ->
                                                       fn.decoders.image_random_crop (device="cpu") ->
@@ -138,6 +142,61 @@ def run_dali(root, threads, batch, size, seconds, gray):
                       "batches": batches, "seconds": round(dt, 3)}))
 
 
+def run_gpu_decode(root, threads, batch, size, seconds, gray, device):
+    """torchvision's nvJPEG path beside `tessera bench loader --decode mixed`: files read on `threads` threads,
+    torchvision.io.decode_jpeg(list, device=DEVICE) batched, then per image RandomResizedCrop's window
+    (torchvision's own get_params) resized with antialiasing, a coin-flip mirror and the normalisation on the
+    device, stacked into one (B, C, S, S) batch. Images/s counts batches finished on the device."""
+    import concurrent.futures
+    import random
+    import torch
+    import torchvision
+    import torchvision.transforms.v2 as T
+    import torchvision.transforms.v2.functional as F
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+    root = data_root(root)
+    files = sorted(glob.glob(os.path.join(root, "*", "*.jpg")) + glob.glob(os.path.join(root, "*", "*.jpeg")))
+    if not files:
+        sys.exit(f"gpu-decode: no JPEG files under {root}")
+    mean = torch.tensor([0.5] if gray else [0.485, 0.456, 0.406], device=device).view(-1, 1, 1) * 255
+    std = torch.tensor([0.25] if gray else [0.229, 0.224, 0.225], device=device).view(-1, 1, 1) * 255
+    rrc = T.RandomResizedCrop(size)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads)
+    mode = ImageReadMode.GRAY if gray else ImageReadMode.RGB
+
+    def augment(images):
+        out = []
+        for im in images:
+            top, left, h, w = T.RandomResizedCrop.get_params(im, rrc.scale, rrc.ratio)
+            x = F.resized_crop(im, top, left, h, w, [size, size], antialias=True)
+            if random.random() < 0.5:
+                x = F.horizontal_flip(x)
+            out.append((x.float() - mean) / std)
+        return torch.stack(out)
+
+    def step():
+        names = random.sample(files, batch) if len(files) >= batch else random.choices(files, k=batch)
+        datas = list(pool.map(read_file, names))
+        return augment(decode_jpeg(datas, mode=mode, device=device))
+
+    step()  # warm-up (nvJPEG's handles), not timed
+    if device != "cpu":
+        torch.cuda.synchronize()
+    images, batches, t0, c0 = 0, 0, time.perf_counter(), proc_cpu_seconds([])
+    while time.perf_counter() - t0 < seconds:
+        step()
+        images += batch
+        batches += 1
+    if device != "cpu":
+        torch.cuda.synchronize()
+    dt, cpu = time.perf_counter() - t0, proc_cpu_seconds([]) - c0
+    print(json.dumps({"framework": "torchvision-" + ("nvjpeg" if device != "cpu" else "cpu"),
+                      "torch": torch.__version__, "torchvision": torchvision.__version__, "device": device,
+                      "threads": threads, "files": len(files), "batch_size": batch, "size": size,
+                      "channels": 1 if gray else 3, "images_per_second": round(images / dt, 1),
+                      "images_per_cpu_second": round(images / cpu, 1), "batches": batches, "seconds": round(dt, 3)}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -147,8 +206,10 @@ def main():
     mp.add_argument("--width", type=int, default=500)
     mp.add_argument("--height", type=int, default=375)
     mp.add_argument("--quality", type=int, default=90)
-    for name in ("run", "dali"):
+    for name in ("run", "dali", "gpu-decode"):
         rp = sub.add_parser(name)
+        if name == "gpu-decode":
+            rp.add_argument("--device", default="cuda")
         rp.add_argument("root")
         rp.add_argument("--threads", type=int, default=1)
         rp.add_argument("--batch-size", type=int, default=64)
@@ -158,6 +219,8 @@ def main():
     a = ap.parse_args()
     if a.cmd == "make-photos":
         make_photos(a.out, a.glob, a.width, a.height, a.quality)
+    elif a.cmd == "gpu-decode":
+        run_gpu_decode(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray, a.device)
     else:
         (run if a.cmd == "run" else run_dali)(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray)
 

@@ -86,7 +86,11 @@ if [ -d .gpu/photos ]; then # mixed decoding (nvJPEG on the GPU, first written 2
     --decode mixed
   step train_mixed .gpu/bin/tessera train --device cuda:0 --decode mixed --model resnet18 --image-size 64 \
     --data .gpu/photos --max-steps 30 --batch-size 32 --quiet
-  grep -h "img/s\|decoded by" "$OUT/loader_cpu.log" "$OUT/loader_mixed.log"
+  if python3 -c 'import torchvision.io, torchvision.transforms.v2' 2>/dev/null; then # the reference: torchvision's nvJPEG
+    step loader_torchvision timeout 60 python3 bench/loader_vs_torchvision.py gpu-decode .gpu/photos --threads 8 \
+      --seconds 3
+  fi
+  grep -h "img/s\|decoded by\|images_per_second" "$OUT"/loader_*.log
 fi
 # PyTorch's cudnn.benchmark set (FFT and Winograd included): how far those algorithms drift from the
 # golden tolerance (informational: not counted in the status)
