@@ -8,6 +8,9 @@
  * launched before the last gradient of the pass is ready (overlap); an unused
  * parameter is reported by the next forward.
  *
+ * The equivalence runs take TS_TEST_DEVICE (cpu:1 in make test, cuda:0 on a GPU
+ * machine): model, batches and DDP's buckets' sources on that device.
+ *
  * Rank threads never use CHECK (the counters are not atomic): each records
  * its first error and its results, and the main thread checks them. */
 #include "core/internal.h" /* TS_TRY, TS_CHECK_GOTO, TS_ARRAY_LEN */
@@ -174,8 +177,11 @@ typedef struct train_cfg {
     ts_ddp_options opts;
 } train_cfg;
 
+static ts_device *test_dev; /* where train() runs: TS_TEST_DEVICE (cpu; cpu:1, cuda:0), set by check_equivalence */
+
 /* STEPS steps of SGD(lr 0.05, momentum 0.9) on this rank's share of each
- * global batch; pg NULL: a single process on the whole batch. */
+ * global batch; pg NULL: a single process on the whole batch. The model and the batches
+ * live on test_dev. */
 static ts_status train(const train_cfg *cfg, ts_process_group *pg, rank_ctx *c) {
     int rank = pg ? ts_pg_rank(pg) : 0, world = pg ? ts_pg_size(pg) : 1;
     ts_module *m = NULL;
@@ -184,8 +190,14 @@ static ts_status train(const train_cfg *cfg, ts_process_group *pg, rank_ctx *c) 
     ts_tensor_list params = TS_TENSOR_LIST_INIT;
     ts_status st = TS_OK;
     TS_CHECK_GOTO(cfg->make(1234, &m));
+    TS_CHECK_GOTO(ts_module_to(m, test_dev));
     if (pg) TS_CHECK_GOTO(ts_ddp_new(m, pg, &cfg->opts, &ddp));
     TS_CHECK_GOTO(ts_module_parameters(m, &params));
+    if (params.n && ts_tensor_device(params.tensors[0]) != test_dev) {
+        st = ts_error(TS_ERR_DEVICE, "the model is on %s, not on %s", ts_device_name(ts_tensor_device(params.tensors[0])),
+                      ts_device_name(test_dev));
+        goto fail;
+    }
     ts_sgd_config sc = TS_SGD_CONFIG_INIT;
     sc.lr = 0.05f;
     sc.momentum = 0.9f;
@@ -194,6 +206,12 @@ static ts_status train(const train_cfg *cfg, ts_process_group *pg, rank_ctx *c) 
     for (int step = 0; step < STEPS; step++) {
         ts_tensor *x = NULL, *y = NULL, *logits = NULL, *loss = NULL;
         st = make_batch((uint64_t)step, rank * per, (rank + 1) * per, cfg->side, &x, &y);
+        for (int k = 0; k < 2 && st == TS_OK && test_dev != ts_device_cpu(); k++) {
+            ts_tensor **t = k ? &y : &x, *moved = NULL;
+            st = ts_to_device(*t, test_dev, &moved);
+            ts_tensor_release(*t);
+            *t = moved;
+        }
         if (st == TS_OK) st = ddp ? ts_ddp_forward(ddp, x, &logits) : ts_module_forward(m, x, &logits);
         if (st == TS_OK) st = ts_cross_entropy(logits, y, 0.0f, &loss);
         if (st == TS_OK) st = ts_backward(loss, NULL, false);
@@ -222,6 +240,7 @@ static ts_status train_rank(rank_ctx *c, ts_process_group *pg) { return train(c-
 static void check_equivalence(const char *what, const train_cfg *cfg, int world) {
     rank_ctx ref = {0}, c[MAX_WORLD];
     ts_set_num_threads(1);
+    test_dev = tu_test_device();
     CHECK_OK(train(cfg, NULL, &ref));
     if (!ref.values) return;
     if (run_ranks(world, train_rank, cfg, c)) {
