@@ -5,8 +5,9 @@
  * bf16-precision matmul, the reference CNN trained on cuda:0 against the same
  * steps on the CPU, out-of-range class and embedding indices reported from
  * the GPU at the next synchronisation (the device's deferred index checks), and
- * autocast's bfloat16 activations on the GPU against the CPU's, and the input
- * pipeline's mixed decoding (nvJPEG) against its CPU decoding.
+ * autocast's bfloat16 activations on the GPU against the CPU's, the input
+ * pipeline's mixed decoding (nvJPEG) against its CPU decoding, and copies
+ * between two GPUs (where there are two).
  * The op-by-op checks against PyTorch are test_golden_ops / test_golden_step
  * with TS_TEST_DEVICE=cuda:0.
  */
@@ -475,6 +476,35 @@ static void test_autocast_matches_cpu(void) {
     CHECK_OK(ts_set_matmul_precision(TS_F32));
 }
 
+/* Copies between two GPUs go device to device (cudaMemcpyPeerAsync), ordered after the work queued on the
+ * source and before the work queued later on either: a result computed on cuda:0 and copied at once to
+ * cuda:1 arrives whole, and cuda:0 may overwrite its source right after. Needs two GPUs. */
+static void test_peer_copy(void) {
+    if (ts_cuda_device_count(NULL, 0) < 2) {
+        printf("SKIP part: one GPU (peer copies need two)\n");
+        return;
+    }
+    ts_device *g1 = NULL;
+    CHECK_OK(ts_device_get("cuda:1", &g1));
+    int64_t shape[2] = {512, 1024};
+    ts_tensor *x = randn(gpu, 2, shape, 3), *r = NULL, *y = NULL, *back = NULL;
+    CHECK_OK(ts_relu(x, &r));                 /* queued on cuda:0 */
+    CHECK_OK(ts_to_device(r, g1, &y));        /* cuda:0 -> cuda:1, queued behind the relu */
+    CHECK_OK(ts_tensor_fill_(r, -1.0f));      /* cuda:0 reuses the source at once */
+    CHECK_OK(ts_to_device(y, gpu, &back));    /* and back */
+    ts_tensor *want = NULL, *xc = NULL;
+    CHECK_OK(ts_to_device(x, ts_device_cpu(), &xc));
+    CHECK_OK(ts_relu(xc, &want));
+    printf("peer copies: cuda:0 -> cuda:1 max diff %g, and back %g\n", max_diff(y, want), max_diff(back, want));
+    CHECK(max_diff(y, want) == 0 && max_diff(back, want) == 0);
+    ts_tensor_release(x);
+    ts_tensor_release(r);
+    ts_tensor_release(y);
+    ts_tensor_release(back);
+    ts_tensor_release(want);
+    ts_tensor_release(xc);
+}
+
 /* ---- the pipeline's mixed decoding (nvJPEG) against its CPU decoding ---------------------------- */
 /* A folder of 2 classes: 13 JPEGs of assorted sizes (smooth patterns with noise), one PNG (decoded on the
  * host in a mixed batch) and one truncated JPEG (nvJPEG refuses it, the host decoder too: skipped). */
@@ -609,6 +639,6 @@ int main(int argc, char **argv) {
     }
     static const tu_test tests[] = {T(test_describe_and_memory), T(test_copies), T(test_matmul_precision), T(test_conv_precision),
                                     T(test_cnn_steps_match_cpu), T(test_bad_target), T(test_autocast_matches_cpu),
-                                    T(test_mixed_decode_matches_cpu)};
+                                    T(test_mixed_decode_matches_cpu), T(test_peer_copy)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

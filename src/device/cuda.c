@@ -235,7 +235,8 @@ static size_t cuda_reserved(const ts_device *d) { return ts__cache_get_stats(&ts
 /* Pinned host memory for staging (the input pipeline's batches): copies from it are truly asynchronous. */
 static void *cuda_host_alloc(ts_device *d, size_t n) {
     void *p = NULL;
-    if (ts__cuda_enter(d, &(cudaStream_t){0}) != TS_OK || cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault) != cudaSuccess) {
+    cudaStream_t s;
+    if (ts__cuda_enter(d, &s) != TS_OK || cudaHostAlloc(&p, n ? n : 1, cudaHostAllocDefault) != cudaSuccess) {
         cudaGetLastError(); /* not sticky: the caller falls back to pageable memory */
         return NULL;
     }
@@ -274,6 +275,50 @@ static ts_status cuda_host_wait(ts_device *d, void *done) {
     return st;
 }
 
+/* Between two GPUs (direct over NVLink / PCIe where peer access is on, else staged by the driver): the
+ * destination's stream waits for the source's work so far, copies, and the source's stream then waits for
+ * the copy (its allocator may hand src's block to a later op at once). */
+/* Once per pair: lets d read and write from's memory directly where the GPUs can (NVLink, PCIe P2P). */
+static void peer_enable(ts_device *d, ts_device *from) {
+    ts__cuda_ctx *c = ts__cuda(d);
+    const int o = ts__cuda(from)->ordinal;
+    pthread_mutex_lock(&c->lib_mu);
+    if (!(c->peer_tried & (1u << o))) {
+        c->peer_tried |= 1u << o;
+        int can = 0;
+        if (cudaDeviceCanAccessPeer(&can, c->ordinal, o) == cudaSuccess && can &&
+            cudaDeviceEnablePeerAccess(o, 0) != cudaSuccess)
+            ts_log(TS_LOG_DEBUG, "%s: no peer access to %s: %s", d->name, from->name,
+                   cudaGetErrorString(cudaGetLastError()));
+        cudaGetLastError(); /* "already enabled" and the like are not sticky: copies work either way */
+    }
+    pthread_mutex_unlock(&c->lib_mu);
+}
+
+static ts_status cuda_peer(ts_device *d, void *dst, ts_device *from, const void *src, size_t n) {
+    if (!n) return TS_OK;
+    cudaStream_t fs, ds;
+    cudaEvent_t before = NULL, after = NULL;
+    const unsigned flags = cudaEventDisableTiming;
+    ts_status st = ts__cuda_enter(from, &fs);
+    if (st == TS_OK)
+        st = ts__cuda_status(from, cudaEventCreateWithFlags(&before, flags), "cudaEventCreate (peer copy)");
+    if (st == TS_OK) st = ts__cuda_status(from, cudaEventRecord(before, fs), "cudaEventRecord (peer copy)");
+    if (st == TS_OK) st = ts__cuda_enter(d, &ds);
+    if (st == TS_OK) peer_enable(d, from);
+    if (st == TS_OK) st = ts__cuda_status(d, cudaEventCreateWithFlags(&after, flags), "cudaEventCreate (peer copy)");
+    if (st == TS_OK) st = ts__cuda_status(d, cudaStreamWaitEvent(ds, before, 0), "cudaStreamWaitEvent (peer copy)");
+    if (st == TS_OK)
+        st = ts__cuda_status(d, cudaMemcpyPeerAsync(dst, ts__cuda(d)->ordinal, src, ts__cuda(from)->ordinal, n, ds),
+                             "cudaMemcpyPeerAsync");
+    if (st == TS_OK) st = ts__cuda_status(d, cudaEventRecord(after, ds), "cudaEventRecord (peer copy)");
+    if (st == TS_OK && (st = ts__cuda_enter(from, &fs)) == TS_OK)
+        st = ts__cuda_status(from, cudaStreamWaitEvent(fs, after, 0), "cudaStreamWaitEvent (peer copy)");
+    if (before) cudaEventDestroy(before); /* released once the streams are past them */
+    if (after) cudaEventDestroy(after);
+    return st;
+}
+
 static const ts_device_ops cuda_ops = {
     .alloc = cuda_alloc,
     .free = cuda_free,
@@ -288,6 +333,7 @@ static const ts_device_ops cuda_ops = {
     .host_free = cuda_host_free,
     .copy_h2d_async = cuda_h2d_async,
     .host_wait = cuda_host_wait,
+    .copy_peer = cuda_peer,
 };
 
 ts_status ts__cuda_device_new(int ordinal, ts_device **out) {

@@ -55,6 +55,7 @@ typedef struct ts__cuda_ctx {
     void *cublas_ws;        /* its workspace */
     void *cudnn;            /* cudnnHandle_t (ops/cuda/spatial.c) */
     void *nvjpeg;           /* nvjpegHandle_t (ops/cuda/image.c) */
+    uint32_t peer_tried;    /* ordinals this device has asked for peer access to (device/cuda.c, cuda_peer) */
     /* the deferred index checks (above); created with the device and kept as long as it (the process) */
     pthread_mutex_t check_mu;  /* guards what follows; held from ts__cuda_check_begin to _end */
     void *check_dev;           /* the record in device memory (ts_cu_bad_rec) */

@@ -48,6 +48,10 @@ typedef struct ts_device_ops {
      * waits for and releases (the host must not write src before). */
     ts_status (*copy_h2d_async)(ts_device *d, void *dst, const void *src, size_t n, void **done);
     ts_status (*host_wait)(ts_device *d, void *done);
+    /* Copies n bytes from src on device `from` (another device with the same ops table) to dst on d
+     * without a trip through host memory, ordered after the work queued on both devices so far and before
+     * what either queues later (CUDA: cudaMemcpyPeerAsync between two GPUs); NULL: through the host. */
+    ts_status (*copy_peer)(ts_device *d, void *dst, ts_device *from, const void *src, size_t n);
 } ts_device_ops;
 
 struct ts_device {

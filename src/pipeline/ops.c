@@ -243,7 +243,8 @@ ts_status ts__resample_plan_ws(ts__resample_ws *ws, int width, int height, int c
     TS_TRY(norm_coeffs(channels, mean, std, plan->scale, plan->bias));
     const int ow = out_w, oh = out_h, kx = taps_bound(roi->w, ow), ky = taps_bound(roi->h, oh);
     /* taps as resample() makes them, then the columns' reordered for the mirror into wxm / x0 */
-    const size_t need = 64 * 6 + sizeof(int) * (2 * (size_t)ow + oh) + sizeof(float) * (2 * (size_t)ow * kx + (size_t)oh * ky);
+    const size_t need =
+        64 * 6 + sizeof(int) * (2 * (size_t)ow + oh) + sizeof(float) * (2 * (size_t)ow * kx + (size_t)oh * ky);
     if (need > ws->cap) {
         void *b = malloc(need);
         if (!b) return ts_error(TS_ERR_NOMEM, "out of memory for resampling taps (%zu bytes)", need);

@@ -485,7 +485,8 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
             p->ki = p->o.device->k_image;
             p->ki->decoder_free(probe);
         } else {
-            ts_log(TS_LOG_WARN, "pipeline: decoding JPEGs on the CPU, not on %s: %s", p->o.device->name, ts_last_error());
+            ts_log(TS_LOG_WARN, "pipeline: decoding JPEGs on the CPU, not on %s: %s", p->o.device->name,
+                   ts_last_error());
         }
     }
     p->depth = o->prefetch_queue_depth;

@@ -250,6 +250,8 @@ ts_status ts_tensor_copy_(ts_tensor *dst, const ts_tensor *src) {
         st = dd->ops->copy_h2d(dd, ts__ptr(dst), ts__ptr(c), ts_tensor_nbytes(c));
     else if (dd->host_accessible)
         st = sd->ops->copy_d2h(sd, ts__ptr(dst), ts__ptr(c), ts_tensor_nbytes(c));
+    else if (dd->ops == sd->ops && dd->ops->copy_peer) /* two devices of one backend: device to device */
+        st = dd->ops->copy_peer(dd, ts__ptr(dst), sd, ts__ptr(c), ts_tensor_nbytes(c));
     else {
         void *tmp = ts__malloc(ts_tensor_nbytes(c));
         st = tmp ? sd->ops->copy_d2h(sd, tmp, ts__ptr(c), ts_tensor_nbytes(c)) : TS_ERR_NOMEM;

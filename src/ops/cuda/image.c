@@ -156,7 +156,8 @@ static ts_status cu_decoder_new(ts_device *d, ts_image_decoder **out) {
             st = ts_error(TS_ERR_UNSUPPORTED, "%s: nvjpegJpegStateCreate failed: %s (%d)", d->name, nvj_status_name(ns),
                           ns);
     }
-    if (st == TS_OK) st = cu_call(d, cudaStreamCreateWithFlags(&dec->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (st == TS_OK)
+        st = cu_call(d, cudaStreamCreateWithFlags(&dec->stream, cudaStreamNonBlocking), "cudaStreamCreate");
     if (st == TS_OK) st = cu_call(d, cudaEventCreateWithFlags(&dec->before, cudaEventDisableTiming), "cudaEventCreate");
     if (st == TS_OK) st = cu_call(d, cudaEventCreateWithFlags(&dec->after, cudaEventDisableTiming), "cudaEventCreate");
     if (st != TS_OK) {
@@ -202,7 +203,8 @@ static ts_status cu_jpeg_decode_resample(ts_image_decoder *dec, const uint8_t *j
     const int w = ws[0], h = hs[0], C = pl->channels;
     TS_ARG(w > 0 && h > 0, "%s: nvJPEG reports a %d x %d image", name, w, h);
     for (int k = 0; k < pl->ow; k++)
-        TS_ARG(pl->x0[k] >= 0 && pl->x0[k] < w, "%s: resampling column %d outside the %d-wide image", name, pl->x0[k], w);
+        TS_ARG(pl->x0[k] >= 0 && pl->x0[k] < w, "%s: resampling column %d outside the %d-wide image", name,
+               pl->x0[k], w);
     for (int k = 0; k < pl->oh; k++)
         TS_ARG(pl->y0[k] >= 0 && pl->y0[k] < h, "%s: resampling row %d outside the %d-high image", name, pl->y0[k], h);
     if (dec->pending) { /* the previous call's copy out of taps_host and its use of pix are done */
