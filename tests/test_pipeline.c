@@ -1313,7 +1313,7 @@ struct ts_image_decoder {
     ts__decoder *dec;
     ts_image img;
 };
-static _Atomic int fake_calls, fake_refused;
+static _Atomic int fake_calls, fake_refused, marks_made, marks_gone, marks_waited_on;
 static ts_status fake_new(ts_device *d, ts_image_decoder **out) {
     (void)d;
     ts_image_decoder *f = calloc(1, sizeof *f);
@@ -1332,8 +1332,28 @@ static void fake_free(ts_image_decoder *f) {
     ts_image_free(&f->img);
     free(f);
 }
+/* Markers of the stand-in device: tokens counted when made and when released (device_wait, marker_free). */
+static ts_status mark_record(ts_device *d, void **m) {
+    (void)d;
+    *m = malloc(1);
+    atomic_fetch_add(&marks_made, 1);
+    return TS_OK;
+}
+static void mark_free(ts_device *d, void *m) {
+    (void)d;
+    if (!m) return;
+    atomic_fetch_add(&marks_gone, 1);
+    free(m);
+}
+static ts_status mark_device_wait(ts_device *d, void *m) {
+    mark_free(d, m);
+    return TS_OK;
+}
 static ts_status fake_decode(ts_image_decoder *f, const uint8_t *jpeg, size_t n, const char *name,
-                             const ts_resample_plan *pl, void *out) {
+                             const ts_resample_plan *pl, void *out, void *out_free, void **written) {
+    *written = NULL;
+    if (out_free) atomic_fetch_add(&marks_waited_on, 1); /* a live token (ASan would see a freed one) */
+    if (out_free) *(volatile char *)out_free = 1;
     if (atomic_fetch_add(&fake_calls, 1) % 3 == 2) {
         atomic_fetch_add(&fake_refused, 1);
         return ts_error(TS_ERR_UNSUPPORTED, "%s: the stand-in decoder refuses it", name);
@@ -1348,7 +1368,7 @@ static ts_status fake_decode(ts_image_decoder *f, const uint8_t *jpeg, size_t n,
                     ts_resample_px(f->img.data, f->img.width, pl->channels, c, pl->x0[ox], pl->y0[oy],
                                    pl->wx + (size_t)ox * pl->kx, pl->kx, pl->wy + (size_t)oy * pl->ky, pl->ky,
                                    pl->scale[c], pl->bias[c]);
-    return TS_OK;
+    return mark_record(NULL, written);
 }
 static const struct ts_kernels_image fake_image = {fake_new, fake_free, fake_decode};
 
@@ -1423,11 +1443,21 @@ static void test_mixed_decode_pipeline(void) {
         float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
         int64_t la[17] = {0}, lb[17] = {0}, ia[17] = {0}, ib[17] = {0}, sa = 0, sb = 0;
         int64_t na = epoch_values(&o, a, la, ia, &sa);
+        const ts_device_ops *keep_ops = cpu1->ops;
+        ts_device_ops marked = *keep_ops; /* markers, as a GPU has them */
+        marked.marker_record = mark_record;
+        marked.device_wait = mark_device_wait;
+        marked.marker_free = mark_free;
         cpu1->k_image = &fake_image;
-        fake_calls = fake_refused = 0;
+        cpu1->ops = &marked;
+        fake_calls = fake_refused = marks_made = marks_gone = marks_waited_on = 0;
         o.decode = TS_DECODE_MIXED;
         int64_t nb = epoch_values(&o, b, lb, ib, &sb);
         cpu1->k_image = keep;
+        cpu1->ops = keep_ops;
+        /* every row's marker and every slot's "released" marker made and let go; decodes into reused slots
+         * waited for one */
+        CHECK(marks_made > 10 && marks_made == marks_gone && marks_waited_on > 0);
         CHECK(na == 16 && nb == 16 && sa == 1 && sb == 1);
         CHECK(fake_calls >= 15 && fake_refused >= 4); /* the truncated JPEG never reaches it */
         CHECK(memcmp(la, lb, sizeof la) == 0 && memcmp(ia, ib, sizeof ia) == 0);

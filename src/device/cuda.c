@@ -247,38 +247,59 @@ static void cuda_host_free(ts_device *d, void *p) {
     if (p) cudaFreeHost(p);
 }
 
+/* Markers are events: recorded on the device's stream, waited for by the host (cudaEventBlockingSync: the
+ * waiting thread sleeps instead of spinning, the decoders' Huffman work needs the cores) or by the stream. */
+static ts_status marker_new(ts_device *d, cudaStream_t s, void **marker) {
+    cudaEvent_t e;
+    TS_CUDA_TRY(d, cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventBlockingSync));
+    ts_status st = ts__cuda_status(d, cudaEventRecord(e, s), "cudaEventRecord (marker)");
+    if (st != TS_OK) {
+        cudaEventDestroy(e);
+        return st;
+    }
+    *marker = e;
+    return TS_OK;
+}
+static ts_status cuda_marker_record(ts_device *d, void **marker) {
+    *marker = NULL;
+    cudaStream_t s;
+    TS_TRY(ts__cuda_enter(d, &s));
+    return marker_new(d, s, marker);
+}
+
 /* The copy is queued on the device's stream (after the work that may still read dst, before the work
- * queued later that reads it), an event after it is the completion marker. (A bad index an earlier op
- * left is reported at the next synchronisation, not here: this one does not wait.) */
+ * queued later that reads it), a marker after it tells when src may be written again. (A bad index an
+ * earlier op left is reported at the next synchronisation, not here: this one does not wait.) */
 static ts_status cuda_h2d_async(ts_device *d, void *dst, const void *src, size_t n, void **done) {
     if (done) *done = NULL;
     cudaStream_t s;
     TS_TRY(ts__cuda_enter(d, &s));
     if (n) TS_CUDA_TRY(d, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
-    if (!done) return TS_OK;
-    cudaEvent_t e;
-    TS_CUDA_TRY(d, cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    ts_status st = ts__cuda_status(d, cudaEventRecord(e, s), "cudaEventRecord (upload)");
-    if (st != TS_OK) {
-        cudaEventDestroy(e);
-        return st;
-    }
-    *done = e;
-    return TS_OK;
+    return done ? marker_new(d, s, done) : TS_OK;
 }
-static ts_status cuda_host_wait(ts_device *d, void *done) {
-    if (!done) return TS_OK;
+static ts_status cuda_host_wait(ts_device *d, void *marker) {
+    if (!marker) return TS_OK;
     cudaStream_t s;
     ts_status st = ts__cuda_enter(d, &s);
-    if (st == TS_OK) st = ts__cuda_status(d, cudaEventSynchronize((cudaEvent_t)done), "cudaEventSynchronize (upload)");
-    cudaEventDestroy((cudaEvent_t)done);
+    if (st == TS_OK) st = ts__cuda_status(d, cudaEventSynchronize((cudaEvent_t)marker), "cudaEventSynchronize (marker)");
+    cudaEventDestroy((cudaEvent_t)marker);
     return st;
 }
+static ts_status cuda_device_wait(ts_device *d, void *marker) {
+    if (!marker) return TS_OK;
+    cudaStream_t s;
+    ts_status st = ts__cuda_enter(d, &s);
+    if (st == TS_OK) st = ts__cuda_status(d, cudaStreamWaitEvent(s, (cudaEvent_t)marker, 0), "cudaStreamWaitEvent (marker)");
+    cudaEventDestroy((cudaEvent_t)marker); /* released once the stream is past it */
+    return st;
+}
+static void cuda_marker_free(ts_device *d, void *marker) {
+    (void)d;
+    if (marker) cudaEventDestroy((cudaEvent_t)marker);
+}
 
-/* Between two GPUs (direct over NVLink / PCIe where peer access is on, else staged by the driver): the
- * destination's stream waits for the source's work so far, copies, and the source's stream then waits for
- * the copy (its allocator may hand src's block to a later op at once). */
 /* Once per pair: lets d read and write from's memory directly where the GPUs can (NVLink, PCIe P2P). */
+_Static_assert(TS_MAX_CUDA_DEVICES <= 32, "peer_tried holds one bit per CUDA device");
 static void peer_enable(ts_device *d, ts_device *from) {
     ts__cuda_ctx *c = ts__cuda(d);
     const int o = ts__cuda(from)->ordinal;
@@ -332,7 +353,10 @@ static const ts_device_ops cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .copy_h2d_async = cuda_h2d_async,
+    .marker_record = cuda_marker_record,
     .host_wait = cuda_host_wait,
+    .device_wait = cuda_device_wait,
+    .marker_free = cuda_marker_free,
     .copy_peer = cuda_peer,
 };
 

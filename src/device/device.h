@@ -44,10 +44,17 @@ typedef struct ts_device_ops {
     void *(*host_alloc)(ts_device *d, size_t nbytes);
     void (*host_free)(ts_device *d, void *p);
     /* Queues a copy from pinned host memory src (host_alloc) to device memory dst after the work queued
-     * so far, without waiting; done (may be NULL) receives a marker of its completion, which host_wait
-     * waits for and releases (the host must not write src before). */
+     * so far, without waiting; done (may be NULL) receives a marker of its completion (the host must not
+     * write src before it has waited for it). */
     ts_status (*copy_h2d_async)(ts_device *d, void *dst, const void *src, size_t n, void **done);
-    ts_status (*host_wait)(ts_device *d, void *done);
+    /* Markers (CUDA: events) order work the device queues apart from its stream (a decoder's stream) against
+     * it: marker_record gives one after the work queued so far; host_wait waits for one on the host,
+     * device_wait makes the work queued after it wait (neither blocks the other's caller), marker_free
+     * drops one; the three release it. NULL where all work is in order anyway (the CPU devices). */
+    ts_status (*marker_record)(ts_device *d, void **marker);
+    ts_status (*host_wait)(ts_device *d, void *marker);
+    ts_status (*device_wait)(ts_device *d, void *marker);
+    void (*marker_free)(ts_device *d, void *marker);
     /* Copies n bytes from src on device `from` (another device with the same ops table) to dst on d
      * without a trip through host memory, ordered after the work queued on both devices so far and before
      * what either queues later (CUDA: cudaMemcpyPeerAsync between two GPUs); NULL: through the host. */

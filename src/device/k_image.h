@@ -27,6 +27,7 @@
 /* Taps and normalisation of one sample (host memory, borrowed for the call). The window's columns and rows
  * are those of the whole image: the device decodes all of it. */
 typedef struct ts_resample_plan {
+    int src_w, src_h;    /* the image's size in its header (a decoder that reads another refuses the file) */
     int ow, oh;          /* output size */
     int channels;        /* 1 (gray) or 3 (RGB) */
     int kx, ky;          /* taps per output column / row */
@@ -44,12 +45,14 @@ struct ts_kernels_image {
     ts_status (*decoder_new)(ts_device *d, ts_image_decoder **out);
     void (*decoder_free)(ts_image_decoder *dec); /* NULL is fine */
     /* Decodes the whole JPEG (RGB for plan->channels 3, luminance for 1) and resamples it by plan into
-     * out: (channels, oh, ow) float32 in the device's memory. Queued so that work the device's stream
-     * holds before the call (a previous user of out) comes first and work queued after it sees out;
-     * the host buffer may be reused when it returns. TS_ERR_FORMAT / TS_ERR_UNSUPPORTED for a file
-     * the device decoder refuses (the caller may decode it on the host), naming `name`. */
+     * out: (channels, oh, ow) float32 in the device's memory, queued on the decoder's own stream: the
+     * writes to out wait for marker out_free (the device's ops: the last readers of out; NULL: none), and
+     * *written receives a marker after them (NULL where the device needs none), which the caller hands to
+     * device_wait before the device's stream reads out. jpeg may be reused when this returns.
+     * TS_ERR_FORMAT / TS_ERR_UNSUPPORTED for a file the device decoder refuses or reads otherwise than
+     * the plan's header size (the caller may decode it on the host), naming `name`. */
     ts_status (*jpeg_decode_resample)(ts_image_decoder *dec, const uint8_t *jpeg, size_t n, const char *name,
-                                      const ts_resample_plan *plan, void *out);
+                                      const ts_resample_plan *plan, void *out, void *out_free, void **written);
 };
 
 #ifdef TS_HAVE_CUDA

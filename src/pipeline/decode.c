@@ -514,15 +514,16 @@ ts_status ts_image_write_jpeg(const ts_image *im, const char *path, int quality)
 }
 
 /* ts__jpeg_has_end: whether a JPEG's data holds an end-of-image marker after its last start-of-scan: a
- * file cut short is left to the host decoder (which names what is wrong; nvJPEG may decode what is there without a word).
- * Entropy-coded data never holds either marker (0xFF is stuffed), an embedded thumbnail's come before the
- * image's own scans, and trailing bytes after the marker are allowed. */
+ * file cut short is left to the host decoder (which names what is wrong; nvJPEG may decode what is there
+ * without a word). Entropy-coded data never holds either marker (0xFF is stuffed), an embedded thumbnail's
+ * come before the image's own scans, and trailing bytes after the marker are allowed. Scanning back from
+ * the end, the first of the two markers decides: a whole file costs the trailing bytes only, a cut one the
+ * rest of its last scan. */
 bool ts__jpeg_has_end(const uint8_t *b, size_t n) {
-    size_t eoi = 0, sos = 0;
-    for (size_t i = n; i-- > 1 && !sos;) {
+    for (size_t i = n; i-- > 1;) {
         if (b[i - 1] != 0xff) continue;
-        if (b[i] == 0xd9 && !eoi) eoi = i;
-        if (b[i] == 0xda) sos = i;
+        if (b[i] == 0xd9) return true;
+        if (b[i] == 0xda) return false;
     }
-    return eoi > sos && sos > 0;
+    return false;
 }

@@ -264,7 +264,7 @@ ts_status ts__resample_plan_ws(ts__resample_ws *ws, int width, int height, int c
         x0[ox] = tx.start[from];
         memcpy(wxm + (size_t)ox * tx.k, tx.w + (size_t)from * tx.k, sizeof(float) * (size_t)tx.k);
     }
-    *plan = (ts_resample_plan){ow, oh, channels, tx.k, ty.k, x0, ty.start, wxm, ty.w,
+    *plan = (ts_resample_plan){width, height, ow, oh, channels, tx.k, ty.k, x0, ty.start, wxm, ty.w,
                                {plan->scale[0], plan->scale[1], plan->scale[2]},
                                {plan->bias[0], plan->bias[1], plan->bias[2]}};
     return TS_OK;

@@ -37,6 +37,10 @@ typedef struct slot {
     ts_reader_sample *smp; /* B planned samples */
     uint8_t *ok;           /* B: decoded (0: skipped as corrupt) */
     uint8_t *ondev;        /* B: written on the device by its decoder (mixed decoding), not in hx */
+    void **written;        /* B: mixed decoding's markers after each row's device write (device ops), the device's
+                              stream waits for them before it reads the rows; NULL where none is pending */
+    void *released;        /* marker after the last readers of the slot's memory (the training step that used
+                              its batch), which the decoders' writes wait for; NULL: nothing to wait for */
     ts_tensor *x, *y;      /* (B, C, H, W) f32 and (B) i64 on the device */
     float *hx;             /* where workers write: x's memory, or host staging */
     int64_t *hy;
@@ -187,7 +191,8 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
             ts_resample_plan plan;
             TS_TRY(ts__resample_plan_ws(&wk->ws, w, h, p->C, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, &plan));
             float *row = ts__f32(s->x) + pos * p->numel;
-            ts_status st = p->ki->jpeg_decode_resample(wk->gdec, wk->file, n, path, &plan, row);
+            ts_status st = p->ki->jpeg_decode_resample(wk->gdec, wk->file, n, path, &plan, row, s->released,
+                                                       &s->written[pos]);
             if (st == TS_OK) {
                 s->ondev[pos] = 1;
                 return TS_OK;
@@ -212,11 +217,30 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
     return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
 }
 
-/* Mixed decoding: moves the device row `from` of slot s to row `to` (queued on the device's stream,
- * after the decoders' writes). */
+/* Mixed decoding's ordering (device ops; no-ops on devices without markers): the device's stream waits for
+ * the decoder's write of row pos (before it reads the row: a move, the hand-out, a re-plan of the slot). */
+static ts_status written_wait(ts_pipeline *p, slot *s, int64_t pos) {
+    void *m = s->written[pos];
+    if (!m) return TS_OK;
+    s->written[pos] = NULL;
+    return p->o.device->ops->device_wait(p->o.device, m);
+}
+
+/* A new `released` marker for s, after the work queued so far (its batch's last readers). */
+static ts_status slot_released(ts_pipeline *p, slot *s) {
+    const ts_device_ops *ops = p->o.device->ops;
+    if (!p->ki || !ops->marker_record) return TS_OK;
+    if (s->released) ops->marker_free(p->o.device, s->released);
+    s->released = NULL;
+    return ops->marker_record(p->o.device, &s->released);
+}
+
+/* Mixed decoding: moves the device row `from` of slot s to row `to`, queued on the device's stream after
+ * the decoder's write of it. */
 static ts_status move_device_row(ts_pipeline *p, slot *s, int64_t from, int64_t to) {
     float *x = ts__f32(s->x);
     ts_device *d = p->o.device;
+    TS_TRY(written_wait(p, s, from));
     return d->ops->copy_d2d(d, x + to * p->numel, x + from * p->numel, sizeof(float) * (size_t)p->numel);
 }
 
@@ -253,6 +277,12 @@ static void plan_locked(ts_pipeline *p) {
         s->err = TS_OK;
         s->err_pos = INT64_MAX;
         memset(s->ondev, 0, (size_t)p->B);
+        for (int64_t pos = 0; pos < p->B; pos++) /* rows decoded for a batch never handed out (an error) */
+            if (written_wait(p, s, pos) != TS_OK && s->err == TS_OK) {
+                s->err = TS_ERR_DEVICE;
+                s->err_pos = 0;
+                snprintf(s->errmsg, sizeof s->errmsg, "%s", ts_last_error());
+            }
         s->state = SLOT_FILLING;
         if (s->last) {
             p->plan_epoch++;
@@ -282,6 +312,8 @@ static void finish_slot(ts_pipeline *p, slot *s) {
                 memmove(s->hx + k * p->numel, s->hx + i * p->numel, sizeof(float) * (size_t)p->numel);
             }
             s->ondev[k] = s->ondev[i];
+            s->written[k] = s->written[i]; /* NULL after a move; a host row has none */
+            s->written[i] = NULL;
             s->hy[k] = s->hy[i];
             s->smp[k] = s->smp[i];
         }
@@ -353,18 +385,22 @@ static ts_status stage_copy(ts_pipeline *p, slot *s, void *dst, const void *src,
  * but with mixed decoding), a run at a time, then the labels. */
 static ts_status upload(ts_pipeline *p, slot *s) {
     const size_t row = sizeof(float) * (size_t)p->numel;
-    for (int64_t i = 0; i < s->n;) {
+    ts_status st = TS_OK;
+    for (int64_t i = 0; i < s->n && st == TS_OK;) {
         if (s->ondev[i]) {
             i++;
             continue;
         }
         int64_t j = i;
         while (j < s->n && !s->ondev[j]) j++;
-        TS_TRY(stage_copy(p, s, (char *)ts__ptr(s->x) + (size_t)i * row, s->hx + i * p->numel, (size_t)(j - i) * row,
-                          false));
+        st = stage_copy(p, s, (char *)ts__ptr(s->x) + (size_t)i * row, s->hx + i * p->numel, (size_t)(j - i) * row,
+                        false);
         i = j;
     }
-    return stage_copy(p, s, ts__ptr(s->y), s->hy, sizeof(int64_t) * (size_t)s->n, true);
+    if (st == TS_OK) st = stage_copy(p, s, ts__ptr(s->y), s->hy, sizeof(int64_t) * (size_t)s->n, true);
+    if (st != TS_OK && s->pinned) /* copies queued before the failure have no marker: let them finish */
+        p->o.device->ops->synchronize(p->o.device);
+    return st;
 }
 
 /* Waits for s's pending upload (its staging may be written then). */
@@ -402,8 +438,14 @@ void ts_pipeline_free(ts_pipeline *p) {
     release_views(p);
     for (int i = 0; p->slots && i < p->nslots; i++) {
         slot *s = &p->slots[i];
-        if (upload_wait(p, s) != TS_OK) /* before the memory goes */
-            ts_log(TS_LOG_WARN, "pipeline: waiting for an upload to %s: %s", p->o.device->name, ts_last_error());
+        ts_status st = upload_wait(p, s); /* before the memory goes (the decoders were freed above: done) */
+        for (int64_t pos = 0; s->written && pos < p->B; pos++) {
+            ts_status w = written_wait(p, s, pos);
+            if (st == TS_OK) st = w;
+        }
+        if (st != TS_OK)
+            ts_log(TS_LOG_WARN, "pipeline: waiting for the last copies to %s: %s", p->o.device->name, ts_last_error());
+        if (s->released) p->o.device->ops->marker_free(p->o.device, s->released);
         ts_tensor_release(s->x);
         ts_tensor_release(s->y);
         if (s->pinned) {
@@ -416,6 +458,7 @@ void ts_pipeline_free(ts_pipeline *p) {
         free(s->smp);
         free(s->ok);
         free(s->ondev);
+        free(s->written);
     }
     free(p->slots);
     free(p->held_idx);
@@ -505,6 +548,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
         s->smp = ts__malloc(sizeof *s->smp * (size_t)p->B);
         s->ok = ts__malloc((size_t)p->B);
         s->ondev = ts__calloc((size_t)p->B, 1);
+        s->written = ts__calloc((size_t)p->B, sizeof *s->written);
         if (p->staged) { /* pinned where the device has it (the uploads do not wait), else pageable */
             const ts_device_ops *ops = p->o.device->ops;
             const size_t nx = sizeof(float) * (size_t)(p->B * p->numel), ny = sizeof(int64_t) * (size_t)p->B;
@@ -526,7 +570,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
             s->hx = ts__f32(s->x);
             s->hy = ts__ptr(s->y);
         }
-        if (!s->smp || !s->ok || !s->ondev || !s->hx || !s->hy) {
+        if (!s->smp || !s->ok || !s->ondev || !s->written || !s->hx || !s->hy) {
             st = TS_ERR_NOMEM;
             goto fail;
         }
@@ -577,7 +621,10 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
     memset(info, 0, sizeof *info);
     if (p->sticky != TS_OK) return ts_error(p->sticky, "%s", p->sticky_msg);
     release_views(p);
-    if (p->held >= 0) TS_TRY(upload_wait(p, &p->slots[p->held])); /* its staging is written again */
+    if (p->held >= 0) { /* its staging and (mixed decoding) its device memory are written again */
+        TS_TRY(upload_wait(p, &p->slots[p->held]));
+        TS_TRY(slot_released(p, &p->slots[p->held]));
+    }
     pthread_mutex_lock(&p->mu);
     if (p->held >= 0) {
         p->slots[p->held].state = SLOT_FREE;
@@ -641,6 +688,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         bx = p->vx;
         by = p->vy;
     }
+    for (int64_t i = 0; i < s->n; i++) TS_TRY(written_wait(p, s, i)); /* the device's rows, before they are read */
     if (p->staged) TS_TRY(upload(p, s));
     *x = bx;
     *y = by;
@@ -661,6 +709,14 @@ ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
     pthread_mutex_lock(&p->mu);
     p->paused = true;
     while (p->in_flight > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    for (int i = 0; i < p->nslots; i++) { /* decodes still running write nowhere the new batches go */
+        for (int64_t pos = 0; pos < p->B; pos++) {
+            ts_status w = written_wait(p, &p->slots[i], pos);
+            if (st == TS_OK) st = w;
+        }
+        ts_status r = slot_released(p, &p->slots[i]);
+        if (st == TS_OK) st = r;
+    }
     for (int i = 0; i < p->nslots; i++) p->slots[i].state = SLOT_FREE;
     p->held = -1;
     ts_reader_reset(p->reader);

@@ -9,11 +9,12 @@
  * nvJPEG state (the default, hybrid backend: Huffman decoding on the calling thread, the rest on the
  * GPU), its own stream, the decoded image and the taps in device memory.
  *
- * Ordering against the device's stream (device/cuda.h): each call records an event on the device's
- * stream that the decoder's stream waits for (whatever was queued before — e.g. the training step
- * still reading the batch slot being refilled — comes first), queues the decode and the resampling on
- * its own stream, and makes the device's stream wait for an event after them (work queued later sees
- * the output). The host blocks only for the previous call's copies before reusing their buffers.
+ * Ordering (device/k_image.h): the decoder's stream copies the taps, decodes into its own buffer, then
+ * waits for the caller's out_free marker (an event on the device's stream after the last readers of the
+ * batch slot, e.g. the training step that used it) before the resampling writes the slot, and records
+ * the `written` event the pipeline makes the device's stream wait for when it hands the batch out. So a
+ * decode never waits for training, only the write into a slot still in use does, and the host never
+ * waits: the taps are copied from pageable memory, which the copy stages before it returns.
  */
 #include "ops/cuda/common.h"
 #include "device/k_image.h"
@@ -96,13 +97,13 @@ struct ts_image_decoder {
     ts_device *d;
     ts_nvj_handle handle; /* the device's (borrowed) */
     ts_nvj_state state;
-    cudaStream_t stream;
-    cudaEvent_t before, after; /* the device's stream so far / this decoder's last call */
-    bool pending;              /* `after` was recorded: the host waits for it before reusing the buffers */
-    uint8_t *pix;              /* the decoded image (device) */
+    cudaStream_t stream;  /* everything of this decoder, in order: taps copy, decode, resampling */
+    uint8_t *pix;         /* the decoded image (device; only this stream touches it) */
     size_t pix_cap;
-    void *taps, *taps_host;    /* the taps: device memory and its pinned host staging */
+    void *taps;           /* the taps (device) */
     size_t taps_cap;
+    char *taps_host;      /* their host copy (pageable: the copy stages it before returning) */
+    size_t taps_host_cap;
 };
 
 static ts_status cu_call(ts_device *d, cudaError_t e, const char *what) { return ts__cuda_status(d, e, what); }
@@ -132,12 +133,10 @@ static void cu_decoder_free(ts_image_decoder *dec) {
         if (dec->stream) cudaStreamSynchronize(dec->stream);
         if (dec->state) nvj.state_destroy(dec->state);
         if (dec->stream) cudaStreamDestroy(dec->stream);
-        if (dec->before) cudaEventDestroy(dec->before);
-        if (dec->after) cudaEventDestroy(dec->after);
         cudaFree(dec->pix);
         cudaFree(dec->taps);
-        cudaFreeHost(dec->taps_host);
     }
+    free(dec->taps_host);
     free(dec);
 }
 
@@ -158,8 +157,6 @@ static ts_status cu_decoder_new(ts_device *d, ts_image_decoder **out) {
     }
     if (st == TS_OK)
         st = cu_call(d, cudaStreamCreateWithFlags(&dec->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (st == TS_OK) st = cu_call(d, cudaEventCreateWithFlags(&dec->before, cudaEventDisableTiming), "cudaEventCreate");
-    if (st == TS_OK) st = cu_call(d, cudaEventCreateWithFlags(&dec->after, cudaEventDisableTiming), "cudaEventCreate");
     if (st != TS_OK) {
         cu_decoder_free(dec);
         return st;
@@ -168,86 +165,86 @@ static ts_status cu_decoder_new(ts_device *d, ts_image_decoder **out) {
     return TS_OK;
 }
 
-/* Grows device buffer *p (and its pinned twin *h when h is given) to at least n bytes; the previous
- * call's work must be over (the caller waited for `after`). */
-static ts_status grow(ts_device *d, void **p, void **h, size_t *cap, size_t n) {
+/* Grows device buffer *p to at least n bytes. cudaFree waits for the device: growing stops at the largest
+ * image the decoder has seen, early in a run. */
+static ts_status grow(ts_device *d, void **p, size_t *cap, size_t n) {
     if (n <= *cap) return TS_OK;
     n += n / 4;
     cudaFree(*p);
     *p = NULL;
-    if (h) {
-        cudaFreeHost(*h);
-        *h = NULL;
-    }
     *cap = 0;
     TS_TRY(cu_call(d, cudaMalloc(p, n), "cudaMalloc (image decoder)"));
-    if (h) TS_TRY(cu_call(d, cudaHostAlloc(h, n, cudaHostAllocDefault), "cudaHostAlloc (image decoder)"));
     *cap = n;
     return TS_OK;
 }
 
 static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* nvJPEG's status as ours: a file it cannot take goes to the host decoder (TS_ERR_FORMAT for a bad one, which
+ * the host decoder then names; TS_ERR_UNSUPPORTED for the rest, its allocator failing included), a broken
+ * device is TS_ERR_DEVICE. */
+static ts_status nvj_error(int s, const char *call, const char *name, const ts_device *d) {
+    ts_status code = s == TS_NVJ_BAD_JPEG || s == TS_NVJ_INCOMPLETE_BITSTREAM ? TS_ERR_FORMAT
+                   : s == TS_NVJ_EXECUTION_FAILED || s == TS_NVJ_INTERNAL_ERROR || s == TS_NVJ_ARCH_MISMATCH
+                       ? TS_ERR_DEVICE
+                       : TS_ERR_UNSUPPORTED;
+    return ts_error(code, "%s: %s on %s failed: %s (%d)", name, call, d->name, nvj_status_name(s), s);
+}
+
 static ts_status cu_jpeg_decode_resample(ts_image_decoder *dec, const uint8_t *jpeg, size_t n, const char *name,
-                                         const ts_resample_plan *pl, void *out) {
+                                         const ts_resample_plan *pl, void *out, void *out_free, void **written) {
     ts_device *d = dec->d;
+    *written = NULL;
     TS_ARG(pl->channels == 1 || pl->channels == 3, "%s: %d channels (want 1 or 3)", name, pl->channels);
     cudaStream_t ds;
     TS_TRY(ts__cuda_enter(d, &ds));
     int comps = 0, sub = 0, ws[TS_NVJ_MAX_COMPONENT] = {0}, hs[TS_NVJ_MAX_COMPONENT] = {0};
     int s = nvj.image_info(dec->handle, jpeg, n, &comps, &sub, ws, hs);
-    if (s != TS_NVJ_SUCCESS)
-        return ts_error(s == TS_NVJ_JPEG_NOT_SUPPORTED || s == TS_NVJ_IMPLEMENTATION_NOT_SUPPORTED ? TS_ERR_UNSUPPORTED
-                                                                                                    : TS_ERR_FORMAT,
-                        "%s: nvJPEG cannot read its header: %s (%d)", name, nvj_status_name(s), s);
+    if (s != TS_NVJ_SUCCESS) return nvj_error(s, "nvjpegGetImageInfo", name, d);
     const int w = ws[0], h = hs[0], C = pl->channels;
-    TS_ARG(w > 0 && h > 0, "%s: nvJPEG reports a %d x %d image", name, w, h);
-    for (int k = 0; k < pl->ow; k++)
-        TS_ARG(pl->x0[k] >= 0 && pl->x0[k] < w, "%s: resampling column %d outside the %d-wide image", name,
-               pl->x0[k], w);
-    for (int k = 0; k < pl->oh; k++)
-        TS_ARG(pl->y0[k] >= 0 && pl->y0[k] < h, "%s: resampling row %d outside the %d-high image", name, pl->y0[k], h);
-    if (dec->pending) { /* the previous call's copy out of taps_host and its use of pix are done */
-        TS_TRY(cu_call(d, cudaEventSynchronize(dec->after), "cudaEventSynchronize (image decoder)"));
-        dec->pending = false;
-    }
+    if (w != pl->src_w || h != pl->src_h) /* the taps reach the header's size: decode it on the host */
+        return ts_error(TS_ERR_UNSUPPORTED, "%s: nvJPEG reads a %d x %d image, its header says %d x %d", name, w, h,
+                        pl->src_w, pl->src_h);
     const size_t nx0 = align16(sizeof(int) * (size_t)pl->ow), nwx = align16(sizeof(float) * (size_t)pl->ow * pl->kx),
-                 ny0 = align16(sizeof(int) * (size_t)pl->oh), nwy = align16(sizeof(float) * (size_t)pl->oh * pl->ky);
-    TS_TRY(grow(d, (void **)&dec->pix, NULL, &dec->pix_cap, (size_t)w * (size_t)h * (size_t)C));
-    TS_TRY(grow(d, &dec->taps, &dec->taps_host, &dec->taps_cap, nx0 + nwx + ny0 + nwy));
+                 ny0 = align16(sizeof(int) * (size_t)pl->oh), nwy = align16(sizeof(float) * (size_t)pl->oh * pl->ky),
+                 nt = nx0 + nwx + ny0 + nwy;
+    if (nt > dec->taps_host_cap) {
+        char *t = realloc(dec->taps_host, nt);
+        if (!t) return ts_error(TS_ERR_NOMEM, "%s: %zu bytes of resampling taps", name, nt);
+        dec->taps_host = t;
+        dec->taps_host_cap = nt;
+    }
+    TS_TRY(grow(d, (void **)&dec->pix, &dec->pix_cap, (size_t)w * (size_t)h * (size_t)C));
+    TS_TRY(grow(d, &dec->taps, &dec->taps_cap, nt));
     char *th = dec->taps_host, *td = dec->taps;
     memcpy(th, pl->x0, sizeof(int) * (size_t)pl->ow);
     memcpy(th + nx0, pl->wx, sizeof(float) * (size_t)pl->ow * pl->kx);
     memcpy(th + nx0 + nwx, pl->y0, sizeof(int) * (size_t)pl->oh);
     memcpy(th + nx0 + nwx + ny0, pl->wy, sizeof(float) * (size_t)pl->oh * pl->ky);
-    /* the device's earlier work (a previous reader of out) first */
-    TS_TRY(cu_call(d, cudaEventRecord(dec->before, ds), "cudaEventRecord (image decoder)"));
-    TS_TRY(cu_call(d, cudaStreamWaitEvent(dec->stream, dec->before, 0), "cudaStreamWaitEvent (image decoder)"));
+    /* the taps first (the stream is not waiting for anything else yet, so staging them is quick), then the
+     * decode into pix (this decoder's alone), then, once out's last readers are done, the resampling */
+    TS_TRY(cu_call(d, cudaMemcpyAsync(td, th, nt, cudaMemcpyHostToDevice, dec->stream),
+                   "cudaMemcpyAsync (resampling taps)"));
     ts_nvj_image img = {{dec->pix}, {(size_t)w * (size_t)C}};
     s = nvj.decode(dec->handle, dec->state, jpeg, n, C == 3 ? TS_NVJ_OUTPUT_RGBI : TS_NVJ_OUTPUT_Y, &img, dec->stream);
-    ts_status st = TS_OK;
-    if (s != TS_NVJ_SUCCESS)
-        st = ts_error(s == TS_NVJ_BAD_JPEG || s == TS_NVJ_INCOMPLETE_BITSTREAM ? TS_ERR_FORMAT
-                      : s == TS_NVJ_JPEG_NOT_SUPPORTED || s == TS_NVJ_IMPLEMENTATION_NOT_SUPPORTED
-                          ? TS_ERR_UNSUPPORTED
-                          : TS_ERR_DEVICE,
-                      "%s: nvjpegDecode on %s failed: %s (%d)", name, d->name, nvj_status_name(s), s);
-    if (st == TS_OK)
-        st = cu_call(d, cudaMemcpyAsync(td, th, nx0 + nwx + ny0 + nwy, cudaMemcpyHostToDevice, dec->stream),
-                     "cudaMemcpyAsync (resampling taps)");
-    if (st == TS_OK)
-        st = cu_call(d,
-                     ts_cu_resample_u8(out, dec->pix, w, C, pl->ow, pl->oh, pl->kx, pl->ky, (const int *)td,
-                                       (const float *)(td + nx0), (const int *)(td + nx0 + nwx),
-                                       (const float *)(td + nx0 + nwx + ny0), pl->scale, pl->bias, dec->stream),
-                     "image.resample");
-    /* whatever was queued, the device's later work waits for it (a failed decode leaves out unwritten) */
-    ts_status rs = cu_call(d, cudaEventRecord(dec->after, dec->stream), "cudaEventRecord (image decoder)");
-    if (rs == TS_OK) {
-        dec->pending = true;
-        rs = cu_call(d, cudaStreamWaitEvent(ds, dec->after, 0), "cudaStreamWaitEvent (image decoder)");
+    if (s != TS_NVJ_SUCCESS) return nvj_error(s, "nvjpegDecode", name, d); /* out untouched */
+    if (out_free)
+        TS_TRY(cu_call(d, cudaStreamWaitEvent(dec->stream, (cudaEvent_t)out_free, 0), "cudaStreamWaitEvent (decoder)"));
+    TS_TRY(cu_call(d,
+                   ts_cu_resample_u8(out, dec->pix, w, C, pl->ow, pl->oh, pl->kx, pl->ky, (const int *)td,
+                                     (const float *)(td + nx0), (const int *)(td + nx0 + nwx),
+                                     (const float *)(td + nx0 + nwx + ny0), pl->scale, pl->bias, dec->stream),
+                   "image.resample"));
+    cudaEvent_t e;
+    TS_TRY(cu_call(d, cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate (decoder)"));
+    ts_status st = cu_call(d, cudaEventRecord(e, dec->stream), "cudaEventRecord (decoder)");
+    if (st != TS_OK) {
+        cudaEventDestroy(e);
+        cudaStreamSynchronize(dec->stream); /* nobody can wait for the writes: finish them here */
+        return st;
     }
-    return st != TS_OK ? st : rs;
+    *written = e;
+    return TS_OK;
 }
 
 const struct ts_kernels_image ts_cuda_kernels_image = {
