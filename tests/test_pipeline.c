@@ -1448,7 +1448,10 @@ static void test_mixed_decode_pipeline(void) {
         marked.marker_record = mark_record;
         marked.device_wait = mark_device_wait;
         marked.marker_free = mark_free;
+        char why[256];
+        CHECK(!ts_mixed_decode_available(cpu1, why, sizeof why) && strstr(why, "cpu:1 has no image decoder"));
         cpu1->k_image = &fake_image;
+        CHECK(ts_mixed_decode_available(cpu1, why, sizeof why) && why[0] == 0);
         cpu1->ops = &marked;
         fake_calls = fake_refused = marks_made = marks_gone = marks_waited_on = 0;
         o.decode = TS_DECODE_MIXED;

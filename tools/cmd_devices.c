@@ -1,7 +1,8 @@
 /*
  * tools/cmd_devices.c — `tessera devices`: the devices this Tessera can use —
  * the host CPU, the virtual CPU devices, and the CUDA devices with their name,
- * memory and compute capability, or the reason there are none.
+ * memory and compute capability and whether they decode JPEGs (--decode mixed:
+ * nvJPEG), or the reason there are none.
  */
 #include "cli.h"
 #include "commands.h"
@@ -42,10 +43,16 @@ int ts_cmd_devices(int argc, char **argv) {
             continue;
         }
         ts_device_describe(d, line, sizeof line);
-        if (json)
-            printf("%s{\"name\": \"%s\", \"description\": \"%s\"}", i ? ", " : "", name, line);
-        else
-            printf("%-8s %s\n", name, line);
+        char mwhy[512];
+        bool mixed = ts_mixed_decode_available(d, mwhy, sizeof mwhy);
+        if (json) {
+            printf("%s{\"name\": \"%s\", \"description\": \"%s\", \"mixed_decode\": %s, \"mixed_decode_why\": \"",
+                   i ? ", " : "", name, line, mixed ? "true" : "false");
+            for (const char *p = mwhy; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
+            printf("\"}");
+        } else {
+            printf("%-8s %s\n%-8s --decode mixed: %s\n", name, line, "", mixed ? "nvJPEG" : mwhy);
+        }
     }
     if (json) {
         printf("], \"cuda_missing\": \"");

@@ -832,3 +832,22 @@ ts_status ts_decode_device_parse(const char *s, ts_decode_device *out) {
     }
     return ts_error(TS_ERR_INVALID_ARG, "decode device '%s': expected cpu or mixed", s ? s : "(null)");
 }
+
+bool ts_mixed_decode_available(ts_device *d, char *why, size_t why_len) {
+    const char *reason = NULL;
+    char buf[512];
+    ts_image_decoder *probe = NULL;
+    if (!d) {
+        reason = "no device";
+    } else if (!d->k_image || !d->k_image->decoder_new) {
+        snprintf(buf, sizeof buf, "%s has no image decoder", d->name);
+        reason = buf;
+    } else if (d->k_image->decoder_new(d, &probe) != TS_OK) {
+        snprintf(buf, sizeof buf, "%s", ts_last_error());
+        reason = buf;
+    } else {
+        d->k_image->decoder_free(probe);
+    }
+    if (why && why_len) snprintf(why, why_len, "%s", reason ? reason : "");
+    return !reason;
+}
