@@ -279,15 +279,12 @@ static bool gemm_bf16_dnnl(ts_device *d, bool ta, bool tb, int64_t M, int64_t N,
 }
 #endif
 
+#ifdef TS_HAVE_DNNL
 /* Whether a product in precision prec goes to oneDNN's bfloat16 matmul primitive. */
 static bool bf16_dnnl_takes(ts_dtype prec, float alpha, float beta, int64_t K) {
-#ifdef TS_HAVE_DNNL
     return prec == TS_BF16 && use_dnnl && alpha == 1.0f && (beta == 0.0f || beta == 1.0f) && K > 0;
-#else
-    (void)prec, (void)alpha, (void)beta, (void)K;
-    return false;
-#endif
 }
+#endif
 
 /* One product in bfloat16 or float16 precision (see the top of the file). */
 static ts_status gemm1_half(ts_device *d, ts_dtype prec, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
@@ -382,11 +379,13 @@ static ts_status cpu_sgemm_batched(ts_device *d, bool ta, bool tb, int64_t M, in
 /* ---- bfloat16 operands (autocast's activations) ---------------------------------------------------------- */
 /* X (rows x cols as stored, leading dimension ld; F32 or BF16) into dst, contiguous rows x cols bfloat16:
  * copied, or rounded to nearest even; rows over the threads when there are many */
+#ifdef TS_HAVE_DNNL
 static void bf16_rows(int64_t rows, int64_t cols, const void *X, ts_dtype dt, int64_t ld, uint16_t *dst) {
 #pragma omp parallel for if (!omp_in_parallel() && rows * cols >= (1 << 16)) schedule(static)
     for (int64_t i = 0; i < rows; i++)
         (void)ts_convert(dst + i * cols, TS_BF16, (const char *)X + (size_t)(i * ld) * ts_dtype_size(dt), dt, (size_t)cols);
 }
+#endif
 
 /* The k_blas gemm_bf16 contract (device/k_blas.h): oneDNN's bfloat16 matmul on the calling thread's OpenMP
  * budget, bfloat16 operands read where they are already contiguous; without oneDNN (or for an alpha/beta its
