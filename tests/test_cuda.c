@@ -12,6 +12,7 @@
  * with TS_TEST_DEVICE=cuda:0.
  */
 #include "test_util.h"
+#include "pipeline_epoch.h"
 
 #include <sys/stat.h> /* mkdir */
 #include <unistd.h>   /* usleep, ftruncate */
@@ -543,9 +544,8 @@ static const char *mixed_folder(void) {
     return root;
 }
 
-/* One epoch of the folder through a pipeline (decode on `decode`, batches on dev): every batch's values
- * copied to the host, into *vals (malloc'd, *n floats), the labels into labels, the listing indices
- * into idx. */
+/* One epoch of the folder through a pipeline decoding on `decode`, batches on dev (tests/pipeline_epoch.h):
+ * values into vals (malloc'd, *n floats), labels, listing indices, skipped samples. */
 static void run_epoch(const char *root, ts_color color, ts_decode_device decode, ts_device *dev, float **vals,
                       int64_t *n, int64_t *labels, int64_t *idx, int64_t *skipped) {
     ts_pipeline_opts o = TS_PIPELINE_OPTS_INIT;
@@ -567,28 +567,8 @@ static void run_epoch(const char *root, ts_color color, ts_decode_device decode,
         o.mean[c] = 120.0f + 5 * c;
         o.std[c] = 60.0f - 3 * c;
     }
-    ts_pipeline *p = NULL;
-    CHECK_OK(ts_pipeline_new(&o, &p));
-    *vals = NULL;
-    *n = 0;
-    int64_t rows = 0;
-    for (;;) {
-        ts_tensor *x = NULL, *y = NULL;
-        ts_batch_info info;
-        if (!p || ts_pipeline_next(p, &x, &y, &info) != TS_OK || info.epoch_end) break;
-        CHECK(ts_tensor_device(x) == dev);
-        int64_t m = ts_tensor_numel(x), nb = 0;
-        *vals = realloc(*vals, sizeof(float) * (size_t)(*n + m));
-        CHECK_OK(ts_tensor_to_host(x, *vals + *n, sizeof(float) * (size_t)m));
-        CHECK_OK(ts_tensor_to_host(y, labels + rows, sizeof(int64_t) * (size_t)info.size));
-        const int64_t *bi = ts_pipeline_batch_samples(p, &nb);
-        for (int64_t i = 0; i < nb; i++) idx[rows + i] = bi[i];
-        *n += m;
-        rows += info.size;
-    }
-    int64_t dec = 0;
-    ts_pipeline_counts(p, &dec, skipped);
-    ts_pipeline_free(p);
+    *vals = calloc(16 * (size_t)color * 24 * 20, sizeof(float)); /* 15 files */
+    *n = *vals ? tp_epoch(&o, *vals, labels, idx, skipped) * (int64_t)color * 24 * 20 : 0;
 }
 
 static void test_mixed_decode_matches_cpu(void) {

@@ -12,6 +12,7 @@
 #include "device/device.h"
 #include "device/k_image.h"
 #include "device/k_image_px.h"
+#include "pipeline_epoch.h"
 
 #include <dirent.h>
 #include <stdatomic.h>
@@ -1372,29 +1373,6 @@ static ts_status fake_decode(ts_image_decoder *f, const uint8_t *jpeg, size_t n,
 }
 static const struct ts_kernels_image fake_image = {fake_new, fake_free, fake_decode};
 
-/* One epoch through a pipeline on dev: every batch's values, labels and listing indices appended. */
-static int64_t epoch_values(const ts_pipeline_opts *o, float *vals, int64_t *labels, int64_t *idx, int64_t *skipped) {
-    ts_pipeline *p = NULL;
-    CHECK_OK(ts_pipeline_new(o, &p));
-    int64_t nv = 0, rows = 0;
-    for (;;) {
-        ts_tensor *x = NULL, *y = NULL;
-        ts_batch_info bi;
-        if (!p || ts_pipeline_next(p, &x, &y, &bi) != TS_OK || bi.epoch_end) break;
-        CHECK_OK(ts_tensor_to_host(x, vals + nv, ts_tensor_nbytes(x)));
-        CHECK_OK(ts_tensor_to_host(y, labels + rows, ts_tensor_nbytes(y)));
-        int64_t n = 0;
-        const int64_t *si = ts_pipeline_batch_samples(p, &n);
-        memcpy(idx + rows, si, sizeof(int64_t) * (size_t)n);
-        nv += ts_tensor_numel(x);
-        rows += bi.size;
-    }
-    int64_t dec = 0;
-    if (p) ts_pipeline_counts(p, &dec, skipped);
-    ts_pipeline_free(p);
-    return rows;
-}
-
 /* The executor's mixed path on a virtual CPU device with the stand-in decoder: the same batches as the
  * workers' own decoding, bit for bit (the window decode's pixels are the whole image's there), with a PNG,
  * a truncated JPEG (skipped: its row's successors move up) and refused files among the JPEGs. */
@@ -1442,7 +1420,7 @@ static void test_mixed_decode_pipeline(void) {
         const size_t cap = 17 * 3 * 13 * 11;
         float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
         int64_t la[17] = {0}, lb[17] = {0}, ia[17] = {0}, ib[17] = {0}, sa = 0, sb = 0;
-        int64_t na = epoch_values(&o, a, la, ia, &sa);
+        int64_t na = tp_epoch(&o, a, la, ia, &sa);
         const ts_device_ops *keep_ops = cpu1->ops;
         ts_device_ops marked = *keep_ops; /* markers, as a GPU has them */
         marked.marker_record = mark_record;
@@ -1455,7 +1433,7 @@ static void test_mixed_decode_pipeline(void) {
         cpu1->ops = &marked;
         fake_calls = fake_refused = marks_made = marks_gone = marks_waited_on = 0;
         o.decode = TS_DECODE_MIXED;
-        int64_t nb = epoch_values(&o, b, lb, ib, &sb);
+        int64_t nb = tp_epoch(&o, b, lb, ib, &sb);
         cpu1->k_image = keep;
         cpu1->ops = keep_ops;
         /* every row's marker and every slot's "released" marker made and let go; decodes into reused slots
@@ -1554,12 +1532,12 @@ static void test_pipeline_pinned_staging(void) {
         const size_t cap = 2 * 12 * 3 * 144 + 64;
         float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
         int64_t la[32] = {0}, lb[32] = {0}, ia[32] = {0}, ib[32] = {0}, sa = 0, sb = 0;
-        int64_t na = epoch_values(&o, a, la, ia, &sa);
+        int64_t na = tp_epoch(&o, a, la, ia, &sa);
         pin_allocs = pin_frees = pin_copies = pin_marks = pin_waits = 0;
         pin_fail_alloc = fail;
         cpu1->ops = &fake;
         cpu1->host_accessible = false; /* the pipeline stages in host memory and uploads */
-        int64_t nb = epoch_values(&o, b, lb, ib, &sb);
+        int64_t nb = tp_epoch(&o, b, lb, ib, &sb);
         /* a seek in the middle of an epoch, with a batch handed out and prefetched ones pending */
         ts_pipeline *p = NULL;
         CHECK_OK(ts_pipeline_new(&o, &p));

@@ -22,14 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* __host__ __device__ under nvcc, so CUDA kernels call these too (as device/k_elem.h) */
-#ifndef TS_HD
-#ifdef __CUDACC__
-#define TS_HD __host__ __device__
-#else
-#define TS_HD
-#endif
-#endif
+#include "core/hd.h" /* TS_HD */
 
 static inline TS_HD uint32_t ts__f32_bits(float f) {
     uint32_t u;

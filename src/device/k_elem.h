@@ -21,13 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#ifndef TS_HD
-#ifdef __CUDACC__
-#define TS_HD __host__ __device__
-#else
-#define TS_HD
-#endif
-#endif
+#include "core/hd.h" /* TS_HD */
 
 #ifndef TS_ELEM_EXPF
 #define TS_ELEM_EXPF expf

@@ -13,13 +13,7 @@
 
 #include <stdint.h>
 
-#ifndef TS_HD
-#ifdef __CUDACC__
-#define TS_HD __host__ __device__
-#else
-#define TS_HD
-#endif
-#endif
+#include "core/hd.h" /* TS_HD */
 
 #if defined(__CUDACC__) && defined(__CUDA_ARCH__)
 #define TS_IMG_MUL(a, b) __fmul_rn((a), (b))

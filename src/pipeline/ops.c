@@ -83,6 +83,25 @@ static void *carve(char **p, size_t n) {
     return r;
 }
 
+/* ws's block grown to need bytes at least (what it held is not kept); its start for carve(). */
+static ts_status ws_reserve(ts__resample_ws *ws, size_t need, const char *what, char **mem) {
+    if (need > ws->cap) {
+        void *b = malloc(need);
+        if (!b) return ts_error(TS_ERR_NOMEM, "out of memory for %s (%zu bytes)", what, need);
+        free(ws->buf);
+        ws->buf = b;
+        ws->cap = need;
+    }
+    *mem = ws->buf;
+    return TS_OK;
+}
+
+/* The taps of `out` samples with room for k each, carved from *mem (taps_make fills them). */
+static taps taps_carve(char **mem, int out, int k) {
+    int *start = carve(mem, sizeof(int) * (size_t)out);
+    return (taps){0, start, carve(mem, sizeof(float) * (size_t)out * k)};
+}
+
 /* Four floats: one RGB pixel (and a spare lane) in a 128-bit register (GCC/Clang vector extension). */
 typedef float v4f __attribute__((vector_size(16)));
 
@@ -108,16 +127,9 @@ static ts_status resample(ts__resample_ws *ws, const ts_image *src, const ts_roi
     const size_t rlen = (size_t)(rw + kx + 2) * (size_t)C;
     const size_t need = 64 * 8 + sizeof(int) * ((size_t)ow + oh + ow) +
                         sizeof(float) * ((size_t)ow * kx + (size_t)oh * ky + rlen + (size_t)kx * ow + 4 * (size_t)ow);
-    if (need > ws->cap) {
-        void *b = malloc(need);
-        if (!b) return ts_error(TS_ERR_NOMEM, "out of memory for a resize (%zu bytes)", need);
-        free(ws->buf);
-        ws->buf = b;
-        ws->cap = need;
-    }
-    char *mem = ws->buf;
-    taps tx = {0, carve(&mem, sizeof(int) * (size_t)ow), carve(&mem, sizeof(float) * (size_t)ow * kx)};
-    taps ty = {0, carve(&mem, sizeof(int) * (size_t)oh), carve(&mem, sizeof(float) * (size_t)oh * ky)};
+    char *mem = NULL;
+    TS_TRY(ws_reserve(ws, need, "a resize", &mem));
+    taps tx = taps_carve(&mem, ow, kx), ty = taps_carve(&mem, oh, ky);
     float *row = carve(&mem, sizeof(float) * rlen), *wt = carve(&mem, sizeof(float) * (size_t)kx * ow);
     float *acc = carve(&mem, sizeof(float) * 4 * (size_t)ow);
     int *off = carve(&mem, sizeof(int) * (size_t)ow);
@@ -245,16 +257,9 @@ ts_status ts__resample_plan_ws(ts__resample_ws *ws, int width, int height, int c
     /* taps as resample() makes them, then the columns' reordered for the mirror into wxm / x0 */
     const size_t need =
         64 * 6 + sizeof(int) * (2 * (size_t)ow + oh) + sizeof(float) * (2 * (size_t)ow * kx + (size_t)oh * ky);
-    if (need > ws->cap) {
-        void *b = malloc(need);
-        if (!b) return ts_error(TS_ERR_NOMEM, "out of memory for resampling taps (%zu bytes)", need);
-        free(ws->buf);
-        ws->buf = b;
-        ws->cap = need;
-    }
-    char *mem = ws->buf;
-    taps tx = {0, carve(&mem, sizeof(int) * (size_t)ow), carve(&mem, sizeof(float) * (size_t)ow * kx)};
-    taps ty = {0, carve(&mem, sizeof(int) * (size_t)oh), carve(&mem, sizeof(float) * (size_t)oh * ky)};
+    char *mem = NULL;
+    TS_TRY(ws_reserve(ws, need, "resampling taps", &mem));
+    taps tx = taps_carve(&mem, ow, kx), ty = taps_carve(&mem, oh, ky);
     int *x0 = carve(&mem, sizeof(int) * (size_t)ow);
     float *wxm = carve(&mem, sizeof(float) * (size_t)ow * kx);
     taps_make(roi->x, roi->w, ow, &tx);

@@ -758,6 +758,17 @@ static inline int64_t first_valid(int64_t s, int d) {
  * then the first position holding it (selected last-to-first), which is the
  * sequential rule when there is no NaN; returns true when a NaN was seen (the
  * caller then redoes the row with the sequential rule). */
+/* Where a 2x2 window's max m is, of its candidates a, b (row r0, even and odd column), c, d (row r1) at
+ * flat indices j + b0, j + b0 + 1, j + b1, j + b1 + 1 (j: the even columns): the first that holds it
+ * (selected last to first). */
+__attribute__((target("avx512f"))) static inline __m512i maxpool4_index(__m512 a, __m512 b, __m512 c, __m512 m,
+                                                                       __m512i j, int32_t b0, int32_t b1) {
+    __m512i bi = _mm512_add_epi32(j, _mm512_set1_epi32(b1 + 1));
+    bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(c, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b1)));
+    bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(b, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b0 + 1)));
+    return _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(a, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b0)));
+}
+
 /* The AVX-512 part of maxpool_2x2_row: every output of the row (masked tail); compiled for AVX-512 whatever
  * the build's -march, run only where cpuid has it. */
 __attribute__((target("avx512f"))) static int maxpool_2x2_row_avx512(const float *r0, const float *r1, int64_t OW,
@@ -776,12 +787,7 @@ __attribute__((target("avx512f"))) static int maxpool_2x2_row_avx512(const float
         __m512 a = _mm512_permutex2var_ps(l0, ev, h0), b = _mm512_permutex2var_ps(l0, od, h0);
         __m512 c = _mm512_permutex2var_ps(l1, ev, h1), d = _mm512_permutex2var_ps(l1, od, h1);
         __m512 m = _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(b, a), c), d); /* max(x, y) = x > y ? x : y */
-        __m512i j = _mm512_add_epi32(ev, _mm512_set1_epi32((int32_t)(2 * ow)));
-        __m512i bi = _mm512_add_epi32(j, _mm512_set1_epi32(b1 + 1));
-        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(c, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b1)));
-        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(b, m, _CMP_EQ_OQ),
-                                   _mm512_add_epi32(j, _mm512_set1_epi32(b0 + 1)));
-        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(a, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b0)));
+        const __m512i bi = maxpool4_index(a, b, c, m, _mm512_add_epi32(ev, _mm512_set1_epi32((int32_t)(2 * ow))), b0, b1);
         nan |= (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q)) != 0;
         _mm512_mask_storeu_ps(o + ow, mout, m);
         _mm512_mask_storeu_epi32(ix + ow, mout, bi);
@@ -806,12 +812,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) static int maxpool_2x2_row1
         const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), b = _mm512_castsi512_ps(_mm512_and_si512(w0, hi));
         const __m512 c = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), d = _mm512_castsi512_ps(_mm512_and_si512(w1, hi));
         __m512 m = _mm512_max_ps(_mm512_max_ps(_mm512_max_ps(b, a), c), d);
-        __m512i j = _mm512_add_epi32(ev, _mm512_set1_epi32((int32_t)(2 * ow)));
-        __m512i bi = _mm512_add_epi32(j, _mm512_set1_epi32(b1 + 1));
-        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(c, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b1)));
-        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(b, m, _CMP_EQ_OQ),
-                                   _mm512_add_epi32(j, _mm512_set1_epi32(b0 + 1)));
-        bi = _mm512_mask_mov_epi32(bi, _mm512_cmp_ps_mask(a, m, _CMP_EQ_OQ), _mm512_add_epi32(j, _mm512_set1_epi32(b0)));
+        const __m512i bi = maxpool4_index(a, b, c, m, _mm512_add_epi32(ev, _mm512_set1_epi32((int32_t)(2 * ow))), b0, b1);
         nan |= (_mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(c, d, _CMP_UNORD_Q)) != 0;
         _mm256_mask_storeu_epi16(o + ow, mout, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(m), 16)));
         _mm512_mask_storeu_epi32(ix + ow, mout, bi);
