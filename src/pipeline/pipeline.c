@@ -226,6 +226,16 @@ static ts_status written_wait(ts_pipeline *p, slot *s, int64_t pos) {
     return p->o.device->ops->device_wait(p->o.device, m);
 }
 
+/* written_wait for rows 0..n-1 of s; the first failure. */
+static ts_status written_wait_rows(ts_pipeline *p, slot *s, int64_t n) {
+    ts_status st = TS_OK;
+    for (int64_t pos = 0; pos < n; pos++) {
+        ts_status w = written_wait(p, s, pos);
+        if (st == TS_OK) st = w;
+    }
+    return st;
+}
+
 /* A new `released` marker for s, after the work queued so far (its batch's last readers). */
 static ts_status slot_released(ts_pipeline *p, slot *s) {
     const ts_device_ops *ops = p->o.device->ops;
@@ -277,12 +287,11 @@ static void plan_locked(ts_pipeline *p) {
         s->err = TS_OK;
         s->err_pos = INT64_MAX;
         memset(s->ondev, 0, (size_t)p->B);
-        for (int64_t pos = 0; pos < p->B; pos++) /* rows decoded for a batch never handed out (an error) */
-            if (written_wait(p, s, pos) != TS_OK && s->err == TS_OK) {
-                s->err = TS_ERR_DEVICE;
-                s->err_pos = 0;
-                snprintf(s->errmsg, sizeof s->errmsg, "%s", ts_last_error());
-            }
+        if (written_wait_rows(p, s, p->B) != TS_OK) { /* rows decoded for a batch never handed out (an error) */
+            s->err = TS_ERR_DEVICE;
+            s->err_pos = 0;
+            snprintf(s->errmsg, sizeof s->errmsg, "%s", ts_last_error());
+        }
         s->state = SLOT_FILLING;
         if (s->last) {
             p->plan_epoch++;
@@ -439,10 +448,8 @@ void ts_pipeline_free(ts_pipeline *p) {
     for (int i = 0; p->slots && i < p->nslots; i++) {
         slot *s = &p->slots[i];
         ts_status st = upload_wait(p, s); /* before the memory goes (the decoders were freed above: done) */
-        for (int64_t pos = 0; s->written && pos < p->B; pos++) {
-            ts_status w = written_wait(p, s, pos);
-            if (st == TS_OK) st = w;
-        }
+        ts_status w = s->written ? written_wait_rows(p, s, p->B) : TS_OK;
+        if (st == TS_OK) st = w;
         if (st != TS_OK)
             ts_log(TS_LOG_WARN, "pipeline: waiting for the last copies to %s: %s", p->o.device->name, ts_last_error());
         if (s->released) p->o.device->ops->marker_free(p->o.device, s->released);
@@ -523,14 +530,11 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     p->numel = (int64_t)p->C * p->H * p->W;
     p->staged = !p->o.device->host_accessible;
     if (o->decode == TS_DECODE_MIXED) { /* one decoder now: a device that cannot decode says why, once */
-        ts_image_decoder *probe = NULL;
-        if (p->o.device->k_image->decoder_new(p->o.device, &probe) == TS_OK) {
+        char why[512];
+        if (ts_mixed_decode_available(p->o.device, why, sizeof why))
             p->ki = p->o.device->k_image;
-            p->ki->decoder_free(probe);
-        } else {
-            ts_log(TS_LOG_WARN, "pipeline: decoding JPEGs on the CPU, not on %s: %s", p->o.device->name,
-                   ts_last_error());
-        }
+        else
+            ts_log(TS_LOG_WARN, "pipeline: decoding JPEGs on the CPU, not on %s: %s", p->o.device->name, why);
     }
     p->depth = o->prefetch_queue_depth;
     p->nslots = p->depth + 1;
@@ -605,7 +609,6 @@ fail:
 }
 
 /* ---- the iterator ---------------------------------------------------------------------------------- */
-
 static slot *find_seq(ts_pipeline *p, int64_t seq) {
     for (int i = 0; i < p->nslots; i++)
         if (p->slots[i].state != SLOT_FREE && p->slots[i].state != SLOT_HELD && p->slots[i].seq == seq)
@@ -688,7 +691,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         bx = p->vx;
         by = p->vy;
     }
-    for (int64_t i = 0; i < s->n; i++) TS_TRY(written_wait(p, s, i)); /* the device's rows, before they are read */
+    TS_TRY(written_wait_rows(p, s, s->n)); /* the device's rows, before they are read */
     if (p->staged) TS_TRY(upload(p, s));
     *x = bx;
     *y = by;
@@ -710,12 +713,8 @@ ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
     p->paused = true;
     while (p->in_flight > 0) pthread_cond_wait(&p->done_cv, &p->mu);
     for (int i = 0; i < p->nslots; i++) { /* decodes still running write nowhere the new batches go */
-        for (int64_t pos = 0; pos < p->B; pos++) {
-            ts_status w = written_wait(p, &p->slots[i], pos);
-            if (st == TS_OK) st = w;
-        }
-        ts_status r = slot_released(p, &p->slots[i]);
-        if (st == TS_OK) st = r;
+        ts_status w = written_wait_rows(p, &p->slots[i], p->B), r = slot_released(p, &p->slots[i]);
+        if (st == TS_OK) st = w != TS_OK ? w : r;
     }
     for (int i = 0; i < p->nslots; i++) p->slots[i].state = SLOT_FREE;
     p->held = -1;

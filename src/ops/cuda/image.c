@@ -39,18 +39,14 @@ static struct {
 static pthread_once_t nvj_once = PTHREAD_ONCE_INIT;
 
 static void nvj_load_once(void) {
-    const char *env = getenv("TS_NVJPEG_LIB");
-    const char *names[] = {env && *env ? env : NULL, "libnvjpeg.so.13", "libnvjpeg.so"};
+    const char *env = getenv("TS_NVJPEG_LIB"); /* an explicit path is the only one tried */
+    const char *names[2] = {env && *env ? env : "libnvjpeg.so.13", env && *env ? NULL : "libnvjpeg.so"};
     char tried[256] = "";
-    size_t len = 0;
-    for (int i = 0; i < 3 && !nvj.so; i++) {
-        if (!names[i] || (i > 0 && env && *env)) continue; /* an explicit path is the only one tried */
-        nvj.so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!nvj.so && len < sizeof tried - 1) {
-            const char *e = dlerror();
-            int k = snprintf(tried + len, sizeof tried - len, "%s%s", len ? "; " : "", e ? e : names[i]);
-            len = k < 0 ? len : len + (size_t)k < sizeof tried - 1 ? len + (size_t)k : sizeof tried - 1;
-        }
+    for (int i = 0; i < 2 && names[i] && !nvj.so; i++) {
+        if ((nvj.so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL))) break;
+        const char *e = dlerror();
+        size_t len = strlen(tried);
+        snprintf(tried + len, sizeof tried - len, "%s%s", len ? "; " : "", e ? e : names[i]);
     }
     if (!nvj.so) {
         snprintf(nvj.why, sizeof nvj.why, "nvJPEG could not be loaded (%s); set TS_NVJPEG_LIB to libnvjpeg.so.13 "
@@ -68,8 +64,7 @@ static void nvj_load_once(void) {
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].fn = dlsym(nvj.so, syms[i].name);
         if (!*syms[i].fn) {
-            snprintf(nvj.why, sizeof nvj.why, "nvJPEG library %s has no %s", env && *env ? env : "libnvjpeg",
-                     syms[i].name);
+            snprintf(nvj.why, sizeof nvj.why, "nvJPEG library %s has no %s", names[0], syms[i].name);
             dlclose(nvj.so);
             nvj.so = NULL;
             return;
