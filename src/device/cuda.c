@@ -318,26 +318,15 @@ static void peer_enable(ts_device *d, ts_device *from) {
 
 static ts_status cuda_peer(ts_device *d, void *dst, ts_device *from, const void *src, size_t n) {
     if (!n) return TS_OK;
-    cudaStream_t fs, ds;
-    cudaEvent_t before = NULL, after = NULL;
-    const unsigned flags = cudaEventDisableTiming;
-    ts_status st = ts__cuda_enter(from, &fs);
-    if (st == TS_OK)
-        st = ts__cuda_status(from, cudaEventCreateWithFlags(&before, flags), "cudaEventCreate (peer copy)");
-    if (st == TS_OK) st = ts__cuda_status(from, cudaEventRecord(before, fs), "cudaEventRecord (peer copy)");
-    if (st == TS_OK) st = ts__cuda_enter(d, &ds);
-    if (st == TS_OK) peer_enable(d, from);
-    if (st == TS_OK) st = ts__cuda_status(d, cudaEventCreateWithFlags(&after, flags), "cudaEventCreate (peer copy)");
-    if (st == TS_OK) st = ts__cuda_status(d, cudaStreamWaitEvent(ds, before, 0), "cudaStreamWaitEvent (peer copy)");
-    if (st == TS_OK)
-        st = ts__cuda_status(d, cudaMemcpyPeerAsync(dst, ts__cuda(d)->ordinal, src, ts__cuda(from)->ordinal, n, ds),
-                             "cudaMemcpyPeerAsync");
-    if (st == TS_OK) st = ts__cuda_status(d, cudaEventRecord(after, ds), "cudaEventRecord (peer copy)");
-    if (st == TS_OK && (st = ts__cuda_enter(from, &fs)) == TS_OK)
-        st = ts__cuda_status(from, cudaStreamWaitEvent(fs, after, 0), "cudaStreamWaitEvent (peer copy)");
-    if (before) cudaEventDestroy(before); /* released once the streams are past them */
-    if (after) cudaEventDestroy(after);
-    return st;
+    void *before = NULL, *after = NULL;
+    cudaStream_t ds;
+    TS_TRY(cuda_marker_record(from, &before)); /* the source's work so far, */
+    TS_TRY(cuda_device_wait(d, before));       /* then the copy on the destination's stream, */
+    TS_TRY(ts__cuda_enter(d, &ds));
+    peer_enable(d, from);
+    TS_CUDA_TRY(d, cudaMemcpyPeerAsync(dst, ts__cuda(d)->ordinal, src, ts__cuda(from)->ordinal, n, ds));
+    TS_TRY(cuda_marker_record(d, &after));
+    return cuda_device_wait(from, after); /* and the source's later work (src's block reused) after it */
 }
 
 static const ts_device_ops cuda_ops = {
