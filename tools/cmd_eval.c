@@ -200,7 +200,7 @@ int ts_cmd_eval(int argc, char **argv) {
     char nb[256];
     for (int64_t k = 0; lm.names && k < dc; k++) { /* the folders must be the ones it was trained on */
         const char *have = ts_batch_source_class_name(train, k);
-        if (have && strcmp(have, class_name(&lm, k, nb, sizeof nb)) != 0) {
+        if (have && !ts_class_names_match(class_name(&lm, k, nb, sizeof nb), have, k)) {
             char esc[256];
             fprintf(stderr, "tessera eval: --data %s: class %lld is '%s', the checkpoint's is '%s'\n", data,
                     (long long)k, cli_printable(have, esc, sizeof esc), nb);

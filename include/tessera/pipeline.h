@@ -142,8 +142,10 @@ ts_status ts_reader_new(const ts_reader_opts *o, ts_reader **out);
 void ts_reader_free(ts_reader *r); /* NULL is fine */
 
 int64_t ts_reader_size(const ts_reader *r);        /* N: samples in the whole data set */
-int64_t ts_reader_num_classes(const ts_reader *r); /* folders (file_root), else max label + 1 */
-/* Folder name of class `label` (file_root), else NULL. Borrowed. */
+/* folders (file_root), IDX: the names' count when named (else max label + 1), else max label + 1 */
+int64_t ts_reader_num_classes(const ts_reader *r);
+/* Name of class `label`: its folder (file_root), the IDX data set's name (DIR/classes.txt or a
+ * recognised set's, as ts_dataset_class_name), else NULL. Borrowed. */
 const char *ts_reader_class_name(const ts_reader *r, int64_t label);
 /* Path of sample i in listing order (NULL for IDX). Borrowed. */
 const char *ts_reader_path(const ts_reader *r, int64_t i);

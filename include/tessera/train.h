@@ -116,8 +116,9 @@ ts_status ts_batch_source_pipeline(ts_pipeline *p, ts_batch_source **out);
 /* Batches of `epoch`, and samples in the whole data set. */
 int64_t ts_batch_source_num_batches(const ts_batch_source *s, int64_t epoch);
 int64_t ts_batch_source_num_samples(const ts_batch_source *s);
-/* The classes of the data (image folders: one per sub-folder; IDX: the largest label + 1), 0 when
- * unknown; the name of class `label` (an image folder's sub-folder name, borrowed), NULL when unnamed. */
+/* The classes of the data (image folders: one per sub-folder; IDX: the largest label + 1, or its
+ * classes.txt's lines), 0 when unknown; the name of class `label` (an image folder's sub-folder name,
+ * an IDX set's name: ts_dataset_class_name; borrowed), NULL when unnamed. */
 int64_t ts_batch_source_num_classes(const ts_batch_source *s);
 const char *ts_batch_source_class_name(const ts_batch_source *s, int64_t label);
 /* One sample's shape into shape (TS_MAX_DIMS entries); returns its ndim, 0 when unknown. */
