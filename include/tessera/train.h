@@ -172,8 +172,10 @@ ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_
 #define TS_EVAL_CENTER_CROP 0.875f
 /* One decoded image as ts_data_open's evaluation source presents it (for predictions on single files):
  * image_size 0: a gray image resized to 28x28 and normalised as Fashion-MNIST (1 x 28 x 28 floats);
- * > 0: an RGB image's central TS_EVAL_CENTER_CROP window resized to image_size and normalised as
- * ImageNet (3 x image_size x image_size floats, CHW). The wrong channel count is TS_ERR_INVALID_ARG. */
+ * > 0: torchvision's evaluation transform of an RGB image, Resize(int(image_size / TS_EVAL_CENTER_CROP))
+ * + CenterCrop(image_size) + ToTensor + Normalize(ImageNet's mean and std), with Pillow's resampling
+ * (ts_image_resize_center_crop_normalize; 3 x image_size x image_size floats, CHW). The wrong channel
+ * count is TS_ERR_INVALID_ARG. */
 ts_status ts_data_preprocess(const ts_image *im, int image_size, float *out);
 /* True when path names images rather than IDX files (how ts_data_open decides):
  * a file (a "path label" list), or a folder with sub-folders and without
