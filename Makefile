@@ -4,12 +4,16 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 
-.PHONY: all deps build install demo test bench sanitize clean
+.PHONY: all deps deps-demo build install demo test bench sanitize clean
 
 all: build
 
 deps:
 	@scripts/install-deps
+
+# Only the packages the library, the tessera command and the demo's data need (no Python or PyTorch).
+deps-demo:
+	@scripts/install-deps --demo
 
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -23,10 +27,14 @@ install: build
 	cmake --install $(BUILD) --prefix "$(PREFIX)"
 
 # Train the reference CNN on Fashion-MNIST with two DDP processes (32 images per rank:
-# the global batch of 64 and the learning rate of a one-process run).
+# the global batch of 64 and the learning rate of a one-process run). Builds the tessera command
+# alone (the library with it; no tests, examples or fuzz targets) in the same build/ as `make test`,
+# configured the same way, so a later `make test` builds only the rest.
 # DEMO_FLAGS adds flags, e.g. make demo DEMO_FLAGS="--precision bf16"
 DEMO_FLAGS ?=
-demo: deps build
+demo: deps-demo
+	@$(MAKE) --no-print-directory $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target tessera
 	$(BUILD)/tessera train --model cnn --epochs 4 --nproc 2 --batch-size 32 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json $(DEMO_FLAGS)
 
 test: deps build
