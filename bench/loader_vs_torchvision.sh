@@ -37,11 +37,11 @@ mkdir -p "$WORK"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 for set in photos fmnist; do
-  if [ "$set" = photos ]; then targs=(--size 224); pargs=(--size 224); else targs=(--size 28 --gray); pargs=(--size 28 --gray); fi
+  if [ "$set" = photos ]; then targs=(--image-size 224); pargs=(--size 224); else targs=(--image-size 28 --gray); pargs=(--size 28 --gray); fi
   for t in $THREADS; do
     for r in $(seq "$REPS"); do
       echo "== $set, $t threads, run $r" >&2
-      printf '%s ' "$set" >> "$out"; "$TS" bench loader "$WORK/$set" --threads "$t" --seconds "$SECS" --json "${targs[@]}" >> "$out"
+      printf '%s ' "$set" >> "$out"; "$TS" bench loader "$WORK/$set" --data-threads "$t" --seconds "$SECS" --json "${targs[@]}" >> "$out"
       printf '%s ' "$set" >> "$out"; $PY bench/loader_vs_torchvision.py run "$WORK/$set" --threads "$t" --seconds "$SECS" "${pargs[@]}" >> "$out"
       if [ -n "$DALI_PY" ]; then
         printf '%s ' "$set" >> "$out"; "$DALI_PY" bench/loader_vs_torchvision.py dali "$WORK/$set" --threads "$t" --seconds "$SECS" "${pargs[@]}" >> "$out"

@@ -37,9 +37,9 @@ expect_exit 2 "--out DIR is required" "$TS" data export fashion-mnist
 expect_exit 2 "unknown command 'shw'" "$TS" data shw
 
 # ---- show ------------------------------------------------------------------------------------
-expect_exit 0 "wrote $T/grid.png: 16 images" "$TS" data show "$T/fm" --batch 16 --out "$T/grid.png"
+expect_exit 0 "wrote $T/grid.png: 16 images" "$TS" data show "$T/fm" --batch-size 16 --out "$T/grid.png"
 head -c 8 "$T/grid.png" | od -An -c | grep -q "P   N   G" && ok "grid is a PNG" || bad "grid is not a PNG"
-expect_exit 0 "wrote $T/gridj.png: 8 images" "$TS" data show "$T/fmj/train" --batch 8 --size 64 --out "$T/gridj.png"
+expect_exit 0 "wrote $T/gridj.png: 8 images" "$TS" data show "$T/fmj/train" --batch-size 8 --image-size 64 --out "$T/gridj.png"
 expect_exit 2 "/no/such/dir" "$TS" data show /no/such/dir --out "$T/g.png"
 
 # ---- train -------------------------------------------------------------------------------------
@@ -86,10 +86,10 @@ mkdir -p "$T/empty/a" "$T/empty/b"
 cp "$(find "$T/fm/train" -name '*.png' | head -3 | tail -1)" "$T/empty/a/1.png"
 cp "$(find "$T/fm/train" -name '*.png' | head -2 | tail -1)" "$T/empty/b/2.png"
 : > "$T/empty/b/zero.png"
-expect_exit 1 "zero.png: empty file" "$TS" data show "$T/empty" --batch 8 --out "$T/e.png"
+expect_exit 1 "zero.png: empty file" "$TS" data show "$T/empty" --batch-size 8 --out "$T/e.png"
 
 # ---- the benchmark runs (its numbers are not checked here) -------------------------------------
-expect_exit 0 "img/s (wall)" "$TS" bench loader "$T/fmj" --threads 1 --size 28 --gray --seconds 0.2
+expect_exit 0 "img/s (wall)" "$TS" bench loader "$T/fmj" --data-threads 1 --image-size 28 --gray --seconds 0.2
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

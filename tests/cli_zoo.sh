@@ -118,6 +118,14 @@ expect_exit 2 "cpu:1 has no image decoder" "$TS" train --model resnet18 --image-
 expect_exit 2 "decode device 'gpu': expected cpu or mixed" "$TS" train --data "$T/fm" --decode gpu
 expect_exit 2 "records no model name" "$TS" eval --checkpoint "$T/cr.ckpt"
 expect_exit 2 "do not fit --model mlp" "$TS" eval --checkpoint "$T/r18.ckpt" --model mlp
+# a whole other model: one short line naming both, not a page of keys
+out=$("$TS" eval --checkpoint "$T/cnn.ckpt" --model resnet18 2>&1); rc=$?
+[ $rc -eq 2 ] && grep -qF "this is a cnn checkpoint; the model is resnet18" <<<"$out" && [ "${#out}" -lt 400 ] \
+  && ok "eval --model resnet18 of a cnn checkpoint: '$out'" || bad "eval of another model ($rc, ${#out} chars): $out"
+out=$("$TS" train --model resnet18 --image-size 32 --max-steps 1 --data "$T/fm" --init-from "$T/cnn.ckpt" 2>&1); rc=$?
+[ $rc -ne 0 ] && grep -qF "$T/cnn.ckpt: load_state_dict: this is a cnn checkpoint; the model is resnet18" <<<"$out" \
+  && [ "${#out}" -lt 400 ] && ok "--init-from a cnn checkpoint into resnet18: one line" \
+  || bad "--init-from another model ($rc, ${#out} chars): $out"
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

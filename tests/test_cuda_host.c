@@ -9,6 +9,7 @@
 #include "device/k_image.h"
 #include "test_util.h"
 
+#include <dlfcn.h>
 #include <sys/stat.h>
 
 typedef struct fake_raw {
@@ -123,6 +124,28 @@ static void test_oom_retry(void) {
     CHECK(f.live == 0 && f.used == 0);
 }
 
+/* Why there is no GPU, in words that say what is true: never the runtime's "driver version is insufficient"
+ * when there is no driver at all. Without libcuda.so.1: "no NVIDIA GPU driver found"; with a driver older
+ * than the runtime (tests/fake_libcuda.c, a driver supporting CUDA 11.8, through LD_LIBRARY_PATH and
+ * TS_TEST_FAKE_DRIVER=1): both versions. */
+static void check_no_gpu_wording(const char *why) {
+#ifdef TS_HAVE_CUDA
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    const char *fake = getenv("TS_TEST_FAKE_DRIVER");
+    if (fake && *fake) {
+        CHECK(h != NULL);
+        CHECK(strstr(why, "the NVIDIA driver is older than this Tessera's CUDA runtime needs: the driver supports "
+                          "CUDA 11.8, the runtime is CUDA ") != NULL);
+    } else if (!h) {
+        CHECK(strstr(why, "no NVIDIA GPU driver found (libcuda.so.1: ") != NULL);
+    }
+    CHECK(strstr(why, "insufficient") == NULL);
+    if (h) dlclose(h);
+#else
+    CHECK(strstr(why, "built without CUDA") != NULL);
+#endif
+}
+
 /* Device names: malformed ones are refused naming the form; without a GPU (or without CUDA in the build)
  * cuda:N says why; with GPUs, an index past the count says how many there are. */
 static void test_cuda_names(void) {
@@ -136,6 +159,7 @@ static void test_cuda_names(void) {
     if (n == 0) {
         printf("no CUDA devices here: %s\n", why);
         CHECK(why[0] != 0);
+        check_no_gpu_wording(why);
         CHECK_STATUS(ts_device_get("cuda:0", &d), TS_ERR_DEVICE);
         CHECK_ERR_MENTIONS("cuda:0");
         CHECK_STATUS(ts_device_get("cuda", &d), TS_ERR_DEVICE);

@@ -631,10 +631,147 @@ static void test_data_open_checks(void) {
     CHECK(!train && !test);
 }
 
+
+/* ---- class names: classes.txt, Fashion-MNIST recognised by its content ------------------------------ */
+static void write_text(const char *dir, const char *name, const char *text) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    write_bytes(p, text, strlen(text), 0);
+}
+
+static void test_class_names_txt(void) {
+    const char *d = subdir("names");
+    make_synthetic(d, "train", 0, ""); /* labels 0..4 */
+    ts_dataset *ds = NULL;
+    CHECK_OK(ts_dataset_load_mnist(d, "train", &ds));
+    CHECK(ds && ts_dataset_num_classes(ds) == 5 && ts_dataset_class_name(ds, 0) == NULL); /* unnamed */
+    ts_dataset_free(ds);
+
+    /* one name per line, "\r\n" endings, a final newline; more names than the labels use: 6 classes */
+    write_text(d, "classes.txt", "zero\r\none\ntwo words\nthree\nfour\nfive\n");
+    ds = NULL;
+    CHECK_OK(ts_dataset_load_mnist(d, "train", &ds));
+    if (ds) {
+        CHECK(ts_dataset_num_classes(ds) == 6);
+        CHECK(ts_dataset_class_name(ds, 0) && strcmp(ts_dataset_class_name(ds, 0), "zero") == 0);
+        CHECK(ts_dataset_class_name(ds, 2) && strcmp(ts_dataset_class_name(ds, 2), "two words") == 0);
+        CHECK(ts_dataset_class_name(ds, 5) && strcmp(ts_dataset_class_name(ds, 5), "five") == 0);
+        CHECK(ts_dataset_class_name(ds, 6) == NULL && ts_dataset_class_name(ds, -1) == NULL);
+        /* the names must cover the classes; none may hold a newline */
+        const char *few[2] = {"a", "b"}, *nl[6] = {"a", "b", "c\nd", "e", "f", "g"};
+        CHECK_STATUS(ts_dataset_set_class_names(ds, few, 2), TS_ERR_INVALID_ARG);
+        CHECK_STATUS(ts_dataset_set_class_names(ds, nl, 6), TS_ERR_INVALID_ARG);
+        CHECK(strcmp(ts_dataset_class_name(ds, 0), "zero") == 0); /* unchanged by the refusals */
+        CHECK_OK(ts_dataset_set_class_names(ds, NULL, 0));
+        CHECK(ts_dataset_class_name(ds, 0) == NULL);
+    }
+    ts_dataset_free(ds);
+    /* the pipeline's reader over the same IDX files sees the same names */
+    ts_reader_opts ro = TS_READER_OPTS_INIT;
+    ro.idx_dir = d;
+    ts_reader *r = NULL;
+    CHECK_OK(ts_reader_new(&ro, &r));
+    if (r) {
+        CHECK(ts_reader_num_classes(r) == 6);
+        CHECK(ts_reader_class_name(r, 1) && strcmp(ts_reader_class_name(r, 1), "one") == 0);
+    }
+    ts_reader_free(r);
+
+    /* errors name the file and line */
+    write_text(d, "classes.txt", "zero\none\ntwo\n");
+    ds = NULL;
+    CHECK_STATUS(ts_dataset_load_mnist(d, "train", &ds), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("classes.txt names 3 classes, but a label is 4");
+    CHECK(ds == NULL);
+    r = NULL;
+    CHECK_STATUS(ts_reader_new(&ro, &r), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("classes.txt names 3 classes");
+    write_text(d, "classes.txt", "zero\n\ntwo\nthree\nfour\n");
+    CHECK_STATUS(ts_dataset_load_mnist(d, "train", &ds), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("classes.txt:2: empty line");
+    write_text(d, "classes.txt", "");
+    CHECK_STATUS(ts_dataset_load_mnist(d, "train", &ds), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("no class names");
+    char p[400];
+    snprintf(p, sizeof p, "%s/classes.txt", d);
+    unlink(p);
+}
+
+static void test_class_names_match(void) {
+    CHECK(ts_class_names_match("Sneaker", "7_sneaker", 7));   /* `tessera data export`'s folder for label 7 */
+    CHECK(ts_class_names_match("T-shirt/top", "0_tshirt_top", 0));
+    CHECK(ts_class_names_match("Ankle boot", "9_ankle_boot", 9));
+    CHECK(ts_class_names_match("3_dress", "3_dress", 3));
+    CHECK(!ts_class_names_match("Sneaker", "6_sneaker", 7)); /* another label's folder */
+    CHECK(!ts_class_names_match("3_dress", "3_gown", 3));
+    CHECK(!ts_class_names_match("_", "-", 0)); /* nothing to compare */
+    CHECK(!ts_class_names_match(NULL, "a", 0));
+}
+
+/* Fashion-MNIST is recognised by the SHA-256 of its labels and first image, both splits, through the dataset
+ * and the reader; a copy that differs in one label, or in one pixel of the first image, is not. */
+static void test_class_names_fashion_mnist(void) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte.gz", real_dir());
+    if (access(p, R_OK) != 0) {
+        real_data_missing = 1;
+        return;
+    }
+    static const char *const want[10] = {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                                         "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+    for (int split = 0; split < 2; split++) {
+        ts_dataset *ds = NULL;
+        CHECK_OK(ts_dataset_load_mnist(real_dir(), split ? "train" : "test", &ds));
+        for (int k = 0; ds && k < 10; k++)
+            CHECK(ts_dataset_class_name(ds, k) && strcmp(ts_dataset_class_name(ds, k), want[k]) == 0);
+        ts_dataset_free(ds);
+    }
+    ts_reader_opts ro = TS_READER_OPTS_INIT;
+    ro.idx_dir = real_dir();
+    ro.idx_split = "test";
+    ts_reader *r = NULL;
+    CHECK_OK(ts_reader_new(&ro, &r));
+    CHECK(r && ts_reader_class_name(r, 7) && strcmp(ts_reader_class_name(r, 7), "Sneaker") == 0);
+    ts_reader_free(r);
+
+    ts_tensor *img = NULL, *lab = NULL;
+    snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte.gz", real_dir());
+    CHECK_OK(ts_idx_read(p, 3, &img));
+    snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte.gz", real_dir());
+    CHECK_OK(ts_idx_read(p, 1, &lab));
+    if (!img || !lab) return;
+    uint8_t *px = ts_tensor_data(img), *lb = ts_tensor_data(lab);
+    uint32_t idims[3] = {10000, 28, 28}, ldims[1] = {10000};
+    const char *d = subdir("fm_copy");
+    for (int variant = 0; variant < 3; variant++) { /* 0: an exact copy (plain files); 1: a label; 2: a pixel */
+        if (variant == 1) lb[5000] = (uint8_t)((lb[5000] + 1) % 10);
+        if (variant == 2) {
+            lb[5000] = (uint8_t)((lb[5000] + 9) % 10);
+            px[400] ^= 1;
+        }
+        snprintf(p, sizeof p, "%s/t10k-images-idx3-ubyte", d);
+        write_idx(p, 0, 0x803, 3, idims, px, 10000 * 784);
+        snprintf(p, sizeof p, "%s/t10k-labels-idx1-ubyte", d);
+        write_idx(p, 0, 0x801, 1, ldims, lb, 10000);
+        ts_dataset *ds = NULL;
+        CHECK_OK(ts_dataset_load_mnist(d, "test", &ds));
+        const char *nm = ds ? ts_dataset_class_name(ds, 7) : NULL;
+        if (variant == 0)
+            CHECK(nm && strcmp(nm, "Sneaker") == 0);
+        else
+            CHECK(nm == NULL);
+        ts_dataset_free(ds);
+    }
+    ts_tensor_release(img);
+    ts_tensor_release(lab);
+}
+
 int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_synthetic_gz_and_plain), T(test_idx_errors),      T(test_mnist_errors),
                                     T(test_real_fashion_mnist),     T(test_loader),          T(test_from_tensors),
-                                    T(test_idx_size_limits),        T(test_data_open_checks)};
+                                    T(test_idx_size_limits),        T(test_data_open_checks),
+                                    T(test_class_names_txt),        T(test_class_names_match),
+                                    T(test_class_names_fashion_mnist)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();
     if (rc == 0 && real_data_missing) {

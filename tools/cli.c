@@ -37,6 +37,7 @@ void cli_print_help(const cli_command *cmd, FILE *f) {
     if (cmd->nflags) fprintf(f, "\nflags:\n");
     for (int i = 0; i < cmd->nflags; i++) {
         const cli_flag *fl = &cmd->flags[i];
+        if (!fl->help) continue; /* a hidden alias (an old spelling) */
         char head[64];
         const char *arg = fl->type == CLI_INT ? " N" : fl->type == CLI_FLOAT ? " X" : fl->type == CLI_STRING ? " S" : "";
         snprintf(head, sizeof head, "--%s%s", fl->name, arg);

@@ -19,7 +19,8 @@ typedef struct cli_flag {
     const char *name; /* without the leading dashes */
     cli_type type;
     void *ptr;        /* int64_t*, double*, const char**, bool* */
-    const char *help; /* one line; the default is printed after it */
+    const char *help; /* one line; the default is printed after it. NULL: a hidden alias, not listed by
+                         --help (an old spelling, pointing at the same variable as the new one) */
     double min, max;  /* range for numbers (min > max: no check) */
 } cli_flag;
 

@@ -21,7 +21,7 @@ static int bench_train(int argc, char **argv) {
     const cli_flag flags[] = {
         {"model", CLI_STRING, &model_name, "a zoo model: cnn, mlp, resnet18, resnet34, resnet50, ...", 1, 0},
         {"image-size", CLI_INT, &image_size, "ResNets: the input's side (default 224)", 0, 4096},
-        {"classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
+        {"num-classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
         {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
         {"conv-algo", CLI_STRING, &conv_algo, "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", 1, 0},
         {"precision", CLI_STRING, &precision, "fp32 or bf16: bfloat16 autocast where the device's kernels take bfloat16 activations (the CPU: as tessera train --precision bf16), else bfloat16 products with float32 accumulation", 1, 0},
@@ -30,6 +30,7 @@ static int bench_train(int argc, char **argv) {
         {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},
         {"batch-size", CLI_INT, &batch, "images per step", 1, 1 << 20},
         {"json", CLI_BOOL, &json, "print one JSON object", 1, 0},
+        {"classes", CLI_INT, &classes, NULL, 0, 1 << 20}, /* the old spelling */
     };
     const cli_command cmd = {"bench train", "tessera bench train [flags]",
                              "Times training steps (forward, cross-entropy, backward, SGD with momentum 0.9,\n"

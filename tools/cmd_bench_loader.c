@@ -134,9 +134,9 @@ int ts_bench_loader(int argc, char **argv) {
     bool gray = false, json = false, no_scaled = false, no_raw = false;
     const char *decode = "cpu", *device = "cpu";
     const cli_flag flags[] = {
-        {"threads", CLI_INT, &threads, "pipeline worker threads (and raw decode threads)", 1, 1024},
+        {"data-threads", CLI_INT, &threads, "pipeline worker threads (and raw decode threads)", 1, 1024},
         {"batch-size", CLI_INT, &batch, "images per batch", 1, 1 << 16},
-        {"size", CLI_INT, &size, "output size (random resized crop to size x size)", 1, 4096},
+        {"image-size", CLI_INT, &size, "output side (random resized crop to N x N)", 1, 4096},
         {"seconds", CLI_FLOAT, &seconds, "time each measurement for about this long", 0.1, 3600},
         {"max-files", CLI_INT, &max_files, "files held in memory for the raw decode", 1, 1e7},
         {"gray", CLI_BOOL, &gray, "decode to gray (1 channel)", 1, 0},
@@ -145,6 +145,8 @@ int ts_bench_loader(int argc, char **argv) {
         {"device", CLI_STRING, &device, "where the batches land: cpu or cuda:N", 1, 0},
         {"decode", CLI_STRING, &decode, "cpu (the worker threads decode) or mixed (nvJPEG on --device: DALI's \"mixed\")", 1, 0},
         {"json", CLI_BOOL, &json, "print one JSON object", 1, 0},
+        {"threads", CLI_INT, &threads, NULL, 1, 1024}, /* the old spellings */
+        {"size", CLI_INT, &size, NULL, 1, 4096},
     };
     const cli_command cmd = {
         "bench loader", "tessera bench loader DIR|LIST [flags]",

@@ -203,15 +203,19 @@ static int data_show(int argc, char **argv) {
     bool no_augment = false, gray = false;
     const cli_flag flags[] = {
         {"out", CLI_STRING, &out, "PNG file to write", 1, 0},
-        {"batch", CLI_INT, &batch, "images in the batch (the grid)", 1, 1024},
-        {"size", CLI_INT, &size, "each image's size in pixels (the pipeline's output size)", 8, 2048},
+        {"batch-size", CLI_INT, &batch, "images in the batch (the grid)", 1, 1024},
+        {"image-size", CLI_INT, &size, "each image's side in pixels (the pipeline's output size)", 8, 2048},
         {"columns", CLI_INT, &columns, "images per row", 1, 64},
         {"seed", CLI_INT, &seed, "reader and augmentation seed", 0, 9.2e18},
         {"min-scale", CLI_FLOAT, &min_scale, "random resized crop: smallest area fraction", 0.01, 1},
         {"flip", CLI_FLOAT, &flip, "probability of a left-right mirror", 0, 1},
         {"no-augment", CLI_BOOL, &no_augment, "whole images, resized, no flips", 1, 0},
         {"gray", CLI_BOOL, &gray, "decode to gray", 1, 0},
-        {"threads", CLI_INT, &threads, "pipeline worker threads", 1, 256},
+        {"data-threads", CLI_INT, &threads, "pipeline worker threads decoding images", 1, 256},
+        /* the old spellings (before the flags took tessera train's names) */
+        {"batch", CLI_INT, &batch, NULL, 1, 1024},
+        {"size", CLI_INT, &size, NULL, 8, 2048},
+        {"threads", CLI_INT, &threads, NULL, 1, 256},
     };
     const cli_command cmd = {
         "data show", "tessera data show DIR|LIST [flags]",

@@ -56,11 +56,15 @@ static ts_status load_model(const char *ckpt_path, const char *model_flag, loade
     if ((st = ts_ckpt_load(ckpt_path, &ck)) != TS_OK) return st;
     const void *b = NULL;
     size_t n = 0;
+    char saved[64] = ""; /* the model the checkpoint was saved from */
+    if (ts_ckpt_get_bytes(ck, "train.model", &b, &n) == TS_OK && n > 0 && n < sizeof saved) {
+        memcpy(saved, b, n);
+        saved[n] = '\0';
+    }
     if (model_flag) {
         snprintf(lm->name, sizeof lm->name, "%s", model_flag);
-    } else if (ts_ckpt_get_bytes(ck, "train.model", &b, &n) == TS_OK && n > 0 && n < sizeof lm->name) {
-        memcpy(lm->name, b, n);
-        lm->name[n] = '\0';
+    } else if (saved[0]) {
+        snprintf(lm->name, sizeof lm->name, "%s", saved);
     } else {
         st = ts_error(TS_ERR_FORMAT, "%s records no model name (train.model): pass --model", ckpt_path);
         goto fail;
@@ -101,7 +105,7 @@ static ts_status load_model(const char *ckpt_path, const char *model_flag, loade
         lm->names[n] = '\0';
     }
     if ((st = ts_model_new(lm->name, lm->classes, NULL, &lm->m)) != TS_OK) goto fail;
-    st = ts_module_load_state_dict(lm->m, &sd, true);
+    st = ts_module_load_state_dict_from(lm->m, &sd, true, saved[0] ? saved : NULL);
     if (st != TS_OK) {
         char why[1024]; /* ts_error writes the buffer ts_last_error reads: copy it first */
         snprintf(why, sizeof why, "%s", ts_last_error());
@@ -200,7 +204,7 @@ int ts_cmd_eval(int argc, char **argv) {
     char nb[256];
     for (int64_t k = 0; lm.names && k < dc; k++) { /* the folders must be the ones it was trained on */
         const char *have = ts_batch_source_class_name(train, k);
-        if (have && strcmp(have, class_name(&lm, k, nb, sizeof nb)) != 0) {
+        if (have && !ts_class_names_match(class_name(&lm, k, nb, sizeof nb), have, k)) {
             char esc[256];
             fprintf(stderr, "tessera eval: --data %s: class %lld is '%s', the checkpoint's is '%s'\n", data,
                     (long long)k, cli_printable(have, esc, sizeof esc), nb);

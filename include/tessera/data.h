@@ -79,7 +79,9 @@ ts_status ts_dataset_from_tensors(ts_tensor *x, ts_tensor *y, ts_dataset **out);
  * t10k-*; the .gz name is tried first, then the plain name. Pixels become
  * float32 x = (p / 255 - mean) / std with the Fashion-MNIST defaults (change
  * with ts_dataset_set_normalize), stored once as (N, 1, H, W); labels int64.
- * Image/label count mismatches and labels of 255 or more are TS_ERR_FORMAT.
+ * Image/label count mismatches and labels of 255 or more are TS_ERR_FORMAT. The classes are named
+ * when DIR/classes.txt names them or the data set is Fashion-MNIST (ts_dataset_class_name); a
+ * malformed classes.txt, or one naming fewer classes than the labels use, is TS_ERR_FORMAT.
  * *out is new; free with ts_dataset_free. */
 ts_status ts_dataset_load_mnist(const char *dir, const char *split, ts_dataset **out);
 
@@ -90,8 +92,20 @@ int64_t ts_dataset_size(const ts_dataset *ds);
 /* Writes the sample shape (up to TS_MAX_DIMS - 1 entries) and returns its ndim. */
 int ts_dataset_sample_shape(const ts_dataset *ds, int64_t *shape);
 int64_t ts_dataset_sample_numel(const ts_dataset *ds);
-/* Number of classes (max label + 1 for MNIST; 0 if unknown). */
+/* Number of classes (max label + 1 for MNIST, or the names' count when it names them; 0 if unknown). */
 int64_t ts_dataset_num_classes(const ts_dataset *ds);
+/* The name of class `label` (borrowed, valid while ds lives), NULL when the classes are unnamed.
+ * ts_dataset_load_mnist names them from DIR/classes.txt (one name per line, label k on line k + 1),
+ * else for a data set it recognises by its content (Fashion-MNIST: torchvision's FashionMNIST.classes,
+ * "T-shirt/top" ... "Ankle boot"), else leaves them unnamed. */
+const char *ts_dataset_class_name(const ts_dataset *ds, int64_t label);
+/* Names the classes: n names (copied; each non-empty, without '\n'), n at least the dataset's class count,
+ * which becomes n. NULL names and n 0 remove them. */
+ts_status ts_dataset_set_class_names(ts_dataset *ds, const char *const *names, int64_t n);
+/* Whether class name a (e.g. a checkpoint's) and b (e.g. a data set's) name the same class `label`:
+ * equal, or equal in their letters and digits ignoring case and a leading "<label>_" (so the folder
+ * "7_sneaker" that `tessera data export` writes for label 7 is Fashion-MNIST's "Sneaker"). */
+bool ts_class_names_match(const char *a, const char *b, int64_t label);
 /* Copies sample i into x (sample_numel floats) and *y. */
 ts_status ts_dataset_get(const ts_dataset *ds, int64_t i, float *x, int64_t *y);
 /* Re-normalises the stored samples to (v - mean) / std, where v is the raw value

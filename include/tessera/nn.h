@@ -109,6 +109,14 @@ ts_status ts_module_state_dict(ts_module *m, ts_tensor_list *out);
  * strict, a key of m missing from sd or a key of sd unknown to m is an error
  * (TS_ERR_INVALID_ARG naming the key). sd's tensors may be on any device. */
 ts_status ts_module_load_state_dict(ts_module *m, const ts_tensor_list *sd, bool strict);
+/* The message stays short: the number of missing, unexpected and mis-shaped keys and the first
+ * five of each. ts_module_load_state_dict_from also knows which zoo model sd was saved from
+ * (sd_model: a checkpoint's train.model; NULL when unknown): when it is not the zoo model m was
+ * built as (ts_module_model_name) and sd does not fit, the message says so first ("this is a cnn
+ * checkpoint; the model is resnet18") and lists no keys. */
+ts_status ts_module_load_state_dict_from(ts_module *m, const ts_tensor_list *sd, bool strict, const char *sd_model);
+/* The zoo model m was built as (ts_model_new, ts_model_resnet: "resnet18", ...), else NULL. Static. */
+const char *ts_module_model_name(const ts_module *m);
 /* Moves every parameter and buffer to dev (gradients move too). Parameters
  * stay leaves with requires_grad. Tensors already on dev are kept. Lists taken
  * before the move (and optimizers built on them) still point at the old

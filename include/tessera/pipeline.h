@@ -79,7 +79,24 @@ ts_roi ts_random_resized_crop_roi(ts_rng *r, int width, int height, const float 
 
 /* The central window torchvision's Resize(min(out_w, out_h) / fraction) + CenterCrop((out_h, out_w))
  * keeps of a width x height image (fraction 0.875: ImageNet's evaluation crop), in source pixels. */
-ts_roi ts_center_crop_roi(int width, int height, int out_w, int out_h, float fraction);
+ts_roi ts_center_crop_roi(int width, int height, int out_w, int out_h, float fraction); /* (resampled once:
+   close to, not equal to, torchvision's two steps; the pipeline's center_crop uses
+   ts_image_resize_center_crop_normalize) */
+
+/* torchvision's Resize(size) output for a width x height image: the shorter side `size`, the longer
+ * int(size * longer / shorter) (the width is the shorter side when they are equal). */
+void ts_resize_shorter_side(int width, int height, int size, int *out_w, int *out_h);
+
+/* torchvision's evaluation transform of a PIL image, exactly: Resize(resize) (ts_resize_shorter_side;
+ * Pillow's bilinear resize as Image.resize does it: its antialiasing triangle filter, 22-bit fixed-point
+ * weights, the horizontal pass first, both passes rounded to 8 bits), CenterCrop((crop_h, crop_w))
+ * (offsets round((size - crop) / 2) with ties to even; zero padding when the crop is larger), ToTensor
+ * and Normalize: out[c][y][x] = (v - mean[c]) / std[c], mean and std in pixel units (0..255), as float32
+ * CHW planes (channels * crop_h * crop_w floats). ImageNet's evaluation: resize 256, crop 224. The
+ * pixels equal torchvision's (tests/test_eval_transform.c compares them on 20 images); the floats
+ * differ by float32 rounding. */
+ts_status ts_image_resize_center_crop_normalize(const ts_image *src, int resize, int crop_w, int crop_h,
+                                                const float *mean, const float *std, float *out);
 
 /* Bilinear resize to out_w x out_h: half-pixel centres (OpenCV's INTER_LINEAR,
  * PyTorch's align_corners=False) when enlarging; when shrinking, the triangle
@@ -142,8 +159,10 @@ ts_status ts_reader_new(const ts_reader_opts *o, ts_reader **out);
 void ts_reader_free(ts_reader *r); /* NULL is fine */
 
 int64_t ts_reader_size(const ts_reader *r);        /* N: samples in the whole data set */
-int64_t ts_reader_num_classes(const ts_reader *r); /* folders (file_root), else max label + 1 */
-/* Folder name of class `label` (file_root), else NULL. Borrowed. */
+/* folders (file_root), IDX: the names' count when named (else max label + 1), else max label + 1 */
+int64_t ts_reader_num_classes(const ts_reader *r);
+/* Name of class `label`: its folder (file_root), the IDX data set's name (DIR/classes.txt or a
+ * recognised set's, as ts_dataset_class_name), else NULL. Borrowed. */
 const char *ts_reader_class_name(const ts_reader *r, int64_t label);
 /* Path of sample i in listing order (NULL for IDX). Borrowed. */
 const char *ts_reader_path(const ts_reader *r, int64_t i);
@@ -204,9 +223,11 @@ typedef struct ts_pipeline_opts {
     int64_t max_pixels;       /* images whose header promises more pixels are corrupt (TS_ERR_FORMAT, or
                                  skipped with skip_corrupt) before any allocation; 0: TS_MAX_IMAGE_PIXELS from
                                  the environment (pixels, or Mpixels with an M suffix), else 64 Mpixel */
-    float center_crop;        /* without random_resized_crop: > 0 takes the central window torchvision's
-                                 Resize(min(out) / center_crop) + CenterCrop(out) keeps (0.875 = 224/256, the
-                                 ImageNet evaluation transform), resized to the output; 0: the whole image */
+    float center_crop;        /* without random_resized_crop: > 0 is torchvision's evaluation transform,
+                                 Resize(int(min(out) / center_crop)) + CenterCrop(out), exactly as on a PIL
+                                 image (ts_image_resize_center_crop_normalize; 0.875: 256 -> 224, ImageNet's);
+                                 images are decoded whole on the host (also under TS_DECODE_MIXED);
+                                 0: the whole image resized to the output */
     ts_decode_device decode;  /* TS_DECODE_MIXED: JPEGs decoded on `device` (it must have a device decoder,
                                  else TS_ERR_INVALID_ARG; without nvJPEG there, a warning and the workers
                                  decode); the whole image is decoded (no scaled decode), then resampled as on

@@ -116,8 +116,9 @@ ts_status ts_batch_source_pipeline(ts_pipeline *p, ts_batch_source **out);
 /* Batches of `epoch`, and samples in the whole data set. */
 int64_t ts_batch_source_num_batches(const ts_batch_source *s, int64_t epoch);
 int64_t ts_batch_source_num_samples(const ts_batch_source *s);
-/* The classes of the data (image folders: one per sub-folder; IDX: the largest label + 1), 0 when
- * unknown; the name of class `label` (an image folder's sub-folder name, borrowed), NULL when unnamed. */
+/* The classes of the data (image folders: one per sub-folder; IDX: the largest label + 1, or its
+ * classes.txt's lines), 0 when unknown; the name of class `label` (an image folder's sub-folder name,
+ * an IDX set's name: ts_dataset_class_name; borrowed), NULL when unnamed. */
 int64_t ts_batch_source_num_classes(const ts_batch_source *s);
 const char *ts_batch_source_class_name(const ts_batch_source *s, int64_t label);
 /* One sample's shape into shape (TS_MAX_DIMS entries); returns its ndim, 0 when unknown. */
@@ -171,8 +172,10 @@ ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_
 #define TS_EVAL_CENTER_CROP 0.875f
 /* One decoded image as ts_data_open's evaluation source presents it (for predictions on single files):
  * image_size 0: a gray image resized to 28x28 and normalised as Fashion-MNIST (1 x 28 x 28 floats);
- * > 0: an RGB image's central TS_EVAL_CENTER_CROP window resized to image_size and normalised as
- * ImageNet (3 x image_size x image_size floats, CHW). The wrong channel count is TS_ERR_INVALID_ARG. */
+ * > 0: torchvision's evaluation transform of an RGB image, Resize(int(image_size / TS_EVAL_CENTER_CROP))
+ * + CenterCrop(image_size) + ToTensor + Normalize(ImageNet's mean and std), with Pillow's resampling
+ * (ts_image_resize_center_crop_normalize; 3 x image_size x image_size floats, CHW). The wrong channel
+ * count is TS_ERR_INVALID_ARG. */
 ts_status ts_data_preprocess(const ts_image *im, int image_size, float *out);
 /* True when path names images rather than IDX files (how ts_data_open decides):
  * a file (a "path label" list), or a folder with sub-folders and without

@@ -7,6 +7,7 @@
  * and owns its order array and batch tensors; ts_loader_set_indices copies the
  * caller's index list into that order array (grown as needed).
  */
+#include "data/idx_internal.h"
 #include "tensor/tensor.h"
 #include "tessera/data.h"
 
@@ -21,6 +22,7 @@ struct ts_dataset {
     int64_t sample_shape[TS_MAX_DIMS];
     int64_t sample_numel;
     int64_t num_classes;
+    char **names;    /* num_classes class names (owned), or NULL */
     float mean, std; /* current normalisation (0, 1: none) */
 };
 
@@ -56,12 +58,42 @@ ts_status ts_dataset_new(const ts_dataset_ops *ops, void *impl, int sample_ndim,
 void ts_dataset_free(ts_dataset *ds) {
     if (!ds) return;
     if (ds->ops->destroy) ds->ops->destroy(ds->impl);
+    ts__class_names_free(ds->names, ds->num_classes);
     free(ds);
 }
 
 int64_t ts_dataset_size(const ts_dataset *ds) { return ds ? ds->ops->size(ds->impl) : 0; }
 int64_t ts_dataset_sample_numel(const ts_dataset *ds) { return ds->sample_numel; }
 int64_t ts_dataset_num_classes(const ts_dataset *ds) { return ds->num_classes; }
+
+const char *ts_dataset_class_name(const ts_dataset *ds, int64_t label) {
+    return ds && ds->names && label >= 0 && label < ds->num_classes ? ds->names[label] : NULL;
+}
+
+ts_status ts_dataset_set_class_names(ts_dataset *ds, const char *const *names, int64_t n) {
+    TS_ARG(ds && (names || n == 0) && n >= 0, "ts_dataset_set_class_names: NULL argument");
+    if (n == 0) {
+        ts__class_names_free(ds->names, ds->num_classes);
+        ds->names = NULL;
+        return TS_OK;
+    }
+    TS_ARG(n >= ds->num_classes, "ts_dataset_set_class_names: %lld names for %lld classes (labels 0..%lld)",
+           (long long)n, (long long)ds->num_classes, (long long)ds->num_classes - 1);
+    for (int64_t i = 0; i < n; i++)
+        TS_ARG(names[i] && names[i][0] && !strchr(names[i], '\n'),
+               "ts_dataset_set_class_names: name %lld is NULL, empty or holds a newline", (long long)i);
+    char **v = ts__calloc((size_t)n, sizeof *v);
+    if (!v) return TS_ERR_NOMEM;
+    for (int64_t i = 0; i < n; i++)
+        if (!(v[i] = ts__strdup(names[i]))) {
+            ts__class_names_free(v, i);
+            return TS_ERR_NOMEM;
+        }
+    ts__class_names_free(ds->names, ds->num_classes);
+    ds->names = v;
+    ds->num_classes = n;
+    return TS_OK;
+}
 
 int ts_dataset_sample_shape(const ts_dataset *ds, int64_t *shape) {
     for (int i = 0; shape && i < ds->sample_ndim; i++) shape[i] = ds->sample_shape[i];
@@ -226,6 +258,8 @@ ts_status ts_dataset_load_mnist(const char *dir, const char *split, ts_dataset *
 
     ts_status st = TS_OK;
     ts_tensor *img = NULL, *lab = NULL, *x = NULL, *y = NULL;
+    char **names = NULL;
+    int64_t nnames = 0;
     TS_CHECK_GOTO(ts_idx_read(ipath, 3, &img));
     TS_CHECK_GOTO(ts_idx_read(lpath, 1, &lab));
     int64_t n = img->shape[0], h = img->shape[1], w = img->shape[2];
@@ -258,14 +292,22 @@ ts_status ts_dataset_load_mnist(const char *dir, const char *split, ts_dataset *
         }
         ld[i] = ls[i];
     }
+    int64_t maxl = -1;
+    for (int64_t i = 0; i < n; i++) maxl = TS_MAX(maxl, ld[i]);
+    TS_CHECK_GOTO(ts__idx_class_names(dir, img, lab, maxl, &names, &nnames));
     ts_dataset *ds = NULL;
     TS_CHECK_GOTO(ts_dataset_from_tensors(x, y, &ds));
     mem_impl *m = ds->impl;
     m->from_u8 = true;
     m->mean = ds->mean = TS_FASHION_MNIST_MEAN;
     m->std = ds->std = TS_FASHION_MNIST_STD;
+    if (names && (st = ts_dataset_set_class_names(ds, (const char *const *)names, nnames)) != TS_OK) {
+        ts_dataset_free(ds);
+        goto fail;
+    }
     *out = ds;
 fail:
+    ts__class_names_free(names, nnames);
     ts_tensor_release(img);
     ts_tensor_release(lab);
     ts_tensor_release(x);

@@ -35,6 +35,8 @@ void ts__cuda_device_describe(const ts_device *d, char *buf, size_t len) { snpri
 #include "device/k_spatial.h"
 #include "device/cuda_check.h"
 
+#include <dlfcn.h>
+
 static ts_device ts_cuda_devices[TS_MAX_CUDA_DEVICES];
 static ts__cuda_ctx ts_cuda_ctxs[TS_MAX_CUDA_DEVICES];
 
@@ -45,12 +47,42 @@ ts_status ts__cuda_status(const ts_device *d, cudaError_t e, const char *call) {
                     d ? d->name : "cuda", call, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* Why CUDA cannot start, in words that say what is true. The runtime answers cudaErrorInsufficientDriver
+ * ("CUDA driver version is insufficient for CUDA runtime version") both when the driver is too old and
+ * when there is none at all, so the driver library is asked itself: no libcuda.so.1 (which the NVIDIA
+ * driver installs) is no driver; otherwise cuDriverGetVersion says which CUDA it supports. */
+static void explain_no_cuda(cudaError_t e, char *why, size_t why_len) {
+    int rt = 0;
+    (void)cudaRuntimeGetVersion(&rt);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *dl = dlerror(), *lib = "libcuda.so.1: ";
+        if (dl && strncmp(dl, lib, strlen(lib)) == 0) dl += strlen(lib);
+        snprintf(why, why_len, "no NVIDIA GPU driver found (libcuda.so.1: %s); this Tessera's CUDA %d.%d runtime needs "
+                 "the NVIDIA driver and a GPU", dl ? dl : "not found", rt / 1000, rt % 1000 / 10);
+        return;
+    }
+    int (*driver_version)(int *) = (int (*)(int *))dlsym(h, "cuDriverGetVersion");
+    int dv = 0;
+    if (!driver_version || driver_version(&dv) != 0) dv = 0;
+    if (dv > 0 && dv < rt)
+        snprintf(why, why_len, "the NVIDIA driver is older than this Tessera's CUDA runtime needs: the driver supports "
+                 "CUDA %d.%d, the runtime is CUDA %d.%d (update the driver)", dv / 1000, dv % 1000 / 10, rt / 1000,
+                 rt % 1000 / 10);
+    else if (e == cudaErrorNoDevice)
+        snprintf(why, why_len, "the NVIDIA driver (CUDA %d.%d) finds no GPU", dv / 1000, dv % 1000 / 10);
+    else
+        snprintf(why, why_len, "the NVIDIA driver (CUDA %d.%d) cannot start CUDA: %s (%s)", dv / 1000, dv % 1000 / 10,
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+    dlclose(h);
+}
+
 int ts__cuda_device_count(char *why, size_t why_len) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-        snprintf(why, why_len, "no usable CUDA driver or GPU (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
         (void)cudaGetLastError();
+        if (why && why_len) explain_no_cuda(e, why, why_len);
         return 0;
     }
     if (n == 0) snprintf(why, why_len, "the CUDA driver reports no GPU");

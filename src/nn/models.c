@@ -117,6 +117,8 @@ static ts_status add_named(ts_module *seq, const char *name, ts_status st, ts_mo
     return ts_nn_sequential_add(seq, name, c);
 }
 
+static const char *resnet_name(int depth);
+
 ts_status ts_model_resnet(int depth, int64_t num_classes, ts_rng *rng, ts_module **out) {
     TS_ARG(out, "ts_model_resnet: NULL out");
     static const struct {
@@ -154,6 +156,7 @@ ts_status ts_model_resnet(int depth, int64_t num_classes, ts_rng *rng, ts_module
     TS_CHECK_GOTO(add_named(s, "flatten", ts_nn_flatten_new(&c), &c));
     TS_CHECK_GOTO(add_named(s, "fc", ts_nn_linear_new(inplanes, num_classes, true, rng, &c), &c));
     TS_CHECK_GOTO(kaiming_fan_out(s, rng));
+    s->model_name = resnet_name(depth);
     *out = s;
     return TS_OK;
 fail:
@@ -206,7 +209,16 @@ ts_status ts_model_new(const char *name, int64_t num_classes, ts_rng *rng, ts_mo
     if (i < 0) return unknown_model("ts_model_new", name);
     if (num_classes <= 0) num_classes = models[i].classes;
     if (models[i].depth) return ts_model_resnet(models[i].depth, num_classes, rng, out);
-    return strcmp(name, "cnn") == 0 ? reference_cnn(num_classes, rng, out) : mlp(num_classes, rng, out);
+    TS_TRY(strcmp(name, "cnn") == 0 ? reference_cnn(num_classes, rng, out) : mlp(num_classes, rng, out));
+    (*out)->model_name = models[i].name;
+    return TS_OK;
+}
+
+/* The zoo's name of the ResNet of this depth (static). */
+static const char *resnet_name(int depth) {
+    for (int i = 0; i < NMODELS; i++)
+        if (models[i].depth == depth) return models[i].name;
+    return NULL;
 }
 
 ts_status ts_model_by_name(const char *name, ts_rng *rng, ts_module **out) {

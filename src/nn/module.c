@@ -286,10 +286,11 @@ void ts_module_zero_grad(ts_module *m) {
  * Pass 1 walks the model and records every problem — each key of the model missing from sd,
  * each shape or dtype mismatch — then lists sd's keys the model does not have; only when there is
  * none (strict) or only missing/unexpected ones (not strict) does pass 2 copy. The error message
- * lists every problem as torch's does, within the thread's message buffer: at most
- * LOAD_LIST_MAX names per kind, and "... and N more" past that or past the kind's share of the
- * buffer (less room for a caller's prefix, such as the file's name). */
-#define LOAD_LIST_MAX 20
+ * counts each kind of problem and names the first LOAD_LIST_MAX of each ("... and N more" past
+ * that or past the kind's share of the buffer, less room for a caller's prefix such as the file's
+ * name): a whole wrong model is a line, not a page of keys. When the state dict says which zoo
+ * model it came from and m is another, the message says that first and names no keys. */
+#define LOAD_LIST_MAX 5
 #define LOAD_MSG_MAX (TS_ERRMSG_MAX - 192) /* room for callers' context ("FILE: ...") in the message */
 
 typedef struct load_problems {
@@ -387,10 +388,25 @@ static void list_problems(char *buf, size_t *len, size_t cap, size_t budget, con
 }
 
 /* The message for every problem found, and its status: TS_ERR_SHAPE when a shape differs, else
- * TS_ERR_DTYPE when a dtype does, else TS_ERR_INVALID_ARG (missing or unexpected keys). */
-static ts_status report_problems(const load_problems *pb, const ts_tensor_list *sd, const unsigned char *seen) {
+ * TS_ERR_DTYPE when a dtype does, else TS_ERR_INVALID_ARG (missing or unexpected keys). sd_model and
+ * model: the zoo models sd came from and m is (NULL: unknown). */
+static ts_status report_problems(const load_problems *pb, const ts_tensor_list *sd, const unsigned char *seen,
+                                 const char *sd_model, const char *model) {
     int nunexpected = 0;
     for (int i = 0; i < sd->n; i++) nunexpected += !seen[i];
+    ts_status s = pb->nshape ? TS_ERR_SHAPE : pb->ndtype ? TS_ERR_DTYPE : TS_ERR_INVALID_ARG;
+    if (sd_model && model && strcmp(sd_model, model) != 0) {
+        char a[80], b[80], counts[160] = "";
+        size_t k = 0;
+        if (pb->nmissing)
+            k += (size_t)snprintf(counts + k, sizeof counts - k, "%d of the model's keys missing", pb->nmissing);
+        if (nunexpected)
+            k += (size_t)snprintf(counts + k, sizeof counts - k, "%s%d unexpected", k ? ", " : "", nunexpected);
+        if (pb->nmismatch)
+            snprintf(counts + k, sizeof counts - k, "%s%d of another shape or dtype", k ? ", " : "", pb->nmismatch);
+        return ts_error(s, "load_state_dict: this is a %s checkpoint; the model is %s (%s)",
+                        ts__printable(sd_model, a, sizeof a), ts__printable(model, b, sizeof b), counts);
+    }
     char **unexpected = ts__malloc(sizeof *unexpected * (size_t)(nunexpected ? nunexpected : 1));
     if (!unexpected) return TS_ERR_NOMEM;
     for (int i = 0, k = 0; i < sd->n; i++)
@@ -415,7 +431,8 @@ static ts_status report_problems(const load_problems *pb, const ts_tensor_list *
         kind[nk].items = unexpected, kind[nk].n = nunexpected, kind[nk].quote = true, kind[nk++].sep = ", ";
     }
     if (pb->nmismatch) {
-        snprintf(kind[nk].head, sizeof kind[nk].head, "%s ", nk ? ";" : "");
+        snprintf(kind[nk].head, sizeof kind[nk].head, "%s %d tensor%s of another shape or dtype: ", nk ? ";" : "",
+                 pb->nmismatch, pb->nmismatch == 1 ? "" : "s");
         kind[nk].items = pb->mismatch, kind[nk].n = pb->nmismatch, kind[nk].quote = false, kind[nk++].sep = "; ";
     }
     char msg[LOAD_MSG_MAX], scratch[LOAD_MSG_MAX];
@@ -435,11 +452,16 @@ static ts_status report_problems(const load_problems *pb, const ts_tensor_list *
                       kind[k].quote, kind[k].sep);
     }
     free(unexpected);
-    ts_status s = pb->nshape ? TS_ERR_SHAPE : pb->ndtype ? TS_ERR_DTYPE : TS_ERR_INVALID_ARG;
     return ts_error(s, "%s", msg);
 }
 
+const char *ts_module_model_name(const ts_module *m) { return m ? m->model_name : NULL; }
+
 ts_status ts_module_load_state_dict(ts_module *m, const ts_tensor_list *sd, bool strict) {
+    return ts_module_load_state_dict_from(m, sd, strict, NULL);
+}
+
+ts_status ts_module_load_state_dict_from(ts_module *m, const ts_tensor_list *sd, bool strict, const char *sd_model) {
     TS_ARG(m && sd, "ts_module_load_state_dict: NULL argument");
     load_problems pb = {0};
     load_ctx c = {sd, strict, false, NULL, &pb};
@@ -451,7 +473,7 @@ ts_status ts_module_load_state_dict(ts_module *m, const ts_tensor_list *sd, bool
     for (int i = 0; strict && i < sd->n; i++) unexpected |= !c.seen[i];
     if (st == TS_OK && (pb.nmissing || pb.nmismatch || unexpected)) {
         if (!strict) memset(c.seen, 1, (size_t)sd->n); /* not strict: only mismatches are reported */
-        st = report_problems(&pb, sd, c.seen);
+        st = report_problems(&pb, sd, c.seen, sd_model, m->model_name);
     }
     if (st == TS_OK) {
         bool prev = ts_grad_set_enabled(false);

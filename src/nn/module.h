@@ -52,6 +52,9 @@ struct ts_module {
      * read-only configuration shared as PyTorch's replicas share their module's
      * attributes; not freed with this module. */
     bool impl_borrowed;
+    /* the zoo model this module was built as (ts_model_new, ts_model_resnet: a static name such as
+     * "resnet18"), or NULL; what a state dict's mismatch message calls the model */
+    const char *model_name;
 };
 
 /* A new module of type vt with impl_size zeroed bytes of configuration; training mode. */

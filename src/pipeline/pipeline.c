@@ -142,13 +142,26 @@ ts_roi ts_center_crop_roi(int width, int height, int out_w, int out_h, float fra
     return (ts_roi){(int)lround((width - cw) / 2.0), (int)lround((height - ch) / 2.0), cw, ch};
 }
 
-/* The window of a w x h source that becomes the output: a random resized crop, the central window
- * (center_crop: torchvision's Resize(shorter side -> min(out) / center_crop) + CenterCrop(out)), or
- * the whole image. */
+/* The window of a w x h source that becomes the output: a random resized crop, else the whole image
+ * (center_crop resamples the whole image its own way: eval_crop). */
 static ts_roi base_window(const ts_pipeline *p, ts_rng *rng, int w, int h) {
     if (p->o.random_resized_crop) return ts_random_resized_crop_roi(rng, w, h, p->o.rrc_scale, p->o.rrc_ratio);
-    if (p->o.center_crop <= 0) return (ts_roi){0, 0, w, h};
-    return ts_center_crop_roi(w, h, p->W, p->H, p->o.center_crop);
+    return (ts_roi){0, 0, w, h};
+}
+
+/* center_crop: torchvision's Resize(int(min(out) / center_crop)) + CenterCrop(out) of the whole image,
+ * mirrored when asked. */
+static ts_status eval_crop(worker *wk, const ts_image *im, bool mirror, float *dst) {
+    const ts_pipeline *p = wk->p;
+    const int resize = (int)((double)(p->W < p->H ? p->W : p->H) / (double)p->o.center_crop);
+    TS_TRY(ts__resize_center_crop_normalize_ws(&wk->ws, im, resize, p->W, p->H, p->o.mean, p->o.std, dst));
+    for (int64_t r = 0; mirror && r < (int64_t)p->C * p->H; r++)
+        for (int a = 0, b = p->W - 1; a < b; a++, b--) {
+            float t = dst[r * p->W + a];
+            dst[r * p->W + a] = dst[r * p->W + b];
+            dst[r * p->W + b] = t;
+        }
+    return TS_OK;
 }
 
 /* Reads, decodes and augments sample `pos` of slot s into its batch memory. */
@@ -160,6 +173,7 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
     ts_rng rng;
     sample_rng(p, s->epoch, s->batch * p->B + pos, &rng);
     ts_image view = TS_IMAGE_INIT, *im = &wk->img;
+    const bool center = !p->o.random_resized_crop && p->o.center_crop > 0;
     int w, h;
     const char *path = NULL;
     ts__fmt fmt = TS__FMT_UNKNOWN;
@@ -187,6 +201,10 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
         /* the window is drawn on the full-size image so the draws do not depend on the decoder */
         ts_roi roi = base_window(p, &rng, w, h);
         bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
+        if (center) { /* torchvision's two resamplings of the whole image, on the host */
+            TS_TRY(ts__decode(wk->dec, wk->file, n, (ts_color)p->C, path, 1, im));
+            return eval_crop(wk, im, mirror, dst);
+        }
         if (fmt == TS__FMT_JPEG && wk->gdec && ts__jpeg_has_end(wk->file, n)) { /* mixed: decoded on the device */
             ts_resample_plan plan;
             TS_TRY(ts__resample_plan_ws(&wk->ws, w, h, p->C, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, &plan));
@@ -214,6 +232,7 @@ static ts_status process(worker *wk, slot *s, int64_t pos) {
     }
     ts_roi roi = base_window(p, &rng, w, h);
     bool mirror = p->o.flip_prob > 0 && ts_rng_uniform(&rng) < p->o.flip_prob;
+    if (center) return eval_crop(wk, im, mirror, dst);
     return ts__crop_resize_normalize_ws(&wk->ws, im, &roi, p->W, p->H, mirror, p->o.mean, p->o.std, dst);
 }
 

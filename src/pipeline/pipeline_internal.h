@@ -94,6 +94,9 @@ void ts__resample_ws_free(ts__resample_ws *ws);
 /* ts_image_crop_resize_normalize with the scratch memory in ws (one per thread). */
 ts_status ts__crop_resize_normalize_ws(ts__resample_ws *ws, const ts_image *src, const ts_roi *roi, int out_w,
                                        int out_h, bool mirror, const float *mean, const float *std, float *out);
+/* ts_image_resize_center_crop_normalize with the scratch memory in ws (resize_pil.c). */
+ts_status ts__resize_center_crop_normalize_ws(ts__resample_ws *ws, const ts_image *src, int resize, int crop_w,
+                                              int crop_h, const float *mean, const float *std, float *out);
 /* The same step as taps for a device decoder (device/k_image.h): *plan's arrays live in ws until its next
  * use. roi is in the coordinates of the whole width x height image. */
 ts_status ts__resample_plan_ws(ts__resample_ws *ws, int width, int height, int channels, const ts_roi *roi,

@@ -24,6 +24,7 @@
  * decodes it later, on a worker thread.
  */
 #include "pipeline/pipeline_internal.h"
+#include "data/idx_internal.h"
 #include "tensor/tensor.h"
 
 #include <ctype.h>
@@ -53,7 +54,7 @@ struct ts_reader {
     char **paths;     /* n full paths (files) */
     int64_t *labels;  /* n labels */
     bool *listed_reg; /* n: the listing saw a regular file (d_type DT_REG), not a link or an unknown type */
-    char **classes;   /* nclasses folder names (file_root), else NULL */
+    char **classes;   /* nclasses names: folders (file_root), the IDX set's (ts__idx_class_names), or NULL */
     int64_t nclasses;
     ts_tensor *idx_images; /* (n, h, w) u8 (IDX) */
     int idx_w, idx_h;
@@ -339,6 +340,13 @@ static ts_status list_idx(ts_reader *r) {
         r->nclasses = maxl + 1;
         r->idx_h = (int)r->idx_images->shape[1];
         r->idx_w = (int)r->idx_images->shape[2];
+        char **names = NULL;
+        int64_t nn = 0;
+        st = ts__idx_class_names(r->o.idx_dir, r->idx_images, lab, maxl, &names, &nn);
+        if (st == TS_OK && names) { /* classes.txt may name more classes than the labels use */
+            r->classes = names;
+            r->nclasses = nn;
+        }
     }
     ts_tensor_release(lab);
     return st;

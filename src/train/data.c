@@ -147,8 +147,9 @@ ts_status ts_data_preprocess(const ts_image *im, int image_size, float *out) {
         mean[c] = imagenet_mean[c] * 255.0f;
         std[c] = imagenet_std[c] * 255.0f;
     }
-    ts_roi roi = ts_center_crop_roi(im->width, im->height, image_size, image_size, TS_EVAL_CENTER_CROP);
-    return ts_image_crop_resize_normalize(im, &roi, image_size, image_size, false, mean, std, out);
+    /* torchvision's Resize(int(S / 0.875)) + CenterCrop(S), as the evaluation pipeline (center_crop) */
+    const int resize = (int)((double)image_size / (double)TS_EVAL_CENTER_CROP);
+    return ts_image_resize_center_crop_normalize(im, resize, image_size, image_size, mean, std, out);
 }
 
 /* The evaluation folder of an image folder with a train/ sub-folder: val/ (ImageNet's and torchvision's

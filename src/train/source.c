@@ -154,9 +154,12 @@ static void ds_destroy(void *impl) {
 }
 
 static int64_t ds_num_classes(void *impl) { return ts_dataset_num_classes(((const ds_source *)impl)->ds); }
+static const char *ds_class_name(void *impl, int64_t label) {
+    return ts_dataset_class_name(((const ds_source *)impl)->ds, label);
+}
 
 static const ts_batch_source_ops ds_ops = {ds_num_batches, ds_num_samples, ds_seek,       ds_next,
-                                           ds_sample_shape, ds_destroy,    ds_num_classes, NULL};
+                                           ds_sample_shape, ds_destroy,    ds_num_classes, ds_class_name};
 
 ts_status ts__batch_source_dataset(ts_dataset *ds, bool own, const ts_dataset_source_opts *o,
                                    ts_batch_source **out) {

@@ -15,7 +15,7 @@
  *   train.epoch/.batch/.step   the position       train.seed, train.batch_size, train.world_size
  *   train.loss          the latest step's loss   train.model, train.optimizer (bytes), train.rng (bytes)
  *   data.channels/.height/.width  one sample's shape    data.num_classes  the training source's classes
- *   data.classes        class names, one per line (image folders; what `tessera predict` prints)
+ *   data.classes        class names, one per line (image folders, named IDX sets; what `tessera predict` prints)
  *   train.num_classes   the model's outputs, when set apart from the data's (opts.num_classes)
  *   train.accum_steps   batches per optimizer step, when more than one (opts.accum_steps)
  *
@@ -322,7 +322,7 @@ static ts_status save_data_info(ts_ckpt *ck, const ts_batch_source *src) {
     size_t len = 0;
     for (int64_t k = 0; k < classes; k++) {
         const char *nm = ts_batch_source_class_name(src, k);
-        if (!nm || strchr(nm, '\n')) return TS_OK; /* unnamed (IDX) */
+        if (!nm || strchr(nm, '\n')) return TS_OK; /* unnamed (an IDX set without classes.txt) */
         len += strlen(nm) + 1;
     }
     char *buf = ts__malloc(len), *w = buf;

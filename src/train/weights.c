@@ -7,8 +7,9 @@
  */
 #include "train/strategy.h"
 
-ts_status ts_weights_read(const char *path, ts_tensor_list *out, const char **format) {
-    TS_ARG(path && out, "ts_weights_read: NULL argument");
+/* ts_weights_read, and the model a checkpoint was saved from (train.model) into model[0, n) ("" when none). */
+static ts_status weights_read(const char *path, ts_tensor_list *out, const char **format, char *model, size_t n) {
+    if (model) model[0] = '\0';
     if (ts_safetensors_probe(path)) {
         if (format) *format = "safetensors";
         return ts_safetensors_load(path, TS_SAFETENSORS_F32, out, NULL);
@@ -19,6 +20,12 @@ ts_status ts_weights_read(const char *path, ts_tensor_list *out, const char **fo
         return ts_error(TS_ERR_FORMAT, "%s: neither a safetensors file nor a Tessera checkpoint", path);
     if (st != TS_OK) return st;
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    const void *b = NULL;
+    size_t bn = 0;
+    if (model && ts_ckpt_get_bytes(ck, "train.model", &b, &bn) == TS_OK && bn < n) {
+        memcpy(model, b, bn);
+        model[bn] = '\0';
+    }
     st = ts_ckpt_get_tensors(ck, "model.", &l);
     if (st == TS_OK && l.n == 0)
         st = ts_error(TS_ERR_INVALID_ARG, "%s: the checkpoint holds no model.* tensors (no model state dict)", path);
@@ -27,6 +34,11 @@ ts_status ts_weights_read(const char *path, ts_tensor_list *out, const char **fo
     ts_ckpt_free(ck);
     if (format) *format = "checkpoint";
     return st;
+}
+
+ts_status ts_weights_read(const char *path, ts_tensor_list *out, const char **format) {
+    TS_ARG(path && out, "ts_weights_read: NULL argument");
+    return weights_read(path, out, format, NULL, 0);
 }
 
 ts_status ts_weights_load(ts_module *model, const char *path) { return ts_weights_load_except(model, path, NULL); }
@@ -45,7 +57,8 @@ static bool excluded(const char *name, const char *list) {
 ts_status ts_weights_load_except(ts_module *model, const char *path, const char *exclude) {
     TS_ARG(model && path, "ts_weights_load: NULL argument");
     ts_tensor_list file = TS_TENSOR_LIST_INIT, sd = TS_TENSOR_LIST_INIT, own = TS_TENSOR_LIST_INIT;
-    ts_status st = ts_weights_read(path, &file, NULL);
+    char saved[64]; /* a checkpoint's train.model: the mismatch message names it */
+    ts_status st = weights_read(path, &file, NULL, saved, sizeof saved);
     int dropped = 0, kept = 0;
     if (st == TS_OK && exclude) {
         /* the file's entries under the prefixes go; the model's own take their place (copied onto themselves) */
@@ -65,7 +78,8 @@ ts_status ts_weights_load_except(ts_module *model, const char *path, const char 
             st = ts_error(TS_ERR_INVALID_ARG, "%s: no tensor of the model is under '%s' (the prefixes to keep)", path,
                           exclude);
     }
-    if (st == TS_OK && (st = ts_module_load_state_dict(model, exclude ? &sd : &file, true)) != TS_OK)
+    if (st == TS_OK &&
+        (st = ts_module_load_state_dict_from(model, exclude ? &sd : &file, true, saved[0] ? saved : NULL)) != TS_OK)
         ts__error_prefix(st, "%s", path);
     (void)dropped;
     ts_tensor_list_clear(&file);
