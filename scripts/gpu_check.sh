@@ -86,8 +86,8 @@ if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the 
 fi
 if [ -d .gpu/photos ]; then # mixed decoding (nvJPEG on the GPU, first written 2026-11-26 without one) beside the
   # worker threads' decoding, batches on cuda:0 both ways (images/s, 8 workers, 224x224), then ResNet-18 trained on it
-  step loader_cpu .gpu/bin/tessera bench loader .gpu/photos --threads 8 --seconds 3 --no-raw --device cuda:0
-  step loader_mixed .gpu/bin/tessera bench loader .gpu/photos --threads 8 --seconds 3 --no-raw --device cuda:0 \
+  step loader_cpu .gpu/bin/tessera bench loader .gpu/photos --data-threads 8 --seconds 3 --no-raw --device cuda:0
+  step loader_mixed .gpu/bin/tessera bench loader .gpu/photos --data-threads 8 --seconds 3 --no-raw --device cuda:0 \
     --decode mixed
   step train_mixed .gpu/bin/tessera train --device cuda:0 --decode mixed --model resnet18 --image-size 64 \
     --data .gpu/photos --max-steps 30 --batch-size 32 --quiet
