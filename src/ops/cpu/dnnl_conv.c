@@ -4,18 +4,22 @@
  *
  * Each call: the cached primitive for (geometry, precision, pass) — created on
  * first use with format "any", so oneDNN picks its blocked layouts (nChw16c,
- * OIhw16i16o) and its JIT kernel for this CPU (AVX-512, AVX512_BF16), direct,
- * or Winograd under TS_CONV_WINOGRAD where it pays (wino_fits) — then our
- * plain float32 NCHW / OIHW tensors are reordered into the primitive's layouts
- * (rounding to bfloat16 on the way under bfloat16 precision: oneDNN's reorders
- * round to nearest even), the primitive runs, and its float32 output is
- * reordered back; bfloat16 activation tensors (autocast) go in and come out as
- * bfloat16, the reorders changing only the layout. Reorder primitives are cached with the convolution; the
- * activations' NCHW <-> nChw16c ones and the weights' OIhw <-> 16x16-blocked ones run blocked.c's transposes
- * instead (own_reorder_of; oneDNN 2.6's bfloat16 reorders are generic kernels: the reference CNN's bfloat16 step
- * spent 2.0 of its 7.9 ms in them, 0.5 in ours; ResNet-18's 7.6 of 92 ms in its weights'). The backward-weights
- * primitive also sums the bias gradient (diff_bias) when the caller wants one. Every
- * primitive uses a user scratchpad (from the device's allocator), so one
+ * OIhw16i16o on AVX-512; nChw8c, OIhw8i8o on AVX2) and its JIT kernel for this
+ * CPU (AVX-512, AVX512_BF16, AVX2), direct, or Winograd under TS_CONV_WINOGRAD
+ * where it pays (wino_fits) — then our plain float32 NCHW / OIHW tensors are
+ * reordered into the primitive's layouts (rounding to bfloat16 on the way under
+ * bfloat16 precision: oneDNN's reorders round to nearest even), the primitive
+ * runs, and its float32 output is reordered back; bfloat16 activation tensors
+ * (autocast) go in and come out as bfloat16, the reorders changing only the
+ * layout. Reorder primitives are cached with the convolution; the activations'
+ * NCHW <-> nChw16c ones and the weights' OIhw <-> 16x16-blocked ones run
+ * blocked.c's transposes instead (own_reorder_of, which matches the primitive's
+ * whole memory descriptor: the 8-blocked layouts of AVX2 machines, and any
+ * other, go through oneDNN's reorders; oneDNN 2.6's bfloat16 reorders are generic
+ * kernels: the reference CNN's bfloat16 step spent 2.0 of its 7.9 ms in them,
+ * 0.5 in ours; ResNet-18's 7.6 of 92 ms in its weights'). The backward-weights
+ * primitive also sums the bias gradient (diff_bias) when the caller wants one.
+ * Every primitive uses a user scratchpad (from the device's allocator), so one
  * primitive may run on several threads at once. oneDNN threads the call over
  * the calling thread's OpenMP budget.
  *
@@ -243,7 +247,7 @@ static bool entry_make(conv_entry *e) {
  * and 124 -> 152 on two; with fewer channels (the reference CNN's 32 -> 64 conv) or on 2x2 planes the
  * transforms cost more than they save. Its rounding is Winograd's (tests/test_winograd.c holds it to 1e-5
  * of the direct convolution in double), which through ResNet-18's BatchNorms moved a bias gradient's sum
- * past tests/test_zoo.c's 1e-3 of torchvision's in the -O1 sanitizer build (as our F(4x4) did): opt-in,
+ * by over 1e-3 of its |g| sum from torchvision's in the -O1 sanitizer build (as our F(4x4) did): opt-in,
  * like ours. Never under bfloat16 precision (its kernels are float32). */
 static bool wino_fits(const ts_conv2d_geom *g, bool bf16) {
     return !bf16 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 && g->C >= 64 &&
