@@ -64,8 +64,9 @@ bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
     ts_conv_algo a = ts_get_conv_algo();
     if (a == TS_CONV_ONEDNN || a == TS_CONV_AUTO) return true;
     if (a != TS_CONV_WINOGRAD) return false;
-    /* WINOGRAD: oneDNN's Winograd where it fits, our own for the other 3x3 stride-1 convs but tiny
-     * planes (TS_CONV_TINY_PLANE), oneDNN's direct kernels for the rest (7x7, 1x1, strided, tiny) */
+    /* WINOGRAD: oneDNN's Winograd where it fits (ours where oneDNN has no Winograd kernel: without AVX-512;
+     * entry_get), our own for the other 3x3 stride-1 convs but tiny planes (TS_CONV_TINY_PLANE), oneDNN's
+     * direct kernels for the rest (7x7, 1x1, strided, tiny) */
     const bool s1_3x3 = g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
     return !s1_3x3 || wino_fits(g, ts_get_matmul_precision() == TS_BF16) || g->OH * g->OW <= TS_CONV_TINY_PLANE;
 }
@@ -86,7 +87,7 @@ typedef struct own_reorder {
 typedef struct conv_entry {
     ts_conv2d_geom g;
     int pass;
-    dnnl_alg_kind_t alg, alg_asked; /* what runs: direct, or Winograd (wino_fits); what was asked for */
+    dnnl_alg_kind_t alg; /* direct, or Winograd (wino_fits, wino_pass) */
     bool bf16, bias;
     bool act16; /* our activations (x, out, gout, gx) are bfloat16 tensors (ts_set_autocast): the primitive
                  * reads and writes them in bfloat16, its reorders only change the layout */
@@ -95,6 +96,8 @@ typedef struct conv_entry {
     own_reorder own[3]; /* reorder i through blocked.c's kernels instead of oneDNN's */
     size_t scratch;
     uint64_t used;
+    bool none; /* oneDNN has no primitive for it (bfloat16 ones on CPUs without AVX-512): the caller's own
+                * algorithm runs, without asking oneDNN again */
 } conv_entry;
 
 #define CONV_CACHE 256
@@ -248,7 +251,10 @@ static bool entry_make(conv_entry *e) {
  * transforms cost more than they save. Its rounding is Winograd's (tests/test_winograd.c holds it to 1e-5
  * of the direct convolution in double), which through ResNet-18's BatchNorms moved a bias gradient's sum
  * by over 1e-3 of its |g| sum from torchvision's in the -O1 sanitizer build (as our F(4x4) did): opt-in,
- * like ours. Never under bfloat16 precision (its kernels are float32). */
+ * like ours. Never under bfloat16 precision (its kernels are float32). Without AVX-512 oneDNN has no Winograd
+ * kernels: entry_get then says it has none and our own Winograd runs (it ran oneDNN's direct kernels before,
+ * and AVX2 machines got no Winograd at all: ResNet-18 at 64x64, batch 32, one thread, on an AMD EPYC with
+ * AVX2, 12-16 -> 18-28 images/s, a loaded machine's best of three). */
 static bool wino_fits(const ts_conv2d_geom *g, bool bf16) {
     return !bf16 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 && g->C >= 64 &&
            g->K >= 64 && g->OH * g->OW >= 16;
@@ -266,33 +272,29 @@ static bool wino_pass(const ts_conv2d_geom *g, int pass) {
 
 /* The cached entry for this call (a copy: its primitives live as long as the cache slot, and a replaced
  * slot's primitives are never destroyed while another thread may run them: they are kept); false when
- * oneDNN has none. */
+ * oneDNN has none (no Winograd kernel for a conv asked to run Winograd, no bfloat16 kernels on CPUs without
+ * AVX-512): remembered, a failed primitive creation costs ~10 us on every call of every step. */
 static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool act16, bool bias, conv_entry *out) {
-    bool found = false;
+    bool found = false, known = false;
     const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) && wino_pass(g, pass)
                                      ? dnnl_convolution_winograd
                                      : dnnl_convolution_direct;
     const bool eng_ok = ts__dnnl_engine() != NULL;
     pthread_mutex_lock(&mu);
-    for (int i = 0; eng_ok && i < ncache && !found; i++) {
+    for (int i = 0; eng_ok && i < ncache && !known; i++) {
         conv_entry *e = &cache[i];
-        if (e->pass == pass && e->bf16 == bf16 && e->act16 == act16 && e->bias == bias && e->alg_asked == wino &&
+        if (e->pass == pass && e->bf16 == bf16 && e->act16 == act16 && e->bias == bias && e->alg == wino &&
             same_geom(&e->g, g)) {
             e->used = ++clock_;
             *out = *e;
-            found = true;
+            found = !e->none;
+            known = true;
         }
     }
-    if (!found && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
+    if (!known && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
         conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias, .used = ++clock_,
-                        .alg = wino, .alg_asked = wino};
+                        .alg = wino};
         bool made = entry_make(&e);
-        if (!made && e.alg == dnnl_convolution_winograd) { /* no Winograd kernel for it: direct */
-            entry_destroy(&e);
-            e = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias, .used = clock_,
-                             .alg = dnnl_convolution_direct, .alg_asked = wino};
-            made = entry_make(&e);
-        }
         if (made) {
             cache[ncache++] = e;
             *out = e;
@@ -302,6 +304,8 @@ static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool act16, 
                                  "pass %d: own algorithm", (long long)g->N, (long long)g->C, (long long)g->H,
                    (long long)g->W, (long long)g->K, g->kh, g->kw, pass);
             entry_destroy(&e);
+            cache[ncache++] = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias,
+                                           .used = clock_, .alg = wino, .none = true};
         }
     }
     pthread_mutex_unlock(&mu);
