@@ -154,7 +154,8 @@ TS_CLONES static void plane_shifted_sums16(const uint16_t *p, int64_t n, float m
 TS_CLONES static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
     plane_dot_dev_t(g, x, n, m, sg, sgx, false);
 }
-TS_CLONES static void plane_dot_dev16(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgx) {
+TS_CLONES static void plane_dot_dev16(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg,
+                                      double *sgx) {
     plane_dot_dev_t(g, x, n, m, sg, sgx, true);
 }
 TS_CLONES static void plane_axpbyc(float *o, const float *g, const float *x, int64_t n, float a, float b, float k) {

@@ -34,9 +34,9 @@
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
 
-/* Element i of a float32 or (h) bfloat16 array: the planes plane.h's kernels take */
-static inline void *at(void *base, int64_t i, bool h) { return (char *)base + i * (h ? 2 : 4); }
-static inline const void *cat(const void *base, int64_t i, bool h) { return (const char *)base + i * (h ? 2 : 4); }
+/* Element i of a float32 or (h) bfloat16 array (the planes plane.h's kernels take); plane_at_w: writable */
+static inline const void *plane_at(const void *base, int64_t i, bool h) { return (const char *)base + i * (h ? 2 : 4); }
+static inline void *plane_at_w(void *base, int64_t i, bool h) { return (char *)base + i * (h ? 2 : 4); }
 
 /* A float32 copy of bfloat16 tensor t (the device's cast kernel), or (widen false) an uninitialised float32
  * tensor of its shape. */
@@ -453,7 +453,8 @@ static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
         const float *xin = j->px + (n * g->C + gr * j->Cg) * j->HW;
         const float *wg = j->pw + gr * j->Kg * j->CKK;
         if (gbt)
-            for (int64_t k = 0; k < j->Kg; k++) gbt[gr * j->Kg + k] += (float)ts__cpu_plane_sum(go + k * j->OHW, j->OHW, false);
+            for (int64_t k = 0; k < j->Kg; k++)
+                gbt[gr * j->Kg + k] += (float)ts__cpu_plane_sum(go + k * j->OHW, j->OHW, false);
         if (j->CKK == 0) continue;
         if (gwt) {
             const float *B = xin;
@@ -508,7 +509,7 @@ static ts_status conv_grad_bias(const ts_conv2d_geom *g, const ts_tensor *gout, 
         for (int64_t n = 0; n < g->N; n++)
             for (int64_t k = k0; k < k1; k++) {
                 const int64_t o = (n * K + k) * OHW;
-                acc[k] += ts__cpu_plane_sum(cat(go, o, h), OHW, h);
+                acc[k] += ts__cpu_plane_sum(plane_at(go, o, h), OHW, h);
             }
         for (int64_t k = k0; k < k1; k++) pb[k] = (float)acc[k];
     }
@@ -1056,13 +1057,14 @@ static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float mome
          * the channel's mean, so sum (x - mu)^2 = s2 - s1^2 / M cancels no more than a two-pass sum would);
          * x is read 1 + 1/N times instead of twice: BatchNorm is memory-bound */
         for (int64_t c = c0; c < c1; c++) {
-            acc[3 * c] = M ? ts__cpu_plane_sum(cat(px, c * HW, h), HW, h) / (double)HW : 0.0;
+            acc[3 * c] = M ? ts__cpu_plane_sum(plane_at(px, c * HW, h), HW, h) / (double)HW : 0.0;
             acc[3 * c + 1] = acc[3 * c + 2] = 0.0;
         }
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = c0; c < c1; c++) {
                 const float sh = (float)acc[3 * c];
-                ts__cpu_plane_shifted_sums(cat(px, (n * C + c) * HW, h), HW, sh, h, &acc[3 * c + 1], &acc[3 * c + 2]);
+                ts__cpu_plane_shifted_sums(plane_at(px, (n * C + c) * HW, h), HW, sh, h, &acc[3 * c + 1],
+                                           &acc[3 * c + 2]);
             }
         for (int64_t c = c0; c < c1; c++) {
             const double sh = (float)acc[3 * c], s1 = acc[3 * c + 1], s2 = acc[3 * c + 2];
@@ -1098,7 +1100,7 @@ static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const
         int64_t c = p % C;
         float scale = pis[c] * (pw ? pw[c] : 1.0f);
         float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
-        ts__cpu_plane_affine(at(ts__ptr(out), p * HW, h), cat(ts__ptr(x), p * HW, h), HW, scale, shift, h);
+        ts__cpu_plane_affine(plane_at_w(ts__ptr(out), p * HW, h), plane_at(ts__ptr(x), p * HW, h), HW, scale, shift, h);
     }
     return TS_OK;
 }
@@ -1129,7 +1131,8 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
             for (int64_t n = 0; n < N; n++)
                 for (int64_t c = c0; c < c1; c++) {
                     const int64_t o = (n * C + c) * HW;
-                    ts__cpu_plane_dot_dev(cat(pg, o, h), cat(px, o, h), HW, pm[c], h, &acc[2 * c], &acc[2 * c + 1]);
+                    ts__cpu_plane_dot_dev(plane_at(pg, o, h), plane_at(px, o, h), HW, pm[c], h, &acc[2 * c],
+                                          &acc[2 * c + 1]);
                 }
         for (int64_t c = c0; c < c1; c++) {
             const double sg = acc[2 * c], sgx = acc[2 * c + 1], mu = pm[c], is = pis[c];
@@ -1150,7 +1153,8 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
                 for (int64_t c = c0; c < c1; c++) {
                     const int64_t o = (n * C + c) * HW;
                     const float *abk = coef + 3 * c;
-                    ts__cpu_plane_axpbyc(at(pgx, o, h), cat(pg, o, h), cat(px, o, h), HW, abk[0], abk[1], abk[2], h);
+                    ts__cpu_plane_axpbyc(plane_at_w(pgx, o, h), plane_at(pg, o, h), plane_at(px, o, h), HW, abk[0],
+                                         abk[1], abk[2], h);
                 }
     }
     free(acc);
