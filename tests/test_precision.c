@@ -11,10 +11,12 @@
  * it no further from the float32 result than PyTorch's own bfloat16 autocast step;
  * autocast's bfloat16 kernels against the float32 ones. Those autocast tests run on
  * TS_TEST_DEVICE (cuda:0 on a GPU machine, cpu:1 for a virtual device; the CPU by
- * default), the rest on the CPU.
+ * default), the rest on the CPU, with the CPU plane kernels' sums (BatchNorm's) bit
+ * for bit in their fixed order for float32 and bfloat16 planes.
  */
 #include "test_util.h"
 #include "golden_io.h"
+#include "ops/cpu/plane.h"
 
 #include <math.h>
 
@@ -859,6 +861,124 @@ static void test_autocast_maxpool_2x2(void) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) ts_tensor_release(all[i]);
 }
 
+/* A conv oneDNN has no primitive for (bfloat16 ones on CPUs without AVX-512: AVX2 machines) runs our own algorithm,
+ * and oneDNN is asked once per geometry and pass, not on every call (each failed creation cost ~10 us of
+ * every call of every step): the debug log says so at most once per pass. On a CPU with oneDNN's bfloat16
+ * kernels it never says so. The results are the same either way (test_matmul_precision). */
+static void count_no_conv(ts_log_level level, const char *msg, void *user) {
+    (void)level;
+    if (strstr(msg, "oneDNN has no convolution")) ++*(int *)user;
+}
+
+static void test_bf16_conv_asks_onednn_once(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 41);
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){2, 5, 7, 7}, -1.0f, 1.0f, true),
+              *w = tu_rand(&r, 4, (int64_t[]){6, 5, 3, 3}, -0.3f, 0.3f, true);
+    ts_conv2d_params cp = TS_CONV2D_DEFAULT;
+    cp.padding[0] = cp.padding[1] = 1;
+    int said = 0;
+    const ts_log_level before = ts_log_get_level();
+    ts_log_set_level(TS_LOG_DEBUG);
+    ts_log_set_sink(count_no_conv, &said);
+    CHECK_OK(ts_set_matmul_precision(TS_BF16));
+    for (int i = 0; i < 3; i++) {
+        ts_tensor *y = NULL, *l = NULL;
+        CHECK_OK(ts_conv2d(x, w, NULL, cp, &y));
+        if (y) CHECK_OK(ts_sum(y, &l));
+        if (l) CHECK_OK(ts_backward(l, NULL, false));
+        ts_tensor_release(y);
+        ts_tensor_release(l);
+    }
+    CHECK_OK(ts_set_matmul_precision(TS_F32));
+    ts_log_set_sink(NULL, NULL);
+    ts_log_set_level(before);
+    fprintf(stderr, "  bfloat16 conv: oneDNN said it has none %d times in 3 calls\n", said);
+    CHECK(said <= 3); /* forward, backward-data, backward-weights: once each */
+    ts_tensor_release(x);
+    ts_tensor_release(w);
+}
+
+/* The plane kernels' sums (src/ops/cpu/plane.h: BatchNorm's statistics and backward, the conv bias gradient)
+ * in their documented order, bit for bit, for float32 and bfloat16 planes: float lane j starts at element j and
+ * adds elements j + 16, j + 32, ... of the whole blocks of 16, products rounded to float before the add (no
+ * FMA); the 16 lanes totalled in double by a fixed pairwise tree, then the last n % 16 elements added in
+ * double. The ISA clone this CPU runs must give exactly these bits (omp simd reductions let the vectoriser
+ * choose: 8 lanes for float32 and 16 for bfloat16 under AVX2, so BatchNorm's statistics of a bfloat16 input
+ * and of its float32 widening differed on AVX2 machines only; the AVX-512 clone fused products into FMAs). */
+static double lanes_total(const float *l) {
+    double t[8];
+    for (int j = 0; j < 8; j++) t[j] = (double)l[j] + (double)l[j + 8];
+    for (int j = 0; j < 4; j++) t[j] += t[j + 4];
+    for (int j = 0; j < 2; j++) t[j] += t[j + 2];
+    return t[0] + t[1];
+}
+
+/* the five sums of x[0..n), g[0..n) about m in the fixed order, as plain scalar code */
+static void plane_sums_ref(const float *x, const float *g, int64_t n, float m, double want[5]) {
+    enum { L = TS_PLANE_LANES };
+    float l[5][L];
+    double t[5] = {0};
+    const int64_t whole = n / L * L;
+    for (int64_t i = 0; i < n; i++) {
+        const float d = x[i] - m;
+        volatile float dd = d * d, gd = g[i] * d; /* rounded products: no FMA in the reference either */
+        const float term[5] = {x[i], d, dd, g[i], gd};
+        for (int s = 0; s < 5; s++) {
+            if (i >= whole)
+                t[s] += (double)term[s];
+            else if (i < L)
+                l[s][i] = term[s];
+            else
+                l[s][i % L] += term[s];
+        }
+        if (i == whole - 1)
+            for (int s = 0; s < 5; s++) t[s] = lanes_total(l[s]);
+    }
+    for (int s = 0; s < 5; s++) want[s] = t[s];
+}
+
+static void test_plane_sums_order(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 91);
+    enum { NMAX = 1000 };
+    /* [0]: float32 values over 2^-8 .. 2^8 (any other order rounds differently); [1]: float32 ones in [1, 2)
+     * (products as large as the partial sums: an FMA rounds differently); [2]: [0]'s rounded to bfloat16, in
+     * xh, gh too */
+    static float x[3][NMAX], g[3][NMAX];
+    static uint16_t xh[NMAX], gh[NMAX];
+    for (int i = 0; i < NMAX; i++) {
+        x[0][i] = ldexpf((float)(ts_rng_uniform(&r) * 2 - 1), (int)(ts_rng_uniform(&r) * 16) - 8);
+        g[0][i] = (float)(ts_rng_uniform(&r) * 2 - 1);
+        x[1][i] = (float)(1 + ts_rng_uniform(&r));
+        g[1][i] = (float)(1 + ts_rng_uniform(&r));
+        xh[i] = ts_f32_to_bf16(x[0][i]);
+        gh[i] = ts_f32_to_bf16(g[0][i]);
+        x[2][i] = ts_bf16_to_f32(xh[i]);
+        g[2][i] = ts_bf16_to_f32(gh[i]);
+    }
+    const int64_t ns[] = {0, 1, 15, 16, 17, 49, 100, 784, 999, NMAX};
+    const float m = 0.3f;
+    int64_t bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+        for (int q = 0; q < 4; q++) { /* the three sets as float32, and [2] as bfloat16 */
+            const int v = q < 3 ? q : 2;
+            const bool h = q == 3;
+            double want[5], got[5] = {0};
+            plane_sums_ref(x[v], g[v], ns[k], m, want);
+            const void *px = h ? (const void *)xh : (const void *)x[v], *pg = h ? (const void *)gh : (const void *)g[v];
+            got[0] = ts__cpu_plane_sum(px, ns[k], h);
+            ts__cpu_plane_shifted_sums(px, ns[k], m, h, &got[1], &got[2]);
+            ts__cpu_plane_dot_dev(pg, px, ns[k], m, h, &got[3], &got[4]);
+            for (int s = 0; s < 5; s++)
+                if (memcmp(&got[s], &want[s], sizeof(double)) != 0 && bad++ < 8)
+                    fprintf(stderr, "  set %d as %s, plane of %lld, sum %d: %.17g, the fixed order gives %.17g\n", v,
+                            h ? "bfloat16" : "float32", (long long)ns[k], s, got[s],
+                            want[s]);
+        }
+    CHECK(bad == 0);
+}
+
 int main(int argc, char **argv) {
     dev = tu_test_device();
     if (dev != ts_device_cpu()) fprintf(stderr, "the autocast tests on %s\n", ts_device_name(dev));
@@ -876,6 +996,7 @@ int main(int argc, char **argv) {
         T(test_convert_golden), T(test_every_pattern), T(test_to_dtype_op), T(test_half_ops), T(test_checkpoint_16bit),
         T(test_grad_scaler_golden), T(test_matmul_precision), T(test_bf16_step_vs_torch), T(test_autocast_ops),
         T(test_half_grad_accumulation), T(test_autocast_conv_backward), T(test_autocast_maxpool_2x2),
+        T(test_plane_sums_order), T(test_bf16_conv_asks_onednn_once),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     ts_tensor_list_clear(&golden);

@@ -96,6 +96,18 @@ static void check_close(const char *what, ts_tensor *got, ts_tensor *want, doubl
     }
 }
 
+/* Gradient sums: |sum g - torchvision's| and |sum |g| - torchvision's| within GRAD_TOL of torchvision's sum |g|
+ * (which bounds the rounding of both sums). The stored sums are torch 2.15's float32 on an AVX-512 machine, within
+ * 9e-7 of the same pass in float64 (scripts/gen_zoo_golden.py --float64). Ours against float64 on an AMD EPYC
+ * with AVX2 only (2026-11-28): im2col 2.5e-4; oneDNN's jit:avx2 kernels (AUTO) 4.5e-3, as torch 1.13's float32
+ * on that machine. Not an error of the convolutions: each of ResNet-18's conv geometries through those kernels
+ * is within 2e-6 of float64 (output, input and weight gradients). One ReLU input, at layer3.1's output, is
+ * +4.3e-6 in float64 and -1.6e-6 in float32 with oneDNN's AVX2 summation order (torch's), so float32 stops its
+ * gradient where float64 passes it: every gradient below moves by 2-3% of its L2 norm and these sums by up to
+ * 4.5e-3. The pass's 750k ReLU inputs have 5 within 1e-5 of zero; any float32 order may cross one. A wrong
+ * index, layout or formula moves these sums by far more than GRAD_TOL. */
+#define GRAD_TOL 1e-2
+
 static void check_forward(const char *model, bool grads) {
     ts_module *m = NULL;
     CHECK_OK(ts_model_new(model, 10, NULL, &m));
@@ -124,6 +136,8 @@ static void check_forward(const char *model, bool grads) {
         ts_tensor_list ps = TS_TENSOR_LIST_INIT;
         CHECK_OK(ts_module_parameters(m, &ps));
         int bad = 0;
+        double worst = 0;
+        const char *worst_name = "";
         for (int i = 0; i < ps.n; i++) {
             ts_tensor *g = ts_tensor_grad(ps.tensors[i]);
             ts_tensor *ws = tg_getf(&golden, "fwd/%s/gsum/%s", model, ps.names[i]);
@@ -135,8 +149,9 @@ static void check_forward(const char *model, bool grads) {
                 sa += fabs(gp[j]);
             }
             double want_s = tg_float(ws, 0), want_a = tg_float(wa, 0);
-            /* the sum of |g| bounds the rounding of both sums */
-            bool ok = g && fabs(sa - want_a) <= 1e-3 * want_a + 1e-7 && fabs(s - want_s) <= 1e-3 * want_a + 1e-7;
+            const double err = fmax(fabs(sa - want_a), fabs(s - want_s)) / (want_a + 1e-30);
+            bool ok = g && fmax(fabs(sa - want_a), fabs(s - want_s)) <= GRAD_TOL * want_a + 1e-7;
+            if (g && err > worst) worst = err, worst_name = ps.names[i];
             tu_checks++;
             if (!ok) {
                 tu_failures++;
@@ -145,6 +160,8 @@ static void check_forward(const char *model, bool grads) {
                             sa, want_s, want_a);
             }
         }
+        fprintf(stderr, "  %s gradient sums: within %.2g of torchvision's sum |g| (worst: %s; tolerance %g)\n", model,
+                worst, worst_name, GRAD_TOL);
         ts_tensor_list_clear(&ps);
     }
     ts_tensor_release(logits);

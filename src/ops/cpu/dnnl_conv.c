@@ -4,18 +4,22 @@
  *
  * Each call: the cached primitive for (geometry, precision, pass) — created on
  * first use with format "any", so oneDNN picks its blocked layouts (nChw16c,
- * OIhw16i16o) and its JIT kernel for this CPU (AVX-512, AVX512_BF16), direct,
- * or Winograd under TS_CONV_WINOGRAD where it pays (wino_fits) — then our
- * plain float32 NCHW / OIHW tensors are reordered into the primitive's layouts
- * (rounding to bfloat16 on the way under bfloat16 precision: oneDNN's reorders
- * round to nearest even), the primitive runs, and its float32 output is
- * reordered back; bfloat16 activation tensors (autocast) go in and come out as
- * bfloat16, the reorders changing only the layout. Reorder primitives are cached with the convolution; the
- * activations' NCHW <-> nChw16c ones and the weights' OIhw <-> 16x16-blocked ones run blocked.c's transposes
- * instead (own_reorder_of; oneDNN 2.6's bfloat16 reorders are generic kernels: the reference CNN's bfloat16 step
- * spent 2.0 of its 7.9 ms in them, 0.5 in ours; ResNet-18's 7.6 of 92 ms in its weights'). The backward-weights
- * primitive also sums the bias gradient (diff_bias) when the caller wants one. Every
- * primitive uses a user scratchpad (from the device's allocator), so one
+ * OIhw16i16o on AVX-512; nChw8c, OIhw8i8o on AVX2) and its JIT kernel for this
+ * CPU (AVX-512, AVX512_BF16, AVX2), direct, or Winograd under TS_CONV_WINOGRAD
+ * where it pays (wino_fits) — then our plain float32 NCHW / OIHW tensors are
+ * reordered into the primitive's layouts (rounding to bfloat16 on the way under
+ * bfloat16 precision: oneDNN's reorders round to nearest even), the primitive
+ * runs, and its float32 output is reordered back; bfloat16 activation tensors
+ * (autocast) go in and come out as bfloat16, the reorders changing only the
+ * layout. Reorder primitives are cached with the convolution; the activations'
+ * NCHW <-> nChw16c ones and the weights' OIhw <-> 16x16-blocked ones run
+ * blocked.c's transposes instead (own_reorder_of, which matches the primitive's
+ * whole memory descriptor: the 8-blocked layouts of AVX2 machines, and any
+ * other, go through oneDNN's reorders; oneDNN 2.6's bfloat16 reorders are generic
+ * kernels: the reference CNN's bfloat16 step spent 2.0 of its 7.9 ms in them,
+ * 0.5 in ours; ResNet-18's 7.6 of 92 ms in its weights'). The backward-weights
+ * primitive also sums the bias gradient (diff_bias) when the caller wants one.
+ * Every primitive uses a user scratchpad (from the device's allocator), so one
  * primitive may run on several threads at once. oneDNN threads the call over
  * the calling thread's OpenMP budget.
  *
@@ -60,8 +64,9 @@ bool ts__cpu_dnnl_conv_ok(const ts_conv2d_geom *g) {
     ts_conv_algo a = ts_get_conv_algo();
     if (a == TS_CONV_ONEDNN || a == TS_CONV_AUTO) return true;
     if (a != TS_CONV_WINOGRAD) return false;
-    /* WINOGRAD: oneDNN's Winograd where it fits, our own for the other 3x3 stride-1 convs but tiny
-     * planes (TS_CONV_TINY_PLANE), oneDNN's direct kernels for the rest (7x7, 1x1, strided, tiny) */
+    /* WINOGRAD: oneDNN's Winograd where it fits (ours where oneDNN has no Winograd kernel: without AVX-512;
+     * entry_get), our own for the other 3x3 stride-1 convs but tiny planes (TS_CONV_TINY_PLANE), oneDNN's
+     * direct kernels for the rest (7x7, 1x1, strided, tiny) */
     const bool s1_3x3 = g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1;
     return !s1_3x3 || wino_fits(g, ts_get_matmul_precision() == TS_BF16) || g->OH * g->OW <= TS_CONV_TINY_PLANE;
 }
@@ -82,7 +87,7 @@ typedef struct own_reorder {
 typedef struct conv_entry {
     ts_conv2d_geom g;
     int pass;
-    dnnl_alg_kind_t alg, alg_asked; /* what runs: direct, or Winograd (wino_fits); what was asked for */
+    dnnl_alg_kind_t alg; /* direct, or Winograd (wino_fits, wino_pass) */
     bool bf16, bias;
     bool act16; /* our activations (x, out, gout, gx) are bfloat16 tensors (ts_set_autocast): the primitive
                  * reads and writes them in bfloat16, its reorders only change the layout */
@@ -91,6 +96,8 @@ typedef struct conv_entry {
     own_reorder own[3]; /* reorder i through blocked.c's kernels instead of oneDNN's */
     size_t scratch;
     uint64_t used;
+    bool none; /* oneDNN has no primitive for it (bfloat16 ones on CPUs without AVX-512): the caller's own
+                * algorithm runs, without asking oneDNN again */
 } conv_entry;
 
 #define CONV_CACHE 256
@@ -243,8 +250,11 @@ static bool entry_make(conv_entry *e) {
  * and 124 -> 152 on two; with fewer channels (the reference CNN's 32 -> 64 conv) or on 2x2 planes the
  * transforms cost more than they save. Its rounding is Winograd's (tests/test_winograd.c holds it to 1e-5
  * of the direct convolution in double), which through ResNet-18's BatchNorms moved a bias gradient's sum
- * past tests/test_zoo.c's 1e-3 of torchvision's in the -O1 sanitizer build (as our F(4x4) did): opt-in,
- * like ours. Never under bfloat16 precision (its kernels are float32). */
+ * by over 1e-3 of its |g| sum from torchvision's in the -O1 sanitizer build (as our F(4x4) did): opt-in,
+ * like ours. Never under bfloat16 precision (its kernels are float32). Without AVX-512 oneDNN has no Winograd
+ * kernels: entry_get then says it has none and our own Winograd runs (it ran oneDNN's direct kernels before,
+ * and AVX2 machines got no Winograd at all: ResNet-18 at 64x64, batch 32, one thread, on an AMD EPYC with
+ * AVX2, 12-16 -> 18-28 images/s, a loaded machine's best of three). */
 static bool wino_fits(const ts_conv2d_geom *g, bool bf16) {
     return !bf16 && g->kh == 3 && g->kw == 3 && g->sh == 1 && g->sw == 1 && g->dh == 1 && g->dw == 1 && g->C >= 64 &&
            g->K >= 64 && g->OH * g->OW >= 16;
@@ -262,33 +272,29 @@ static bool wino_pass(const ts_conv2d_geom *g, int pass) {
 
 /* The cached entry for this call (a copy: its primitives live as long as the cache slot, and a replaced
  * slot's primitives are never destroyed while another thread may run them: they are kept); false when
- * oneDNN has none. */
+ * oneDNN has none (no Winograd kernel for a conv asked to run Winograd, no bfloat16 kernels on CPUs without
+ * AVX-512): remembered, a failed primitive creation costs ~10 us on every call of every step. */
 static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool act16, bool bias, conv_entry *out) {
-    bool found = false;
+    bool found = false, known = false;
     const dnnl_alg_kind_t wino = ts_get_conv_algo() == TS_CONV_WINOGRAD && wino_fits(g, bf16) && wino_pass(g, pass)
                                      ? dnnl_convolution_winograd
                                      : dnnl_convolution_direct;
     const bool eng_ok = ts__dnnl_engine() != NULL;
     pthread_mutex_lock(&mu);
-    for (int i = 0; eng_ok && i < ncache && !found; i++) {
+    for (int i = 0; eng_ok && i < ncache && !known; i++) {
         conv_entry *e = &cache[i];
-        if (e->pass == pass && e->bf16 == bf16 && e->act16 == act16 && e->bias == bias && e->alg_asked == wino &&
+        if (e->pass == pass && e->bf16 == bf16 && e->act16 == act16 && e->bias == bias && e->alg == wino &&
             same_geom(&e->g, g)) {
             e->used = ++clock_;
             *out = *e;
-            found = true;
+            found = !e->none;
+            known = true;
         }
     }
-    if (!found && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
+    if (!known && eng_ok && ncache < CONV_CACHE) { /* a full cache runs the rest through the fallback */
         conv_entry e = {.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias, .used = ++clock_,
-                        .alg = wino, .alg_asked = wino};
+                        .alg = wino};
         bool made = entry_make(&e);
-        if (!made && e.alg == dnnl_convolution_winograd) { /* no Winograd kernel for it: direct */
-            entry_destroy(&e);
-            e = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias, .used = clock_,
-                             .alg = dnnl_convolution_direct, .alg_asked = wino};
-            made = entry_make(&e);
-        }
         if (made) {
             cache[ncache++] = e;
             *out = e;
@@ -298,6 +304,8 @@ static bool entry_get(const ts_conv2d_geom *g, int pass, bool bf16, bool act16, 
                                  "pass %d: own algorithm", (long long)g->N, (long long)g->C, (long long)g->H,
                    (long long)g->W, (long long)g->K, g->kh, g->kw, pass);
             entry_destroy(&e);
+            cache[ncache++] = (conv_entry){.g = *g, .pass = pass, .bf16 = bf16, .act16 = act16, .bias = bias,
+                                           .used = clock_, .alg = wino, .none = true};
         }
     }
     pthread_mutex_unlock(&mu);

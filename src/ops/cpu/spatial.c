@@ -7,8 +7,9 @@
  * calling thread); with fewer images than threads it runs the images in turn
  * and lets BLAS use the threads. Weight and bias gradients are accumulated in
  * per-thread buffers and summed afterwards, so there are no races. Pooling runs
- * over (n, c) planes; batchnorm over channels, with per-plane float SIMD
- * partial sums totalled in double.
+ * over (n, c) planes; batchnorm over channels, its per-plane sums and maps in
+ * plane.c (16 float partial sums in a fixed order, totalled in double: the same
+ * bits for float32 and bfloat16 planes and on every CPU).
  *
  * Fast paths: 1x1 stride-1 unpadded convs use the input as the im2col matrix;
  * stride-1 convs whose output rows are as long as the input's (3x3 pad 1, ...)
@@ -24,6 +25,7 @@
 #include "device/k_spatial.h"
 #include "ops/cpu/winograd.h"
 #include "ops/cpu/dnnl_conv.h"
+#include "ops/cpu/plane.h"
 
 #include <math.h>
 #include <omp.h>
@@ -32,93 +34,9 @@
 #define PAR_MIN 32768 /* below this many elements of work, stay on one thread */
 
 
-/* Plane kernels of BatchNorm and the conv bias gradient, on float32 planes and on bfloat16 ones (bfloat16
- * activations, ts_set_autocast). Each is written once, over elements loaded as float32 (el: a bfloat16 one
- * widened) and stored from float32 (el_set: rounded once to bfloat16); the TS_CLONES wrappers (a copy per ISA,
- * core/internal.h) pass the element type as a constant, so each instance is specialised and vectorised.
- * Reductions keep float partial sums in SIMD lanes (omp simd; each lane adds only n/16 terms), totalled in
- * double; callers add a channel's planes in double. */
-static inline float bf(uint16_t h) { return ts__bf16_to_f32(h); }
-#define PLANE_INLINE static inline __attribute__((always_inline))
-PLANE_INLINE float el(const void *p, int64_t i, bool h) { return h ? bf(((const uint16_t *)p)[i]) : ((const float *)p)[i]; }
-PLANE_INLINE void el_set(void *p, int64_t i, float v, bool h) {
-    if (h)
-        ((uint16_t *)p)[i] = ts__bf16_from_f32(v);
-    else
-        ((float *)p)[i] = v;
-}
-
-/* sum of p[0..n) */
-PLANE_INLINE double plane_sum_t(const void *p, int64_t n, bool h) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += el(p, i, h);
-    return s;
-}
-
-/* *s1 += sum of (p[i] - m); *s2 += sum of (p[i] - m)^2: batchnorm's statistics in one pass, about a shift m
- * near the mean, so the variance does not cancel */
-PLANE_INLINE void plane_shifted_sums_t(const void *p, int64_t n, float m, double *s1, double *s2, bool h) {
-    float a = 0.0f, b = 0.0f;
-#pragma omp simd reduction(+ : a, b)
-    for (int64_t i = 0; i < n; i++) {
-        const float d = el(p, i, h) - m;
-        a += d;
-        b += d * d;
-    }
-    *s1 += a;
-    *s2 += b;
-}
-
-/* *sg += sum of g[i]; *sgx += sum of g[i] * (x[i] - m) */
-PLANE_INLINE void plane_dot_dev_t(const void *g, const void *x, int64_t n, float m, double *sg, double *sgx, bool h) {
-    float a = 0.0f, b = 0.0f;
-#pragma omp simd reduction(+ : a, b)
-    for (int64_t i = 0; i < n; i++) {
-        a += el(g, i, h);
-        b += el(g, i, h) * (el(x, i, h) - m);
-    }
-    *sg += a;
-    *sgx += b;
-}
-
-/* o[i] = a g[i] + b x[i] + k (batchnorm's input gradient) */
-PLANE_INLINE void plane_axpbyc_t(void *o, const void *g, const void *x, int64_t n, float a, float b, float k, bool h) {
-    for (int64_t i = 0; i < n; i++) el_set(o, i, a * el(g, i, h) + b * el(x, i, h) + k, h);
-}
-
-/* o[i] = x[i] s + t (batchnorm's affine) */
-PLANE_INLINE void plane_affine_t(void *o, const void *x, int64_t n, float s, float t, bool h) {
-    for (int64_t i = 0; i < n; i++) el_set(o, i, el(x, i, h) * s + t, h);
-}
-
-TS_CLONES static double plane_sum(const float *p, int64_t n) { return plane_sum_t(p, n, false); }
-TS_CLONES static double plane_sum16(const uint16_t *p, int64_t n) { return plane_sum_t(p, n, true); }
-TS_CLONES static void plane_shifted_sums(const float *p, int64_t n, float m, double *s1, double *s2) {
-    plane_shifted_sums_t(p, n, m, s1, s2, false);
-}
-TS_CLONES static void plane_shifted_sums16(const uint16_t *p, int64_t n, float m, double *s1, double *s2) {
-    plane_shifted_sums_t(p, n, m, s1, s2, true);
-}
-TS_CLONES static void plane_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgx) {
-    plane_dot_dev_t(g, x, n, m, sg, sgx, false);
-}
-TS_CLONES static void plane_dot_dev16(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgx) {
-    plane_dot_dev_t(g, x, n, m, sg, sgx, true);
-}
-TS_CLONES static void plane_axpbyc(float *o, const float *g, const float *x, int64_t n, float a, float b, float k) {
-    plane_axpbyc_t(o, g, x, n, a, b, k, false);
-}
-TS_CLONES static void plane_axpbyc16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, float a, float b,
-                                     float k) {
-    plane_axpbyc_t(o, g, x, n, a, b, k, true);
-}
-TS_CLONES static void plane_affine(float *o, const float *x, int64_t n, float s, float t) {
-    plane_affine_t(o, x, n, s, t, false);
-}
-TS_CLONES static void plane_affine16(uint16_t *o, const uint16_t *x, int64_t n, float s, float t) {
-    plane_affine_t(o, x, n, s, t, true);
-}
+/* Element i of a float32 or (h) bfloat16 array (the planes plane.h's kernels take); plane_at_w: writable */
+static inline const void *plane_at(const void *base, int64_t i, bool h) { return (const char *)base + i * (h ? 2 : 4); }
+static inline void *plane_at_w(void *base, int64_t i, bool h) { return (char *)base + i * (h ? 2 : 4); }
 
 /* A float32 copy of bfloat16 tensor t (the device's cast kernel), or (widen false) an uninitialised float32
  * tensor of its shape. */
@@ -501,7 +419,7 @@ static void conv_bwd_block(const conv_job *j, float *s, int64_t blk) {
                 const float *src = j->pg + ((n0 + i) * g->K + gr * j->Kg + k) * OHW;
                 float *dst = goc + k * cols + i * OHW;
                 for (int64_t q = 0; q < OHW; q++) dst[q] = src[q];
-                if (gbt) gbt[gr * j->Kg + k] += (float)plane_sum(src, OHW);
+                if (gbt) gbt[gr * j->Kg + k] += (float)ts__cpu_plane_sum(src, OHW, false);
             }
         if (gwt) {
 #pragma omp parallel for if (par) schedule(static)
@@ -535,7 +453,8 @@ static void conv_bwd_image(const conv_job *j, float *s, int64_t n) {
         const float *xin = j->px + (n * g->C + gr * j->Cg) * j->HW;
         const float *wg = j->pw + gr * j->Kg * j->CKK;
         if (gbt)
-            for (int64_t k = 0; k < j->Kg; k++) gbt[gr * j->Kg + k] += (float)plane_sum(go + k * j->OHW, j->OHW);
+            for (int64_t k = 0; k < j->Kg; k++)
+                gbt[gr * j->Kg + k] += (float)ts__cpu_plane_sum(go + k * j->OHW, j->OHW, false);
         if (j->CKK == 0) continue;
         if (gwt) {
             const float *B = xin;
@@ -579,8 +498,7 @@ static void channel_range(int64_t C, int64_t *c0, int64_t *c1) {
 static ts_status conv_grad_bias(const ts_conv2d_geom *g, const ts_tensor *gout, ts_tensor *gb) {
     const int64_t OHW = g->OH * g->OW, K = g->K;
     const bool h = gout->dtype == TS_BF16; /* bfloat16 activations' gradient */
-    const float *go = ts__f32(gout);
-    const uint16_t *ho = ts__ptr(gout);
+    const void *go = ts__ptr(gout);
     float *pb = ts__f32(gb);
     double *acc = calloc((size_t)K, sizeof(double));
     if (!acc) return ts_error(TS_ERR_NOMEM, "conv2d backward: %lld channels' bias sums", (long long)K);
@@ -591,7 +509,7 @@ static ts_status conv_grad_bias(const ts_conv2d_geom *g, const ts_tensor *gout, 
         for (int64_t n = 0; n < g->N; n++)
             for (int64_t k = k0; k < k1; k++) {
                 const int64_t o = (n * K + k) * OHW;
-                acc[k] += h ? plane_sum16(ho + o, OHW) : plane_sum(go + o, OHW);
+                acc[k] += ts__cpu_plane_sum(plane_at(go, o, h), OHW, h);
             }
         for (int64_t k = k0; k < k1; k++) pb[k] = (float)acc[k];
     }
@@ -637,7 +555,7 @@ static bool conv2d_backward_tiny_bf16(const ts_conv2d_geom *g, const ts_tensor *
     for (int64_t k = 0; k < K; k++) {
         for (int64_t n = 0; n < N; n++)
             for (int64_t q = 0; q < OHW; q++) goc[k * cols + n * OHW + q] = go[(n * K + k) * OHW + q];
-        if (gb) ts__f32(gb)[k] = (float)plane_sum16(goc + k * cols, cols);
+        if (gb) ts__f32(gb)[k] = (float)ts__cpu_plane_sum(goc + k * cols, cols, true);
     }
     if (gw && *st == TS_OK) { /* gw (K, CKK) = goc (K, cols) @ colx^T (cols, CKK) */
         *st = ts__scratch_bytes(dev, sizeof(uint16_t) * (size_t)(CKK * cols), &tcol);
@@ -1027,7 +945,7 @@ static ts_status cpu_maxpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, 
             const uint16_t *gp = pg + p * OHW;
             const int32_t *ip = pi + p * OHW;
             memset(t, 0, sizeof(float) * (size_t)HW);
-            for (int64_t i = 0; i < OHW; i++) t[ip[i]] += bf(gp[i]);
+            for (int64_t i = 0; i < OHW; i++) t[ip[i]] += ts__bf16_to_f32(gp[i]);
             (void)ts_convert(px + p * HW, TS_BF16, t, TS_F32, (size_t)HW);
         }
         ts_tensor_release(scr);
@@ -1125,8 +1043,7 @@ static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float mome
                                        ts_tensor *invstd, ts_tensor *running_mean, ts_tensor *running_var) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
     const bool h = x->dtype == TS_BF16; /* bfloat16 activations: the statistics in float32 all the same */
-    const float *px = ts__f32(x);
-    const uint16_t *hx = ts__ptr(x);
+    const void *px = ts__ptr(x);
     float *pm = ts__f32(mean), *pis = ts__f32(invstd);
     float *rm = running_mean ? ts__f32(running_mean) : NULL, *rv = running_var ? ts__f32(running_var) : NULL;
     const double mom = momentum;
@@ -1140,14 +1057,14 @@ static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float mome
          * the channel's mean, so sum (x - mu)^2 = s2 - s1^2 / M cancels no more than a two-pass sum would);
          * x is read 1 + 1/N times instead of twice: BatchNorm is memory-bound */
         for (int64_t c = c0; c < c1; c++) {
-            acc[3 * c] = M ? (h ? plane_sum16(hx + c * HW, HW) : plane_sum(px + c * HW, HW)) / (double)HW : 0.0;
+            acc[3 * c] = M ? ts__cpu_plane_sum(plane_at(px, c * HW, h), HW, h) / (double)HW : 0.0;
             acc[3 * c + 1] = acc[3 * c + 2] = 0.0;
         }
         for (int64_t n = 0; n < N; n++)
             for (int64_t c = c0; c < c1; c++) {
                 const float sh = (float)acc[3 * c];
-                if (h) plane_shifted_sums16(hx + (n * C + c) * HW, HW, sh, &acc[3 * c + 1], &acc[3 * c + 2]);
-                else plane_shifted_sums(px + (n * C + c) * HW, HW, sh, &acc[3 * c + 1], &acc[3 * c + 2]);
+                ts__cpu_plane_shifted_sums(plane_at(px, (n * C + c) * HW, h), HW, sh, h, &acc[3 * c + 1],
+                                           &acc[3 * c + 2]);
             }
         for (int64_t c = c0; c < c1; c++) {
             const double sh = (float)acc[3 * c], s1 = acc[3 * c + 1], s2 = acc[3 * c + 2];
@@ -1175,18 +1092,15 @@ static ts_status cpu_batchnorm2d_invstd(const ts_tensor *var, float eps, ts_tens
 static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const ts_tensor *mean,
                                        const ts_tensor *invstd, const ts_tensor *weight, const ts_tensor *bias) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
-    const float *px = ts__f32(x), *pm = ts__f32(mean), *pis = ts__f32(invstd);
+    const float *pm = ts__f32(mean), *pis = ts__f32(invstd);
     const float *pw = weight ? ts__f32(weight) : NULL, *pb = bias ? ts__f32(bias) : NULL;
-    float *po = ts__f32(out);
+    const bool h = out->dtype == TS_BF16;
 #pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
     for (int64_t p = 0; p < N * C; p++) {
         int64_t c = p % C;
         float scale = pis[c] * (pw ? pw[c] : 1.0f);
         float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
-        if (out->dtype == TS_BF16)
-            plane_affine16((uint16_t *)ts__ptr(out) + p * HW, (const uint16_t *)ts__ptr(x) + p * HW, HW, scale, shift);
-        else
-            plane_affine(po + p * HW, px + p * HW, HW, scale, shift);
+        ts__cpu_plane_affine(plane_at_w(ts__ptr(out), p * HW, h), plane_at(ts__ptr(x), p * HW, h), HW, scale, shift, h);
     }
     return TS_OK;
 }
@@ -1199,12 +1113,11 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
                                           const ts_tensor *invstd, const ts_tensor *weight, bool training,
                                           ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
-    const float *px = ts__f32(x), *pg = ts__f32(gout), *pm = ts__f32(mean), *pis = ts__f32(invstd);
-    const float *pw = weight ? ts__f32(weight) : NULL;
-    float *pgx = gx ? ts__f32(gx) : NULL, *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
-    const bool h = x->dtype == TS_BF16; /* bfloat16 gout, x and gx */
-    const uint16_t *hx = ts__ptr(x), *hg = ts__ptr(gout);
-    uint16_t *hgx = gx ? ts__ptr(gx) : NULL;
+    const void *px = ts__ptr(x), *pg = ts__ptr(gout); /* float32, or (h) bfloat16 gout, x and gx */
+    const float *pm = ts__f32(mean), *pis = ts__f32(invstd), *pw = weight ? ts__f32(weight) : NULL;
+    void *pgx = gx ? ts__ptr(gx) : NULL;
+    float *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
+    const bool h = x->dtype == TS_BF16;
     const bool sums = pgw || pgb || (pgx && training);
     double *acc = malloc((sizeof(double) * 2 + sizeof(float) * 3) * (size_t)C); /* per channel: sg, sgx */
     float *coef = (float *)(acc + 2 * C);                                        /* per channel: a, b, k */
@@ -1218,8 +1131,8 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
             for (int64_t n = 0; n < N; n++)
                 for (int64_t c = c0; c < c1; c++) {
                     const int64_t o = (n * C + c) * HW;
-                    if (h) plane_dot_dev16(hg + o, hx + o, HW, pm[c], &acc[2 * c], &acc[2 * c + 1]);
-                    else plane_dot_dev(pg + o, px + o, HW, pm[c], &acc[2 * c], &acc[2 * c + 1]);
+                    ts__cpu_plane_dot_dev(plane_at(pg, o, h), plane_at(px, o, h), HW, pm[c], h, &acc[2 * c],
+                                          &acc[2 * c + 1]);
                 }
         for (int64_t c = c0; c < c1; c++) {
             const double sg = acc[2 * c], sgx = acc[2 * c + 1], mu = pm[c], is = pis[c];
@@ -1240,8 +1153,8 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
                 for (int64_t c = c0; c < c1; c++) {
                     const int64_t o = (n * C + c) * HW;
                     const float *abk = coef + 3 * c;
-                    if (h) plane_axpbyc16(hgx + o, hg + o, hx + o, HW, abk[0], abk[1], abk[2]);
-                    else plane_axpbyc(pgx + o, pg + o, px + o, HW, abk[0], abk[1], abk[2]);
+                    ts__cpu_plane_axpbyc(plane_at_w(pgx, o, h), plane_at(pg, o, h), plane_at(px, o, h), HW, abk[0],
+                                         abk[1], abk[2], h);
                 }
     }
     free(acc);
