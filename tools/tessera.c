@@ -9,6 +9,9 @@
 
 #include <string.h>
 
+/* OpenMP's wait policy before libgomp loads: threads that sleep rather than spin (ts_threads_env_defaults). */
+TS_THREADS_PREINIT
+
 typedef struct {
     const char *name;
     int (*fn)(int argc, char **argv);

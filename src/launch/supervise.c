@@ -211,7 +211,7 @@ static void report_signal_outcome(ts__launcher *L) {
     ts_launch_event ev = TS__LAUNCH_EV(TS_LAUNCH_EV_SIGNAL_DONE);
     ev.signal = L->got_signal;
     ts__launch_event(L, ev, "after %s: %s%s%s%s%s%s%s", ts__signal_name(L->got_signal, b, sizeof b),
-                     nself ? (nself == 1 ? "rank " : "ranks ") : "", self, nself ? " ended by themselves" : "",
+                     nself ? (nself == 1 ? "rank " : "ranks ") : "", self, nself ? (nself == 1 ? " ended by itself" : " ended by themselves") : "",
                      nself && nkilled ? "; " : "", nkilled ? (nkilled == 1 ? "rank " : "ranks ") : "", killed,
                      nkilled ? (nkilled == 1 ? " was killed (SIGKILL)" : " were killed (SIGKILL)") : "");
 }
