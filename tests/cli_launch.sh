@@ -65,6 +65,15 @@ if command -v timeout >/dev/null; then
 else
   echo "skip: timeout (no timeout(1))"
 fi
+# the same with the second SIGTERM well after the first (a pending signal cannot absorb it)
+"$TS" run -n 2 --grace 60 sh -c 'trap "sleep 1; echo bye \$RANK; exit 0" TERM; sleep '"$MARK"' & wait' > "$T/tt.out" 2>&1 &
+lp=$!
+for _ in $(seq 100); do [ "$(pgrep -fc -- "^sleep $MARK")" -ge 2 ] && break; sleep 0.1; done
+kill -TERM "$lp"; sleep 0.3; kill -TERM "$lp"
+wait "$lp"; rc=$?
+[ $rc -eq 143 ] && grep -qx '\[rank 0\] bye 0' "$T/tt.out" && grep -qx '\[rank 1\] bye 1' "$T/tt.out" \
+  && ! grep -q "killed\|killing" "$T/tt.out" && ok "a second SIGTERM leaves the grace period alone (exit 143)" \
+  || bad "second SIGTERM: exit $rc: $(cat "$T/tt.out")"
 
 # ---- 3. --log-dir -------------------------------------------------------------------------------
 "$TS" run -n 2 --log-dir "$T/logs" sh -c 'echo out $RANK; echo err $RANK >&2' > "$T/ld.out" 2>&1

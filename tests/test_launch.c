@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <pty.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <termios.h>
 #include <unistd.h>
@@ -178,13 +179,13 @@ static void capture_stop(capture *c) {
 }
 
 typedef struct events {
-    int count[16];
+    _Atomic int count[16];
     char text[8192];
 } events;
 
 static void on_event(const ts_launch_event *ev, void *user) {
     events *e = user;
-    if ((int)ev->kind >= 0 && ev->kind < 16) e->count[ev->kind]++;
+    if ((int)ev->kind >= 0 && ev->kind < 16) atomic_fetch_add(&e->count[ev->kind], 1);
     size_t n = strlen(e->text);
     snprintf(e->text + n, sizeof e->text - n, "%s\n", ev->text);
 }
@@ -317,13 +318,17 @@ static void test_terminal_redraw(void) {
 
 typedef struct term_sender {
     const char *dir;
+    events *ev;
     bool sent;
 } term_sender;
 
+/* SIGTERM twice, as `timeout` sends it (to the process, then its group); the second once the first was
+ * handled, so that the two are not merged into one pending signal. */
 static void *send_terms(void *arg) {
     term_sender *s = arg;
     if (!await(s->dir, "ready.0") || !await(s->dir, "ready.1")) return NULL;
-    kill(getpid(), SIGTERM); /* what `timeout` does: the process, then its group */
+    kill(getpid(), SIGTERM);
+    for (int i = 0; i < 6000 && !atomic_load(&s->ev->count[TS_LAUNCH_EV_SIGNAL]); i++) usleep(10000);
     kill(getpid(), SIGTERM);
     s->sent = true;
     return NULL;
@@ -333,10 +338,10 @@ static void test_sigterm_grace(void) {
     char *d = subdir("term");
     static capture c;
     capture_start(&c);
-    term_sender s = {d, false};
+    static events ev;
+    term_sender s = {d, &ev, false};
     pthread_t th;
     pthread_create(&th, NULL, send_terms, &s);
-    events ev = {0};
     ts_launch_result res;
     CHECK_OK(launch(2, "term", d, "-", 0, c.wr, &ev, &res));
     pthread_join(th, NULL);
