@@ -162,18 +162,11 @@ int ts_get_num_threads(void);
 /* Threads that keep their speed on a busy machine: sets OMP_WAIT_POLICY=passive in this process's
  * environment unless it is set (OpenMP threads waiting for work sleep instead of spinning; a spinning
  * thread holds a core that a thread of its own team, or another program, needs, and two threads then run
- * slower than one). OpenMP reads the variable once, when it loads, so this acts only before that: in a
- * launcher's child before exec (ts_launch_run does it) or in an executable's preinit function —
- * TS_THREADS_PREINIT, once in one source file of a program, runs it before any library is initialised.
- * Preinit functions exist only in executables (a shared library's are ignored). */
-void ts_threads_env_defaults(void);
-#define TS_THREADS_PREINIT                                                                        \
-    static void ts_threads_preinit_(int argc_, char **argv_, char **envp_) {                     \
-        (void)argc_, (void)argv_, (void)envp_;                                                   \
-        ts_threads_env_defaults();                                                               \
-    }                                                                                            \
-    __attribute__((section(".preinit_array"), used)) static void (*const ts_threads_preinit_ptr_)( \
-        int, char **, char **) = ts_threads_preinit_;
+ * slower than one). Returns whether it changed the environment. OpenMP reads the variable once, when it
+ * loads (before main), so it acts on processes started afterwards: a launcher's children (ts_launch_run
+ * gives its ranks these defaults itself), or this program started again — `tessera` execs itself once
+ * when this returns true. */
+bool ts_threads_env_defaults(void);
 
 /* How CPU conv2d computes convolutions (forward and both gradients): oneDNN's convolution
  * primitives (builds with oneDNN: its JIT kernels for this CPU, the same as PyTorch's), or our own:

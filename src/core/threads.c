@@ -51,14 +51,16 @@ static const char *const env_defaults[] = {"OMP_WAIT_POLICY=passive", NULL};
 
 const char *const *ts__threads_env_default_list(void) { return env_defaults; }
 
-void ts_threads_env_defaults(void) {
+bool ts_threads_env_defaults(void) {
+    bool changed = false;
     for (const char *const *d = env_defaults; *d; d++) {
         char name[64];
         size_t n = strcspn(*d, "=");
         snprintf(name, sizeof name, "%.*s", (int)n, *d);
         const char *v = getenv(name);
-        if (!(v && *v)) setenv(name, *d + n + 1, 1);
+        if (!(v && *v)) changed |= setenv(name, *d + n + 1, 1) == 0;
     }
+    return changed;
 }
 
 /* ---- conv algorithm (read by the CPU spatial kernels) ---- */

@@ -121,7 +121,8 @@ static ts_status job_token(ts__launcher *L) {
                          L->o.nnodes);
         return TS_OK;
     }
-    return ts__error_prefix(ts_job_token_new(L->job_token), "cannot generate a job token");
+    ts_status st = ts_job_token_new(L->job_token);
+    return st == TS_OK ? TS_OK : ts__error_prefix(st, "cannot generate a job token");
 }
 
 static ts_status setup(ts__launcher *L) {
