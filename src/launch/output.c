@@ -65,6 +65,7 @@ static void oflush(ts__launcher *L, int dest) {
 }
 
 static void oput(ts__launcher *L, int dest, const char *p, size_t n) {
+    if (!n) return;
     if (!reserve(&L->obuf, &L->ocap, L->olen + n)) { /* out of memory: write through */
         oflush(L, dest);
         write_all(L, dest, p, n);
@@ -130,7 +131,7 @@ static void term_put(ts__launcher *L, ts__lstream *s, const char *p, size_t n) {
         size_t j = i;
         while (j < n && p[j] != '\n' && p[j] != '\r') j++;
         oput(L, d, p + i, j - i);
-        if (reserve(&s->seg, &s->seg_cap, s->seg_len + (j - i)) && s->seg_len + (j - i) <= TS__LAUNCH_LINE_CAP) {
+        if (j > i && s->seg_len + (j - i) <= TS__LAUNCH_LINE_CAP && reserve(&s->seg, &s->seg_cap, s->seg_len + (j - i))) {
             memcpy(s->seg + s->seg_len, p + i, j - i);
             s->seg_len += j - i;
         }
