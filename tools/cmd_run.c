@@ -101,7 +101,7 @@ static int parse(int argc, char **argv, run_args *a, char ***prog) {
         {"node-rank", CLI_INT, &a->node_rank, "this node's index, 0..nnodes-1", 0, 999999},
         {"master-addr", CLI_STRING, &a->master_addr, "address of rank 0's node", 1, 0},
         {"master-port", CLI_INT, &a->master_port, "port of the rendezvous there (0: a free local port; required with --nnodes > 1)", 1, 65535},
-        {"max-restarts", CLI_INT, &a->max_restarts, "start the ranks again after a failure, up to K times", 0, 1000000},
+        {"max-restarts", CLI_INT, &a->max_restarts, "start the ranks again after a failure, up to N times", 0, 1000000},
         {"grace", CLI_FLOAT, &a->grace, "seconds ranks get between SIGTERM and SIGKILL", 0, 1e6},
         {"no-prefix", CLI_BOOL, &a->no_prefix, "pass the ranks' output through unchanged", 0, 0},
         {"log-dir", CLI_STRING, &a->log_dir, "also write each rank's output to DIR/attempt_<A>/rank_<R>.log", 1, 0},
