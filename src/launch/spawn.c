@@ -115,6 +115,13 @@ static bool is_owned(const char *entry) {
     return false;
 }
 
+/* Whether the launcher's environment entry e gives way to a value of the launcher's. */
+static bool replaced(const ts__launcher *L, const char *e) {
+    return is_owned(e) || (L->job_token[0] && strncmp(e, "TS_JOB_TOKEN=", 13) == 0) ||
+           (L->run_dir[0] && strncmp(e, "TS_RUN_DIR=", 11) == 0) ||
+           (L->omp_threads[0] && strncmp(e, "OMP_NUM_THREADS=", 16) == 0);
+}
+
 /* The launcher's environment with the rank's variables: a NULL-terminated array whose strings are
  * all in one allocation after it (free the array alone). NULL when out of memory. */
 static char **rank_env(const ts__launcher *L, int local_rank, int rank) {
@@ -149,10 +156,7 @@ static char **rank_env(const ts__launcher *L, int local_rank, int rank) {
 #undef ADD
     size_t count = 0, bytes = 0;
     for (char **e = environ; e && *e; e++) {
-        if (is_owned(*e) || (L->job_token[0] && strncmp(*e, "TS_JOB_TOKEN=", 13) == 0) ||
-            (L->run_dir[0] && strncmp(*e, "TS_RUN_DIR=", 11) == 0) ||
-            (L->omp_threads[0] && strncmp(*e, "OMP_NUM_THREADS=", 16) == 0))
-            continue;
+        if (replaced(L, *e)) continue;
         count++;
         bytes += strlen(*e) + 1;
     }
@@ -162,10 +166,7 @@ static char **rank_env(const ts__launcher *L, int local_rank, int rank) {
     char *p = (char *)(env + count + (size_t)na + 1);
     size_t k = 0;
     for (char **e = environ; e && *e; e++) {
-        if (is_owned(*e) || (L->job_token[0] && strncmp(*e, "TS_JOB_TOKEN=", 13) == 0) ||
-            (L->run_dir[0] && strncmp(*e, "TS_RUN_DIR=", 11) == 0) ||
-            (L->omp_threads[0] && strncmp(*e, "OMP_NUM_THREADS=", 16) == 0))
-            continue;
+        if (replaced(L, *e)) continue;
         env[k++] = strcpy(p, *e);
         p += strlen(p) + 1;
     }
