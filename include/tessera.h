@@ -14,6 +14,7 @@
 #include "tessera/ckpt.h"
 #include "tessera/safetensors.h"
 #include "tessera/dist.h"
+#include "tessera/launch.h"
 #include "tessera/ddp.h"
 #include "tessera/parallel.h"
 #include "tessera/train.h"

@@ -353,9 +353,9 @@ static void test_hmac_rfc4231(void) {
     CHECK(ts__ct_equal(a, b, 32) == 1);
     b[31] ^= 0x80;
     CHECK(ts__ct_equal(a, b, 32) == 0);
-    char t1[TS__JOB_TOKEN_CHARS + 1], t2[TS__JOB_TOKEN_CHARS + 1];
-    CHECK_OK(ts__auth_new_token(t1));
-    CHECK_OK(ts__auth_new_token(t2));
+    char t1[TS_JOB_TOKEN_CHARS + 1], t2[TS_JOB_TOKEN_CHARS + 1];
+    CHECK_OK(ts_job_token_new(t1));
+    CHECK_OK(ts_job_token_new(t2));
     CHECK(strlen(t1) == 64 && strspn(t1, "0123456789abcdef") == 64 && strcmp(t1, t2) != 0);
 }
 

@@ -122,7 +122,7 @@ int cli_parse(const cli_command *cmd, int argc, char **argv, const char **pos, i
 }
 
 void cli_progress_init(cli_progress *p) {
-    p->tty = isatty(STDERR_FILENO);
+    p->tty = ts_launch_isatty(STDERR_FILENO); /* a terminal, or one behind tessera run's pipe */
     p->last_print = 0;
     p->every = p->tty ? 0.1 : 10.0;
 }

@@ -49,8 +49,9 @@ int cli_fail(const char *cmd, const char *what);
  * bfloat16 products with float32 activations). */
 void cli_set_autocast(int precision);
 
-/* A progress bar: redrawn in place on a terminal, a line every `every`
- * seconds otherwise (logs, CI). */
+/* A progress bar on stderr: redrawn in place ('\r') on a terminal, also under
+ * `tessera run` on one (ts_launch_isatty), a line every `every` seconds
+ * otherwise (logs, CI). */
 typedef struct cli_progress {
     bool tty;
     double last_print, every;

@@ -35,7 +35,6 @@
  * by a signal (e.g. SIGBUS), so a run never ends with a bare exit status 1.
  */
 #include "commands.h"
-#include "distributed/auth.h"
 #include "tessera.h"
 
 #include <arpa/inet.h>
@@ -311,10 +310,10 @@ int ts_bench_allreduce(int argc, char **argv) {
     snprintf(buf, sizeof buf, "%d", o.nprocs);
     setenv("WORLD_SIZE", buf, 1);
     setenv("LOCAL_WORLD_SIZE", buf, 1);
-    char token[TS__JOB_TOKEN_CHARS + 1]; /* the ranks' TCP store and links authenticate with it */
+    char token[TS_JOB_TOKEN_CHARS + 1]; /* the ranks' TCP store and links authenticate with it */
     const char *have = getenv("TS_JOB_TOKEN");
     if (!(have && *have)) {
-        if (ts__auth_new_token(token) != TS_OK) {
+        if (ts_job_token_new(token) != TS_OK) {
             fprintf(stderr, "cannot generate a job token: %s\n", ts_last_error());
             return 1;
         }

@@ -271,11 +271,10 @@ static ts_trainer_opts trainer_opts(const train_args *a, const ts_lr_schedule *s
 }
 
 /* The process group when a launcher started this process as one rank of a larger
- * job (ts_dist_env_detect: torchrun, tessera run, mpirun, srun, ...), with the
- * cores shared between the ranks on this host. */
+ * job (ts_dist_env_detect: torchrun, tessera run, mpirun, srun, ...); ts_pg_new
+ * gives the rank its share of the host's CPUs unless --threads or OMP_NUM_THREADS said. */
 static ts_status join_group(const train_args *a, const ts_dist_env *env, ts_device *dev, ts_process_group **pg) {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN), local = env->local_world_size > 0 ? env->local_world_size : 1;
-    if (a->threads == 0) ts_set_num_threads((int)(cores / local > 0 ? cores / local : 1));
+    long local = env->local_world_size > 0 ? env->local_world_size : 1;
     ts_pg_options po = TS_PG_OPTIONS_INIT;
     po.timeout_s = a->timeout;
     po.backend = a->backend;

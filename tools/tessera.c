@@ -8,6 +8,7 @@
 #include "tessera.h"
 
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     const char *name;
@@ -37,6 +38,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* OpenMP took its wait policy from the environment before main: with Tessera's default added
+     * (threads that sleep instead of spinning on a busy machine), start again once. */
+    if (ts_threads_env_defaults()) execv("/proc/self/exe", argv); /* returns only on failure: go on as we are */
     if (argc < 2) {
         usage(stderr);
         return CLI_EXIT_USAGE;

@@ -152,9 +152,21 @@ void ts_task_free(ts_task *t); /* waits first; NULL is fine */
 ts_status ts_device_run_parallel(ts_device *const *devs, int n, ts_task_fn fn, void *const *args);
 
 /* ---- threads ----------------------------------------------------------------------- */
-/* Number of CPU threads for kernels and BLAS (default: OMP_NUM_THREADS, else cores). */
+/* Number of CPU threads for kernels and BLAS, on the calling thread. The default: OMP_NUM_THREADS, else
+ * the CPUs this process may run on; a rank of a launched job (torchrun, tessera run, mpirun, srun:
+ * ts_pg_new finds their variables) gets its share of them, CPUs / ranks on this host, from the moment it
+ * creates its first process group. ts_set_num_threads and OMP_NUM_THREADS both win over that share. */
 void ts_set_num_threads(int n);
 int ts_get_num_threads(void);
+
+/* Threads that keep their speed on a busy machine: sets OMP_WAIT_POLICY=passive in this process's
+ * environment unless it is set (OpenMP threads waiting for work sleep instead of spinning; a spinning
+ * thread holds a core that a thread of its own team, or another program, needs, and two threads then run
+ * slower than one). Returns whether it changed the environment. OpenMP reads the variable once, when it
+ * loads (before main), so it acts on processes started afterwards: a launcher's children (ts_launch_run
+ * gives its ranks these defaults itself), or this program started again — `tessera` execs itself once
+ * when this returns true. */
+bool ts_threads_env_defaults(void);
 
 /* How CPU conv2d computes convolutions (forward and both gradients): oneDNN's convolution
  * primitives (builds with oneDNN: its JIT kernels for this CPU, the same as PyTorch's), or our own:

@@ -45,6 +45,13 @@ int ts_store_tcp_port(const ts_store *s); /* the port actually listened on / con
  * (`tessera run` sets one); without one the store runs unauthenticated and the
  * process logs a warning once. A client refused by the server, or a server that
  * fails its proof, is a TS_ERR_REMOTE naming host:port and the reason. */
+/* A fresh job token, what `tessera run` (ts_launch_run) gives its ranks as TS_JOB_TOKEN: 32 bytes from
+ * the kernel's CSPRNG as TS_JOB_TOKEN_CHARS lowercase hex digits and a NUL, written into out, which the
+ * caller owns (TS_JOB_TOKEN_CHARS + 1 bytes). It is a secret: keep it out of logs and command lines, and
+ * overwrite the buffer when done. TS_ERR_IO when the kernel gives no random bytes. */
+#define TS_JOB_TOKEN_CHARS 64
+ts_status ts_job_token_new(char out[TS_JOB_TOKEN_CHARS + 1]);
+
 typedef struct ts_store_tcp_options {
     size_t size;          /* sizeof(ts_store_tcp_options) */
     unsigned int magic;   /* TS_STORE_TCP_OPTIONS_MAGIC */

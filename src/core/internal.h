@@ -105,6 +105,14 @@ long ts__alloc_count(void);
 bool ts__alloc_injected_failure(void);
 
 /* Appends context to the current thread's error message: "ctx: <previous>". */
+/* The CPUs this process may run on (its affinity mask; at least 1). */
+int ts__cpu_count(void);
+/* A launched rank's thread count (core/threads.c): CPUs / local_ranks for the calling thread, unless
+ * ts_set_num_threads was called or OMP_NUM_THREADS is set. Returns the count in effect. */
+int ts__threads_share(int local_ranks);
+/* ts_threads_env_defaults' variables as "NAME=value" strings, NULL-terminated (static). */
+const char *const *ts__threads_env_default_list(void);
+
 ts_status ts__error_prefix(ts_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- files (core/file.c) ------------------------------------------------------------------------

@@ -1,22 +1,67 @@
 /*
  * core/threads.c — process-wide CPU execution settings: the thread count of our
- * OpenMP kernels and the conv2d algorithm. OpenBLAS stays single-threaded;
+ * OpenMP kernels (and a launched rank's share of the CPUs), OpenMP's wait policy
+ * default, and the conv2d algorithm. OpenBLAS stays single-threaded;
  * src/ops/cpu/blas.c splits large products over these threads itself (see
  * there why OpenBLAS's own count is never changed).
  */
 #include "core/internal.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- thread count -------------------------------------------------------------------------------
+ * OpenMP's own default (OMP_NUM_THREADS, else the CPUs of the affinity mask) until either the program
+ * chooses (ts_set_num_threads: `explicit_threads`) or a launched rank learns how many ranks share its
+ * host (ts__threads_share, from ts_pg_new): then CPUs / local ranks, unless OMP_NUM_THREADS was set or
+ * the program chose. OpenMP's count is per thread (the calling thread's ICV); both set the caller's. */
+static _Atomic int explicit_threads;
+
 void ts_set_num_threads(int n) {
     if (n < 1) n = 1;
+    atomic_store(&explicit_threads, 1);
     omp_set_num_threads(n);
 }
 
 int ts_get_num_threads(void) { return omp_get_max_threads(); }
+
+int ts__cpu_count(void) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (n < 1) n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n;
+}
+
+int ts__threads_share(int local_ranks) {
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (local_ranks < 1 || atomic_load(&explicit_threads) || (env && *env)) return ts_get_num_threads();
+    int n = ts__cpu_count() / local_ranks;
+    omp_set_num_threads(n < 1 ? 1 : n);
+    return ts_get_num_threads();
+}
+
+/* OpenMP's environment as Tessera wants it where the user said nothing (ts_threads_env_defaults). */
+static const char *const env_defaults[] = {"OMP_WAIT_POLICY=passive", NULL};
+
+const char *const *ts__threads_env_default_list(void) { return env_defaults; }
+
+bool ts_threads_env_defaults(void) {
+    bool changed = false;
+    for (const char *const *d = env_defaults; *d; d++) {
+        char name[64];
+        size_t n = strcspn(*d, "=");
+        snprintf(name, sizeof name, "%.*s", (int)n, *d);
+        const char *v = getenv(name);
+        if (!(v && *v)) changed |= setenv(name, *d + n + 1, 1) == 0;
+    }
+    return changed;
+}
 
 /* ---- conv algorithm (read by the CPU spatial kernels) ---- */
 static _Atomic int conv_algo = -1; /* -1: not yet read from TS_CONV_ALGO */

@@ -57,8 +57,9 @@ ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
 
 void ts__auth_wipe(ts__auth *a) { ts__wipe(a, sizeof *a); }
 
-ts_status ts__auth_new_token(char out[TS__JOB_TOKEN_CHARS + 1]) {
-    uint8_t b[TS__JOB_TOKEN_CHARS / 2];
+ts_status ts_job_token_new(char out[TS_JOB_TOKEN_CHARS + 1]) {
+    TS_ARG(out, "ts_job_token_new: out is NULL");
+    uint8_t b[TS_JOB_TOKEN_CHARS / 2];
     TS_TRY(ts__random_bytes(b, sizeof b));
     ts__hex(b, sizeof b, out);
     ts__wipe(b, sizeof b);

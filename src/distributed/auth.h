@@ -35,6 +35,7 @@
 #define TS_DIST_AUTH_H
 
 #include "core/internal.h"
+#include "tessera/dist.h"
 
 #include <stdint.h>
 #include <sys/socket.h>
@@ -69,10 +70,7 @@ typedef struct ts__auth {
  * TS_ERR_INVALID_ARG for a token over TS__AUTH_MAX_TOKEN characters. */
 ts_status ts__auth_init(ts__auth *a, const char *token, const char *what);
 void ts__auth_wipe(ts__auth *a);
-/* A fresh job token (what `tessera run` gives its ranks): 32 bytes from the kernel's
- * CSPRNG as 64 lowercase hex digits and a NUL. */
-#define TS__JOB_TOKEN_CHARS 64
-ts_status ts__auth_new_token(char out[TS__JOB_TOKEN_CHARS + 1]);
+/* New job tokens: ts_job_token_new (tessera/dist.h). */
 
 /* Server: a fresh challenge. */
 ts_status ts__auth_challenge(const ts__auth *a, int kind, uint32_t f1, uint32_t f2,

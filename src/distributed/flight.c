@@ -9,16 +9,8 @@
  * updates `cur`. The running operation is also copied into `cur`, so the
  * heartbeat thread can always say what this rank is waiting in.
  *
- * Failure report (TS_RUN_DIR/failure-<group>-rank<R>.txt), key=value lines
- * written to a temporary file and renamed, so a reader sees all or nothing:
- *     rank, world, pid, host, group, status (TS_ERR_...), cause (heartbeat |
- *     error | timeout | abort), blame_rank (-1: none), blame_pid, blame_host,
- *     silent_s, blame_position (what the blamed rank's last heartbeat said:
- *     "in collective #S", "completed collective #S", ...), op (a description of the operation this rank was in, or
- *     "none"), op_seq, op_name, op_state, op_for_s (seconds since it started),
- *     behind (comma-separated ranks whose last heartbeat said they had not
- *     started that collective; may be empty), reason (one line).
- * tools/cmd_run.c parses it; keep the two in step.
+ * The failure report `tessera run` reads is distributed/report.h's format;
+ * ts__flight_report fills one from the group's failure and the ring.
  */
 #include "distributed/flight.h"
 
@@ -188,24 +180,12 @@ static void dump_line(const ts_pg_op_record *r, double now, char *buf, size_t n)
     }
 }
 
-/* A name safe in a file name: [A-Za-z0-9._-], anything else '_'. */
-static void safe_name(const char *s, char *out, size_t n) {
-    size_t i = 0;
-    for (; s && s[i] && i + 1 < n && i < 64; i++) {
-        char c = s[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-                  c == '_';
-        out[i] = ok && !(i == 0 && c == '.') ? c : '_';
-    }
-    out[i] = 0;
-}
-
 static void header(const ts__fail_info *fi, int nrec, char *buf, size_t n) {
     char what[48] = "no operations yet";
     if (nrec) snprintf(what, sizeof what, "the last %d operation%s, oldest first", nrec, nrec == 1 ? "" : "s");
     size_t rl = strlen(fi->reason);
     snprintf(buf, n, "flight recorder of rank %d of %d (host %s, pid %d), process group '%s', %s (%s: %.500s%s)",
-             fi->rank, fi->world, fi->host, fi->pid, fi->group, what, fi->cause, fi->reason, rl > 500 ? "..." : "");
+             fi->rank, fi->world, fi->host, fi->pid, fi->group, what, ts__fail_cause_name(fi->cause), fi->reason, rl > 500 ? "..." : "");
 }
 
 void ts__flight_dump(ts__flight *f, const ts__fail_info *fi) {
@@ -229,7 +209,7 @@ void ts__flight_dump(ts__flight *f, const ts__fail_info *fi) {
     const char *dir = getenv("TS_FLIGHT_RECORDER_DIR");
     if (!dir || !*dir) return;
     char g[80], path[1024];
-    safe_name(fi->group, g, sizeof g);
+    ts__report_group_name(fi->group, g, sizeof g);
     snprintf(path, sizeof path, "%s/flight-%s-rank%d-pid%d.txt", dir, g, fi->rank, fi->pid);
     mkdir(dir, 0777); /* may exist already */
     FILE *fp = fopen(path, "w");
@@ -246,54 +226,41 @@ void ts__flight_dump(ts__flight *f, const ts__fail_info *fi) {
     fclose(fp);
 }
 
-/* Writes s on one line: newlines and other control characters become spaces. */
-static void put_line(FILE *fp, const char *key, const char *s) {
-    fprintf(fp, "%s=", key);
-    for (; s && *s; s++) fputc((unsigned char)*s < 0x20 ? ' ' : *s, fp);
-    fputc('\n', fp);
-}
-
 void ts__flight_report(ts__flight *f, const ts__fail_info *fi) {
     const char *dir = getenv("TS_RUN_DIR");
     if (!dir || !*dir) return;
-    char g[80], path[1024], tmp[1100];
-    safe_name(fi->group, g, sizeof g);
-    snprintf(path, sizeof path, "%s/failure-%s-rank%d.txt", dir, g, fi->rank);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, fi->pid);
-    FILE *fp = fopen(tmp, "w");
-    if (!fp) {
-        ts_log(TS_LOG_WARN, "TS_RUN_DIR: cannot write %s: %s", tmp, strerror(errno));
-        return;
+    ts__fail_report *r = ts__calloc(1, sizeof *r);
+    if (!r) return;
+    ts__fail_report_init(r);
+    ts_pg_op_record op;
+    bool in_op = fi->op ? (op = *fi->op, true) : ts__flight_last(f, &op);
+    if (in_op) {
+        ts__flight_describe(&op, r->op, sizeof r->op);
+        r->op_seq = op.seq;
+        snprintf(r->op_name, sizeof r->op_name, "%s", op.op);
+        snprintf(r->op_state, sizeof r->op_state, "%s", ts_pg_op_state_name(op.state));
+        r->op_for_s = op.started_s > 0 ? (op.ended_s > 0 ? op.ended_s : ts_time_now()) - op.started_s : 0.0;
     }
-    ts_pg_op_record r;
-    bool in_op = fi->op ? (r = *fi->op, true) : ts__flight_last(f, &r);
-    char d[200] = "none";
-    if (in_op) ts__flight_describe(&r, d, sizeof d);
-    fprintf(fp, "rank=%d\nworld=%d\npid=%d\n", fi->rank, fi->world, fi->pid);
-    put_line(fp, "host", fi->host);
-    put_line(fp, "group", fi->group);
-    fprintf(fp, "status=%s\ncause=%s\nblame_rank=%d\nblame_pid=%d\n", ts_status_name(fi->status), fi->cause,
-            fi->blame_rank, fi->blame_pid);
-    put_line(fp, "blame_host", fi->blame_host ? fi->blame_host : "");
-    fprintf(fp, "silent_s=%.1f\n", fi->silent_s);
+    r->rank = fi->rank;
+    r->world = fi->world;
+    r->pid = fi->pid;
+    snprintf(r->host, sizeof r->host, "%s", fi->host ? fi->host : "");
+    snprintf(r->group, sizeof r->group, "%s", fi->group ? fi->group : "");
+    snprintf(r->status, sizeof r->status, "%s", ts_status_name(fi->status));
+    r->cause = fi->cause;
+    r->blame_rank = fi->blame_rank;
+    r->blame_pid = fi->blame_pid;
+    snprintf(r->blame_host, sizeof r->blame_host, "%s", fi->blame_host ? fi->blame_host : "");
+    r->silent_s = fi->silent_s;
     if (fi->blame_rank >= 0 && fi->blame_started == 0)
-        fprintf(fp, "blame_position=no collective started yet\n");
+        snprintf(r->blame_position, sizeof r->blame_position, "no collective started yet");
     else if (fi->blame_rank >= 0 && fi->blame_completed >= fi->blame_started)
-        fprintf(fp, "blame_position=completed collective #%llu\n", (unsigned long long)fi->blame_completed);
+        snprintf(r->blame_position, sizeof r->blame_position, "completed collective #%llu",
+                 (unsigned long long)fi->blame_completed);
     else if (fi->blame_rank >= 0)
-        fprintf(fp, "blame_position=in collective #%llu\n", (unsigned long long)fi->blame_started);
-    put_line(fp, "op", d);
-    fprintf(fp, "op_seq=%llu\nop_name=%s\nop_state=%s\nop_for_s=%.1f\n", in_op ? (unsigned long long)r.seq : 0ull,
-            in_op ? r.op : "none", in_op ? ts_pg_op_state_name(r.state) : "none",
-            in_op && r.started_s > 0 ? (r.ended_s > 0 ? r.ended_s : ts_time_now()) - r.started_s : 0.0);
-    fprintf(fp, "behind=");
-    for (int i = 0; i < fi->nbehind; i++) fprintf(fp, "%s%d", i ? "," : "", fi->behind[i]);
-    fprintf(fp, "\n");
-    put_line(fp, "reason", fi->reason);
-    bool ok = fflush(fp) == 0;
-    ok &= fclose(fp) == 0;
-    if (!ok || rename(tmp, path) != 0) {
-        ts_log(TS_LOG_WARN, "TS_RUN_DIR: cannot write %s: %s", path, strerror(errno));
-        unlink(tmp);
-    }
+        snprintf(r->blame_position, sizeof r->blame_position, "in collective #%llu", (unsigned long long)fi->blame_started);
+    for (int i = 0; i < fi->nbehind && r->nbehind < TS__REPORT_MAX_BEHIND; i++) r->behind[r->nbehind++] = fi->behind[i];
+    snprintf(r->reason, sizeof r->reason, "%s", fi->reason ? fi->reason : "");
+    if (ts__fail_report_write(dir, r) != TS_OK) ts_log(TS_LOG_WARN, "TS_RUN_DIR: %s", ts_last_error());
+    free(r);
 }

@@ -14,6 +14,7 @@
 #define TS_DIST_FLIGHT_H
 
 #include "core/internal.h"
+#include "distributed/report.h"
 #include "tessera/dist.h"
 
 #include <pthread.h>
@@ -59,7 +60,7 @@ typedef struct ts__fail_info {
     const char *group, *host;
     int rank, world, pid;
     ts_status status;
-    const char *cause;  /* "heartbeat", "error", "timeout", "abort" */
+    ts__fail_cause cause;
     const char *reason; /* the abort reason (one line is written) */
     const ts_pg_op_record *op; /* the operation that failed or was running, or NULL */
     /* The peer this rank waited for (cause "heartbeat"; -1: none), with what it knows of it. */
@@ -76,8 +77,8 @@ typedef struct ts__fail_info {
  * then one line per operation), and writes it to
  * $TS_FLIGHT_RECORDER_DIR/flight-<group>-rank<R>-pid<P>.txt when that is set. */
 void ts__flight_dump(ts__flight *f, const ts__fail_info *fi);
-/* Writes $TS_RUN_DIR/failure-<group>-rank<R>.txt (key=value lines, atomically)
- * when TS_RUN_DIR is set; nothing otherwise. */
+/* Writes the failure report (distributed/report.h) into $TS_RUN_DIR when
+ * TS_RUN_DIR is set; nothing otherwise. */
 void ts__flight_report(ts__flight *f, const ts__fail_info *fi);
 
 #endif /* TS_DIST_FLIGHT_H */

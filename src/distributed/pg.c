@@ -234,6 +234,7 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
         free(pg);
         return st;
     }
+    ts__launched_setup(pg->local_world); /* a launched rank's CPU share and line-buffered stdout */
     if (!device && be->device_buffers) { /* torchrun's convention: local rank r on cuda:r */
         char dn[32];
         snprintf(dn, sizeof dn, "cuda:%d", pg->local_rank > 0 ? pg->local_rank : 0);
@@ -366,7 +367,7 @@ static void behind_note(ts_process_group *pg, const ts_pg_op_record *op, char *b
  * report exists). Later aborts wait until the first one has set the flag.
  * op: the operation that failed (NULL: the one running now, if any); blame:
  * the silent peer, if one is known. */
-static void pg_fail(ts_process_group *pg, ts_status status, const char *reason, const char *cause,
+static void pg_fail(ts_process_group *pg, ts_status status, const char *reason, ts__fail_cause cause,
                     const ts__hb_blame *blame, const ts_pg_op_record *op) {
     pthread_mutex_lock(&pg->abort_mu);
     if (pg->failing) {
@@ -420,9 +421,9 @@ static void pg_fail(ts_process_group *pg, ts_status status, const char *reason, 
 void ts__pg_abort_status(ts_process_group *pg, ts_status status, const char *reason) {
     if (!pg) return;
     pg_fail(pg, status, reason,
-            status == TS_ERR_TIMEOUT ? "timeout"
-            : status == TS_ERR_STATE ? "abort"
-                                     : "error",
+            status == TS_ERR_TIMEOUT ? TS__CAUSE_TIMEOUT
+            : status == TS_ERR_STATE ? TS__CAUSE_ABORT
+                                     : TS__CAUSE_ERROR,
             NULL, NULL);
 }
 
@@ -430,7 +431,7 @@ void ts_pg_abort(ts_process_group *pg, const char *reason) { ts__pg_abort_status
 
 /* The heartbeat thread's verdict on a silent peer. */
 static void heartbeat_failed(void *user, ts_status st, const char *reason, const ts__hb_blame *blame) {
-    pg_fail(user, st, reason, "heartbeat", blame, &blame->op);
+    pg_fail(user, st, reason, TS__CAUSE_HEARTBEAT, blame, &blame->op);
 }
 
 static ts_status aborted_error(ts_process_group *pg, const char *what) {
@@ -478,7 +479,7 @@ static void execute(ts_process_group *pg, ts_work *w) {
                 bool suspect = have && st == TS_ERR_REMOTE && ts__heartbeat_suspect(pg->hb, &r, &b, note, sizeof note) >= 0;
                 if (have && st == TS_ERR_TIMEOUT) behind_note(pg, &r, note, sizeof note);
                 snprintf(reason + strlen(reason), sizeof reason - strlen(reason), "%s", note);
-                pg_fail(pg, st, reason, st == TS_ERR_TIMEOUT ? "timeout" : "error", suspect ? &b : NULL,
+                pg_fail(pg, st, reason, st == TS_ERR_TIMEOUT ? TS__CAUSE_TIMEOUT : TS__CAUSE_ERROR, suspect ? &b : NULL,
                         have ? &r : NULL);
                 ts_error(st, "%s", reason);
             }
@@ -578,7 +579,7 @@ static ts_status wait_done(ts_work *w, double timeout_s) {
         }
         snprintf(reason, sizeof reason, "%s (work #%llu%s%s) did not complete within %g s%s", wnames[w->kind],
                  (unsigned long long)w->id, what[0] ? ": " : "", what, timeout_s, late);
-        pg_fail(w->pg, TS_ERR_TIMEOUT, reason, "timeout", NULL, have ? &r : NULL);
+        pg_fail(w->pg, TS_ERR_TIMEOUT, reason, TS__CAUSE_TIMEOUT, NULL, have ? &r : NULL);
         return ts_error(TS_ERR_TIMEOUT, "%s; process group '%s' aborted (rank %d, host %s, pid %d)", reason,
                         w->pg->name, w->pg->rank, w->pg->host, (int)getpid());
     }

@@ -46,4 +46,9 @@ ts_status ts__slurm_nodelist_host(const char *var, const char *list, int index, 
 ts_status ts__rendezvous(const ts_pg_options *opts, ts_store **store, int *rank, int *world_size, int *local_rank,
                          int *local_world_size, double *timeout_s);
 
+/* A rank of a launched job (launcher variables present) takes its share of the CPUs and a
+ * line-buffered stdout when that is a pipe (launched.c). group_local_world: the ranks on this host
+ * as the group's join found them, for launchers that do not say. Once per process. */
+void ts__launched_setup(int group_local_world);
+
 #endif /* TS_DIST_RENDEZVOUS_H */
