@@ -3,7 +3,8 @@
  * a file under src/ includes internal headers only from its own layer or the
  * layers below it. Bottom up:
  *   core, device, tensor, autograd, ops/cpu (kernels), ops,
- *   nn = optim = data = io = pipeline, distributed = export, parallel, train.
+ *   nn = optim = data = io = pipeline, distributed = export, parallel = launch,
+ *   train.
  * Public headers ("tessera/...") and includes relative to the file's own
  * folder are not checked. The tree is found from this file's path (__FILE__);
  * without it the test is skipped.
@@ -19,7 +20,7 @@ static const struct {
 } layers[] = {
     {"core", 0}, {"device", 1}, {"tensor", 2}, {"autograd", 3}, {"ops/cpu", 4}, {"ops/cuda", 4}, {"ops", 5},
     {"nn", 6},   {"optim", 6},  {"data", 6},   {"io", 6},       {"pipeline", 6}, {"distributed", 7},
-    {"export", 7},   {"parallel", 8}, {"train", 9},
+    {"export", 7},   {"parallel", 8}, {"launch", 8}, {"train", 9},
 };
 
 /* The layer of a path relative to src/ (the longest matching folder), or -1. */
