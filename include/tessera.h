@@ -18,6 +18,7 @@
 #include "tessera/ddp.h"
 #include "tessera/parallel.h"
 #include "tessera/train.h"
+#include "tessera/run.h"
 #include "tessera/export.h"
 
 #endif

@@ -58,8 +58,9 @@ grep -q '"steps": 5' "$T/m.json" && ok "5 steps" || bad "metrics: $(cat "$T/m.js
 expect_exit 0 "done: 3 steps" "$TS" train --data "$T/fm/train/list.txt" "${common[@]}" --epochs 1 --max-steps 3
 
 # resume inside an epoch gives the same weights as a straight run (the pipeline seeks)
-"$TS" train --data "$T/fmj" "${common[@]}" --epochs 2 --max-steps 6 --checkpoint "$T/a.ckpt" > "$T/a.log" 2>&1 || bad "straight: $(cat "$T/a.log")"
-"$TS" train --data "$T/fmj" "${common[@]}" --epochs 2 --max-steps 2 --checkpoint "$T/b.ckpt" > "$T/b.log" 2>&1 || bad "first part: $(cat "$T/b.log")"
+"$TS" train --data "$T/fmj" "${common[@]}" --epochs 2 --max-steps 6 --checkpoint "$T/a.ckpt" --checkpoint-dir "$T/adir" \
+  --checkpoint-every 2 > "$T/a.log" 2>&1 || bad "straight: $(cat "$T/a.log")"
+cp "$T/adir/step-000000000002.ckpt" "$T/b.ckpt" # the 6-step run at step 2 (the schedule spans the 6)
 "$TS" train --data "$T/fmj" "${common[@]}" --epochs 2 --max-steps 6 --resume "$T/b.ckpt" --checkpoint "$T/c.ckpt" > "$T/c.log" 2>&1 || bad "resume: $(cat "$T/c.log")"
 expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/a.ckpt" "$T/c.ckpt" --tol 0
 
@@ -72,7 +73,7 @@ fi
 grep -q "\[rank 0\] training mlp on $T/fm: 200 images, 7 batches of 16 per epoch per rank, 2 ranks" "$T/d.log" && ok "each rank has 7 batches of its 100-image shard" || bad "DDP banner: $(cat "$T/d.log")"
 
 # ---- errors --------------------------------------------------------------------------------------
-expect_exit 2 "--data /no/such/dir" "$TS" train --data /no/such/dir
+expect_exit 2 "data /no/such/dir" "$TS" train --data /no/such/dir
 mkdir -p "$T/none/cls"
 expect_exit 2 "no samples found" "$TS" train --data "$T/none" --max-steps 1
 cp -r "$T/fmj" "$T/bad"

@@ -58,13 +58,13 @@ TRAIN=("$TS" train --model mlp --epochs 1 --max-steps 2 --quiet --threads 1)
 
 # checkpoint paths that cannot work fail before training, with exit 2
 if [ -c /dev/full ]; then
-  expect_exit 2 "--checkpoint: /dev/full: is a character device; refusing to replace it" "${TRAIN[@]}" --checkpoint /dev/full
+  expect_exit 2 "checkpoint: /dev/full: is a character device; refusing to replace it" "${TRAIN[@]}" --checkpoint /dev/full
   [ -c /dev/full ] && ok "/dev/full is still a character device" || bad "/dev/full was replaced"
 fi
-expect_exit 2 "--checkpoint: $T/no/dir/x.ckpt: cannot save a checkpoint there: directory $T/no/dir: No such file" \
+expect_exit 2 "checkpoint: $T/no/dir/x.ckpt: cannot save a checkpoint there: directory $T/no/dir: No such file" \
   "${TRAIN[@]}" --checkpoint "$T/no/dir/x.ckpt"
 expect_exit 2 "is a FIFO" "${TRAIN[@]}" --checkpoint "$T/fifo.ckpt"
-expect_exit 2 "--resume: $T/fifo.ckpt: is a FIFO" "${TRAIN[@]}" --resume "$T/fifo.ckpt"
+expect_exit 2 "resume: $T/fifo.ckpt: is a FIFO" "${TRAIN[@]}" --resume "$T/fifo.ckpt"
 
 # a FIFO as an IDX file
 mkdir "$T/fifodata"

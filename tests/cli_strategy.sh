@@ -34,18 +34,18 @@ run() {
 
 # errors
 expect_exit 0 "--strategy" "$TS" train --help
-expect_exit 2 "unknown strategy 'warp' (expected none, ddp, data, model" "$TS" train --strategy warp
+expect_exit 2 "unknown --strategy 'warp': expected none, ddp, data, model" "$TS" train --strategy warp
 expect_exit 2 "unknown device 'cpu:99'" "$TS" train --strategy data --devices cpu:0,cpu:99
 expect_exit 2 "unknown device 'gpu:0'" "$TS" train --strategy data --devices gpu:0
 if "$TS" devices --json | grep -q '"cuda": \[\]'; then
   expect_exit 2 "unknown device 'cuda:0': " "$TS" train --strategy model --devices cpu:0,cuda:0
   expect_exit 2 "unknown device 'cuda:0': " "$TS" train --device cuda:0
 fi
-expect_exit 2 "--device runs the model on one device" "$TS" train --strategy data --device cpu
+expect_exit 2 "device runs the model on one device per process; strategy data takes devices" "$TS" train --strategy data --device cpu
 expect_exit 2 "cpu:1 appears twice" "$TS" train --strategy data --devices cpu:1,cpu:1
 expect_exit 2 "empty" "$TS" train --strategy data --devices ,
-expect_exit 2 "cannot be combined with --nproc 2" "$TS" train --strategy data --nproc 2
-expect_exit 2 "--devices needs --strategy" "$TS" train --devices cpu:0,cpu:1
+expect_exit 2 "cannot be combined with nproc 2" "$TS" train --strategy data --nproc 2
+expect_exit 2 "devices needs strategy" "$TS" train --devices cpu:0,cpu:1
 expect_exit 2 "unknown --schedule 'zigzag'" "$TS" train --strategy data --schedule zigzag
 
 # data parallelism: the CNN trains; the checkpoint has the plain model's keys
@@ -60,11 +60,12 @@ grep -q '"steps": 4' "$T/dc.json" && ok "data: 4 steps" || bad "data metrics: $(
 
 # the MLP (no BatchNorm) under data parallelism over 3 devices (the count grows to cover cpu:2) ends
 # where a plain run ends, also when it resumes a plain checkpoint halfway
-run plain_mlp "$TS" train "${common[@]}" --model mlp --max-steps 6 --checkpoint "$T/p6.ckpt"
+run plain_mlp "$TS" train "${common[@]}" --model mlp --max-steps 6 --checkpoint "$T/p6.ckpt" --checkpoint-dir "$T/p6dir" \
+  --checkpoint-every 3
 run data_mlp "$TS" train "${common[@]}" --model mlp --strategy data --devices cpu:0,cpu:1,cpu:2 --max-steps 6 \
   --checkpoint "$T/d6.ckpt"
 expect_exit 0 "max abs difference" "$TS" ckpt diff "$T/p6.ckpt" "$T/d6.ckpt" --tol 1e-5
-run plain_mlp3 "$TS" train "${common[@]}" --model mlp --max-steps 3 --checkpoint "$T/p3.ckpt"
+cp "$T/p6dir/step-000000000003.ckpt" "$T/p3.ckpt" # the 6-step run at step 3 (the schedule spans the 6)
 run resume_data "$TS" train "${common[@]}" --model mlp --strategy data --devices cpu:1,cpu:0 --max-steps 6 \
   --resume "$T/p3.ckpt" --checkpoint "$T/r6.ckpt"
 grep -q "resumed from" "$T/resume_data.log" && ok "data: resumed a plain checkpoint" || bad "resume: $(cat "$T/resume_data.log")"
@@ -104,7 +105,7 @@ run ddp_device "$TS" train "${common[@]}" --model cnn --nproc 2 --batch-size 16 
   --checkpoint "$T/dd.ckpt"
 grep -q ", on cpu:1" "$T/ddp_device.log" && ok "DDP --device cpu:1 announced" || bad "DDP --device: $(cat "$T/ddp_device.log")"
 expect_exit 0 "max abs difference: 0 " "$TS" ckpt diff "$T/dp.ckpt" "$T/dd.ckpt" --tol 0
-expect_exit 2 "--device: unknown device 'cpu:99'" "$TS" train --device cpu:99
+expect_exit 2 "device: unknown device 'cpu:99'" "$TS" train --device cpu:99
 
 # tessera devices: the CPU, the virtual devices and the CUDA devices or the reason there are none; --json parses
 expect_exit 0 "cpu:K" "$TS" devices

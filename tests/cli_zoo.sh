@@ -95,11 +95,11 @@ expect_exit 0 "on $DATA: 10000 images" "$TS" eval --checkpoint "$T/cnn.ckpt" --d
 expect_exit 0 "10000 images" "$TS" eval --checkpoint "$T/m12.ckpt" --data "$DATA" --confusion 0
 "$TS" ckpt show "$T/m12.ckpt" 2>&1 | grep -q "train.num_classes.* 12" && ok "the checkpoint records 12 outputs" \
   || bad "no train.num_classes: $("$TS" ckpt show "$T/m12.ckpt" 2>&1 | grep num_classes)"
-expect_exit 2 "--num-classes 5: --data $DATA has 10 classes" "$TS" train --model mlp --num-classes 5 --data "$DATA"
+expect_exit 2 "num_classes 5: data $DATA has 10 classes" "$TS" train --model mlp --num-classes 5 --data "$DATA"
 
 # ---- errors -----------------------------------------------------------------------------------------
-expect_exit 2 "unknown --model 'resnet19' (expected one of cnn, mlp, resnet18" "$TS" train --model resnet19
-expect_exit 2 "--model cnn takes 28x28 images only" "$TS" train --model cnn --image-size 64
+expect_exit 2 "unknown model 'resnet19' (expected one of cnn, mlp, resnet18" "$TS" train --model resnet19
+expect_exit 2 "image_size 64: model cnn takes 28x28 images only" "$TS" train --model cnn --image-size 64
 mkdir -p "$T/empty/train" "$T/empty/val"
 expect_exit 2 "$T/empty/train" "$TS" train --model resnet18 --image-size 32 --data "$T/empty"
 cp -r "$T/fm" "$T/odd" && mv "$T/odd/val/3_dress" "$T/odd/val/3_gown"
@@ -111,13 +111,13 @@ expect_exit 2 "--checkpoint is required" "$TS" eval
 expect_exit 2 "no image files given" "$TS" predict --checkpoint "$T/r18.ckpt"
 expect_exit 1 "$T/nope.png" "$TS" predict --checkpoint "$T/r18.ckpt" "$T/nope.png"
 # --decode mixed (nvJPEG on the training GPU): refused without a GPU to decode on
-expect_exit 2 "--decode mixed decodes the training images on the GPU the model trains on: give --device cuda:N" \
+expect_exit 2 "decode mixed decodes the training images on the GPU the model trains on: give device cuda:N" \
   "$TS" train --model resnet18 --image-size 32 --data "$T/fm" --decode mixed
 expect_exit 2 "cpu:1 has no image decoder" "$TS" train --model resnet18 --image-size 32 --data "$T/fm" --decode mixed \
   --device cpu:1
-expect_exit 2 "decode device 'gpu': expected cpu or mixed" "$TS" train --data "$T/fm" --decode gpu
+expect_exit 2 "unknown --decode 'gpu': expected cpu or mixed" "$TS" train --data "$T/fm" --decode gpu
 expect_exit 2 "records no model name" "$TS" eval --checkpoint "$T/cr.ckpt"
-expect_exit 2 "do not fit --model mlp" "$TS" eval --checkpoint "$T/r18.ckpt" --model mlp
+expect_exit 2 "this is a resnet18 checkpoint; the model is mlp" "$TS" eval --checkpoint "$T/r18.ckpt" --model mlp
 # a whole other model: one short line naming both, not a page of keys
 out=$("$TS" eval --checkpoint "$T/cnn.ckpt" --model resnet18 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -qF "this is a cnn checkpoint; the model is resnet18" <<<"$out" && [ "${#out}" -lt 400 ] \

@@ -8,13 +8,18 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
-void cli_set_autocast(int precision) {
-    const char *e = getenv("TS_AUTOCAST");
-    if (!(e && *e)) (void)ts_set_autocast(precision == TS_BF16 ? TS_BF16 : TS_F32);
+int cli_exit_for(int status) {
+    switch (status) {
+    case TS_ERR_INVALID_ARG: case TS_ERR_SHAPE: case TS_ERR_DTYPE: case TS_ERR_DEVICE: case TS_ERR_IO:
+    case TS_ERR_FORMAT: case TS_ERR_UNSUPPORTED: return CLI_EXIT_USAGE;
+    default: return 1;
+    }
 }
 
 int cli_usage_error(const cli_command *cmd, const char *fmt, ...) {
@@ -32,6 +37,12 @@ int cli_fail(const char *cmd, const char *what) {
     return 1;
 }
 
+static const char *enum_name(const cli_flag *fl) {
+    const cli_enum *e = fl->ptr;
+    const char *n = e->names(*(const int *)e->value);
+    return n ? n : "?";
+}
+
 void cli_print_help(const cli_command *cmd, FILE *f) {
     fprintf(f, "usage: %s\n\n%s\n", cmd->usage, cmd->summary);
     if (cmd->nflags) fprintf(f, "\nflags:\n");
@@ -39,7 +50,7 @@ void cli_print_help(const cli_command *cmd, FILE *f) {
         const cli_flag *fl = &cmd->flags[i];
         if (!fl->help) continue; /* a hidden alias (an old spelling) */
         char head[64];
-        const char *arg = fl->type == CLI_INT ? " N" : fl->type == CLI_FLOAT ? " X" : fl->type == CLI_STRING ? " S" : "";
+        const char *arg = fl->type == CLI_INT ? " N" : fl->type == CLI_FLOAT ? " X" : fl->type == CLI_BOOL ? "" : " S";
         snprintf(head, sizeof head, "--%s%s", fl->name, arg);
         fprintf(f, "  %-24s %s", head, fl->help);
         switch (fl->type) {
@@ -49,10 +60,28 @@ void cli_print_help(const cli_command *cmd, FILE *f) {
             if (*(const char **)fl->ptr) fprintf(f, " (default %s)", *(const char **)fl->ptr);
             break;
         case CLI_BOOL: break;
+        case CLI_ENUM: fprintf(f, " (default %s)", enum_name(fl)); break;
         }
         fprintf(f, "\n");
     }
     fprintf(f, "  %-24s %s\n", "--help", "show this help");
+}
+
+/* An enum flag: the value whose library name is v (any case), within [min, max]. */
+static int set_enum(const cli_command *cmd, const cli_flag *fl, const char *v) {
+    const cli_enum *e = fl->ptr;
+    char list[512];
+    size_t k = 0;
+    int lo = (int)fl->min, hi = (int)fl->max;
+    for (int i = lo; i <= hi; i++) {
+        if (strcasecmp(v, e->names(i)) == 0) {
+            *(int *)e->value = i;
+            return 0;
+        }
+        if (k < sizeof list)
+            k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i == lo ? "" : i == hi ? " or " : ", ", e->names(i));
+    }
+    return cli_usage_error(cmd, "unknown --%s '%s': expected %s", fl->name, v, list);
 }
 
 static int set_value(const cli_command *cmd, const cli_flag *fl, const char *v) {
@@ -81,6 +110,7 @@ static int set_value(const cli_command *cmd, const cli_flag *fl, const char *v) 
         *(const char **)fl->ptr = v;
         return 0;
     case CLI_BOOL: *(bool *)fl->ptr = true; return 0;
+    case CLI_ENUM: return set_enum(cmd, fl, v);
     }
     return 0;
 }
@@ -119,6 +149,92 @@ int cli_parse(const cli_command *cmd, int argc, char **argv, const char **pos, i
     }
     if (npos) *npos = np;
     return 0;
+}
+
+#define CLI_CONFIG_MAX (1 << 20)
+
+/* ---- config files: `key = value` lines --------------------------------------------------------------- */
+static const cli_flag *flag_named(const cli_command *cmd, const char *key) {
+    for (int k = 0; k < cmd->nflags; k++) {
+        const char *a = cmd->flags[k].name, *b = key;
+        while (*a && (*a == *b || (*a == '-' && *b == '_'))) a++, b++;
+        if (!*a && !*b) return &cmd->flags[k];
+    }
+    return NULL;
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    if (e - s >= 2 && (*s == '"' || *s == '\'') && e[-1] == *s) { /* a quoted value */
+        e[-1] = '\0';
+        s++;
+    }
+    return s;
+}
+
+/* One `key = value` line (nul-terminated, in place). */
+static int config_line(const cli_command *cmd, const char *path, int line, char *text) {
+    char *eq = strchr(text, '=');
+    if (!eq) return cli_usage_error(cmd, "%s:%d: expected 'key = value', got '%s'", path, line, text);
+    *eq = '\0';
+    char *key = trim(text), *val = trim(eq + 1);
+    const cli_flag *fl = flag_named(cmd, key);
+    if (!fl || !strcmp(fl->name, "config") || !strcmp(fl->name, "print-config"))
+        return cli_usage_error(cmd, "%s:%d: unknown key '%s'", path, line, key);
+    if (fl->type != CLI_BOOL) return set_value(cmd, fl, val);
+    if (strcasecmp(val, "true") && strcasecmp(val, "false"))
+        return cli_usage_error(cmd, "%s:%d: %s takes true or false, got '%s'", path, line, key, val);
+    *(bool *)fl->ptr = strcasecmp(val, "true") == 0;
+    return 0;
+}
+
+int cli_load_config(const cli_command *cmd, const char *path, char **buf) {
+    *buf = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) return cli_usage_error(cmd, "--config %s: %s", path, strerror(errno));
+    char *b = malloc(CLI_CONFIG_MAX + 1);
+    size_t n = b ? fread(b, 1, CLI_CONFIG_MAX + 1, f) : 0;
+    fclose(f);
+    if (!b) return cli_usage_error(cmd, "--config %s: out of memory", path);
+    if (n > CLI_CONFIG_MAX) {
+        free(b);
+        return cli_usage_error(cmd, "--config %s: larger than %d bytes", path, CLI_CONFIG_MAX);
+    }
+    b[n] = '\0';
+    *buf = b;
+    int line = 0, rc = 0;
+    for (char *p = b, *nl; rc == 0 && p && *p; p = nl ? nl + 1 : NULL) {
+        nl = strchr(p, '\n');
+        if (nl) *nl = '\0';
+        line++;
+        char *t = trim(p);
+        if (*t && *t != '#') rc = config_line(cmd, path, line, t);
+    }
+    return rc;
+}
+
+void cli_print_config(const cli_command *cmd, FILE *f, const char *const *skip) {
+    for (int i = 0; i < cmd->nflags; i++) {
+        const cli_flag *fl = &cmd->flags[i];
+        bool left_out = false;
+        for (int k = 0; skip && skip[k]; k++) left_out = left_out || !strcmp(skip[k], fl->name);
+        if (left_out) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%s", fl->name);
+        for (char *p = key; *p; p++) *p = *p == '-' ? '_' : *p;
+        switch (fl->type) {
+        case CLI_INT: fprintf(f, "%s = %lld\n", key, (long long)*(int64_t *)fl->ptr); break;
+        case CLI_FLOAT: fprintf(f, "%s = %.15g\n", key, *(double *)fl->ptr); break;
+        case CLI_BOOL: fprintf(f, "%s = %s\n", key, *(bool *)fl->ptr ? "true" : "false"); break;
+        case CLI_ENUM: fprintf(f, "%s = %s\n", key, enum_name(fl)); break;
+        case CLI_STRING:
+            if (*(const char **)fl->ptr) fprintf(f, "%s = %s\n", key, *(const char **)fl->ptr);
+            else fprintf(f, "# %s =\n", key);
+            break;
+        }
+    }
 }
 
 void cli_progress_init(cli_progress *p) {

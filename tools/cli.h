@@ -13,16 +13,24 @@
 
 #define CLI_EXIT_USAGE 2
 
-typedef enum { CLI_INT, CLI_FLOAT, CLI_STRING, CLI_BOOL } cli_type;
+typedef enum { CLI_INT, CLI_FLOAT, CLI_STRING, CLI_BOOL, CLI_ENUM } cli_type;
 
 typedef struct cli_flag {
     const char *name; /* without the leading dashes */
     cli_type type;
-    void *ptr;        /* int64_t*, double*, const char**, bool* */
+    void *ptr;        /* int64_t*, double*, const char**, bool*, or a cli_enum* (CLI_ENUM_OF) */
     const char *help; /* one line; the default is printed after it. NULL: a hidden alias, not listed by
-                         --help (an old spelling, pointing at the same variable as the new one) */
-    double min, max;  /* range for numbers (min > max: no check) */
+                         --help nor --print-config (an old spelling, pointing at the same variable as the new one) */
+    double min, max;  /* range for numbers (min > max: no check); CLI_ENUM: the values allowed */
 } cli_flag;
+
+/* An enum flag's variable (int-sized) and the library's name of each value (matched in any case). */
+typedef struct cli_enum {
+    void *value;
+    const char *(*names)(int);
+} cli_enum;
+/* The ptr of a CLI_ENUM flag: CLI_ENUM_OF(c->precision, name_fn), in the block that holds the table. */
+#define CLI_ENUM_OF(var, names) (&(cli_enum){&(var), (names)})
 
 typedef struct cli_command {
     const char *name;     /* "train" */
@@ -44,10 +52,18 @@ const char *cli_printable(const char *s, char *buf, size_t cap);
 int cli_usage_error(const cli_command *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "tessera CMD: error: <ts_last_error()>" and returns 1. */
 int cli_fail(const char *cmd, const char *what);
-/* precision (a ts_dtype): --precision bf16 turns autocast on (bfloat16 activations where the device's kernels take them: the CPU),
- * fp32 and fp16 off — unless TS_AUTOCAST is set in the environment, which then decides (TS_AUTOCAST=fp32:
- * bfloat16 products with float32 activations). */
-void cli_set_autocast(int precision);
+/* The exit status for a library failure: CLI_EXIT_USAGE when what was asked for cannot work (a bad argument,
+ * file, format, device or a feature this build lacks), else 1 (a failure while running). */
+int cli_exit_for(int status);
+
+/* --config FILE: `key = value` lines (blank lines and lines starting with '#' skipped; keys are the flags'
+ * names, with '_' or '-'; booleans true or false), applied through the flag table as if given on the command
+ * line. *buf gets the file's text, which the string values point into: free it when done. Prints the error
+ * (FILE:LINE) and returns CLI_EXIT_USAGE, or 0. */
+int cli_load_config(const cli_command *cmd, const char *path, char **buf);
+/* The flags' values as `key = value` lines that cli_load_config reads back (unset strings as comments;
+ * `skip`: flag names left out, NULL-terminated). */
+void cli_print_config(const cli_command *cmd, FILE *f, const char *const *skip);
 
 /* A progress bar on stderr: redrawn in place ('\r') on a terminal, also under
  * `tessera run` on one (ts_launch_isatty), a line every `every` seconds

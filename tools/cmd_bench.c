@@ -14,108 +14,127 @@
 
 #define NBATCHES 16
 
-static int bench_train(int argc, char **argv) {
-    const char *model_name = "cnn", *conv_algo = "auto", *precision = "fp32", *device_name = "cpu";
-    int64_t threads = 0, steps = 100, batch = 64, warmup = 10, image_size = 0, classes = 0;
-    bool json = false;
+typedef struct bench_args {
+    const char *model, *device;
+    ts_conv_algo algo;
+    ts_precision prec;
+    int64_t threads, steps, batch, warmup, image_size, classes;
+    bool json;
+} bench_args;
+
+static const char *n_prec(int i) { return ts_precision_name((ts_precision)i); }
+static const char *n_conv(int i) { return ts_conv_algo_name((ts_conv_algo)i); }
+
+static int bench_train_flags(int argc, char **argv, bench_args *a) {
     const cli_flag flags[] = {
-        {"model", CLI_STRING, &model_name, "a zoo model: cnn, mlp, resnet18, resnet34, resnet50, ...", 1, 0},
-        {"image-size", CLI_INT, &image_size, "ResNets: the input's side (default 224)", 0, 4096},
-        {"num-classes", CLI_INT, &classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
-        {"threads", CLI_INT, &threads, "CPU threads (0: all)", 0, 4096},
-        {"conv-algo", CLI_STRING, &conv_algo, "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", 1, 0},
-        {"precision", CLI_STRING, &precision, "fp32 or bf16: bfloat16 autocast where the device's kernels take bfloat16 activations (the CPU: as tessera train --precision bf16), else bfloat16 products with float32 accumulation", 1, 0},
-        {"device", CLI_STRING, &device_name, "where the model and the batches live: cpu or cuda:N", 1, 0},
-        {"steps", CLI_INT, &steps, "timed steps", 1, 1e9},
-        {"warmup", CLI_INT, &warmup, "untimed steps first", 0, 1e9},
-        {"batch-size", CLI_INT, &batch, "images per step", 1, 1 << 20},
-        {"json", CLI_BOOL, &json, "print one JSON object", 1, 0},
-        {"classes", CLI_INT, &classes, NULL, 0, 1 << 20}, /* the old spelling */
+        {"model", CLI_STRING, &a->model, "a zoo model: cnn, mlp, resnet18, resnet34, resnet50, ...", 1, 0},
+        {"image-size", CLI_INT, &a->image_size, "ResNets: the input's side (default 224)", 0, 4096},
+        {"num-classes", CLI_INT, &a->classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
+        {"threads", CLI_INT, &a->threads, "CPU threads (0: all)", 0, 4096},
+        {"conv-algo", CLI_ENUM, CLI_ENUM_OF(a->algo, n_conv), "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", TS_CONV_AUTO, TS_CONV_ONEDNN},
+        {"precision", CLI_ENUM, CLI_ENUM_OF(a->prec, n_prec), "fp32 or bf16: bfloat16 autocast where the device's kernels take bfloat16 activations (the CPU: as tessera train --precision bf16), else bfloat16 products with float32 accumulation", TS_PRECISION_FP32, TS_PRECISION_BF16},
+        {"device", CLI_STRING, &a->device, "where the model and the batches live: cpu or cuda:N", 1, 0},
+        {"steps", CLI_INT, &a->steps, "timed steps", 1, 1e9},
+        {"warmup", CLI_INT, &a->warmup, "untimed steps first", 0, 1e9},
+        {"batch-size", CLI_INT, &a->batch, "images per step", 1, 1 << 20},
+        {"json", CLI_BOOL, &a->json, "print one JSON object", 1, 0},
+        {"classes", CLI_INT, &a->classes, NULL, 0, 1 << 20}, /* the old spelling */
     };
     const cli_command cmd = {"bench train", "tessera bench train [flags]",
                              "Times training steps (forward, cross-entropy, backward, SGD with momentum 0.9,\n"
                              "weight decay 5e-4) of a model on random in-memory batches.",
                              flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
-    if (rc) return rc == 1 ? 0 : rc;
-    if (threads > 0) ts_set_num_threads((int)threads);
-    ts_conv_algo algo;
-    if (ts_conv_algo_parse(conv_algo, &algo) != TS_OK) return cli_usage_error(&cmd, "--conv-algo: %s", ts_last_error());
-    ts_set_conv_algo(algo);
-    ts_dtype prec;
-    if (ts_dtype_parse(precision, &prec) != TS_OK || ts_set_matmul_precision(prec) != TS_OK)
-        return cli_usage_error(&cmd, "--precision '%s': expected fp32 or bf16", precision);
-    cli_set_autocast(prec);
-
-    ts_rng rng;
-    ts_rng_seed(&rng, 0);
-    ts_module *model = NULL;
-    ts_strategy *strat = NULL;
-    ts_optimizer *opt = NULL;
-    ts_tensor_list params = TS_TENSOR_LIST_INIT;
-    ts_tensor *xs[NBATCHES] = {0}, *ys[NBATCHES] = {0};
-    int status = 1;
+    if (rc) return rc;
     ts_model_desc md;
-    if (ts_model_info(model_name, &md) && md.fixed_size && image_size && image_size != md.image_size)
-        return cli_usage_error(&cmd, "--image-size %lld: --model %s takes %dx%d images only", (long long)image_size,
-                               model_name, md.image_size, md.image_size);
-    if (ts_model_new(model_name, classes, &rng, &model) != TS_OK) {
-        fprintf(stderr, "tessera bench train: --model: %s\n", ts_last_error());
-        return CLI_EXIT_USAGE;
-    }
-    ts_device *dev = NULL;
-    if (ts_device_get(device_name, &dev) != TS_OK) {
-        ts_module_free(model);
-        return cli_usage_error(&cmd, "--device: %s", ts_last_error());
-    }
-    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT; /* the model on dev */
-    so.devices = &dev;
-    so.num_devices = 1;
-    if (ts_strategy_new(model, &so, &strat) != TS_OK || ts_module_parameters(model, &params) != TS_OK ||
-        ts_optimizer_by_name("sgd", &params, 0.05, 0.9, 5e-4, &opt) != TS_OK)
-        goto fail;
-    int64_t side = md.fixed_size ? md.image_size : image_size ? image_size : md.image_size;
-    int64_t ncls = classes ? classes : md.num_classes;
+    if (ts_model_info(a->model, &md) && md.fixed_size && a->image_size && a->image_size != md.image_size)
+        return cli_usage_error(&cmd, "--image-size %lld: --model %s takes %dx%d images only", (long long)a->image_size,
+                               a->model, md.image_size, md.image_size);
+    return 0;
+}
+
+/* NBATCHES random batches of the model's input with labels below classes, waiting on dev. */
+static ts_status make_batches(const bench_args *a, const ts_model_desc *md, ts_device *dev, ts_rng *rng,
+                              ts_tensor **xs, ts_tensor **ys) {
+    int64_t side = md->fixed_size ? md->image_size : a->image_size ? a->image_size : md->image_size;
+    int64_t ncls = a->classes ? a->classes : md->num_classes, batch = a->batch;
     for (int i = 0; i < NBATCHES; i++) {
-        int64_t xs_shape[4] = {batch, md.in_channels, side, side};
-        if (ts_tensor_empty(NULL, TS_F32, 4, xs_shape, &xs[i]) != TS_OK || ts_tensor_normal_(xs[i], 0, 1, &rng) != TS_OK ||
-            ts_tensor_empty(NULL, TS_I64, 1, &batch, &ys[i]) != TS_OK)
-            goto fail;
-        int64_t *y = ts_tensor_data(ys[i]);
-        for (int64_t k = 0; k < batch; k++) y[k] = (int64_t)ts_rng_below(&rng, (uint64_t)ncls);
-        ts_tensor *xd = NULL, *yd = NULL; /* the batches wait on the device, as PyTorch benchmarks keep them */
-        if (ts_to_device(xs[i], dev, &xd) != TS_OK || ts_to_device(ys[i], dev, &yd) != TS_OK) goto fail;
-        ts_tensor_release(xs[i]);
-        ts_tensor_release(ys[i]);
-        xs[i] = xd;
-        ys[i] = yd;
+        int64_t shape[4] = {batch, md->in_channels, side, side};
+        ts_tensor *x = NULL, *y = NULL;
+        ts_status st = ts_tensor_empty(NULL, TS_F32, 4, shape, &x);
+        if (st == TS_OK) st = ts_tensor_normal_(x, 0, 1, rng);
+        if (st == TS_OK) st = ts_tensor_empty(NULL, TS_I64, 1, &batch, &y);
+        for (int64_t k = 0; st == TS_OK && k < batch; k++) ((int64_t *)ts_tensor_data(y))[k] = (int64_t)ts_rng_below(rng, (uint64_t)ncls);
+        /* the batches wait on the device, as PyTorch benchmarks keep them */
+        if (st == TS_OK) st = ts_to_device(x, dev, &xs[i]);
+        if (st == TS_OK) st = ts_to_device(y, dev, &ys[i]);
+        ts_tensor_release(x);
+        ts_tensor_release(y);
+        if (st != TS_OK) return st;
     }
-    ts_module_train(model, true);
-    float loss = 0;
-    for (int64_t i = 0; i < warmup; i++)
-        if (ts_train_step(strat, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
-    double t0 = ts_time_now();
-    for (int64_t i = 0; i < steps; i++)
-        if (ts_train_step(strat, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto fail;
-    if (ts_device_synchronize(dev) != TS_OK) goto fail;
-    double dt = ts_time_now() - t0, ips = (double)(steps * batch) / dt;
-    if (json)
+    return TS_OK;
+}
+
+static void print_train(const bench_args *a, ts_device *dev, int64_t side, double dt, float loss) {
+    double ips = (double)(a->steps * a->batch) / dt;
+    if (a->json)
         printf("{\"framework\": \"tessera\", \"device\": \"%s\", \"model\": \"%s\", \"image_size\": %lld, \"threads\": %d, "
                "\"conv_algo\": \"%s\", \"precision\": \"%s\", \"autocast\": \"%s\", \"gemm\": \"%s\", "
                "\"batch_size\": %lld, \"steps\": %lld, \"seconds\": %.4f, \"images_per_second\": %.1f, "
                "\"final_loss\": %.5f}\n",
-               ts_device_name(dev), model_name, (long long)side, ts_get_num_threads(), ts_conv_algo_name(algo),
-               ts_dtype_name(prec), ts_dtype_name(ts_get_autocast()), ts_cpu_gemm_library(), (long long)batch,
-               (long long)steps, dt, ips, loss);
+               ts_device_name(dev), a->model, (long long)side, ts_get_num_threads(), ts_conv_algo_name(a->algo),
+               ts_dtype_name(ts_precision_dtype(a->prec)), ts_dtype_name(ts_get_autocast()), ts_cpu_gemm_library(),
+               (long long)a->batch, (long long)a->steps, dt, ips, loss);
     else
         printf("%s on %s, batch %lld, %d threads, conv %s, %s (%s): %.1f images/s (%.2f ms/step over %lld steps)\n",
-               model_name, ts_device_name(dev), (long long)batch, ts_get_num_threads(), ts_conv_algo_name(algo), ts_dtype_name(prec),
-               ts_cpu_gemm_library(), ips, 1e3 * dt / (double)steps, (long long)steps);
+               a->model, ts_device_name(dev), (long long)a->batch, ts_get_num_threads(), ts_conv_algo_name(a->algo),
+               ts_dtype_name(ts_precision_dtype(a->prec)), ts_cpu_gemm_library(), ips, 1e3 * dt / (double)a->steps,
+               (long long)a->steps);
+}
+
+static int bench_train(int argc, char **argv) {
+    bench_args a = {.model = "cnn", .device = "cpu", .algo = TS_CONV_AUTO, .prec = TS_PRECISION_FP32, .steps = 100,
+                    .batch = 64, .warmup = 10};
+    int rc = bench_train_flags(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (a.threads > 0) ts_set_num_threads((int)a.threads);
+    ts_set_conv_algo(a.algo);
+    ts_model_desc md;
+    ts_rng rng;
+    ts_rng_seed(&rng, 0);
+    ts_module *model = NULL;
+    ts_device *dev = NULL;
+    if (ts_precision_apply(a.prec) != TS_OK || ts_model_new(a.model, a.classes, &rng, &model) != TS_OK ||
+        !ts_model_info(a.model, &md) || ts_device_get(a.device, &dev) != TS_OK) {
+        fprintf(stderr, "tessera bench train: %s\n", ts_last_error());
+        ts_module_free(model);
+        return CLI_EXIT_USAGE;
+    }
+    ts_strategy *strat = NULL;
+    ts_optimizer *opt = NULL;
+    ts_tensor_list params = TS_TENSOR_LIST_INIT;
+    ts_tensor *xs[NBATCHES] = {0}, *ys[NBATCHES] = {0};
+    ts_strategy_opts so = TS_STRATEGY_OPTS_INIT; /* the model on dev */
+    so.devices = &dev;
+    so.num_devices = 1;
+    float loss = 0;
+    int status = 1;
+    if (ts_strategy_new(model, &so, &strat) != TS_OK || ts_module_parameters(model, &params) != TS_OK ||
+        ts_optimizer_by_kind(TS_OPTIMIZER_SGD, &params, 0.05, 0.9, 5e-4, &opt) != TS_OK ||
+        make_batches(&a, &md, dev, &rng, xs, ys) != TS_OK)
+        goto done;
+    ts_module_train(model, true);
+    double t0 = 0;
+    for (int64_t i = 0; i < a.warmup + a.steps; i++) {
+        if (i == a.warmup) t0 = ts_time_now();
+        if (ts_train_step(strat, opt, xs[i % NBATCHES], ys[i % NBATCHES], 0, &loss) != TS_OK) goto done;
+    }
+    if (ts_device_synchronize(dev) != TS_OK) goto done;
+    print_train(&a, dev, md.fixed_size ? md.image_size : a.image_size ? a.image_size : md.image_size,
+                ts_time_now() - t0, loss);
     status = 0;
-    goto done;
-fail:
-    fprintf(stderr, "tessera bench train: %s\n", ts_last_error());
 done:
+    if (status) fprintf(stderr, "tessera bench train: %s\n", ts_last_error());
     for (int i = 0; i < NBATCHES; i++) {
         ts_tensor_release(xs[i]);
         ts_tensor_release(ys[i]);

@@ -99,6 +99,78 @@ static size_t parse_bytes(const char *s, bool *ok) {
     return *ok ? (size_t)v : 0;
 }
 
+/* One size: checked once for exact results, warmed up, then timed for about time_s; rank 0 prints the row.
+ * *t: --backend nccl's buffer on gpu (replaced for this size). Returns 0 or 1 (the error printed). */
+static int time_size(const bench_opts *o, ts_process_group *pg, ts_device *gpu, void *buf, size_t bytes, ts_tensor **t,
+                     bool first) {
+    const ts_dtype dt = o->dt;
+    const size_t es = ts_dtype_size(dt), count = bytes / es;
+    const int n = ts_pg_size(pg), rank = ts_pg_rank(pg);
+    /* exact check: every element sums to n(n+1)/2 (exact in bfloat16 up to 22 ranks) */
+    fill_value(buf, count, dt, (float)(rank + 1));
+    ts_tensor_release(*t);
+    *t = NULL;
+    if (gpu) {
+        int64_t c = (int64_t)count;
+        if (ts_tensor_empty(gpu, dt, 1, &c, t) != TS_OK || ts_tensor_from_host(*t, buf, count * es) != TS_OK ||
+            ts_all_reduce(pg, *t, TS_REDUCE_SUM, NULL) != TS_OK || ts_tensor_to_host(*t, buf, count * es) != TS_OK) {
+            fprintf(stderr, "rank %d: all_reduce on %s: %s\n", rank, ts_device_name(gpu), ts_last_error());
+            return 1;
+        }
+    } else if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
+        fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
+        return 1;
+    }
+    int wrong = 0; /* reported, and the size still timed: the other ranks' collectives must be matched */
+    for (size_t i = 0; i < count && (dt == TS_F32 || n <= 22) && !wrong; i++)
+        if (value_at(buf, i, dt) != (float)(n * (n + 1) / 2)) {
+            fprintf(stderr, "rank %d: wrong result at %zu of %zu: %g\n", rank, i, count, (double)value_at(buf, i, dt));
+            wrong = 1;
+        }
+    memset(buf, 0, count * es);
+    /* warm up, then pick an iteration count that takes about time_s (all ranks agree: rank 0 decides) */
+    double t0 = ts_time_now();
+    int warm = bytes <= (1u << 20) ? 50 : 3; /* the same on every rank: collectives must match */
+    for (int it = 0; it < warm; it++)
+        if (*t) ts_all_reduce(pg, *t, TS_REDUCE_SUM, NULL);
+        else ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL);
+    float iters_f = (float)(o->time_s / ((ts_time_now() - t0) / warm));
+    iters_f = iters_f < 3 ? 3 : iters_f > 100000 ? 100000 : iters_f;
+    ts_all_reduce_buffer(pg, &iters_f, 1, TS_F32, TS_REDUCE_MAX, NULL);
+    int iters = (int)iters_f;
+    ts_barrier(pg, NULL);
+    t0 = ts_time_now();
+    for (int it = 0; it < iters; it++)
+        if ((*t ? ts_all_reduce(pg, *t, TS_REDUCE_SUM, NULL) : ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL)) != TS_OK) {
+            fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
+            return 1;
+        }
+    double sec = (ts_time_now() - t0) / iters;
+    if (wrong) return 1;
+    double algbw = (double)(count * es) / sec / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
+    if (rank == 0) {
+        if (o->json)
+            printf("%s  {\"bytes\": %zu, \"count\": %zu, \"nprocs\": %d, \"iters\": %d, \"time_us\": %.3f, "
+                   "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f}",
+                   first ? "" : ",\n", count * es, count, n, iters, sec * 1e6, algbw, busbw);
+        else
+            printf("  %12zu %12zu %12.2f %12.3f %12.3f\n", count * es, count, sec * 1e6, algbw, busbw);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* --backend nccl: the rank's GPU (cuda:LOCAL_RANK), where the buffer lives; NULL for the others. */
+static int rank_gpu(const bench_opts *o, ts_process_group *pg, ts_device **gpu) {
+    *gpu = NULL;
+    if (strcmp(o->backend, "nccl") != 0) return 0;
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", ts_pg_local_rank(pg) > 0 ? ts_pg_local_rank(pg) : 0);
+    if (ts_device_get(name, gpu) == TS_OK) return 0;
+    fprintf(stderr, "rank %d: %s\n", ts_pg_rank(pg), ts_last_error());
+    return 1;
+}
+
 static int run_rank(const bench_opts *o, int rank) {
     ts_pg_options po = TS_PG_OPTIONS_INIT;
     po.init_method = "env://";
@@ -109,98 +181,35 @@ static int run_rank(const bench_opts *o, int rank) {
         fprintf(stderr, "rank %d: ts_pg_new: %s\n", rank, ts_last_error());
         return 1;
     }
-    int n = ts_pg_size(pg);
-    const ts_dtype dt = o->dt;
-    ts_device *gpu = NULL; /* --backend nccl: the rank's GPU, where the buffer lives */
-    if (strcmp(o->backend, "nccl") == 0) {
-        char name[32];
-        snprintf(name, sizeof name, "cuda:%d", ts_pg_local_rank(pg) > 0 ? ts_pg_local_rank(pg) : 0);
-        if (ts_device_get(name, &gpu) != TS_OK) {
-            fprintf(stderr, "rank %d: %s\n", rank, ts_last_error());
-            ts_pg_free(pg);
-            return 1;
-        }
+    ts_device *gpu = NULL;
+    const size_t es = ts_dtype_size(o->dt), maxcount = (o->max_bytes + es - 1) / es;
+    void *buf = NULL;
+    if (rank_gpu(o, pg, &gpu) != 0) {
+        ts_pg_free(pg);
+        return 1;
     }
-    const size_t es = ts_dtype_size(dt);
-    size_t maxcount = (o->max_bytes + es - 1) / es;
-    void *buf = aligned_alloc(64, ((maxcount * es + 63) / 64) * 64 + 64);
-    if (!buf) {
+    if (!(buf = aligned_alloc(64, ((maxcount * es + 63) / 64) * 64 + 64))) {
         fprintf(stderr, "rank %d: cannot allocate the %zu-byte buffer of --max-bytes: %s\n", rank, maxcount * es,
                 strerror(errno ? errno : ENOMEM));
         ts_pg_free(pg);
         return 1;
     }
     memset(buf, 0, maxcount * es);
-    int rc = 0;
-    bool first = true;
     if (rank == 0) {
         char links[600];
         ts_pg_describe_links(pg, links, sizeof links);
         if (o->json) printf("[\n");
         else
             printf("# all_reduce %s sum, %d processes, backend %s\n# rank 0: %s\n# %12s %12s %12s %12s %12s\n",
-                   ts_dtype_name(dt), n, ts_pg_backend_name(pg), links, "size(B)", "count", "time(us)", "algbw(GB/s)",
-                   "busbw(GB/s)");
+                   ts_dtype_name(o->dt), ts_pg_size(pg), ts_pg_backend_name(pg), links, "size(B)", "count", "time(us)",
+                   "algbw(GB/s)", "busbw(GB/s)");
     }
     ts_tensor *t = NULL; /* --backend nccl: this size's buffer on the GPU */
-    for (size_t bytes = o->min_bytes; bytes <= o->max_bytes; bytes *= (size_t)o->step) {
-        size_t count = bytes / es;
-        if (count == 0) continue;
-        /* exact check: every element sums to n(n+1)/2 (exact in bfloat16 up to 22 ranks) */
-        fill_value(buf, count, dt, (float)(rank + 1));
-        ts_tensor_release(t);
-        t = NULL;
-        if (gpu) {
-            int64_t c = (int64_t)count;
-            if (ts_tensor_empty(gpu, dt, 1, &c, &t) != TS_OK || ts_tensor_from_host(t, buf, count * es) != TS_OK ||
-                ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL) != TS_OK || ts_tensor_to_host(t, buf, count * es) != TS_OK) {
-                fprintf(stderr, "rank %d: all_reduce on %s: %s\n", rank, ts_device_name(gpu), ts_last_error());
-                rc = 1;
-                break;
-            }
-        } else if (ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL) != TS_OK) {
-            fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
-            rc = 1;
-            break;
-        }
-        for (size_t i = 0; i < count && (dt == TS_F32 || n <= 22); i++)
-            if (value_at(buf, i, dt) != (float)(n * (n + 1) / 2)) {
-                fprintf(stderr, "rank %d: wrong result at %zu of %zu: %g\n", rank, i, count, (double)value_at(buf, i, dt));
-                rc = 1;
-                break;
-            }
-        memset(buf, 0, count * es);
-        /* warm up, then pick an iteration count that takes about time_s (all ranks agree: rank 0 decides) */
-        double t0 = ts_time_now();
-        int warm = bytes <= (1u << 20) ? 50 : 3; /* the same on every rank: collectives must match */
-        for (int it = 0; it < warm; it++)
-            if (t) ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL);
-            else ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL);
-        float iters_f = (float)(o->time_s / ((ts_time_now() - t0) / warm));
-        iters_f = iters_f < 3 ? 3 : iters_f > 100000 ? 100000 : iters_f;
-        ts_all_reduce_buffer(pg, &iters_f, 1, TS_F32, TS_REDUCE_MAX, NULL);
-        int iters = (int)iters_f;
-        ts_barrier(pg, NULL);
-        t0 = ts_time_now();
-        for (int it = 0; it < iters; it++)
-            if ((t ? ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL)
-                   : ts_all_reduce_buffer(pg, buf, count, dt, TS_REDUCE_SUM, NULL)) != TS_OK) {
-                fprintf(stderr, "rank %d: all_reduce: %s\n", rank, ts_last_error());
-                rc = 1;
-                break;
-            }
-        double sec = (ts_time_now() - t0) / iters;
-        if (rc) break;
-        double algbw = (double)(count * es) / sec / 1e9, busbw = algbw * 2.0 * (n - 1) / n;
-        if (rank == 0) {
-            if (o->json)
-                printf("%s  {\"bytes\": %zu, \"count\": %zu, \"nprocs\": %d, \"iters\": %d, \"time_us\": %.3f, "
-                       "\"algbw_gbs\": %.4f, \"busbw_gbs\": %.4f}",
-                       first ? "" : ",\n", count * es, count, n, iters, sec * 1e6, algbw, busbw);
-            else
-                printf("  %12zu %12zu %12.2f %12.3f %12.3f\n", count * es, count, sec * 1e6, algbw, busbw);
-            fflush(stdout);
-        }
+    int rc = 0;
+    bool first = true;
+    for (size_t bytes = o->min_bytes; rc == 0 && bytes <= o->max_bytes; bytes *= (size_t)o->step) {
+        if (bytes / es == 0) continue;
+        rc = time_size(o, pg, gpu, buf, bytes, &t, first);
         first = false;
     }
     if (rank == 0 && o->json) printf("\n]\n");
@@ -211,12 +220,22 @@ static int run_rank(const bench_opts *o, int rank) {
     return rc;
 }
 
-int ts_bench_allreduce(int argc, char **argv) {
-    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin", TS_F32};
+static int usage(const char *flag) {
+    FILE *f = strcmp(flag, "--help") == 0 ? stdout : stderr;
+    if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", flag);
+    fprintf(f,
+            "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
+            "[--backend builtin|mpi|nccl] [--dtype float32|bfloat16] [--json]\n",
+            "tessera bench allreduce");
+    return f == stdout ? 1 : 2;
+}
+
+/* The flags into o: 0 to go on, 1 after --help, 2 after an error (printed). */
+static int parse_flags(int argc, char **argv, bench_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--json") == 0) o.json = true;
-        else if ((strcmp(a, "-n") == 0 || strcmp(a, "--nprocs") == 0) && v) o.nprocs = atoi(argv[++i]);
+        if (strcmp(a, "--json") == 0) o->json = true;
+        else if ((strcmp(a, "-n") == 0 || strcmp(a, "--nprocs") == 0) && v) o->nprocs = atoi(argv[++i]);
         else if ((strcmp(a, "--min-bytes") == 0 || strcmp(a, "--max-bytes") == 0) && v) {
             bool ok = false;
             size_t b = parse_bytes(argv[++i], &ok);
@@ -225,79 +244,57 @@ int ts_bench_allreduce(int argc, char **argv) {
                                 "with a k, m or g suffix)\n", a, v);
                 return 2;
             }
-            *(a[2] == 'm' && a[3] == 'i' ? &o.min_bytes : &o.max_bytes) = b;
+            *(a[2] == 'm' && a[3] == 'i' ? &o->min_bytes : &o->max_bytes) = b;
         }
-        else if (strcmp(a, "--step") == 0 && v) o.step = atoi(argv[++i]);
-        else if (strcmp(a, "--time") == 0 && v) o.time_s = atof(argv[++i]);
+        else if (strcmp(a, "--step") == 0 && v) o->step = atoi(argv[++i]);
+        else if (strcmp(a, "--time") == 0 && v) o->time_s = atof(argv[++i]);
         else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
         else if (strcmp(a, "--backend") == 0 && v) {
-            o.backend = argv[++i];
-            if (!ts_pg_backend_available(o.backend)) {
+            o->backend = argv[++i];
+            if (!ts_pg_backend_available(o->backend)) {
                 fprintf(stderr, "tessera bench allreduce: --backend %s is not built into this Tessera (builtin%s%s)\n",
-                        o.backend, ts_pg_backend_available("mpi") ? ", mpi" : "",
+                        o->backend, ts_pg_backend_available("mpi") ? ", mpi" : "",
                         ts_pg_backend_available("nccl") ? ", nccl" : "");
                 return 2;
             }
         }
         else if (strcmp(a, "--dtype") == 0 && v) {
-            if (ts_dtype_parse(argv[++i], &o.dt) != TS_OK || (o.dt != TS_F32 && o.dt != TS_BF16)) {
+            if (ts_dtype_parse(argv[++i], &o->dt) != TS_OK || (o->dt != TS_F32 && o->dt != TS_BF16)) {
                 fprintf(stderr, "tessera bench allreduce: --dtype '%s': expected float32 or bfloat16\n", v);
                 return 2;
             }
         }
-        else {
-            FILE *f = strcmp(a, "--help") == 0 ? stdout : stderr;
-            if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", a);
-            fprintf(f,
-                    "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
-                    "[--backend builtin|mpi|nccl] [--dtype float32|bfloat16] [--json]\n",
-                    "tessera bench allreduce");
-            return f == stdout ? 0 : 2;
-        }
+        else return usage(a);
     }
-    if (o.nprocs < 1 || o.nprocs > 256) {
-        fprintf(stderr, "tessera bench allreduce: -n %d is out of range [1, 256]\n", o.nprocs);
-        return 2;
-    }
-    if (o.step != 2 && o.step != 4) {
-        fprintf(stderr, "tessera bench allreduce: --step %d: expected 2 or 4\n", o.step);
-        return 2;
-    }
-    if (o.max_bytes < o.min_bytes) {
-        fprintf(stderr, "tessera bench allreduce: --max-bytes %zu is below --min-bytes %zu\n", o.max_bytes,
-                o.min_bytes);
-        return 2;
-    }
-    if (!(o.time_s > 0 && o.time_s <= 3600)) {
-        fprintf(stderr, "tessera bench allreduce: --time %g is out of range (0, 3600] seconds\n", o.time_s);
-        return 2;
-    }
+    return 0;
+}
+
+/* The values' ranges, and --max-bytes times the ranks on this host within its memory. */
+static int check_opts(const bench_opts *o) {
+    const char *why = NULL;
+    char msg[256];
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     double mem = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
-    int local = strcmp(o.backend, "mpi") == 0 ? 1 : o.nprocs; /* under mpirun we only know this rank */
-    if (mem > 0 && (double)o.max_bytes * local > mem) {
-        fprintf(stderr, "tessera bench allreduce: --max-bytes %zu: %d rank%s would allocate %.1f GiB, more than "
-                        "this machine's %.1f GiB of memory\n",
-                o.max_bytes, local, local == 1 ? "" : "s", (double)o.max_bytes * local / 1073741824.0,
-                mem / 1073741824.0);
-        return 2;
-    }
-    if (strcmp(o.backend, "mpi") == 0) { /* this process is one of mpirun's ranks */
-        const char *r = getenv("OMPI_COMM_WORLD_RANK");
-        if (!r) {
-            fprintf(stderr, "tessera bench allreduce: --backend mpi runs under mpirun: mpirun -n %d %s\n", o.nprocs,
-                    "tessera bench allreduce --backend mpi");
-            return 2;
-        }
-        return run_rank(&o, atoi(r));
-    }
-    ts_dist_env env; /* under a launcher (tessera run --nnodes, torchrun, srun): this process is one rank */
-    bool in_job = false;
-    if (ts_dist_env_detect(&env, &in_job) != TS_OK) {
-        fprintf(stderr, "tessera bench allreduce: %s\n", ts_last_error());
-        return 2;
-    }
-    if (in_job) return run_rank(&o, env.rank);
+    int local = strcmp(o->backend, "mpi") == 0 ? 1 : o->nprocs; /* under mpirun we only know this rank */
+    if (o->nprocs < 1 || o->nprocs > 256)
+        snprintf(msg, sizeof msg, "-n %d is out of range [1, 256]", o->nprocs), why = msg;
+    else if (o->step != 2 && o->step != 4)
+        snprintf(msg, sizeof msg, "--step %d: expected 2 or 4", o->step), why = msg;
+    else if (o->max_bytes < o->min_bytes)
+        snprintf(msg, sizeof msg, "--max-bytes %zu is below --min-bytes %zu", o->max_bytes, o->min_bytes), why = msg;
+    else if (!(o->time_s > 0 && o->time_s <= 3600))
+        snprintf(msg, sizeof msg, "--time %g is out of range (0, 3600] seconds", o->time_s), why = msg;
+    else if (mem > 0 && (double)o->max_bytes * local > mem)
+        snprintf(msg, sizeof msg, "--max-bytes %zu: %d rank%s would allocate %.1f GiB, more than this machine's "
+                 "%.1f GiB of memory", o->max_bytes, local, local == 1 ? "" : "s",
+                 (double)o->max_bytes * local / 1073741824.0, mem / 1073741824.0), why = msg;
+    if (!why) return 0;
+    fprintf(stderr, "tessera bench allreduce: %s\n", why);
+    return 2;
+}
+
+/* N ranks of this program on this host: env:// on 127.0.0.1 and a free port, one job token. */
+static int fork_ranks(const bench_opts *o) {
     int port = free_port();
     if (port <= 0) {
         fprintf(stderr, "no free port\n");
@@ -307,7 +304,7 @@ int ts_bench_allreduce(int argc, char **argv) {
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     snprintf(buf, sizeof buf, "%d", port);
     setenv("MASTER_PORT", buf, 1);
-    snprintf(buf, sizeof buf, "%d", o.nprocs);
+    snprintf(buf, sizeof buf, "%d", o->nprocs);
     setenv("WORLD_SIZE", buf, 1);
     setenv("LOCAL_WORLD_SIZE", buf, 1);
     char token[TS_JOB_TOKEN_CHARS + 1]; /* the ranks' TCP store and links authenticate with it */
@@ -321,7 +318,7 @@ int ts_bench_allreduce(int argc, char **argv) {
     }
     fflush(NULL);
     pid_t pids[256];
-    for (int r = 0; r < o.nprocs; r++) {
+    for (int r = 0; r < o->nprocs; r++) {
         pids[r] = fork();
         if (pids[r] < 0) {
             perror("fork");
@@ -331,11 +328,11 @@ int ts_bench_allreduce(int argc, char **argv) {
             snprintf(buf, sizeof buf, "%d", r);
             setenv("RANK", buf, 1);
             setenv("LOCAL_RANK", buf, 1);
-            _exit(run_rank(&o, r));
+            _exit(run_rank(o, r));
         }
     }
     int rc = 0;
-    for (int r = 0; r < o.nprocs; r++) {
+    for (int r = 0; r < o->nprocs; r++) {
         int st = 0;
         while (waitpid(pids[r], &st, 0) < 0 && errno == EINTR) {}
         if (WIFSIGNALED(st)) {
@@ -352,3 +349,25 @@ int ts_bench_allreduce(int argc, char **argv) {
     return rc;
 }
 
+int ts_bench_allreduce(int argc, char **argv) {
+    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin", TS_F32};
+    int rc = parse_flags(argc, argv, &o);
+    if (rc) return rc == 1 ? 0 : rc;
+    if ((rc = check_opts(&o)) != 0) return rc;
+    if (strcmp(o.backend, "mpi") == 0) { /* this process is one of mpirun's ranks */
+        const char *r = getenv("OMPI_COMM_WORLD_RANK");
+        if (!r) {
+            fprintf(stderr, "tessera bench allreduce: --backend mpi runs under mpirun: mpirun -n %d %s\n", o.nprocs,
+                    "tessera bench allreduce --backend mpi");
+            return 2;
+        }
+        return run_rank(&o, atoi(r));
+    }
+    ts_dist_env env; /* under a launcher (tessera run --nnodes, torchrun, srun): this process is one rank */
+    bool in_job = false;
+    if (ts_dist_env_detect(&env, &in_job) != TS_OK) {
+        fprintf(stderr, "tessera bench allreduce: %s\n", ts_last_error());
+        return 2;
+    }
+    return in_job ? run_rank(&o, env.rank) : fork_ranks(&o);
+}

@@ -11,8 +11,8 @@
  * safetensors.h's dtype table), their "__metadata__" as byte blobs. export: the
  * checkpoint's model state dict as safetensors (ts_safetensors_export_ckpt).
  * import: builds the model, loads a safetensors file or checkpoint into it
- * strictly (ts_weights_load) and saves its state dict as a checkpoint (model.*,
- * train.model) that --init-from, show and diff read. Exit status: 0 ok / no
+ * strictly (ts_weights_load) and saves it as a checkpoint (ts_checkpoint_model_save)
+ * that --init-from, eval, predict, export, show and diff read. Exit status: 0 ok / no
  * difference over the tolerance, 1 differences, 2 usage error, unreadable file
  * or weights that do not fit the model.
  *
@@ -412,7 +412,7 @@ static int cmd_import(int argc, char **argv) {
         "ckpt import", "tessera ckpt import FILE --model NAME [--num-classes N] [--image-size S] --out CKPT",
         "Builds the model NAME, loads FILE into it (a safetensors file, e.g. from\n"
         "safetensors.torch.save_file(model.state_dict(), FILE), or a checkpoint) and writes its state dict\n"
-        "as a Tessera checkpoint (model.*, train.model) for tessera train --init-from, ckpt show and diff.\n"
+        "as a Tessera checkpoint for tessera train --init-from, eval, predict, export, ckpt show and diff.\n"
         "Loading is strict: every missing, unexpected or wrongly shaped tensor is named, and nothing is\n"
         "written unless all fit. F16, BF16 and F64 tensors are read as float32.\n"
         "Exit status: 0 written, 2 bad usage, an unreadable file or weights that do not fit the model.",
@@ -422,8 +422,6 @@ static int cmd_import(int argc, char **argv) {
     if (npos != 1) return cli_usage_error(&cmd, "expected one weights file, got %d", npos);
     if (!model_name || !out) return cli_usage_error(&cmd, "--model NAME and --out CKPT are required");
     ts_module *m = NULL;
-    ts_ckpt *ck = NULL;
-    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
     ts_rng rng;
     ts_rng_seed(&rng, 0);
     ts_model_desc md;
@@ -431,24 +429,23 @@ static int cmd_import(int argc, char **argv) {
         rc = cli_usage_error(&cmd, "--model: %s", ts_last_error());
         goto done;
     }
-    if (!image_size || md.fixed_size) image_size = md.image_size;
     if (ts_weights_load(m, pos[0]) != TS_OK) {
         rc = complain("import", pos[0]);
         goto done;
     }
-    if (!(ck = ts_ckpt_new()) || ts_module_state_dict(m, &sd) != TS_OK || ts_ckpt_add_tensors(ck, "model.", &sd) != TS_OK ||
-        ts_ckpt_set_bytes(ck, "train.model", model_name, strlen(model_name)) != TS_OK ||
-        ts_ckpt_set_i64(ck, "data.num_classes", classes ? classes : md.num_classes) != TS_OK ||
-        ts_ckpt_set_i64(ck, "data.channels", md.in_channels) != TS_OK ||
-        ts_ckpt_set_i64(ck, "data.height", image_size) != TS_OK || ts_ckpt_set_i64(ck, "data.width", image_size) != TS_OK ||
-        ts_ckpt_save(ck, out) != TS_OK) {
+    ts_checkpoint_model_info info = {0}; /* the input tessera eval/predict/export will feed it */
+    snprintf(info.model, sizeof info.model, "%s", model_name);
+    info.num_classes = classes ? classes : md.num_classes;
+    info.image_size = md.fixed_size ? 0 : (int)image_size;
+    if (ts_checkpoint_model_save(out, m, &info) != TS_OK) {
         rc = complain("import", NULL);
         goto done;
     }
-    printf("imported %d tensors of %s into %s (%s)\n", sd.n, pos[0], out, model_name);
-done:
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+    int n = ts_module_state_dict(m, &sd) == TS_OK ? sd.n : 0;
     ts_tensor_list_clear(&sd);
-    ts_ckpt_free(ck);
+    printf("imported %d tensors of %s into %s (%s)\n", n, pos[0], out, model_name);
+done:
     ts_module_free(m);
     return rc;
 }

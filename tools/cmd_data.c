@@ -196,6 +196,22 @@ static void draw_text(ts_image *im, int x, int y, const char *text, int scale, c
     }
 }
 
+/* The class name of label (its folder, '_' as spaces; else "label K") under an image S pixels wide at (x, y). */
+static void draw_label(ts_image *grid, const ts_reader *r, int64_t lab, int x, int y, int S) {
+    char label[64];
+    const char *name = ts_reader_class_name(r, lab);
+    if (name)
+        snprintf(label, sizeof label, "%s", name);
+    else
+        snprintf(label, sizeof label, "label %lld", (long long)lab);
+    for (char *q = label; *q; q++)
+        if (*q == '_') *q = ' ';
+    int scale = (int)strlen(label) * 12 <= S ? 2 : 1, maxc = S / (6 * scale);
+    if ((int)strlen(label) > maxc) label[maxc] = '\0';
+    static const uint8_t white[3] = {235, 235, 235};
+    draw_text(grid, x, y, label, scale, white);
+}
+
 static int data_show(int argc, char **argv) {
     const char *out = "grid.png";
     int64_t batch = 16, size = 160, seed = 0, columns = 4, threads = 2;
@@ -277,18 +293,7 @@ static int data_show(int argc, char **argv) {
                     grid.data[((size_t)(gy + yy) * grid.width + gx + xx) * 3 + c] =
                         (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
                 }
-        char label[64];
-        const char *name = ts_reader_class_name(r, py[i]);
-        if (name)
-            snprintf(label, sizeof label, "%s", name);
-        else
-            snprintf(label, sizeof label, "label %lld", (long long)py[i]);
-        for (char *q = label; *q; q++)
-            if (*q == '_') *q = ' ';
-        int scale = (int)strlen(label) * 12 <= S ? 2 : 1, maxc = S / (6 * scale);
-        if ((int)strlen(label) > maxc) label[maxc] = '\0';
-        static const uint8_t white[3] = {235, 235, 235};
-        draw_text(&grid, gx, gy + S + 5, label, scale, white);
+        draw_label(&grid, r, py[i], gx, gy + S + 5, S);
     }
     if (ts_image_write_png(&grid, out) != TS_OK) {
         fprintf(stderr, "tessera data show: --out: %s\n", ts_last_error());

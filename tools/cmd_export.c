@@ -1,6 +1,6 @@
 /*
  * tools/cmd_export.c — `tessera export --format onnx`: a model (built by name,
- * with a checkpoint's `model.*` weights) written as an ONNX file for inference
+ * or a checkpoint's: ts_checkpoint_model_load) written as an ONNX file for inference
  * runtimes. The export itself is the library's (ts_export_onnx, which traces
  * one forward); this file parses flags, builds the model and the example batch,
  * and with --reference also writes that batch and Tessera's outputs for it as
@@ -74,42 +74,26 @@ static int write_npy(const char *path, ts_tensor *t) {
     return 0;
 }
 
-/* Loads the checkpoint's model.* tensors into m (strict). *name gets train.model when present. */
-static int load_checkpoint(const char *path, const char **model_name, char *name_buf, size_t cap, ts_ckpt **out) {
-    if (ts_ckpt_load(path, out) != TS_OK) {
-        fprintf(stderr, "tessera export: --checkpoint: %s\n", ts_last_error());
-        return 1;
-    }
-    const void *p = NULL;
-    size_t n = 0;
-    if (ts_ckpt_has(*out, TS_CKPT_BYTES, "train.model") && ts_ckpt_get_bytes(*out, "train.model", &p, &n) == TS_OK &&
-        n < cap) {
-        memcpy(name_buf, p, n);
-        name_buf[n] = '\0';
-        if (*model_name && strcmp(*model_name, name_buf) != 0) {
-            fprintf(stderr, "tessera export: --model %s, but %s was trained as '%s'\n", *model_name, path, name_buf);
-            return CLI_EXIT_USAGE;
-        }
-        *model_name = name_buf;
-    }
-    return 0;
-}
+typedef struct export_args {
+    const char *format, *model, *checkpoint, *out, *shape, *reference;
+    int64_t seed;
+    bool static_batch;
+    int ndim;
+    int64_t dims[EXPORT_MAX_DIMS];
+    char shape_buf[96], model_buf[64];
+} export_args;
 
-int ts_cmd_export(int argc, char **argv) {
-    const char *format = "onnx", *model_name = NULL, *ckpt_path = NULL, *out = NULL, *shape_s = NULL,
-               *reference = NULL;
-    int64_t seed = 0;
-    bool static_batch = false;
+static int export_flags(int argc, char **argv, export_args *a) {
     const cli_flag flags[] = {
-        {"format", CLI_STRING, &format, "output format: onnx", 1, 0},
-        {"model", CLI_STRING, &model_name, "model name (cnn, mlp, ...; default: the checkpoint's)", 1, 0},
-        {"checkpoint", CLI_STRING, &ckpt_path, "checkpoint whose model.* tensors to load (default: fresh weights)", 1, 0},
-        {"out", CLI_STRING, &out, "file to write (replaced atomically)", 1, 0},
-        {"input-shape", CLI_STRING, &shape_s, "shape of the example input N,C,H,W (N is symbolic in the graph; default 1 x the checkpoint's data.channels/height/width, else the model's input: 1,1,28,28 or 1,3,224,224)", 1, 0},
-        {"seed", CLI_INT, &seed, "seed of fresh weights and of the example input's values", 0, 9.2e18},
-        {"reference", CLI_STRING, &reference,
+        {"format", CLI_STRING, &a->format, "output format: onnx", 1, 0},
+        {"model", CLI_STRING, &a->model, "model name (cnn, mlp, ...; default: the checkpoint's)", 1, 0},
+        {"checkpoint", CLI_STRING, &a->checkpoint, "checkpoint whose model to export (default: fresh weights)", 1, 0},
+        {"out", CLI_STRING, &a->out, "file to write (replaced atomically)", 1, 0},
+        {"input-shape", CLI_STRING, &a->shape, "shape of the example input N,C,H,W (N is symbolic in the graph; default 1 x the checkpoint's input, else the model's: 1,1,28,28 or 1,3,224,224)", 1, 0},
+        {"seed", CLI_INT, &a->seed, "seed of fresh weights and of the example input's values", 0, 9.2e18},
+        {"reference", CLI_STRING, &a->reference,
          "also write PREFIX.input.npy (the example) and PREFIX.output.npy (Tessera's outputs)", 1, 0},
-        {"static-batch", CLI_BOOL, &static_batch, "fix the batch size to the example's instead of 'N'", 1, 0},
+        {"static-batch", CLI_BOOL, &a->static_batch, "fix the batch size to the example's instead of 'N'", 1, 0},
     };
     const cli_command cmd = {
         "export", "tessera export --format onnx --model NAME [--checkpoint CKPT] --out FILE [flags]",
@@ -120,93 +104,88 @@ int ts_cmd_export(int argc, char **argv) {
         "2 bad usage or unreadable checkpoint.",
         flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
-    if (rc) return rc == 1 ? 0 : rc;
-    if (strcmp(format, "onnx") != 0) return cli_usage_error(&cmd, "unknown --format '%s' (supported: onnx)", format);
-    if (!out) return cli_usage_error(&cmd, "--out FILE is required");
-    int ndim = 0;
-    int64_t shape[EXPORT_MAX_DIMS];
-    if (shape_s && !parse_shape(shape_s, &ndim, shape))
+    if (rc) return rc;
+    if (strcmp(a->format, "onnx") != 0) return cli_usage_error(&cmd, "unknown --format '%s' (supported: onnx)", a->format);
+    if (!a->out) return cli_usage_error(&cmd, "--out FILE is required");
+    if (a->shape && !parse_shape(a->shape, &a->ndim, a->dims))
         return cli_usage_error(&cmd, "--input-shape '%s': expected positive sizes separated by commas, e.g. 8,1,28,28",
-                               shape_s);
+                               a->shape);
+    if (!a->model && !a->checkpoint) return cli_usage_error(&cmd, "--model NAME or --checkpoint CKPT is required");
+    return 0;
+}
 
-    ts_ckpt *ck = NULL;
-    char name_buf[256];
-    if (ckpt_path && (rc = load_checkpoint(ckpt_path, &model_name, name_buf, sizeof name_buf, &ck)) != 0) {
-        ts_ckpt_free(ck);
-        return rc == 1 ? CLI_EXIT_USAGE : rc;
-    }
-    if (!model_name) {
-        ts_ckpt_free(ck);
-        return cli_usage_error(&cmd, "--model NAME is required (the checkpoint does not name its model)");
-    }
-
+/* The model: the checkpoint's (ts_checkpoint_model_load), else the zoo's with fresh weights; and the example's
+ * default shape: 1 x the checkpoint's input, else the model's. */
+static int build_model(export_args *a, ts_module **m) {
+    ts_checkpoint_model_info info = {0};
     ts_rng rng;
-    ts_rng_seed(&rng, (uint64_t)seed);
-    ts_module *m = NULL;
-    ts_tensor *x = NULL, *y = NULL;
-    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
-    rc = 1;
-    /* the class count and input the checkpoint's data had (tessera train records them), else the zoo's */
+    ts_rng_seed(&rng, (uint64_t)a->seed);
     ts_model_desc md;
-    int64_t classes = 0, dc = 0, dh = 0, dw = 0;
-    char shape_buf[96];
-    ts_train_checkpoint_classes(ck, &classes);
-    if (ts_model_new(model_name, classes, &rng, &m) != TS_OK || !ts_model_info(model_name, &md)) {
-        fprintf(stderr, "tessera export: --model: %s\n", ts_last_error());
-        rc = CLI_EXIT_USAGE;
-        goto done;
+    ts_status st = a->checkpoint ? ts_checkpoint_model_load(a->checkpoint, a->model, m, &info)
+                                 : ts_model_new(a->model, 0, &rng, m);
+    if (st != TS_OK) {
+        fprintf(stderr, "tessera export: %s%s\n", a->checkpoint ? "" : "--model: ", ts_last_error());
+        ts_checkpoint_model_info_clear(&info);
+        return cli_exit_for(st);
     }
-    if (!shape_s) {
-        if (!(ck && ts_ckpt_get_i64(ck, "data.channels", &dc) == TS_OK && ts_ckpt_get_i64(ck, "data.height", &dh) == TS_OK &&
-              ts_ckpt_get_i64(ck, "data.width", &dw) == TS_OK && dc > 0 && dh > 0 && dw > 0)) {
-            dc = md.in_channels;
-            dh = dw = md.image_size;
-        }
-        ndim = 4;
-        shape[0] = 1, shape[1] = dc, shape[2] = dh, shape[3] = dw;
-        snprintf(shape_buf, sizeof shape_buf, "1,%lld,%lld,%lld", (long long)dc, (long long)dh, (long long)dw);
-        shape_s = shape_buf;
+    if (a->checkpoint) {
+        snprintf(a->model_buf, sizeof a->model_buf, "%s", info.model);
+        a->model = a->model_buf;
     }
-    if (ck && (ts_ckpt_get_tensors(ck, "model.", &sd) != TS_OK || ts_module_load_state_dict(m, &sd, true) != TS_OK)) {
-        fprintf(stderr, "tessera export: loading %s into %s: %s\n", ckpt_path, model_name, ts_last_error());
-        rc = CLI_EXIT_USAGE;
-        goto done;
+    ts_model_info(a->model, &md);
+    int64_t c = info.channels > 0 ? info.channels : md.in_channels, h = info.height > 0 ? info.height : md.image_size,
+            w = info.width > 0 ? info.width : md.image_size;
+    ts_checkpoint_model_info_clear(&info);
+    if (!a->shape) {
+        a->ndim = 4;
+        a->dims[0] = 1, a->dims[1] = c, a->dims[2] = h, a->dims[3] = w;
+        snprintf(a->shape_buf, sizeof a->shape_buf, "1,%lld,%lld,%lld", (long long)c, (long long)h, (long long)w);
+        a->shape = a->shape_buf;
     }
-    ts_rng_seed(&rng, (uint64_t)seed + 1);
-    if (ts_tensor_empty(ts_device_cpu(), TS_F32, ndim, shape, &x) != TS_OK || ts_tensor_normal_(x, 0, 1, &rng) != TS_OK) {
-        cli_fail("export", "example input");
-        goto done;
-    }
-    ts_onnx_opts o = TS_ONNX_OPTS_INIT;
-    o.dynamic_batch = !static_batch;
-    if (ts_export_onnx(m, x, out, &o) != TS_OK) {
-        fprintf(stderr, "tessera export: %s\n", ts_last_error());
-        goto done;
-    }
-    if (reference) {
-        char path[4096];
-        ts_module_train(m, false);
-        bool g = ts_grad_set_enabled(false);
-        ts_status st = ts_module_forward(m, x, &y);
-        ts_grad_set_enabled(g);
-        if (st != TS_OK) {
-            cli_fail("export", "--reference forward");
-            goto done;
-        }
-        snprintf(path, sizeof path, "%s.input.npy", reference);
-        if (write_npy(path, x)) goto done;
-        snprintf(path, sizeof path, "%s.output.npy", reference);
-        if (write_npy(path, y)) goto done;
-    }
-    struct stat sb;
-    long long bytes = stat(out, &sb) == 0 ? (long long)sb.st_size : -1;
-    printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", out, model_name, shape_s, bytes);
-    rc = 0;
-done:
-    ts_tensor_release(x);
+    return 0;
+}
+
+/* --reference: the example and the model's outputs for it as .npy files. */
+static int write_reference(const char *prefix, ts_module *m, ts_tensor *x) {
+    char path[4096];
+    ts_tensor *y = NULL;
+    ts_module_train(m, false);
+    bool g = ts_grad_set_enabled(false);
+    ts_status st = ts_module_forward(m, x, &y);
+    ts_grad_set_enabled(g);
+    if (st != TS_OK) return cli_fail("export", "--reference forward");
+    snprintf(path, sizeof path, "%s.input.npy", prefix);
+    int rc = write_npy(path, x);
+    snprintf(path, sizeof path, "%s.output.npy", prefix);
+    if (rc == 0) rc = write_npy(path, y);
     ts_tensor_release(y);
-    ts_tensor_list_clear(&sd);
+    return rc;
+}
+
+int ts_cmd_export(int argc, char **argv) {
+    export_args a = {.format = "onnx"};
+    int rc = export_flags(argc, argv, &a);
+    if (rc) return rc == 1 ? 0 : rc;
+    ts_module *m = NULL;
+    if ((rc = build_model(&a, &m)) != 0) return rc;
+    ts_rng rng;
+    ts_rng_seed(&rng, (uint64_t)a.seed + 1);
+    ts_tensor *x = NULL;
+    rc = 1;
+    ts_onnx_opts o = TS_ONNX_OPTS_INIT;
+    o.dynamic_batch = !a.static_batch;
+    if (ts_tensor_empty(ts_device_cpu(), TS_F32, a.ndim, a.dims, &x) != TS_OK || ts_tensor_normal_(x, 0, 1, &rng) != TS_OK)
+        cli_fail("export", "example input");
+    else if (ts_export_onnx(m, x, a.out, &o) != TS_OK)
+        fprintf(stderr, "tessera export: %s\n", ts_last_error());
+    else if (!a.reference || write_reference(a.reference, m, x) == 0)
+        rc = 0;
+    if (rc == 0) {
+        struct stat sb;
+        long long bytes = stat(a.out, &sb) == 0 ? (long long)sb.st_size : -1;
+        printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", a.out, a.model, a.shape, bytes);
+    }
+    ts_tensor_release(x);
     ts_module_free(m);
-    ts_ckpt_free(ck);
     return rc;
 }

@@ -201,6 +201,8 @@ void ts_reader_reset(ts_reader *r);
 typedef enum ts_decode_device { TS_DECODE_CPU = 0, TS_DECODE_MIXED = 1 } ts_decode_device;
 /* "cpu" | "mixed" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
 ts_status ts_decode_device_parse(const char *s, ts_decode_device *out);
+/* "cpu", "mixed" (static), NULL for another value. */
+const char *ts_decode_device_name(ts_decode_device d);
 /* Whether TS_DECODE_MIXED decodes on device d (it has an image decoder and one can be made there: a CUDA
  * device with nvJPEG loaded); false with the reason in why (why_len bytes, may be NULL) otherwise. */
 bool ts_mixed_decode_available(ts_device *d, char *why, size_t why_len);

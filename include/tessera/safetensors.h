@@ -87,7 +87,7 @@ ts_status ts_safetensors_load(const char *path, unsigned flags, ts_tensor_list *
  * out_path, with "__metadata__" {"format": "pt", "producer": "tessera"} plus
  * "model", "epoch" and "step" when the checkpoint records them (train.*).
  * *ntensors (may be NULL) gets the number written. A checkpoint without
- * model.* tensors is TS_ERR_INVALID_ARG naming it. */
+ * model.* tensors is TS_ERR_INVALID_ARG naming it. (Defined in src/train, with the checkpoint layout.) */
 ts_status ts_safetensors_export_ckpt(const char *ckpt_path, const char *out_path, int *ntensors);
 
 /* Whether path starts like a safetensors file: a header length of 2 to

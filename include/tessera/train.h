@@ -1,8 +1,9 @@
 /*
  * tessera/train.h — training as a library: batch sources, strategies, the
  * training step, evaluation and the trainer that owns the loop. `tessera train`
- * is a thin shell over this header (flags in, progress bar out); a C program
- * trains exactly the way the command does with these calls:
+ * is a thin shell over tessera/run.h (a ts_run_config in, ts_run_open builds
+ * these objects); a C program that wants its own pieces puts them together
+ * with these calls:
  *
  *     ts_batch_source *train, *test;              // IDX files or an image folder
  *     ts_data_opts d = TS_DATA_OPTS_INIT;
@@ -58,6 +59,8 @@ typedef struct ts_batch {
                                does), evaluation only the real ones. */
     int64_t epoch, index;   /* the batch's epoch and its index in that epoch */
     const int64_t *samples; /* the data set index of each of the `size` rows, borrowed like x */
+    int64_t skipped;        /* samples of this batch left out as corrupt (a pipeline's skip_corrupt); 0 when
+                               the source never skips (ts_batch_source_next zeroes the batch before asking) */
 } ts_batch;
 
 /* Implementation table of a source, for sources of your own (ts_batch_source_new). */
@@ -123,6 +126,8 @@ int64_t ts_batch_source_num_classes(const ts_batch_source *s);
 const char *ts_batch_source_class_name(const ts_batch_source *s, int64_t label);
 /* One sample's shape into shape (TS_MAX_DIMS entries); returns its ndim, 0 when unknown. */
 int ts_batch_source_sample_shape(const ts_batch_source *s, int64_t *shape);
+/* Samples left out as corrupt in the batches this source returned so far (the sum of ts_batch.skipped). */
+int64_t ts_batch_source_skipped(const ts_batch_source *s);
 /* Positions the source at batch `batch` of `epoch` (set_epoch: batch 0). */
 ts_status ts_batch_source_seek(ts_batch_source *s, int64_t epoch, int64_t batch);
 ts_status ts_batch_source_set_epoch(ts_batch_source *s, int64_t epoch);
@@ -155,9 +160,11 @@ typedef struct ts_data_opts {
     ts_device *mixed_decode; /* images: the training pipeline's JPEGs decoded on this device (DALI's "mixed":
                                 a CUDA device with nvJPEG), its batches landing there; evaluation decodes on
                                 the workers. NULL: the workers decode everything (NULL) */
+    bool skip_corrupt;      /* images: undecodable files are left out (each named in a warning, counted in
+                               ts_batch.skipped) instead of failing the run (false) */
 } ts_data_opts;
 
-#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false, NULL})
+#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false, NULL, false})
 
 /* Opens the training source (shuffled; this rank's share: the distributed
  * sampler's for IDX files, the reader's shard with pad_last_batch for images)
@@ -307,10 +314,27 @@ ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *con
                                 ts_eval_result *out);
 
 /* ---- optimizer and schedule by name ----------------------------------------------------------------- */
-/* "sgd" (momentum, L2 weight decay) or "adamw" (decoupled weight decay; momentum unused) over params. */
+/* The optimizers a run can name: TS_OPTIMIZER_SGD "sgd" (momentum, L2 weight decay), TS_OPTIMIZER_ADAMW
+ * "adamw" (decoupled weight decay; momentum unused). */
+typedef enum ts_optimizer_kind { TS_OPTIMIZER_SGD = 0, TS_OPTIMIZER_ADAMW, TS_OPTIMIZER_COUNT } ts_optimizer_kind;
+/* "sgd", "adamw" (static), NULL for another value. */
+const char *ts_optimizer_kind_name(ts_optimizer_kind k);
+/* The kind called name (any case); another name is TS_ERR_INVALID_ARG listing the known ones. */
+ts_status ts_optimizer_kind_from_name(const char *name, ts_optimizer_kind *out);
+/* An optimizer of kind k over params. */
+ts_status ts_optimizer_by_kind(ts_optimizer_kind k, const ts_tensor_list *params, double lr, double momentum,
+                               double weight_decay, ts_optimizer **out);
+/* ts_optimizer_kind_from_name, then ts_optimizer_by_kind. */
 ts_status ts_optimizer_by_name(const char *name, const ts_tensor_list *params, double lr, double momentum,
                                double weight_decay, ts_optimizer **out);
-/* "none" (constant), "step" (x0.1 every steps_per_epoch steps) or "cosine" (to 0 over total_steps). */
+/* The names of ts_lr_kind (tessera/optim.h): TS_LR_CONSTANT "none", TS_LR_STEP "step", TS_LR_COSINE "cosine"
+ * (static; NULL for another value), and back (any case; TS_ERR_INVALID_ARG listing them). */
+const char *ts_lr_kind_name(ts_lr_kind k);
+ts_status ts_lr_kind_from_name(const char *name, ts_lr_kind *out);
+/* TS_LR_CONSTANT, TS_LR_STEP (x0.1 every steps_per_epoch steps) or TS_LR_COSINE (to 0 over total_steps). */
+ts_status ts_lr_schedule_by_kind(ts_lr_kind k, double lr, int64_t total_steps, int64_t steps_per_epoch,
+                                 ts_lr_schedule *out);
+/* "none", "step" or "cosine": ts_lr_kind_from_name, then ts_lr_schedule_by_kind. */
 ts_status ts_lr_schedule_by_name(const char *name, double lr, int64_t total_steps, int64_t steps_per_epoch,
                                  ts_lr_schedule *out);
 
@@ -447,14 +471,50 @@ typedef struct ts_train_checkpoint_info {
     int64_t epoch, batch, step; /* where the run goes on: batch `batch` of epoch `epoch`, after `step` steps */
     int64_t seed, batch_size, world_size;
     double loss;                /* the latest step's loss */
-    char model[64], optimizer[64]; /* "" when not recorded */
+    char model[64], optimizer[64]; /* "" when not recorded (printable: other bytes as \xNN escapes) */
     int64_t accum_steps;        /* batches per optimizer step (1 when not recorded) */
+    int64_t num_classes;        /* the model's outputs (ts_train_checkpoint_classes; 0 when not recorded) */
+    int64_t channels, height, width; /* one training sample's shape (0 when not recorded) */
 } ts_train_checkpoint_info;
 /* Reads path's run description. TS_ERR_FORMAT naming the key when it is not a training checkpoint. */
 ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out);
 /* The output classes of the model a training checkpoint holds: train.num_classes (ts_trainer_opts.num_classes)
  * when recorded, else data.num_classes (the training data's); false when it records neither. */
 bool ts_train_checkpoint_classes(const ts_ckpt *ck, int64_t *classes);
+
+/* ---- a checkpoint's model -------------------------------------------------------------------------------- */
+/* The model a checkpoint holds and what it was trained on: what `tessera eval`, `predict`, `export`,
+ * `ckpt import` and `train --resume` read and write (the layout is the trainer's: src/train/ckpt_keys.h). */
+typedef struct ts_checkpoint_model_info {
+    char model[64];          /* the zoo name (ts_model_info) */
+    int64_t num_classes;     /* the model's outputs */
+    int image_size;          /* what ts_data_opts.image_size and ts_data_preprocess take: 0 for the reference
+                                models' fixed 28x28 gray input, else the RGB side the model was trained at */
+    int64_t channels, height, width; /* one training sample's shape (the model's input when not recorded) */
+    /* The class names (image folders' sub-folder names: the data's classes, which may be fewer than the
+     * model's), owned by the info (ts_checkpoint_model_info_clear frees them); NULL and 0 when the
+     * checkpoint records none (IDX files). */
+    char **class_names;
+    int64_t num_class_names;
+} ts_checkpoint_model_info;
+/* The name of class k: its recorded name, else "class K" written into buf (n bytes). */
+const char *ts_checkpoint_class_name(const ts_checkpoint_model_info *info, int64_t k, char *buf, size_t n);
+void ts_checkpoint_model_info_clear(ts_checkpoint_model_info *info);
+
+/* Reads path's model: builds the zoo model the checkpoint names with its class count (older checkpoints
+ * without one: the rows of the output layer) and loads its state dict strictly, in eval mode, on the CPU.
+ * model (may be NULL): the model the caller expects; the checkpoint's must be the same (TS_ERR_INVALID_ARG
+ * naming both), and it names the model of a checkpoint that records none (TS_ERR_FORMAT when neither
+ * does). *out (may be NULL: the info alone, without building anything) gets the model; info (may be NULL)
+ * what the checkpoint says (clear it with ts_checkpoint_model_info_clear, also after an error). Errors start
+ * with path. */
+ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_module **out,
+                                   ts_checkpoint_model_info *info);
+/* Writes a checkpoint that holds model's state dict and info's name, classes, input shape (channels, height,
+ * width; 0: the zoo's input for info->model and image_size) and class names (NULL: none), atomically:
+ * what ts_checkpoint_model_load, `tessera eval/predict/export` and `train --init-from` read. */
+ts_status ts_checkpoint_model_save(const char *path, ts_module *model, const ts_checkpoint_model_info *info);
+
 /* The newest complete training checkpoint in dir (a checkpoint_dir: step-<step>.ckpt files) into path
  * (n bytes): the highest step whose file loads (whole-file CRC) and is a training checkpoint; damaged
  * or partial ones are skipped with a warning. *found false (and TS_OK) when there is none or dir does
@@ -489,6 +549,7 @@ typedef struct ts_train_result {
     ts_eval_result eval;       /* the latest evaluation on rank 0 (samples 0 when none) */
     int64_t skipped_steps;     /* loss scaling: optimizer steps skipped for inf/NaN gradients in this call */
     float loss_scale;          /* loss scaling: the scale after the last step (0 without a scaler) */
+    int64_t skipped_samples;   /* training samples this rank's source left out as corrupt in this call */
 } ts_train_result;
 
 /* Trains until the last epoch or max_steps: every step sets the scheduled

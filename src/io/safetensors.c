@@ -380,48 +380,6 @@ ts_status ts_safetensors_save(const char *path, const ts_tensor_list *l, const t
     return ts__atomic_close(path, tmp, f, st, werr);
 }
 
-/* ---- a checkpoint's state dict --------------------------------------------------------------------------- */
-ts_status ts_safetensors_export_ckpt(const char *ckpt_path, const char *out_path, int *ntensors) {
-    TS_ARG(ckpt_path && out_path, "ts_safetensors_export_ckpt: NULL argument");
-    ts_ckpt *ck = NULL;
-    TS_TRY(ts_ckpt_load(ckpt_path, &ck));
-    ts_tensor_list l = TS_TENSOR_LIST_INIT;
-    ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
-    ts_status st;
-    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "model.", &l));
-    if (l.n == 0) {
-        st = ts_error(TS_ERR_INVALID_ARG, "%s: the checkpoint holds no model.* tensors (no model state dict)", ckpt_path);
-        goto fail;
-    }
-    TS_CHECK_GOTO(ts_safetensors_meta_set(&m, "format", "pt"));
-    TS_CHECK_GOTO(ts_safetensors_meta_set(&m, "producer", "tessera"));
-    const void *name = NULL;
-    size_t nlen = 0;
-    if (ts_ckpt_get_bytes(ck, "train.model", &name, &nlen) == TS_OK && nlen < 64 && !memchr(name, 0, nlen)) {
-        char model[64];
-        memcpy(model, name, nlen);
-        model[nlen] = '\0';
-        if (utf8_valid((const unsigned char *)model, nlen, NULL)) TS_CHECK_GOTO(ts_safetensors_meta_set(&m, "model", model));
-    }
-    static const char *counts[2] = {"epoch", "step"};
-    for (int i = 0; i < 2; i++) {
-        char key[32], val[24];
-        int64_t v = 0;
-        snprintf(key, sizeof key, "train.%s", counts[i]);
-        if (ts_ckpt_get_i64(ck, key, &v) != TS_OK) continue;
-        snprintf(val, sizeof val, "%lld", (long long)v);
-        TS_CHECK_GOTO(ts_safetensors_meta_set(&m, counts[i], val));
-    }
-    ts_clear_error();
-    TS_CHECK_GOTO(ts_safetensors_save(out_path, &l, &m));
-    if (ntensors) *ntensors = l.n;
-fail:
-    ts_safetensors_meta_clear(&m);
-    ts_tensor_list_clear(&l);
-    ts_ckpt_free(ck);
-    return st;
-}
-
 /* ---- JSON input ------------------------------------------------------------------------------------------ */
 typedef struct st_entry {
     char *name; /* owned */

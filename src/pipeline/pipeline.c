@@ -383,8 +383,9 @@ static void *worker_main(void *arg) {
         if (st == TS_OK) {
             p->decoded++;
         } else if (p->o.skip_corrupt && skippable) {
-            p->skipped++;
-            ts_log(TS_LOG_DEBUG, "pipeline: skipping %s", ts_last_error());
+            /* skip_corrupt: say what is left out (the first ones by name; the count goes on) */
+            if (++p->skipped <= 20) ts_log(TS_LOG_WARN, "skipping a corrupt sample: %s", ts_last_error());
+            if (p->skipped == 20) ts_log(TS_LOG_WARN, "skipping further corrupt samples without naming them (they are counted)");
         } else if (pos < s->err_pos) {
             s->err = st;
             s->err_pos = pos;
@@ -849,6 +850,10 @@ ts_status ts_decode_device_parse(const char *s, ts_decode_device *out) {
         return TS_OK;
     }
     return ts_error(TS_ERR_INVALID_ARG, "decode device '%s': expected cpu or mixed", s ? s : "(null)");
+}
+
+const char *ts_decode_device_name(ts_decode_device d) {
+    return d == TS_DECODE_CPU ? "cpu" : d == TS_DECODE_MIXED ? "mixed" : NULL;
 }
 
 bool ts_mixed_decode_available(ts_device *d, char *why, size_t why_len) {

@@ -187,6 +187,7 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
     po.reader.pad_last_batch = o->world_size > 1;
     po.batch_size = o->batch_size;
     po.num_threads = o->threads;
+    po.skip_corrupt = o->skip_corrupt;
     if (o->image_size > 0) {
         po.color = TS_COLOR_RGB;
         po.out_width = po.out_height = o->image_size;

@@ -21,6 +21,7 @@ struct ts_batch_source {
     const ts_batch_source_ops *ops;
     void *impl;
     int64_t epoch, batch; /* the batch the next call returns */
+    int64_t skipped;      /* samples left out as corrupt in the batches returned */
 };
 
 ts_status ts_batch_source_new(const ts_batch_source_ops *ops, void *impl, ts_batch_source **out) {
@@ -93,8 +94,11 @@ ts_status ts_batch_source_next(ts_batch_source *s, ts_batch *out) {
     }
     out->epoch = s->epoch;
     out->index = s->batch++;
+    s->skipped += out->skipped;
     return TS_OK;
 }
+
+int64_t ts_batch_source_skipped(const ts_batch_source *s) { return s ? s->skipped : 0; }
 
 int64_t ts_batch_source_epoch(const ts_batch_source *s) { return s ? s->epoch : 0; }
 int64_t ts_batch_source_batch_index(const ts_batch_source *s) { return s ? s->batch : 0; }
@@ -228,6 +232,7 @@ static ts_status pl_next(void *impl, ts_batch *out) {
     out->size = info.size;
     out->real = info.real;
     out->samples = ts_pipeline_batch_samples(p, NULL);
+    out->skipped = info.skipped;
     return TS_OK;
 }
 

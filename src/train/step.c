@@ -95,36 +95,81 @@ ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *con
     return st;
 }
 
-ts_status ts_optimizer_by_name(const char *name, const ts_tensor_list *params, double lr, double momentum,
+/* ---- optimizers and schedules by kind and by name ---------------------------------------------------- */
+static const char *const optimizer_names[TS_OPTIMIZER_COUNT] = {"sgd", "adamw"};
+
+const char *ts_optimizer_kind_name(ts_optimizer_kind k) {
+    return (int)k >= 0 && k < TS_OPTIMIZER_COUNT ? optimizer_names[k] : NULL;
+}
+
+ts_status ts_optimizer_kind_from_name(const char *name, ts_optimizer_kind *out) {
+    TS_ARG(out, "ts_optimizer_kind_from_name: NULL argument");
+    for (int k = 0; name && k < TS_OPTIMIZER_COUNT; k++)
+        if (strcasecmp(name, optimizer_names[k]) == 0) {
+            *out = (ts_optimizer_kind)k;
+            return TS_OK;
+        }
+    return ts_error(TS_ERR_INVALID_ARG, "unknown optimizer '%s' (expected sgd or adamw)", name ? name : "(null)");
+}
+
+ts_status ts_optimizer_by_kind(ts_optimizer_kind k, const ts_tensor_list *params, double lr, double momentum,
                                double weight_decay, ts_optimizer **out) {
-    TS_ARG(name && params && out, "ts_optimizer_by_name: NULL argument");
-    if (strcasecmp(name, "sgd") == 0) {
+    TS_ARG(params && out, "ts_optimizer_by_kind: NULL argument");
+    if (k == TS_OPTIMIZER_SGD) {
         ts_sgd_config c = TS_SGD_CONFIG_INIT;
         c.lr = (float)lr;
         c.momentum = (float)momentum;
         c.weight_decay = (float)weight_decay;
         return ts_optim_sgd_new(params, &c, out);
     }
-    if (strcasecmp(name, "adamw") == 0) {
+    if (k == TS_OPTIMIZER_ADAMW) {
         ts_adamw_config c = TS_ADAMW_CONFIG_INIT;
         c.lr = (float)lr;
         c.weight_decay = (float)weight_decay;
         return ts_optim_adamw_new(params, &c, out);
     }
-    return ts_error(TS_ERR_INVALID_ARG, "unknown optimizer '%s' (expected sgd or adamw)", name);
+    return ts_error(TS_ERR_INVALID_ARG, "ts_optimizer_by_kind: %d is not an optimizer kind", (int)k);
+}
+
+ts_status ts_optimizer_by_name(const char *name, const ts_tensor_list *params, double lr, double momentum,
+                               double weight_decay, ts_optimizer **out) {
+    ts_optimizer_kind k;
+    TS_TRY(ts_optimizer_kind_from_name(name, &k));
+    return ts_optimizer_by_kind(k, params, lr, momentum, weight_decay, out);
+}
+
+const char *ts_lr_kind_name(ts_lr_kind k) {
+    return k == TS_LR_CONSTANT ? "none" : k == TS_LR_STEP ? "step" : k == TS_LR_COSINE ? "cosine" : NULL;
+}
+
+ts_status ts_lr_kind_from_name(const char *name, ts_lr_kind *out) {
+    TS_ARG(out, "ts_lr_kind_from_name: NULL argument");
+    for (int k = TS_LR_CONSTANT; name && k <= TS_LR_COSINE; k++)
+        if (strcasecmp(name, ts_lr_kind_name((ts_lr_kind)k)) == 0) {
+            *out = (ts_lr_kind)k;
+            return TS_OK;
+        }
+    return ts_error(TS_ERR_INVALID_ARG, "unknown learning-rate schedule '%s' (expected none, step or cosine)",
+                    name ? name : "(null)");
+}
+
+ts_status ts_lr_schedule_by_kind(ts_lr_kind k, double lr, int64_t total_steps, int64_t steps_per_epoch,
+                                 ts_lr_schedule *out) {
+    TS_ARG(out, "ts_lr_schedule_by_kind: NULL argument");
+    if (k == TS_LR_CONSTANT)
+        *out = ts_lr_constant(lr);
+    else if (k == TS_LR_STEP)
+        *out = ts_lr_step(lr, steps_per_epoch > 0 ? steps_per_epoch : 1, 0.1);
+    else if (k == TS_LR_COSINE)
+        *out = ts_lr_cosine(lr, total_steps > 0 ? total_steps : 1, 0.0);
+    else
+        return ts_error(TS_ERR_INVALID_ARG, "ts_lr_schedule_by_kind: %d is not a schedule kind", (int)k);
+    return ts_lr_schedule_check(out);
 }
 
 ts_status ts_lr_schedule_by_name(const char *name, double lr, int64_t total_steps, int64_t steps_per_epoch,
                                  ts_lr_schedule *out) {
-    TS_ARG(name && out, "ts_lr_schedule_by_name: NULL argument");
-    if (strcasecmp(name, "none") == 0)
-        *out = ts_lr_constant(lr);
-    else if (strcasecmp(name, "step") == 0)
-        *out = ts_lr_step(lr, steps_per_epoch > 0 ? steps_per_epoch : 1, 0.1);
-    else if (strcasecmp(name, "cosine") == 0)
-        *out = ts_lr_cosine(lr, total_steps > 0 ? total_steps : 1, 0.0);
-    else
-        return ts_error(TS_ERR_INVALID_ARG, "unknown learning-rate schedule '%s' (expected none, step or cosine)",
-                        name);
-    return ts_lr_schedule_check(out);
+    ts_lr_kind k;
+    TS_TRY(ts_lr_kind_from_name(name, &k));
+    return ts_lr_schedule_by_kind(k, lr, total_steps, steps_per_epoch, out);
 }

@@ -9,15 +9,7 @@
  * optimizer state, rng), so a resumed run is bit-identical to an uninterrupted
  * one.
  *
- * Checkpoint layout (tessera/ckpt.h; the keys `tessera train` always wrote):
- *   model.<name>        the plain model's state dict (no strategy prefix)
- *   optim.<name>        the optimizer's state
- *   train.epoch/.batch/.step   the position       train.seed, train.batch_size, train.world_size
- *   train.loss          the latest step's loss   train.model, train.optimizer (bytes), train.rng (bytes)
- *   data.channels/.height/.width  one sample's shape    data.num_classes  the training source's classes
- *   data.classes        class names, one per line (image folders, named IDX sets; what `tessera predict` prints)
- *   train.num_classes   the model's outputs, when set apart from the data's (opts.num_classes)
- *   train.accum_steps   batches per optimizer step, when more than one (opts.accum_steps)
+ * Checkpoint layout: train/ckpt_keys.h (the keys `tessera train` always wrote).
  *
  * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
  * (so the loop's additions cannot overflow), every floating-point tensor is
@@ -34,6 +26,7 @@
  */
 #include "train/strategy.h"
 #include "core/timeline.h"
+#include "train/ckpt_keys.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -41,26 +34,6 @@
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define CK_EPOCH "train.epoch"
-#define CK_BATCH "train.batch"
-#define CK_STEP "train.step"
-#define CK_SEED "train.seed"
-#define CK_BATCH_SIZE "train.batch_size"
-#define CK_WORLD "train.world_size"
-#define CK_LOSS "train.loss"
-#define CK_MODEL "train.model"
-#define CK_NUM_CLASSES "train.num_classes"
-#define CK_OPTIM "train.optimizer"
-#define CK_RNG "train.rng"
-#define CK_DATA_C "data.channels"
-#define CK_DATA_H "data.height"
-#define CK_DATA_W "data.width"
-#define CK_DATA_CLASSES "data.num_classes"
-#define CK_DATA_NAMES "data.classes"
-#define CK_ACCUM "train.accum_steps"
-#define CK_SCALE "train.loss_scale"
-#define CK_SCALE_TRACKER "train.loss_scale_tracker"
 
 struct ts_trainer {
     ts_strategy *s;
@@ -347,8 +320,8 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     if (!ck) return ts_error(TS_ERR_NOMEM, "ts_trainer_save: out of memory");
     TS_CHECK_GOTO(ts_module_state_dict(ts_strategy_model(t->s), &sd));
     TS_CHECK_GOTO(ts_optimizer_state(t->opt, &os));
-    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, "model.", &sd));
-    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, "optim.", &os));
+    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, CK_MODEL_PREFIX, &sd));
+    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, CK_OPTIM_PREFIX, &os));
     TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_EPOCH, t->epoch));
     TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_BATCH, t->batch));
     TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_STEP, t->step));
@@ -417,6 +390,10 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpo
     ts_ckpt_get_f64(ck, CK_LOSS, &out->loss);
     get_name(ck, CK_MODEL, out->model, sizeof out->model);
     get_name(ck, CK_OPTIM, out->optimizer, sizeof out->optimizer);
+    if (!ts_train_checkpoint_classes(ck, &out->num_classes) || out->num_classes < 0) out->num_classes = 0;
+    ts_ckpt_get_i64(ck, CK_DATA_C, &out->channels);
+    ts_ckpt_get_i64(ck, CK_DATA_H, &out->height);
+    ts_ckpt_get_i64(ck, CK_DATA_W, &out->width);
     return TS_OK;
 }
 
@@ -511,8 +488,8 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
         goto fail;
     }
     TS_CHECK_GOTO(check_finite(ck, path));
-    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "model.", &sd));
-    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, "optim.", &os));
+    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, CK_MODEL_PREFIX, &sd));
+    TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, CK_OPTIM_PREFIX, &os));
     if ((st = ts_optimizer_check_state(t->opt, &os)) != TS_OK) {
         ts__error_prefix(st, "%s", path);
         goto fail;
@@ -776,6 +753,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     TS_ARG(t, "ts_trainer_run: NULL trainer");
     ts_train_result r = {0};
     t->skipped = 0;
+    const int64_t skipped0 = ts_batch_source_skipped(t->train);
     r.final_loss = t->last_loss;
     r.eval.accuracy = r.eval.loss = NAN;
     const int rank = ts_strategy_rank(t->s);
@@ -826,6 +804,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     r.final_loss = t->last_loss;
     r.images_per_second = r.train_seconds > 0 ? (double)r.images / r.train_seconds : 0.0;
     r.skipped_steps = t->skipped;
+    r.skipped_samples = ts_batch_source_skipped(t->train) - skipped0;
     r.loss_scale = t->scaling ? t->gs.scale : 0.0f;
     if (t->scaling) (void)ts__strategy_set_loss_scale(t->s, 1.0f); /* the strategy's later users see no scale */
     if (out) *out = r;

@@ -1,0 +1,231 @@
+/*
+ * train/checkpoint.c — a checkpoint's model (tessera/train.h): the one reader
+ * of the model a training checkpoint holds (its zoo name, class count and
+ * names, input shape and weights) behind `tessera eval`, `predict`, `export`
+ * and `train --resume`, its writer for `tessera ckpt import`, and the export
+ * of its state dict as safetensors. The keys are train/ckpt_keys.h's.
+ */
+#include "train/strategy.h"
+#include "train/ckpt_keys.h"
+
+#include <stdio.h>
+
+/* ---- class names: data.classes, one per line ---------------------------------------------------------- */
+void ts_checkpoint_model_info_clear(ts_checkpoint_model_info *info) {
+    if (!info) return;
+    for (int64_t k = 0; k < info->num_class_names; k++) free(info->class_names[k]);
+    free(info->class_names);
+    memset(info, 0, sizeof *info);
+}
+
+const char *ts_checkpoint_class_name(const ts_checkpoint_model_info *info, int64_t k, char *buf, size_t n) {
+    if (info && k >= 0 && k < info->num_class_names) return info->class_names[k];
+    snprintf(buf, n, "class %lld", (long long)k);
+    return buf;
+}
+
+static ts_status read_class_names(const ts_ckpt *ck, ts_checkpoint_model_info *info) {
+    const void *b = NULL;
+    size_t n = 0;
+    if (ts_ckpt_get_bytes(ck, CK_DATA_NAMES, &b, &n) != TS_OK || n == 0) return TS_OK;
+    const char *p = b, *end = p + n;
+    int64_t lines = 0;
+    for (const char *q = p; q < end; q++) lines += *q == '\n';
+    if (end[-1] != '\n') lines++;
+    if (!(info->class_names = ts__calloc((size_t)lines, sizeof *info->class_names))) return TS_ERR_NOMEM;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = (size_t)((nl ? nl : end) - p);
+        char *name = ts__malloc(len + 1);
+        if (!name) return TS_ERR_NOMEM;
+        memcpy(name, p, len);
+        name[len] = '\0';
+        info->class_names[info->num_class_names++] = name;
+        p += len + 1;
+    }
+    return TS_OK;
+}
+
+/* ---- reading --------------------------------------------------------------------------------------------- */
+ts_status ts__checkpoint_model_weights(const ts_ckpt *ck, const char *path, ts_tensor_list *out) {
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    ts_status st = ts_ckpt_get_tensors(ck, CK_MODEL_PREFIX, &l);
+    if (st == TS_OK && l.n == 0)
+        st = ts_error(TS_ERR_INVALID_ARG, "%s: the checkpoint holds no " CK_MODEL_PREFIX "* tensors (no model state dict)",
+                      path);
+    for (int i = 0; i < l.n && st == TS_OK; i++) st = ts_tensor_list_append(out, l.names[i], l.tensors[i]);
+    ts_tensor_list_clear(&l);
+    return st;
+}
+
+/* The model's name: the one the checkpoint records, which `want` (when given) must be; else `want`. */
+static ts_status model_name(const ts_ckpt *ck, const char *path, const char *want, char *name, size_t n) {
+    const void *b = NULL;
+    size_t len = 0;
+    char rec[64] = "", esc[200];
+    if (ts_ckpt_get_bytes(ck, CK_MODEL, &b, &len) == TS_OK && len > 0) {
+        if (len >= sizeof rec || memchr(b, 0, len))
+            return ts_error(TS_ERR_FORMAT, "%s: " CK_MODEL " is not a model name (%zu bytes)", path, len);
+        memcpy(rec, b, len);
+        rec[len] = '\0';
+    }
+    if (rec[0] && want && strcmp(rec, want) != 0)
+        return ts_error(TS_ERR_INVALID_ARG, "%s: this is a %s checkpoint; the model is %s (leave the model unset to "
+                        "take the checkpoint's)", path, ts__printable(rec, esc, sizeof esc), want);
+    if (!rec[0] && !want)
+        return ts_error(TS_ERR_FORMAT, "%s records no model name (" CK_MODEL "): name the model (--model)", path);
+    snprintf(name, n, "%s", rec[0] ? rec : want);
+    if (!ts_model_info(name, NULL))
+        return ts_error(TS_ERR_FORMAT, "%s: model '%s' is not one of the zoo's", path, ts__printable(name, esc, sizeof esc));
+    return TS_OK;
+}
+
+/* Everything but the weights: name, input, classes (older checkpoints: the rows of sd's output layer). */
+static ts_status read_info(const ts_ckpt *ck, const char *path, const char *want, const ts_tensor_list *sd,
+                           ts_checkpoint_model_info *info) {
+    ts_model_desc md;
+    TS_TRY(model_name(ck, path, want, info->model, sizeof info->model));
+    ts_model_info(info->model, &md);
+    int64_t h = md.image_size;
+    ts_ckpt_get_i64(ck, CK_DATA_H, &h);
+    if (!md.fixed_size && (h < 1 || h > 4096))
+        return ts_error(TS_ERR_FORMAT, "%s: " CK_DATA_H " %lld is not an image size", path, (long long)h);
+    info->image_size = md.fixed_size ? 0 : (int)h;
+    info->channels = md.in_channels;
+    info->height = info->width = md.fixed_size ? md.image_size : h;
+    ts_ckpt_get_i64(ck, CK_DATA_C, &info->channels);
+    ts_ckpt_get_i64(ck, CK_DATA_W, &info->width);
+    if (!ts_train_checkpoint_classes(ck, &info->num_classes)) {
+        const ts_tensor *w = NULL;
+        for (int i = 0; sd && i < sd->n; i++)
+            if (ts_tensor_ndim(sd->tensors[i]) == 2 && strstr(sd->names[i], "weight")) w = sd->tensors[i];
+        info->num_classes = w ? ts_tensor_shape(w)[0] : 0;
+    }
+    if (info->num_classes < 1 || info->num_classes > (1 << 24))
+        return ts_error(TS_ERR_FORMAT, "%s: %lld classes", path, (long long)info->num_classes);
+    return read_class_names(ck, info);
+}
+
+static ts_status build(const char *path, const ts_checkpoint_model_info *info, const ts_tensor_list *sd,
+                       ts_module **out) {
+    ts_module *m = NULL;
+    TS_TRY(ts_model_new(info->model, info->num_classes, NULL, &m));
+    ts_status st = ts_module_load_state_dict(m, sd, true);
+    if (st != TS_OK) {
+        char why[TS_ERRMSG_MAX]; /* ts_error writes the buffer ts_last_error reads: copy it first */
+        snprintf(why, sizeof why, "%s", ts_last_error());
+        ts_module_free(m);
+        return ts_error(st, "%s: the weights do not fit model %s with %lld classes: %s", path, info->model,
+                        (long long)info->num_classes, why);
+    }
+    ts_module_train(m, false);
+    *out = m;
+    return TS_OK;
+}
+
+ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_module **out,
+                                   ts_checkpoint_model_info *info) {
+    ts_checkpoint_model_info own = {0}, *in = info ? info : &own;
+    if (info) memset(info, 0, sizeof *info);
+    if (out) *out = NULL;
+    TS_ARG(path, "ts_checkpoint_model_load: NULL path");
+    ts_ckpt *ck = NULL;
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+    ts_status st;
+    TS_CHECK_GOTO(ts_ckpt_load(path, &ck));
+    TS_CHECK_GOTO(ts__checkpoint_model_weights(ck, path, &sd));
+    TS_CHECK_GOTO(read_info(ck, path, model, &sd, in));
+    if (out) TS_CHECK_GOTO(build(path, in, &sd, out));
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_ckpt_free(ck);
+    ts_checkpoint_model_info_clear(&own);
+    return st;
+}
+
+/* ---- writing --------------------------------------------------------------------------------------------- */
+static ts_status write_class_names(ts_ckpt *ck, const ts_checkpoint_model_info *info) {
+    size_t len = 0;
+    for (int64_t k = 0; k < info->num_class_names; k++) {
+        if (!info->class_names[k] || strchr(info->class_names[k], '\n'))
+            return ts_error(TS_ERR_INVALID_ARG, "ts_checkpoint_model_save: class name %lld is NULL or holds a "
+                            "line break", (long long)k);
+        len += strlen(info->class_names[k]) + 1;
+    }
+    char *buf = ts__malloc(len ? len : 1), *w = buf;
+    if (!buf) return TS_ERR_NOMEM;
+    for (int64_t k = 0; k < info->num_class_names; k++) {
+        size_t n = strlen(info->class_names[k]);
+        memcpy(w, info->class_names[k], n);
+        w[n] = '\n';
+        w += n + 1;
+    }
+    ts_status st = ts_ckpt_set_bytes(ck, CK_DATA_NAMES, buf, len);
+    free(buf);
+    return st;
+}
+
+ts_status ts_checkpoint_model_save(const char *path, ts_module *model, const ts_checkpoint_model_info *info) {
+    TS_ARG(path && model && info, "ts_checkpoint_model_save: NULL argument");
+    ts_model_desc md;
+    TS_ARG(ts_model_info(info->model, &md), "ts_checkpoint_model_save: model '%s' is not one of the zoo's",
+           info->model);
+    ts_ckpt *ck = ts_ckpt_new();
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+    if (!ck) return TS_ERR_NOMEM;
+    int64_t side = md.fixed_size || info->image_size <= 0 ? md.image_size : info->image_size;
+    ts_status st;
+    TS_CHECK_GOTO(ts_module_state_dict(model, &sd));
+    TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, CK_MODEL_PREFIX, &sd));
+    TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, info->model, strlen(info->model)));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_CLASSES, info->num_classes > 0 ? info->num_classes : md.num_classes));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_C, info->channels > 0 ? info->channels : md.in_channels));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_H, info->height > 0 ? info->height : side));
+    TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_W, info->width > 0 ? info->width : side));
+    if (info->num_class_names > 0) TS_CHECK_GOTO(write_class_names(ck, info));
+    TS_CHECK_GOTO(ts_ckpt_save(ck, path));
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_ckpt_free(ck);
+    return st;
+}
+
+/* ---- the state dict as safetensors (tessera/safetensors.h) ---------------------------------------------- */
+ts_status ts_safetensors_export_ckpt(const char *ckpt_path, const char *out_path, int *ntensors) {
+    TS_ARG(ckpt_path && out_path, "ts_safetensors_export_ckpt: NULL argument");
+    ts_ckpt *ck = NULL;
+    TS_TRY(ts_ckpt_load(ckpt_path, &ck));
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
+    ts_status st;
+    TS_CHECK_GOTO(ts__checkpoint_model_weights(ck, ckpt_path, &l));
+    TS_CHECK_GOTO(ts_safetensors_meta_set(&m, "format", "pt"));
+    TS_CHECK_GOTO(ts_safetensors_meta_set(&m, "producer", "tessera"));
+    const void *name = NULL;
+    size_t nlen = 0;
+    if (ts_ckpt_get_bytes(ck, CK_MODEL, &name, &nlen) == TS_OK && nlen > 0 && nlen < 64) {
+        char model[64];
+        bool printable = true;
+        for (size_t i = 0; i < nlen; i++) printable = printable && ((const unsigned char *)name)[i] >= 0x20 &&
+                                                     ((const unsigned char *)name)[i] < 0x7f;
+        memcpy(model, name, nlen);
+        model[nlen] = '\0';
+        if (printable) TS_CHECK_GOTO(ts_safetensors_meta_set(&m, "model", model));
+    }
+    static const char *const keys[2] = {CK_EPOCH, CK_STEP}, *const meta[2] = {"epoch", "step"};
+    for (int i = 0; i < 2; i++) {
+        char val[24];
+        int64_t v = 0;
+        if (ts_ckpt_get_i64(ck, keys[i], &v) != TS_OK) continue;
+        snprintf(val, sizeof val, "%lld", (long long)v);
+        TS_CHECK_GOTO(ts_safetensors_meta_set(&m, meta[i], val));
+    }
+    ts_clear_error();
+    TS_CHECK_GOTO(ts_safetensors_save(out_path, &l, &m));
+    if (ntensors) *ntensors = l.n;
+fail:
+    ts_safetensors_meta_clear(&m);
+    ts_tensor_list_clear(&l);
+    ts_ckpt_free(ck);
+    return st;
+}

@@ -1,0 +1,330 @@
+/*
+ * train/run.c — ts_run_open: a ts_run_config made into a run (tessera/run.h),
+ * the policy `tessera train` used to spell itself:
+ *
+ *   settings   threads, the convolution algorithm and the precision (matmul precision + autocast here, the
+ *              loss scaler in the trainer's options): process-wide, set once
+ *   resume     the checkpoint_dir's newest complete checkpoint when no resume is given; the resumed
+ *              checkpoint's model (ts_checkpoint_model_load), classes, image size and seed
+ *   placement  the strategy's devices; under a launcher every process is a DDP rank, device "cuda" being
+ *              cuda:LOCAL_RANK (wrapping around the GPUs); the group's backend (auto: nccl when every rank
+ *              of the host has a GPU of its own, as PyTorch)
+ *   data       ts_data_open for this rank (rank 0: the evaluation split too)
+ *   model      the zoo's, with the data's classes (or num_classes), from init_from
+ *   training   strategy, optimizer, the schedule over the run's steps (epochs x steps per epoch, or
+ *              max_steps when fewer; warmup first), the trainer, the resumed position
+ */
+#include "core/internal.h"
+#include "tessera/run.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct ts_run {
+    ts_run_config c;        /* resolved: model, num_classes, image_size, seed, resume */
+    char model[64];         /* c.model's storage when it came from a checkpoint */
+    char latest[4096];      /* c.resume's when it came from checkpoint_dir */
+    ts_dist_env env;
+    bool in_job;
+    ts_process_group *pg;
+    ts_device *devs[TS_MAX_CPU_DEVICES + 1];
+    ts_strategy_opts so;
+    ts_ddp_options dopt;
+    ts_batch_source *train, *eval;
+    ts_module *model_m;     /* until the strategy takes it */
+    int64_t data_classes;
+    ts_strategy *s;
+    ts_tensor_list params;
+    ts_optimizer *opt;
+    ts_lr_schedule sched;
+    ts_grad_scaler gs;
+    ts_rng rng;
+    ts_trainer *t;
+    int64_t total_steps, steps_per_epoch;
+    ts_train_checkpoint_info resumed;
+    bool did_resume, initialised;
+};
+
+static int rank_of(const ts_run *r) { return r->pg ? ts_pg_rank(r->pg) : 0; }
+
+/* A failure of the job rather than of the config (joining the group, DDP's first collectives): whatever the
+ * layer below said (a port still taken, a peer gone), a caller may try again — TS_ERR_REMOTE unless it timed
+ * out or ran out of memory, the message kept and prefixed with what. */
+static ts_status job_failure(ts_status st, const char *what) {
+    ts__error_prefix(st, "%s", what);
+    if (st == TS_ERR_TIMEOUT || st == TS_ERR_NOMEM || st == TS_ERR_REMOTE) return st;
+    char msg[TS_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", ts_last_error());
+    return ts_error(TS_ERR_REMOTE, "%s", msg);
+}
+
+/* ---- resume: the checkpoint's model, classes, image size and seed ------------------------------------------ */
+static ts_status open_resume(ts_run *r) {
+    ts_run_config *c = &r->c;
+    if (c->checkpoint_dir && !c->resume) { /* a restarted job goes on from the folder's newest checkpoint */
+        bool found = false;
+        ts_status st = ts_train_checkpoint_latest(c->checkpoint_dir, r->latest, sizeof r->latest, &found);
+        if (st != TS_OK) return ts__error_prefix(st, "checkpoint_dir");
+        if (found) c->resume = r->latest;
+    }
+    if (!c->resume) return TS_OK;
+    ts_checkpoint_model_info mi = {0};
+    ts_status st = ts_train_checkpoint_read(c->resume, &r->resumed);
+    if (st == TS_OK) st = ts_checkpoint_model_load(c->resume, c->model, &r->model_m, &mi);
+    if (st != TS_OK) {
+        ts_checkpoint_model_info_clear(&mi);
+        return ts__error_prefix(st, "resume");
+    }
+    if (c->num_classes && c->num_classes != mi.num_classes)
+        st = ts_error(TS_ERR_INVALID_ARG, "num_classes %lld: %s was written with %lld classes",
+                      (long long)c->num_classes, c->resume, (long long)mi.num_classes);
+    snprintf(r->model, sizeof r->model, "%s", mi.model);
+    c->model = r->model;
+    c->num_classes = mi.num_classes;
+    if (!c->image_size) c->image_size = mi.image_size;
+    c->seed = r->resumed.seed; /* the data order is the checkpoint's */
+    r->did_resume = true;
+    ts_checkpoint_model_info_clear(&mi);
+    return st;
+}
+
+/* ---- placement ---------------------------------------------------------------------------------------------- */
+/* The strategy's kind and devices (so), and the one device of a process. */
+static ts_status open_devices(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    ts_strategy_opts *so = &r->so;
+    so->kind = r->in_job ? TS_STRATEGY_DDP : c->strategy;
+    so->schedule = c->pp_schedule;
+    so->micro_batches = (int)c->micro_batches;
+    if (c->device) {
+        char name[64];
+        snprintf(name, sizeof name, "%s", c->device);
+        if (strcmp(c->device, "cuda") == 0 && r->in_job) { /* one GPU per local rank, as torchrun scripts pick */
+            int n = ts_cuda_device_count(NULL, 0), local = r->env.local_rank > 0 ? r->env.local_rank : 0;
+            snprintf(name, sizeof name, "cuda:%d", n > 0 ? local % n : 0);
+        }
+        ts_status st = ts_device_get(name, &r->devs[0]);
+        if (st != TS_OK) return ts__error_prefix(st, "device");
+        so->devices = r->devs;
+        so->num_devices = 1;
+        return TS_OK;
+    }
+    if (!c->devices) return TS_OK; /* the strategy takes every virtual CPU device */
+    /* without TS_CPU_DEVICES, the virtual CPU devices grow to cover the highest cpu:K listed */
+    const char *env = getenv("TS_CPU_DEVICES");
+    int want = 0;
+    for (const char *p = strstr(c->devices, "cpu:"); p; p = strstr(p + 4, "cpu:")) {
+        char *end;
+        long k = strtol(p + 4, &end, 10);
+        if (end != p + 4 && k >= 0 && k < TS_MAX_CPU_DEVICES && k + 1 > want) want = (int)k + 1;
+    }
+    if ((!env || !*env) && want > ts_cpu_device_count()) ts_set_cpu_device_count(want);
+    ts_status st = ts_device_list_parse(c->devices, r->devs, TS_MAX_CPU_DEVICES + 1, &so->num_devices);
+    if (st != TS_OK) return ts__error_prefix(st, "devices");
+    so->devices = r->devs;
+    return TS_OK;
+}
+
+/* Under a launcher: the process group (ts_pg_new gives the rank its share of the host's CPUs unless threads or
+ * OMP_NUM_THREADS said). */
+static ts_status open_group(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    long local = r->env.local_world_size > 0 ? r->env.local_world_size : 1;
+    ts_device *dev = r->so.num_devices == 1 ? r->so.devices[0] : NULL;
+    bool cuda = dev && ts_device_type_of(dev) == TS_DEVICE_CUDA;
+    ts_run_backend b = c->backend;
+    if (b == TS_RUN_BACKEND_AUTO) /* NCCL when every rank of this host has a GPU of its own (device cuda) */
+        b = cuda && strcmp(c->device, "cuda") == 0 && local <= ts_cuda_device_count(NULL, 0) &&
+                    ts_pg_backend_available("nccl")
+                ? TS_RUN_BACKEND_NCCL
+                : TS_RUN_BACKEND_BUILTIN;
+    ts_pg_options po = TS_PG_OPTIONS_INIT;
+    po.timeout_s = c->timeout;
+    po.backend = ts_run_backend_name(b);
+    if (cuda) po.device = ts_device_name(dev);
+    ts_status st = ts_pg_new(&po, &r->pg);
+    return st == TS_OK ? TS_OK : job_failure(st, "joining the process group");
+}
+
+/* ---- data and model ------------------------------------------------------------------------------------------ */
+static ts_status open_data(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    ts_model_desc md;
+    ts_model_info(c->model, &md);
+    ts_status st = c->checkpoint && rank_of(r) == 0 ? ts_ckpt_check_writable(c->checkpoint) : TS_OK;
+    if (st != TS_OK) return ts__error_prefix(st, "checkpoint"); /* before loading any data */
+    ts_data_opts d = TS_DATA_OPTS_INIT;
+    d.path = c->data;
+    d.batch_size = c->batch_size;
+    d.seed = (uint64_t)c->seed;
+    d.rank = rank_of(r);
+    d.world_size = r->pg ? ts_pg_size(r->pg) : 1;
+    d.threads = (int)c->data_threads;
+    d.skip_corrupt = c->skip_corrupt;
+    if (c->decode == TS_DECODE_MIXED) d.mixed_decode = r->so.devices[0];
+    d.image_size = md.fixed_size ? 0 : (int)(c->image_size ? c->image_size : md.image_size);
+    st = ts_data_open(&d, &r->train, d.rank == 0 ? &r->eval : NULL);
+    if (st != TS_OK) return ts__error_prefix(st, "data %s", c->data);
+    r->c.image_size = d.image_size;
+    /* the output layer follows the data's classes (an image folder's sub-folders), or num_classes */
+    r->data_classes = ts_batch_source_num_classes(r->train);
+    if (c->num_classes && c->num_classes < r->data_classes)
+        return ts_error(TS_ERR_INVALID_ARG, "num_classes %lld: data %s has %lld classes", (long long)c->num_classes,
+                        c->data, (long long)r->data_classes);
+    return TS_OK;
+}
+
+static ts_status open_model(ts_run *r) {
+    ts_run_config *c = &r->c;
+    if (r->did_resume) return TS_OK; /* the checkpoint's */
+    TS_TRY(ts_model_new(c->model, c->num_classes ? c->num_classes : r->data_classes, &r->rng, &r->model_m));
+    if (!c->num_classes) c->num_classes = r->data_classes;
+    if (!c->init_from) return TS_OK;
+    ts_status st = ts_weights_load_except(r->model_m, c->init_from, c->init_exclude);
+    if (st != TS_OK) return ts__error_prefix(st, "init_from");
+    r->initialised = true;
+    return TS_OK;
+}
+
+/* ---- training: strategy, optimizer, schedule, trainer ---------------------------------------------------------- */
+/* The schedule over the run's steps: an epoch's optimizer steps are its batches / accum_steps (a last shorter
+ * step included); the run's are the epochs', or max_steps when fewer (torch's CosineAnnealingLR with T_max =
+ * the steps that run); warmup first, the schedule over the rest. */
+static ts_status open_schedule(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    int64_t nb = (ts_batch_source_num_batches(r->train, 0) + c->accum_steps - 1) / c->accum_steps;
+    r->steps_per_epoch = nb;
+    r->total_steps = c->epochs * nb;
+    if (c->max_steps > 0 && c->max_steps < r->total_steps) r->total_steps = c->max_steps;
+    int64_t rest = r->total_steps > c->warmup_steps ? r->total_steps - c->warmup_steps : 1;
+    TS_TRY(ts_lr_schedule_by_kind(c->lr_schedule, c->lr, rest, nb, &r->sched));
+    if (c->warmup_steps > 0) r->sched = ts_lr_with_warmup(r->sched, c->warmup_steps, 1.0 / 3.0);
+    return TS_OK;
+}
+
+static ts_trainer_opts trainer_opts(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
+    to.epochs = c->epochs;
+    to.max_steps = c->max_steps;
+    to.schedule = &r->sched;
+    to.label_smoothing = (float)c->label_smoothing;
+    to.num_classes = c->num_classes != r->data_classes ? c->num_classes : 0;
+    to.eval = r->eval;
+    to.checkpoint = c->checkpoint;
+    to.checkpoint_dir = c->checkpoint_dir;
+    to.keep = (int)c->keep;
+    to.checkpoint_every = c->checkpoint_every;
+    to.callback = c->callback;
+    to.user = c->user;
+    to.model_name = c->model;
+    to.optimizer_name = ts_optimizer_kind_name(c->optimizer);
+    to.seed = (uint64_t)c->seed;
+    to.batch_size = c->batch_size;
+    to.rng = &r->rng;
+    to.accum_steps = c->accum_steps;
+    to.clip_grad_norm = c->clip_grad_norm;
+    to.trace_path = c->trace;
+    to.metrics_csv = c->metrics_csv;
+    r->gs = TS_GRAD_SCALER_INIT; /* fp16: dynamic loss scaling, torch.amp.GradScaler's defaults */
+    r->gs.scale = (float)c->loss_scale;
+    if (c->precision == TS_PRECISION_FP16) to.grad_scaler = &r->gs;
+    return to;
+}
+
+static ts_status open_training(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    r->so.pg = r->pg;
+    r->so.sync_bn = c->sync_bn;
+    r->dopt = TS_DDP_OPTIONS_INIT;
+    r->dopt.comm_dtype = ts_precision_dtype(c->ddp_comm);
+    r->so.ddp = &r->dopt;
+    r->so.sample_ndim = ts_batch_source_sample_shape(r->train, r->so.sample_shape);
+    ts_module *m = r->model_m;
+    r->model_m = NULL; /* the strategy owns it now, also on failure */
+    ts_status st = ts_strategy_new(m, &r->so, &r->s);
+    if (st != TS_OK) return r->so.kind == TS_STRATEGY_DDP ? job_failure(st, "DDP") : st;
+    TS_TRY(ts_module_parameters(ts_strategy_model(r->s), &r->params));
+    TS_TRY(ts_optimizer_by_kind(c->optimizer, &r->params, c->lr, c->momentum, c->weight_decay, &r->opt));
+    TS_TRY(open_schedule(r));
+    ts_trainer_opts to = trainer_opts(r);
+    TS_TRY(ts_trainer_new(r->s, r->opt, r->train, &to, &r->t));
+    st = r->did_resume ? ts_trainer_resume(r->t, c->resume) : TS_OK;
+    return st == TS_OK ? TS_OK : ts__error_prefix(st, "resume");
+}
+
+/* ---- the run ------------------------------------------------------------------------------------------------- */
+static ts_status open_all(ts_run *r) {
+    ts_run_config *c = &r->c;
+    TS_TRY(ts_dist_env_detect(&r->env, &r->in_job));
+    if (c->nproc > 1 && !r->in_job)
+        return ts_error(TS_ERR_INVALID_ARG, "nproc %lld: this process is not one rank of a launched job; start "
+                        "the processes first (ts_run_processes_to_start)", (long long)c->nproc);
+    if (c->threads > 0) ts_set_num_threads((int)c->threads);
+    ts_set_conv_algo(c->conv_algo);
+    TS_TRY(ts_precision_apply(c->precision));
+    TS_TRY(open_resume(r));
+    if (!c->model) c->model = "cnn";
+    ts_rng_seed(&r->rng, (uint64_t)c->seed);
+    TS_TRY(open_devices(r));
+    if (r->in_job) TS_TRY(open_group(r));
+    TS_TRY(open_data(r));
+    TS_TRY(open_model(r));
+    return open_training(r);
+}
+
+ts_status ts_run_open(const ts_run_config *c, ts_run **out) {
+    TS_ARG(c && out, "ts_run_open: NULL argument");
+    *out = NULL;
+    TS_TRY(ts_run_config_check(c));
+    ts_run *r = ts__calloc(1, sizeof *r);
+    if (!r) return TS_ERR_NOMEM;
+    r->c = *c;
+    r->so = TS_STRATEGY_OPTS_INIT;
+    ts_status st = open_all(r);
+    if (st != TS_OK) {
+        if (r->pg && ts_pg_size(r->pg) > 1) ts__error_prefix(st, "rank %d", ts_pg_rank(r->pg));
+        if (r->pg) ts_pg_abort(r->pg, "the run failed to start on this rank");
+        ts_run_free(r);
+        return st;
+    }
+    *out = r;
+    return TS_OK;
+}
+
+ts_status ts_run_train(ts_run *r, ts_train_result *out) {
+    TS_ARG(r, "ts_run_train: NULL run");
+    ts_status st = ts_trainer_run(r->t, out);
+    if (st != TS_OK && r->pg) ts_pg_abort(r->pg, "training failed on this rank");
+    return st;
+}
+
+void ts_run_free(ts_run *r) {
+    if (!r) return;
+    ts_trainer_free(r->t);
+    ts_tensor_list_clear(&r->params);
+    ts_optimizer_free(r->opt);
+    ts_strategy_free(r->s);
+    ts_module_free(r->model_m);
+    ts_batch_source_free(r->train);
+    ts_batch_source_free(r->eval);
+    ts_pg_free(r->pg);
+    free(r);
+}
+
+const ts_run_config *ts_run_config_of(const ts_run *r) { return r ? &r->c : NULL; }
+int ts_run_rank(const ts_run *r) { return r ? rank_of(r) : 0; }
+int ts_run_world_size(const ts_run *r) { return r && r->pg ? ts_pg_size(r->pg) : 1; }
+ts_strategy *ts_run_strategy(ts_run *r) { return r ? r->s : NULL; }
+ts_batch_source *ts_run_train_source(ts_run *r) { return r ? r->train : NULL; }
+ts_batch_source *ts_run_eval_source(ts_run *r) { return r ? r->eval : NULL; }
+ts_process_group *ts_run_process_group(ts_run *r) { return r ? r->pg : NULL; }
+int64_t ts_run_total_steps(const ts_run *r) { return r ? r->total_steps : 0; }
+int64_t ts_run_steps_per_epoch(const ts_run *r) { return r ? r->steps_per_epoch : 0; }
+bool ts_run_initialised(const ts_run *r) { return r && r->initialised; }
+
+const char *ts_run_resumed(const ts_run *r, ts_train_checkpoint_info *info) {
+    if (!r || !r->did_resume) return NULL;
+    if (info) *info = r->resumed;
+    return r->c.resume;
+}
