@@ -20,7 +20,7 @@ typedef struct cli_flag {
     cli_type type;
     void *ptr;        /* int64_t*, double*, const char**, bool*, or a cli_enum* (CLI_ENUM_OF) */
     const char *help; /* one line; the default is printed after it. NULL: a hidden alias, not listed by
-                         --help nor --print-config (an old spelling, pointing at the same variable as the new one) */
+                         --help (an old spelling, or the config file's name of a flag, pointing at the same variable) */
     double min, max;  /* range for numbers (min > max: no check); CLI_ENUM: the values allowed */
 } cli_flag;
 
