@@ -74,6 +74,7 @@
  * closed, never reused. Keys and values over the limits the server announced
  * are refused locally with TS_ERR_INVALID_ARG.
  */
+#include "distributed/sock.h"
 #include "distributed/store.h"
 
 #include <arpa/inet.h>
@@ -110,57 +111,11 @@ enum { ST_OK = 0, ST_ERROR = 1 };
 #define EVICT_MIN_AGE_S 0.1                  /* a pending connection has this long to answer before eviction */
 #define CLIENT_HANDSHAKE_S 30.0              /* a client waits this long for the server's challenge */
 
-/* ---- byte helpers ------------------------------------------------------------------------------- */
+/* ---- byte helpers (framing over sock.h's buffer) ----------------------------------------------------- */
 
-static void put_be(uint8_t *p, uint64_t v, int n) {
-    for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-
-static uint64_t get_be(const uint8_t *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-
-/* A growable byte buffer; oom is sticky. */
-typedef struct wbuf {
-    uint8_t *p;
-    size_t n, cap;
-    bool oom;
-} wbuf;
-
-static void wb_put(wbuf *b, const void *d, size_t n) {
-    if (b->oom) return;
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n) cap *= 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, d, n);
-    b->n += n;
-}
-
-/* Makes room for a total of n bytes (exactly n when growing to it); false when out of memory. */
-static bool wb_reserve(wbuf *b, size_t n) {
-    if (n <= b->cap) return true;
-    uint8_t *p = realloc(b->p, n);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = n;
-    return true;
-}
 
 /* Frees an empty buffer's memory when it grew large (a big value passed through). */
-static void wb_shrink(wbuf *b) {
+static void wb_shrink(ts__wbuf *b) {
     if (b->n == 0 && b->cap > SHRINK_ABOVE) {
         free(b->p);
         b->p = NULL;
@@ -168,27 +123,21 @@ static void wb_shrink(wbuf *b) {
     }
 }
 
-static void wb_int(wbuf *b, uint64_t v, int n) {
-    uint8_t t[8];
-    put_be(t, v, n);
-    wb_put(b, t, (size_t)n);
-}
-
-static void wb_str(wbuf *b, const void *d, size_t n) {
-    wb_int(b, n, 4);
-    wb_put(b, d, n);
+static void wb_str(ts__wbuf *b, const void *d, size_t n) {
+    ts__wbuf_be(b, n, 4);
+    ts__wbuf_put(b, d, n);
 }
 
 /* Starts a frame: a length placeholder and the first body byte. */
-static void wb_frame(wbuf *b, uint8_t first) {
+static void wb_frame(ts__wbuf *b, uint8_t first) {
     b->n = 0;
-    wb_int(b, 0, 4);
-    wb_put(b, &first, 1);
+    ts__wbuf_be(b, 0, 4);
+    ts__wbuf_put(b, &first, 1);
 }
 
 /* Fills in the length of the frame that starts at offset start. */
-static void wb_frame_end(wbuf *b, size_t start) {
-    if (!b->oom) put_be(b->p + start, b->n - start - 4, 4);
+static void wb_frame_end(ts__wbuf *b, size_t start) {
+    if (!b->oom) ts__put_be(b->p + start, b->n - start - 4, 4);
 }
 
 /* Reads fields from a frame body; bad is sticky. */
@@ -203,7 +152,7 @@ static uint64_t rb_int(rbuf *r, int n) {
         r->bad = true;
         return 0;
     }
-    uint64_t v = get_be(r->p + r->off, n);
+    uint64_t v = ts__get_be(r->p + r->off, n);
     r->off += (size_t)n;
     return v;
 }
@@ -220,92 +169,6 @@ static const uint8_t *rb_str(rbuf *r, size_t *len) {
     return p;
 }
 
-static void fmt_hostport(char *buf, size_t n, const char *host, int port) {
-    snprintf(buf, n, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
-}
-
-/* ---- client-side socket I/O with deadlines --------------------------------------------------------- */
-
-enum { IO_OK = 0, IO_TIMEOUT, IO_CLOSED, IO_ERR };
-
-static int io_wait(int fd, short events, double deadline) {
-    for (;;) {
-        double left = deadline - ts_time_now();
-        if (left <= 0) return IO_TIMEOUT;
-        int ms = left > 86400.0 ? 86400000 : (int)(left * 1000.0) + 1;
-        struct pollfd p = {fd, events, 0};
-        int r = poll(&p, 1, ms);
-        if (r < 0 && errno != EINTR) return IO_ERR;
-        if (r > 0) return IO_OK; /* ready, or an error/hangup the next send/recv reports */
-    }
-}
-
-static int io_send(int fd, const uint8_t *p, size_t n, double deadline) {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-        } else if (w < 0 && errno == EINTR) {
-            continue;
-        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int r = io_wait(fd, POLLOUT, deadline);
-            if (r != IO_OK) return r;
-        } else {
-            return (errno == EPIPE || errno == ECONNRESET) ? IO_CLOSED : IO_ERR;
-        }
-    }
-    return IO_OK;
-}
-
-static int io_recv(int fd, uint8_t *p, size_t n, double deadline) {
-    while (n) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-        } else if (r == 0) {
-            return IO_CLOSED;
-        } else if (errno == EINTR) {
-            continue;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int w = io_wait(fd, POLLIN, deadline);
-            if (w != IO_OK) return w;
-        } else {
-            return errno == ECONNRESET ? IO_CLOSED : IO_ERR;
-        }
-    }
-    return IO_OK;
-}
-
-/* One non-blocking connect attempt, bounded by deadline. Returns the fd or -1 with *err. */
-static int connect_one(const struct sockaddr *sa, socklen_t salen, double deadline, int *err) {
-    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        *err = errno;
-        return -1;
-    }
-    if (connect(fd, sa, salen) != 0) {
-        if (errno != EINPROGRESS) {
-            *err = errno;
-            close(fd);
-            return -1;
-        }
-        int r = io_wait(fd, POLLOUT, deadline);
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (r == IO_OK && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0) soerr = errno;
-        if (r != IO_OK || soerr) {
-            *err = r == IO_TIMEOUT ? ETIMEDOUT : r == IO_ERR ? errno : soerr;
-            close(fd);
-            return -1;
-        }
-    }
-    int one = 1;
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
-}
-
 /* ---- the server --------------------------------------------------------------------------------------- */
 
 typedef struct srv_conn {
@@ -317,7 +180,7 @@ typedef struct srv_conn {
     char addr[64];                /* the peer, for logs */
     uint8_t ch[TS__AUTH_CHALLENGE_BYTES], hs[TS__AUTH_RESPONSE_BYTES];
     size_t hs_n; /* bytes of the answer received */
-    wbuf in, out;
+    ts__wbuf in, out;
     size_t out_off;
     uint8_t parked; /* 0, OP_GET or OP_WAIT */
     char **keys;    /* the parked request's keys */
@@ -412,8 +275,8 @@ static char *rb_key(tcp_server *S, rbuf *r, size_t *too_long) {
 
 static void reply_status(srv_conn *c, uint8_t st) {
     size_t start = c->out.n;
-    wb_int(&c->out, 0, 4);
-    wb_put(&c->out, &st, 1);
+    ts__wbuf_be(&c->out, 0, 4);
+    ts__wbuf_put(&c->out, &st, 1);
     wb_frame_end(&c->out, start);
 }
 
@@ -423,8 +286,8 @@ static bool conn_try_answer(tcp_server *S, srv_conn *c) {
         if (!ts__kv_find(&S->kv, c->keys[i])) return false;
     size_t start = c->out.n;
     uint8_t ok = ST_OK;
-    wb_int(&c->out, 0, 4);
-    wb_put(&c->out, &ok, 1);
+    ts__wbuf_be(&c->out, 0, 4);
+    ts__wbuf_put(&c->out, &ok, 1);
     if (c->parked == OP_GET) {
         ts__kv_entry *e = ts__kv_find(&S->kv, c->keys[0]);
         wb_str(&c->out, e->value, e->len);
@@ -471,14 +334,14 @@ static const char *conn_request(tcp_server *S, srv_conn *c, const uint8_t *body,
         if (st == TS_OK) {
             S->changed = true;
             uint8_t ok = ST_OK;
-            wb_int(&c->out, 0, 4);
-            wb_put(&c->out, &ok, 1);
-            wb_int(&c->out, (uint64_t)result, 8);
+            ts__wbuf_be(&c->out, 0, 4);
+            ts__wbuf_put(&c->out, &ok, 1);
+            ts__wbuf_be(&c->out, (uint64_t)result, 8);
         } else {
             uint8_t err = ST_ERROR;
             const char *msg = ts_last_error();
-            wb_int(&c->out, 0, 4);
-            wb_put(&c->out, &err, 1);
+            ts__wbuf_be(&c->out, 0, 4);
+            ts__wbuf_put(&c->out, &err, 1);
             wb_str(&c->out, msg, strlen(msg));
         }
         wb_frame_end(&c->out, start);
@@ -493,9 +356,9 @@ static const char *conn_request(tcp_server *S, srv_conn *c, const uint8_t *body,
         uint8_t ex = ts__kv_find(&S->kv, key) != NULL, ok = ST_OK;
         free(key);
         size_t start = c->out.n;
-        wb_int(&c->out, 0, 4);
-        wb_put(&c->out, &ok, 1);
-        wb_put(&c->out, &ex, 1);
+        ts__wbuf_be(&c->out, 0, 4);
+        ts__wbuf_put(&c->out, &ok, 1);
+        ts__wbuf_put(&c->out, &ex, 1);
         wb_frame_end(&c->out, start);
         return NULL;
     }
@@ -529,7 +392,7 @@ static void conn_serve(tcp_server *S, srv_conn *c) {
     size_t pos = 0;
     char why[160];
     while (!c->dead && !c->parked && c->out.n - c->out_off < OUT_HIGH && c->in.n - pos >= 4) {
-        uint64_t len = get_be(c->in.p + pos, 4);
+        uint64_t len = ts__get_be(c->in.p + pos, 4);
         if (len == 0 || len > S->max_frame) {
             conn_drop(S, c, "a request of %llu bytes (the limit is %zu: max_key_bytes %zu + max_value_bytes %zu + %u)",
                       (unsigned long long)len, S->max_frame, S->max_key, S->max_value, FRAME_OVERHEAD);
@@ -537,7 +400,7 @@ static void conn_serve(tcp_server *S, srv_conn *c) {
         }
         if (c->in.n - pos - 4 < len) {
             /* Room for exactly this frame, so a large value is received without doubling. */
-            if (pos == 0 && !wb_reserve(&c->in, 4 + (size_t)len)) conn_drop(S, c, "out of memory");
+            if (pos == 0 && !ts__wbuf_reserve(&c->in, 4 + (size_t)len)) conn_drop(S, c, "out of memory");
             break;
         }
         const char *bad = conn_request(S, c, c->in.p + pos + 4, (size_t)len, why, sizeof why);
@@ -567,14 +430,14 @@ static void conn_read(tcp_server *S, srv_conn *c) {
                 return;
             }
             /* Grow by doubling, but never past the limit. */
-            if (need > c->in.cap && !wb_reserve(&c->in, TS_MIN(TS_MAX(need, c->in.cap * 2), limit))) {
+            if (need > c->in.cap && !ts__wbuf_reserve(&c->in, TS_MIN(TS_MAX(need, c->in.cap * 2), limit))) {
                 conn_drop(S, c, "out of memory");
                 return;
             }
-            wb_put(&c->in, buf, (size_t)r);
+            ts__wbuf_put(&c->in, buf, (size_t)r);
             if (c->in.oom) break;
             if (c->in.n >= 4) { /* check the frame header as soon as it is here */
-                uint64_t len = get_be(c->in.p, 4);
+                uint64_t len = ts__get_be(c->in.p, 4);
                 if (len == 0 || len > S->max_frame) break;
             }
             continue;
@@ -960,7 +823,7 @@ static ts_status srv_listen(const char *host, int port, const char *hp, int *out
 static ts_status srv_start(const char *host, int port, const ts__auth *auth, const ts_store_tcp_options *o,
                            tcp_server **out, struct sockaddr_storage *bound, socklen_t *boundlen) {
     char hp[300];
-    fmt_hostport(hp, sizeof hp, host, port);
+    ts__sock_hostport(hp, sizeof hp, host, port);
     int lfd = -1, err = 0;
     TS_TRY(srv_listen(host, port, hp, &lfd));
     *boundlen = sizeof *bound;
@@ -977,7 +840,7 @@ static ts_status srv_start(const char *host, int port, const ts__auth *auth, con
     S->lfd = lfd;
     S->kv = TS__KV_INIT;
     S->auth = *auth;
-    fmt_hostport(S->hp, sizeof S->hp, host,
+    ts__sock_hostport(S->hp, sizeof S->hp, host,
                  ntohs(bound->ss_family == AF_INET6 ? ((struct sockaddr_in6 *)bound)->sin6_port
                                                     : ((struct sockaddr_in *)bound)->sin_port));
     S->max_conns = o->max_connections;
@@ -1016,28 +879,9 @@ typedef struct tcp_store {
     char local_ip[64]; /* this end of the first connection (numeric) */
     ts__auth auth;
     size_t srv_max_key, srv_max_value; /* the limits the server announced (set by the first connection) */
-    pthread_mutex_t mu; /* guards the pool */
-    int *pool;
-    int npool, cap;
+    ts__sock_pool pool; /* idle connections */
     tcp_server *server; /* rank 0 only */
 } tcp_store;
-
-static void pool_put(tcp_store *t, int fd) {
-    pthread_mutex_lock(&t->mu);
-    if (t->npool == t->cap) {
-        int cap = t->cap ? t->cap * 2 : 8;
-        int *p = realloc(t->pool, sizeof *p * (size_t)cap);
-        if (!p) {
-            pthread_mutex_unlock(&t->mu);
-            close(fd);
-            return;
-        }
-        t->pool = p;
-        t->cap = cap;
-    }
-    t->pool[t->npool++] = fd;
-    pthread_mutex_unlock(&t->mu);
-}
 
 /* The client's side of the handshake on a fresh connection. TS_OK; *retry set (and why[]
  * filled): the server closed the connection before its verdict (at its limit, or it evicted
@@ -1048,8 +892,8 @@ static ts_status client_handshake(tcp_store *t, int fd, double deadline, bool fi
     *retry = false;
     double hs_deadline = TS_MIN(deadline, ts_time_now() + CLIENT_HANDSHAKE_S);
     uint8_t ch[TS__AUTH_CHALLENGE_BYTES], resp[TS__AUTH_RESPONSE_BYTES], v[TS__AUTH_VERDICT_BYTES];
-    int r = io_recv(fd, ch, sizeof ch, hs_deadline);
-    if (r == IO_OK) {
+    ts__io r = ts__sock_recv(fd, ch, sizeof ch, hs_deadline);
+    if (r == TS__IO_OK) {
         uint32_t mk = 0, mv = 0;
         int code = ts__auth_respond(&t->auth, TS__AUTH_STORE, ch, 0, 0, &mk, &mv, resp);
         if (code < 0) return (ts_status)code; /* no random bytes: the error is set */
@@ -1060,15 +904,15 @@ static ts_status client_handshake(tcp_store *t, int fd, double deadline, bool fi
             t->srv_max_key = mk;
             t->srv_max_value = mv;
         }
-        r = io_send(fd, resp, sizeof resp, hs_deadline);
+        r = ts__sock_send(fd, resp, sizeof resp, hs_deadline);
     }
-    if (r == IO_OK) r = io_recv(fd, v, sizeof v, hs_deadline);
-    if (r == IO_CLOSED) {
+    if (r == TS__IO_OK) r = ts__sock_recv(fd, v, sizeof v, hs_deadline);
+    if (r == TS__IO_CLOSED) {
         *retry = true;
         snprintf(why, wn, "the server closed the connection during authentication (at its connection limit?)");
         return TS_ERR_REMOTE;
     }
-    if (r == IO_TIMEOUT) {
+    if (r == TS__IO_TIMEOUT) {
         if (ts_time_now() >= deadline)
             return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out authenticating with the server", t->hp);
         return ts_error(TS_ERR_REMOTE,
@@ -1076,7 +920,7 @@ static ts_status client_handshake(tcp_store *t, int fd, double deadline, bool fi
                         "from before job tokens)",
                         t->hp, CLIENT_HANDSHAKE_S);
     }
-    if (r != IO_OK)
+    if (r != TS__IO_OK)
         return ts_error(TS_ERR_REMOTE, "tcp store %s: authenticating with the server: %s", t->hp, strerror(errno));
     int code = ts__auth_accepted(&t->auth, ch, resp, v);
     if (code != TS__AUTH_OK)
@@ -1097,15 +941,13 @@ static void note_local_ip(tcp_store *t, int fd) {
 }
 
 static ts_status pool_take(tcp_store *t, double deadline, int *fd) {
-    pthread_mutex_lock(&t->mu);
-    *fd = t->npool ? t->pool[--t->npool] : -1;
-    pthread_mutex_unlock(&t->mu);
+    *fd = ts__sock_pool_take(&t->pool);
     if (*fd >= 0) return TS_OK;
     /* A new connection, retried with backoff while the server closes it during the handshake. */
     double backoff = 0.01;
     for (;;) {
         int err = 0;
-        *fd = connect_one((const struct sockaddr *)&t->addr, t->addrlen, deadline, &err);
+        *fd = ts__sock_connect((const struct sockaddr *)&t->addr, t->addrlen, deadline, &err);
         if (*fd < 0) {
             if (err == ETIMEDOUT)
                 return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out opening a connection to the server", t->hp);
@@ -1128,7 +970,7 @@ static ts_status pool_take(tcp_store *t, double deadline, int *fd) {
 
 /* Sends req (a finished frame) and reads the reply body (malloc'd, *body_len bytes, status
  * checked). `what` completes messages: "... timed out after 3 s <what>". */
-static ts_status tcp_call(tcp_store *t, wbuf *req, double timeout_s, const char *what, uint8_t **body,
+static ts_status tcp_call(tcp_store *t, ts__wbuf *req, double timeout_s, const char *what, uint8_t **body,
                           size_t *body_len) {
     *body = NULL;
     if (req->oom) return ts_error(TS_ERR_NOMEM, "tcp store: out of memory building a request");
@@ -1140,35 +982,35 @@ static ts_status tcp_call(tcp_store *t, wbuf *req, double timeout_s, const char 
     int fd;
     TS_TRY(pool_take(t, deadline, &fd));
     uint8_t hdr[4];
-    int r = io_send(fd, req->p, req->n, deadline);
-    if (r == IO_OK) r = io_recv(fd, hdr, 4, deadline);
-    uint64_t len = r == IO_OK ? get_be(hdr, 4) : 0;
-    if (r == IO_OK && (len == 0 || len > MAX_FRAME)) {
+    ts__io r = ts__sock_send(fd, req->p, req->n, deadline);
+    if (r == TS__IO_OK) r = ts__sock_recv(fd, hdr, 4, deadline);
+    uint64_t len = r == TS__IO_OK ? ts__get_be(hdr, 4) : 0;
+    if (r == TS__IO_OK && (len == 0 || len > MAX_FRAME)) {
         close(fd);
         return ts_error(TS_ERR_REMOTE, "tcp store %s: malformed reply (frame of %llu bytes) %s", t->hp,
                         (unsigned long long)len, what);
     }
     uint8_t *b = NULL;
-    if (r == IO_OK) {
+    if (r == TS__IO_OK) {
         b = malloc((size_t)len);
         if (!b) {
             close(fd);
             return ts_error(TS_ERR_NOMEM, "tcp store: out of memory reading a %llu-byte reply",
                             (unsigned long long)len);
         }
-        r = io_recv(fd, b, (size_t)len, deadline);
+        r = ts__sock_recv(fd, b, (size_t)len, deadline);
     }
-    if (r != IO_OK) {
+    if (r != TS__IO_OK) {
         int e = errno;
         close(fd);
         free(b);
-        if (r == IO_TIMEOUT)
+        if (r == TS__IO_TIMEOUT)
             return ts_error(TS_ERR_TIMEOUT, "tcp store %s: timed out after %.3g s %s", t->hp, timeout_s, what);
-        if (r == IO_CLOSED)
+        if (r == TS__IO_CLOSED)
             return ts_error(TS_ERR_REMOTE, "tcp store %s: the server closed the connection %s", t->hp, what);
         return ts_error(TS_ERR_REMOTE, "tcp store %s: %s %s", t->hp, strerror(e), what);
     }
-    pool_put(t, fd);
+    ts__sock_pool_put(&t->pool, fd);
     if (b[0] != ST_OK) {
         rbuf rb = {b, len, 1, false};
         size_t ml = 0;
@@ -1194,11 +1036,11 @@ static ts_status key_call(tcp_store *t, uint8_t op, const char *key, const void 
     if (kl > t->srv_max_key)
         return ts_error(TS_ERR_INVALID_ARG, "tcp store %s: key '%.100s...' of %zu bytes is over the server's limit of %zu",
                         t->hp, key, kl, t->srv_max_key);
-    wbuf req = {0};
+    ts__wbuf req = {0};
     wb_frame(&req, op);
     wb_str(&req, key, strlen(key));
     if (op == OP_SET) wb_str(&req, value, len);
-    if (op == OP_ADD) wb_int(&req, (uint64_t)delta, 8);
+    if (op == OP_ADD) ts__wbuf_be(&req, (uint64_t)delta, 8);
     wb_frame_end(&req, 0);
     ts_status st = tcp_call(t, &req, timeout_s, what, reply, rlen);
     free(req.p);
@@ -1281,9 +1123,9 @@ static ts_status tcp_wait(ts_store *s, const char *const *keys, int nkeys, doubl
             return ts_error(TS_ERR_INVALID_ARG,
                             "tcp store %s: key '%.100s...' of %zu bytes is over the server's limit of %zu", t->hp,
                             keys[i], strlen(keys[i]), t->srv_max_key);
-    wbuf req = {0};
+    ts__wbuf req = {0};
     wb_frame(&req, OP_WAIT);
-    wb_int(&req, (uint64_t)nkeys, 4);
+    ts__wbuf_be(&req, (uint64_t)nkeys, 4);
     for (int i = 0; i < nkeys; i++) wb_str(&req, keys[i], strlen(keys[i]));
     wb_frame_end(&req, 0);
     uint8_t *b;
@@ -1308,10 +1150,8 @@ static ts_status tcp_wait(ts_store *s, const char *const *keys, int nkeys, doubl
 
 static void tcp_destroy(ts_store *s) {
     tcp_store *t = (tcp_store *)s;
-    for (int i = 0; i < t->npool; i++) close(t->pool[i]);
-    free(t->pool);
+    ts__sock_pool_destroy(&t->pool);
     if (t->server) srv_stop(t->server);
-    pthread_mutex_destroy(&t->mu);
     ts__auth_wipe(&t->auth);
     free(t);
 }
@@ -1319,57 +1159,18 @@ static void tcp_destroy(ts_store *s) {
 static const ts_store_vtable tcp_vtable = {"tcp", tcp_set, tcp_get, tcp_add, tcp_wait, tcp_check, NULL,
                                            tcp_destroy};
 
+/* sock.h's handshake hook: the first connection records the limits the server announces. */
+static ts_status first_hello(void *ctx, int fd, double deadline, bool *retry, char *why, size_t wn) {
+    return client_handshake(ctx, fd, deadline, true, retry, why, wn);
+}
+
 /* The first connection: resolve and connect, retrying with backoff until the deadline. */
 static ts_status tcp_first_connect(tcp_store *t, double timeout_s) {
-    double deadline = ts_time_now() + timeout_s, backoff = 0.01;
-    char ps[16], last[160] = "no attempt made";
-    bool have_err = false;
-    snprintf(ps, sizeof ps, "%d", t->port);
-    for (;;) {
-        struct addrinfo hints, *res = NULL;
-        memset(&hints, 0, sizeof hints);
-        hints.ai_family = AF_UNSPEC;
-        hints.ai_socktype = SOCK_STREAM;
-        hints.ai_flags = AI_NUMERICSERV;
-        int g = getaddrinfo(t->host, ps, &hints, &res);
-        if (g != 0) {
-            snprintf(last, sizeof last, "cannot resolve '%.100s': %s", t->host, gai_strerror(g));
-            have_err = true;
-        } else {
-            for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-                int err = 0;
-                int fd = connect_one(ai->ai_addr, ai->ai_addrlen, deadline, &err);
-                if (fd >= 0) {
-                    bool retry = false;
-                    ts_status st = client_handshake(t, fd, deadline, true, &retry, last, sizeof last);
-                    if (st == TS_OK) {
-                        memcpy(&t->addr, ai->ai_addr, ai->ai_addrlen);
-                        t->addrlen = ai->ai_addrlen;
-                        freeaddrinfo(res);
-                        note_local_ip(t, fd);
-                        pool_put(t, fd);
-                        return TS_OK;
-                    }
-                    close(fd);
-                    if (!retry) { /* refused or not a store: final */
-                        freeaddrinfo(res);
-                        return st;
-                    }
-                    have_err = true;
-                    break; /* the server is there but full: back off */
-                }
-                if (err != ETIMEDOUT || !have_err) snprintf(last, sizeof last, "%s", strerror(err)); /* keep "refused" */
-                have_err = true;
-            }
-            freeaddrinfo(res);
-        }
-        double left = deadline - ts_time_now();
-        if (left <= 0) break;
-        ts__sleep_s(TS_MIN(backoff, left));
-        backoff = TS_MIN(backoff * 2, 1.0);
-    }
-    return ts_error(TS_ERR_TIMEOUT, "tcp store: cannot connect to %s: no server after waiting %.3g s (last error: %s)",
-                    t->hp, timeout_s, last);
+    int fd = -1;
+    TS_TRY(ts__sock_dial("tcp store", t->host, t->port, timeout_s, first_hello, t, &fd, &t->addr, &t->addrlen));
+    note_local_ip(t, fd);
+    ts__sock_pool_put(&t->pool, fd);
+    return TS_OK;
 }
 
 /* Checks the options and fills in the defaults. */
@@ -1415,7 +1216,7 @@ ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double
     ts_store_tcp_options o;
     TS_TRY(resolve_options(opts, &o));
     char hp[300];
-    fmt_hostport(hp, sizeof hp, host, port);
+    ts__sock_hostport(hp, sizeof hp, host, port);
     char what[320];
     if (is_server && port == 0) snprintf(what, sizeof what, "tcp store on %s", host);
     else snprintf(what, sizeof what, "tcp store %s", hp);
@@ -1430,7 +1231,7 @@ ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double
     t->port = port;
     t->auth = auth;
     ts__auth_wipe(&auth);
-    pthread_mutex_init(&t->mu, NULL);
+    ts__sock_pool_init(&t->pool);
     ts__store_init(&t->base, &tcp_vtable, timeout_s);
     ts_status st;
     if (is_server) {
@@ -1438,18 +1239,18 @@ ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double
         if (st == TS_OK) {
             t->port = ntohs(t->addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&t->addr)->sin6_port
                                                           : ((struct sockaddr_in *)&t->addr)->sin_port);
-            fmt_hostport(t->hp, sizeof t->hp, host, t->port);
+            ts__sock_hostport(t->hp, sizeof t->hp, host, t->port);
             t->srv_max_key = o.max_key_bytes;
             t->srv_max_value = o.max_value_bytes;
             int fd = -1;
             st = pool_take(t, ts_time_now() + ts__store_timeout(&t->base), &fd);
             if (st == TS_OK) {
                 note_local_ip(t, fd);
-                pool_put(t, fd);
+                ts__sock_pool_put(&t->pool, fd);
             }
         }
     } else {
-        fmt_hostport(t->hp, sizeof t->hp, host, port);
+        ts__sock_hostport(t->hp, sizeof t->hp, host, port);
         st = tcp_first_connect(t, ts__store_timeout(&t->base));
     }
     if (st != TS_OK) {
