@@ -56,6 +56,8 @@
  *     the beats that did not arrive meanwhile are ours to miss.
  */
 #include "distributed/heartbeat.h"
+
+#include "core/bytes.h"
 #include "distributed/netaddr.h"
 
 #include <arpa/inet.h>
@@ -139,25 +141,16 @@ ts_status ts__heartbeat_resolve_timeout(double opt, double *out) {
 }
 
 /* ---- wire --------------------------------------------------------------------------------------- */
-static void put_be(unsigned char *p, uint64_t v, int n) {
-    for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
-}
-
-static uint64_t get_be(const unsigned char *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
 
 static void send_all(ts__heartbeat *hb, uint32_t kind) {
-    unsigned char m[HB_BYTES] = {0};
-    put_be(m, HB_MAGIC, 4);
-    put_be(m + 4, kind, 4);
-    put_be(m + 8, (uint64_t)hb->rank, 4);
-    put_be(m + 16, hb->nonce, 8);
-    put_be(m + 24, ++hb->count, 8);
-    put_be(m + 32, atomic_load_explicit(&hb->fr->coll_started, memory_order_relaxed), 8);
-    put_be(m + 40, atomic_load_explicit(&hb->fr->coll_completed, memory_order_relaxed), 8);
+    uint8_t m[HB_BYTES] = {0};
+    ts__put_be(m, HB_MAGIC, 4);
+    ts__put_be(m + 4, kind, 4);
+    ts__put_be(m + 8, (uint64_t)hb->rank, 4);
+    ts__put_be(m + 16, hb->nonce, 8);
+    ts__put_be(m + 24, ++hb->count, 8);
+    ts__put_be(m + 32, atomic_load_explicit(&hb->fr->coll_started, memory_order_relaxed), 8);
+    ts__put_be(m + 40, atomic_load_explicit(&hb->fr->coll_completed, memory_order_relaxed), 8);
     for (int p = 0; p < hb->world; p++) {
         if (p == hb->rank) continue;
         /* peers[p].addr is written once before the thread starts: no lock needed */
@@ -167,16 +160,16 @@ static void send_all(ts__heartbeat *hb, uint32_t kind) {
 }
 
 static void receive_all(ts__heartbeat *hb) {
-    unsigned char m[HB_BYTES + 16];
+    uint8_t m[HB_BYTES + 16];
     for (;;) {
         ssize_t r = recv(hb->fd, m, sizeof m, MSG_DONTWAIT);
         if (r < 0) {
             if (errno == EINTR) continue;
             return; /* EAGAIN, or an error a datagram socket may report: nothing to read now */
         }
-        if (r != HB_BYTES || get_be(m, 4) != HB_MAGIC) continue;
-        uint32_t kind = (uint32_t)get_be(m + 4, 4);
-        uint64_t peer = get_be(m + 8, 4), nonce = get_be(m + 16, 8);
+        if (r != HB_BYTES || ts__get_be(m, 4) != HB_MAGIC) continue;
+        uint32_t kind = (uint32_t)ts__get_be(m + 4, 4);
+        uint64_t peer = ts__get_be(m + 8, 4), nonce = ts__get_be(m + 16, 8);
         if (peer >= (uint64_t)hb->world || (int)peer == hb->rank) continue;
         pthread_mutex_lock(&hb->mu);
         hb_peer *p = &hb->peers[peer];
@@ -184,8 +177,8 @@ static void receive_all(ts__heartbeat *hb) {
             p->last_heard = ts_time_now();
             p->heard = true;
             if (kind == HB_BYE) p->left = true;
-            p->started = get_be(m + 32, 8);
-            p->completed = get_be(m + 40, 8);
+            p->started = ts__get_be(m + 32, 8);
+            p->completed = ts__get_be(m + 40, 8);
         }
         pthread_mutex_unlock(&hb->mu);
     }

@@ -2,7 +2,7 @@
  * distributed/sock.h — the one copy of the client-side socket plumbing of src/distributed
  * (internal): blocking-style I/O with deadlines over non-blocking sockets, a bounded
  * connect, the first connection to host:port with retries and a protocol's handshake,
- * a pool of idle connections, a growable byte buffer and byte-order helpers.
+ * a pool of idle connections and a growable byte buffer (byte order: core/bytes.h).
  *
  * Used by the two store clients (store_tcp.c: Tessera's own protocol, big-endian frames;
  * store_torch.c: PyTorch's TCPStore, little-endian, no framing) and the built-in backend's
@@ -15,6 +15,7 @@
 #ifndef TS_DIST_SOCK_H
 #define TS_DIST_SOCK_H
 
+#include "core/bytes.h"
 #include "core/internal.h"
 
 #include <pthread.h>
@@ -85,22 +86,5 @@ void ts__wbuf_put(ts__wbuf *b, const void *d, size_t n);
 bool ts__wbuf_reserve(ts__wbuf *b, size_t n);
 void ts__wbuf_be(ts__wbuf *b, uint64_t v, int nbytes); /* an n-byte big-endian integer */
 void ts__wbuf_le(ts__wbuf *b, uint64_t v, int nbytes); /* an n-byte little-endian integer */
-
-static inline void ts__put_be(uint8_t *p, uint64_t v, int n) {
-    for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-static inline uint64_t ts__get_be(const uint8_t *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-static inline void ts__put_le(uint8_t *p, uint64_t v, int n) {
-    for (int i = 0; i < n; i++, v >>= 8) p[i] = (uint8_t)v;
-}
-static inline uint64_t ts__get_le(const uint8_t *p, int n) {
-    uint64_t v = 0;
-    for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
 
 #endif /* TS_DIST_SOCK_H */

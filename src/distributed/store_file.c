@@ -19,6 +19,7 @@
  * The file is never deleted by the store: reusing a path from an earlier run
  * sees that run's keys (the rendezvous detects this as "joined twice").
  */
+#include "core/bytes.h"
 #include "distributed/store.h"
 
 #include <errno.h>
@@ -70,16 +71,6 @@ static void file_unlock(file_store *f) {
     (void)fcntl(f->fd, LOCK_CMD, &fl);
 }
 
-static uint64_t get_be(const uint8_t *p, int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++) v = v << 8 | p[i];
-    return v;
-}
-
-static void put_be(uint8_t *p, uint64_t v, int n) {
-    for (int i = n - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-
 /* Replays records appended since f->offset (mu held, file lock held). */
 static ts_status file_refresh_locked(file_store *f) {
     struct stat sb;
@@ -110,7 +101,7 @@ static ts_status file_refresh_locked(file_store *f) {
         pos = FILE_MAGIC_LEN;
     }
     while (got - pos >= REC_HEAD) {
-        uint64_t kl = get_be(buf + pos, 4), vl = get_be(buf + pos + 4, 8);
+        uint64_t kl = ts__get_be(buf + pos, 4), vl = ts__get_be(buf + pos + 4, 8);
         if (vl > got - pos - REC_HEAD || kl > got - pos - REC_HEAD - vl) break; /* incomplete */
         char *key = ts__malloc(kl + 1);
         if (!key) {
@@ -146,8 +137,8 @@ static ts_status file_append_locked(file_store *f, const char *key, const void *
     uint8_t *rec = ts__malloc(n);
     if (!rec) return TS_ERR_NOMEM;
     memcpy(rec, FILE_MAGIC, hdr);
-    put_be(rec + hdr, kl, 4);
-    put_be(rec + hdr + 4, len, 8);
+    ts__put_be(rec + hdr, kl, 4);
+    ts__put_be(rec + hdr + 4, len, 8);
     memcpy(rec + hdr + REC_HEAD, key, kl);
     if (len) memcpy(rec + hdr + REC_HEAD + kl, value, len);
     size_t done = 0;

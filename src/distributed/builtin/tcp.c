@@ -28,6 +28,7 @@
 #include "distributed/builtin/transport.h"
 
 #include "distributed/netaddr.h"
+#include "distributed/sock.h"
 #include "distributed/store.h"
 
 #include <arpa/inet.h>
@@ -189,26 +190,9 @@ ts_status ts__tcp_listen(const char *hint, bool cross_host, int *fd_out, char *a
 
 /* ---- the handshake ------------------------------------------------------------------------------- */
 
-enum { HIO_OK = 0, HIO_TIMEOUT, HIO_CLOSED, HIO_ERR };
-
-/* Blocking-style full write/read on a non-blocking socket, bounded by deadline. */
-static int hio(int fd, void *buf, size_t n, bool wr, double deadline) {
-    size_t done = 0;
-    while (done < n) {
-        ssize_t r = wr ? send(fd, (char *)buf + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL)
-                       : recv(fd, (char *)buf + done, n - done, MSG_DONTWAIT);
-        if (r > 0) {
-            done += (size_t)r;
-            continue;
-        }
-        if (r == 0) return HIO_CLOSED;
-        if (errno == ECONNRESET || errno == EPIPE) return HIO_CLOSED;
-        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return HIO_ERR;
-        if (now_s() >= deadline) return HIO_TIMEOUT;
-        struct pollfd p = {fd, wr ? POLLOUT : POLLIN, 0};
-        poll(&p, 1, ms_until(deadline));
-    }
-    return HIO_OK;
+/* Blocking-style full write/read on a non-blocking socket, bounded by deadline (sock.h). */
+static ts__io hio(int fd, void *buf, size_t n, bool wr, double deadline) {
+    return wr ? ts__sock_send(fd, buf, n, deadline) : ts__sock_recv(fd, buf, n, deadline);
 }
 
 /* One TCP connection to addr (retrying refusals until the deadline) into *fd_out. */
@@ -231,31 +215,15 @@ static ts_status dial(const char *addr, int peer, double deadline, int *fd_out) 
     int fd = -1;
     ts_status st = TS_OK;
     for (;;) {
-        fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0) {
-            st = ts_error(TS_ERR_IO, "socket: %s", strerror(errno));
-            break;
-        }
-        int r = connect(fd, res->ai_addr, res->ai_addrlen);
-        int err = r == 0 ? 0 : errno;
-        if (err == EINPROGRESS) {
-            struct pollfd p = {fd, POLLOUT, 0};
-            while (poll(&p, 1, ms_until(deadline)) == 0 && now_s() < deadline) {
-            }
-            socklen_t el = sizeof err;
-            if (!(p.revents & (POLLOUT | POLLERR | POLLHUP))) err = ETIMEDOUT;
-            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) err = errno;
-        }
-        if (err == 0) break;
-        close(fd);
-        fd = -1;
+        int err = 0;
+        fd = ts__sock_connect(res->ai_addr, res->ai_addrlen, deadline, &err);
+        if (fd >= 0) break;
         if (now_s() >= deadline || (err != ECONNREFUSED && err != ETIMEDOUT)) {
             st = ts_error(err == ETIMEDOUT ? TS_ERR_TIMEOUT : TS_ERR_REMOTE, "connecting to rank %d at %s: %s", peer,
                           addr, strerror(err));
             break;
         }
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        ts__sleep_s(0.01);
     }
     freeaddrinfo(res);
     *fd_out = fd;
@@ -270,8 +238,9 @@ ts_status ts__tcp_connect(const ts__auth *auth, const char *addr, int rank, int 
         TS_TRY(dial(addr, peer, deadline, &fd));
         uint8_t ch[TS__AUTH_CHALLENGE_BYTES], resp[TS__AUTH_RESPONSE_BYTES], v[TS__AUTH_VERDICT_BYTES];
         uint32_t lrank = 0, lworld = 0;
-        int r = hio(fd, ch, sizeof ch, false, deadline), code = TS__AUTH_OK;
-        if (r == HIO_OK) {
+        ts__io r = hio(fd, ch, sizeof ch, false, deadline);
+        int code = TS__AUTH_OK;
+        if (r == TS__IO_OK) {
             code = ts__auth_respond(auth, TS__AUTH_LINK, ch, (uint32_t)rank, (uint32_t)world, &lrank, &lworld, resp);
             if (code < 0) {
                 close(fd);
@@ -289,8 +258,8 @@ ts_status ts__tcp_connect(const ts__auth *auth, const char *addr, int rank, int 
             }
             r = hio(fd, resp, sizeof resp, true, deadline);
         }
-        if (r == HIO_OK) r = hio(fd, v, sizeof v, false, deadline);
-        if (r == HIO_OK) {
+        if (r == TS__IO_OK) r = hio(fd, v, sizeof v, false, deadline);
+        if (r == TS__IO_OK) {
             code = ts__auth_accepted(auth, ch, resp, v);
             if (code == TS__AUTH_OK) return make_link(fd, peer, out);
             close(fd);
@@ -300,9 +269,9 @@ ts_status ts__tcp_connect(const ts__auth *auth, const char *addr, int rank, int 
         }
         int e = errno;
         close(fd);
-        if (r == HIO_TIMEOUT || now_s() >= deadline)
+        if (r == TS__IO_TIMEOUT || now_s() >= deadline)
             return ts_error(TS_ERR_TIMEOUT, "connecting to rank %d at %s: no handshake in time", peer, addr);
-        if (r == HIO_ERR) return ts_error(TS_ERR_REMOTE, "connecting to rank %d at %s: %s", peer, addr, strerror(e));
+        if (r == TS__IO_ERR) return ts_error(TS_ERR_REMOTE, "connecting to rank %d at %s: %s", peer, addr, strerror(e));
         /* Closed before the verdict: the listener was full of strangers and dropped us. Again. */
         nanosleep(&backoff, NULL);
         if (backoff.tv_nsec < 500 * 1000 * 1000) backoff.tv_nsec *= 2;
