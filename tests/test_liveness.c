@@ -143,11 +143,11 @@ static void check_silent(int world) {
         /* the flight recorder: the group's setup, the warm-up, completed, then the failed call; the
          * barrier after the abort was refused without being recorded */
         CHECK(c[r].nrec == WARMUP + 2);
-        CHECK(c[r].nrec && strcmp(c[r].rec[0].op, "init") == 0 && c[r].rec[0].seq == 0);
+        CHECK(c[r].nrec && c[r].rec[0].kind == TS_COLL_INIT && c[r].rec[0].seq == 0);
         CHECK(c[r].nrec && c[r].rec[0].state == TS_PG_OP_COMPLETED);
         for (int i = 0; i < c[r].nrec - 1 && i <= WARMUP; i++) {
             const ts_pg_op_record *e = &c[r].rec[i + 1];
-            CHECK(e->seq == (uint64_t)i + 1 && strcmp(e->op, "all_reduce") == 0);
+            CHECK(e->seq == (uint64_t)i + 1 && e->kind == TS_COLL_ALL_REDUCE);
             CHECK(e->dtype == TS_F32 && e->count == 1000 && e->bytes == 4000 && e->reduce_op == TS_REDUCE_SUM);
             CHECK(e->peer == -1 && !e->async);
             CHECK(e->state == (i < WARMUP ? TS_PG_OP_COMPLETED : TS_PG_OP_FAILED));
@@ -282,12 +282,12 @@ static void test_recorder_contents(void) {
         const ts_pg_op_record *e = c[r].rec;
         int n = c[r].nrec;
         /* 40 all_reduce (#1..#40), broadcast #41, all_gather #42, send/recv p2p #1, barrier #43 */
-        CHECK(e[0].seq == 13 && strcmp(e[0].op, "all_reduce") == 0 && e[0].reduce_op == TS_REDUCE_MAX);
+        CHECK(e[0].seq == 13 && e[0].kind == TS_COLL_ALL_REDUCE && e[0].reduce_op == TS_REDUCE_MAX);
         CHECK(e[n - 5].seq == 40);
-        CHECK(e[n - 4].seq == 41 && strcmp(e[n - 4].op, "broadcast") == 0 && e[n - 4].peer == 1);
-        CHECK(e[n - 3].seq == 42 && strcmp(e[n - 3].op, "all_gather") == 0 && e[n - 3].async && e[n - 3].count == 6);
-        CHECK(e[n - 2].seq == 1 && strcmp(e[n - 2].op, r == 0 ? "send" : "recv") == 0 && e[n - 2].peer == 1 - r);
-        CHECK(e[n - 1].seq == 43 && strcmp(e[n - 1].op, "barrier") == 0);
+        CHECK(e[n - 4].seq == 41 && e[n - 4].kind == TS_COLL_BROADCAST && e[n - 4].peer == 1);
+        CHECK(e[n - 3].seq == 42 && e[n - 3].kind == TS_COLL_ALL_GATHER && e[n - 3].async && e[n - 3].count == 6);
+        CHECK(e[n - 2].seq == 1 && e[n - 2].kind == (r == 0 ? TS_COLL_SEND : TS_COLL_RECV) && e[n - 2].peer == 1 - r);
+        CHECK(e[n - 1].seq == 43 && e[n - 1].kind == TS_COLL_BARRIER);
         for (int i = 0; i < n; i++) CHECK(e[i].state == TS_PG_OP_COMPLETED);
     }
     /* a short buffer gets the newest */
@@ -313,6 +313,19 @@ static void test_recorder_contents(void) {
         ts_pg_free(pg);
     }
     ts_store_release(s);
+}
+
+/* The kinds' names are the recorder's text (and the failure report's op_name); send/recv alone are p2p. */
+static void test_coll_kind_names(void) {
+    static const char *const want[TS_COLL_KIND_COUNT] = {"init",       "all_reduce", "broadcast",
+                                                         "reduce",     "all_gather", "reduce_scatter",
+                                                         "barrier",    "send",       "recv"};
+    for (int k = 0; k < TS_COLL_KIND_COUNT; k++) {
+        CHECK(strcmp(ts_coll_kind_name((ts_coll_kind)k), want[k]) == 0);
+        CHECK(ts_coll_kind_is_p2p((ts_coll_kind)k) == (k == TS_COLL_SEND || k == TS_COLL_RECV));
+    }
+    CHECK(strcmp(ts_coll_kind_name(TS_COLL_KIND_COUNT), "?") == 0);
+    CHECK(strcmp(ts_coll_kind_name((ts_coll_kind)-1), "?") == 0);
 }
 
 /* Options and environment: < 0 turns heartbeats off, a bad variable is an error naming it. */
@@ -424,6 +437,6 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_silent_rank_2),           T(test_silent_rank_3),
                                     T(test_busy_rank_is_not_failed), T(test_silent_peer_of_recv),
                                     T(test_recorder_contents),       T(test_configuration),
-                                    T(test_stopped_process)};
+                                    T(test_stopped_process),         T(test_coll_kind_names)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -229,11 +229,29 @@ typedef enum ts_pg_op_state {
     TS_PG_OP_COMPLETED,
     TS_PG_OP_FAILED,
 } ts_pg_op_state;
+/* What a process group runs: its setup, the collectives, and point-to-point send / recv. */
+typedef enum ts_coll_kind {
+    TS_COLL_INIT = 0, /* the group's setup: the backend connecting to every rank */
+    TS_COLL_ALL_REDUCE,
+    TS_COLL_BROADCAST,
+    TS_COLL_REDUCE,
+    TS_COLL_ALL_GATHER,
+    TS_COLL_REDUCE_SCATTER,
+    TS_COLL_BARRIER,
+    TS_COLL_SEND,
+    TS_COLL_RECV,
+    TS_COLL_KIND_COUNT
+} ts_coll_kind;
+/* "init", "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier", "send", "recv"
+ * (static; "?" for a value out of range): the names messages and the flight recorder's text use. */
+const char *ts_coll_kind_name(ts_coll_kind k);
+/* send and recv (numbered apart from the collectives). */
+bool ts_coll_kind_is_p2p(ts_coll_kind k);
+
 typedef struct ts_pg_op_record {
     uint64_t seq;        /* collectives: 1, 2, ... in call order (equal on every rank that calls the same
                             collectives); send and recv: their own count, 1, 2, ... */
-    const char *op;      /* "all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "barrier",
-                            "send", "recv" (static); "init": the group's setup (seq 0, the first record) */
+    ts_coll_kind kind;   /* TS_COLL_INIT: the group's setup (seq 0, the first record) */
     ts_dtype dtype;
     int reduce_op;       /* the ts_reduce_op of all_reduce / reduce / reduce_scatter, else -1 */
     size_t count;        /* elements of this rank's buffer (all_gather: its input; reduce_scatter: its output) */

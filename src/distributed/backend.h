@@ -52,14 +52,19 @@ typedef struct ts__backend_ops {
     void (*destroy)(void *st);
     /* Optional: how this rank reaches its peers, one line ("shared memory with ranks 1; TCP with ranks 2,3"). */
     void (*describe)(void *st, char *buf, size_t n);
+    /* ---- capabilities: what pg.c asks of a backend (never its name, which is for messages) ---- */
     bool reduces_bf16; /* all_reduce, reduce and reduce_scatter take TS_BF16 (combined in float32 per hop) */
     /* Buffers may be memory of the group's device (ts__pg_device), read and written in the order of the
      * work the caller queued on that device before the call; host buffers are staged through it. */
     bool device_buffers;
+    /* The launcher's runtime is the rendezvous (MPI): with no store, no store-based init_method and no
+     * MASTER_ADDR, the group joins without a shared store (pg.c's "Rendezvous under mpirun") and the
+     * backend checks rank and size itself. */
+    bool joins_without_store;
 } ts__backend_ops;
 
 /* The backends built into this library. The MPI and NCCL backends add themselves
- * here and in pg.c's table under #ifdef TS_HAVE_MPI / TS_HAVE_NCCL. */
+ * here and in pg.c's table of names under #ifdef TS_HAVE_MPI / TS_HAVE_NCCL. */
 extern const ts__backend_ops ts__builtin_backend;
 #ifdef TS_HAVE_MPI
 extern const ts__backend_ops ts__mpi_backend;

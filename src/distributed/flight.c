@@ -41,17 +41,30 @@ const char *ts_pg_op_state_name(ts_pg_op_state s) {
     return "?";
 }
 
-static bool is_p2p(const ts_pg_op_record *r) { return strcmp(r->op, "send") == 0 || strcmp(r->op, "recv") == 0; }
+const char *ts_coll_kind_name(ts_coll_kind k) {
+    static const char *const names[TS_COLL_KIND_COUNT] = {
+        [TS_COLL_INIT] = "init",           [TS_COLL_ALL_REDUCE] = "all_reduce",
+        [TS_COLL_BROADCAST] = "broadcast", [TS_COLL_REDUCE] = "reduce",
+        [TS_COLL_ALL_GATHER] = "all_gather", [TS_COLL_REDUCE_SCATTER] = "reduce_scatter",
+        [TS_COLL_BARRIER] = "barrier",     [TS_COLL_SEND] = "send",
+        [TS_COLL_RECV] = "recv",
+    };
+    return (unsigned)k < TS_COLL_KIND_COUNT ? names[k] : "?";
+}
 
-uint64_t ts__flight_issue(ts__flight *f, const char *op, bool p2p, ts_dtype dt, int reduce_op, size_t count,
-                          int peer, bool async, bool started) {
+bool ts_coll_kind_is_p2p(ts_coll_kind k) { return k == TS_COLL_SEND || k == TS_COLL_RECV; }
+
+static bool is_p2p(const ts_pg_op_record *r) { return ts_coll_kind_is_p2p(r->kind); }
+
+uint64_t ts__flight_issue(ts__flight *f, ts_coll_kind kind, ts_dtype dt, int reduce_op, size_t count, int peer,
+                          bool async, bool started) {
     double now = ts_time_now();
+    bool p2p = ts_coll_kind_is_p2p(kind), setup = kind == TS_COLL_INIT; /* the backend connecting: no number */
     pthread_mutex_lock(&f->mu);
-    bool setup = strcmp(op, "init") == 0; /* the backend connecting: no number */
     uint64_t fid = ++f->next_fid, seq = setup ? 0 : p2p ? ++f->p2p_seq : ++f->coll_seq;
     size_t slot = (size_t)(fid % SIZE);
     ts_pg_op_record *r = &f->ring[slot];
-    *r = (ts_pg_op_record){seq,  op,    dt, reduce_op, count, count * ts_dtype_size(dt), peer, async,
+    *r = (ts_pg_op_record){seq,  kind,  dt, reduce_op, count, count * ts_dtype_size(dt), peer, async,
                            started ? TS_PG_OP_STARTED : TS_PG_OP_ISSUED, now, started ? now : 0.0, 0.0};
     f->fid[slot] = fid;
     if (started) {
@@ -150,14 +163,15 @@ void ts__flight_describe(const ts_pg_op_record *r, char *buf, size_t n) {
     if (r->reduce_op >= 0 && r->reduce_op < 4) snprintf(extra, sizeof extra, ", %s", rops[r->reduce_op]);
     if (r->peer >= 0)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", %s rank %d",
-                 p2p ? (r->op[0] == 's' ? "to" : "from") : "root", r->peer);
-    if (strcmp(r->op, "init") == 0)
+                 p2p ? (r->kind == TS_COLL_SEND ? "to" : "from") : "root", r->peer);
+    if (r->kind == TS_COLL_INIT)
         snprintf(buf, n, "the process group's setup (the backend connecting to every rank)");
-    else if (strcmp(r->op, "barrier") == 0)
+    else if (r->kind == TS_COLL_BARRIER)
         snprintf(buf, n, "collective #%llu barrier", (unsigned long long)r->seq);
     else
         snprintf(buf, n, "%s #%llu %s (%s x %zu, %s%s)", p2p ? "p2p" : "collective", (unsigned long long)r->seq,
-                 r->op, (unsigned)r->dtype < TS_DTYPE_COUNT ? ts_dtype_name(r->dtype) : "?", r->count, bytes, extra);
+                 ts_coll_kind_name(r->kind), (unsigned)r->dtype < TS_DTYPE_COUNT ? ts_dtype_name(r->dtype) : "?",
+                 r->count, bytes, extra);
 }
 
 /* One dump line: the description, the state and its times relative to now. */
@@ -237,7 +251,7 @@ void ts__flight_report(ts__flight *f, const ts__fail_info *fi) {
     if (in_op) {
         ts__flight_describe(&op, r->op, sizeof r->op);
         r->op_seq = op.seq;
-        snprintf(r->op_name, sizeof r->op_name, "%s", op.op);
+        snprintf(r->op_name, sizeof r->op_name, "%s", ts_coll_kind_name(op.kind));
         snprintf(r->op_state, sizeof r->op_state, "%s", ts_pg_op_state_name(op.state));
         r->op_for_s = op.started_s > 0 ? (op.ended_s > 0 ? op.ended_s : ts_time_now()) - op.started_s : 0.0;
     }

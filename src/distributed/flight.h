@@ -35,11 +35,11 @@ typedef struct ts__flight {
 void ts__flight_init(ts__flight *f);
 void ts__flight_destroy(ts__flight *f);
 
-/* Records a newly called operation and returns its id (never 0). op is static;
- * p2p: send/recv (numbered apart from collectives). started: the backend runs
- * it at once (a blocking call on an idle group). */
-uint64_t ts__flight_issue(ts__flight *f, const char *op, bool p2p, ts_dtype dt, int reduce_op, size_t count,
-                          int peer, bool async, bool started);
+/* Records a newly called operation and returns its id (never 0). TS_COLL_INIT
+ * gets no number, send/recv are numbered apart from the collectives. started:
+ * the backend runs it at once (a blocking call on an idle group). */
+uint64_t ts__flight_issue(ts__flight *f, ts_coll_kind kind, ts_dtype dt, int reduce_op, size_t count, int peer,
+                          bool async, bool started);
 void ts__flight_start(ts__flight *f, uint64_t fid);
 void ts__flight_end(ts__flight *f, uint64_t fid, bool ok);
 

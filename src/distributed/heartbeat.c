@@ -185,12 +185,10 @@ static void receive_all(ts__heartbeat *hb) {
 }
 
 /* ---- judging ------------------------------------------------------------------------------------ */
-static bool is_p2p(const ts_pg_op_record *r) { return strcmp(r->op, "send") == 0 || strcmp(r->op, "recv") == 0; }
-
 /* The peer op waits on that has been silent longest, if over min_silence: its
  * rank with *b filled (b->op = op), else -1. Warns once about peers never heard. */
 static int suspect(ts__heartbeat *hb, const ts_pg_op_record *op, double now, double min_silence, ts__hb_blame *b) {
-    bool p2p = is_p2p(op);
+    bool p2p = ts_coll_kind_is_p2p(op->kind);
     int worst = -1;
     double silent = 0;
     pthread_mutex_lock(&hb->mu);
@@ -232,7 +230,7 @@ static int suspect(ts__heartbeat *hb, const ts_pg_op_record *op, double now, dou
 /* "; its last heartbeat (N s ago) said it had completed collective #S" for collectives, else "". */
 static void position(const ts__hb_blame *b, char *pos, size_t n) {
     pos[0] = 0;
-    if (is_p2p(&b->op)) return;
+    if (ts_coll_kind_is_p2p(b->op.kind)) return;
     int k = snprintf(pos, n, "; its last heartbeat (%.1f s ago) said it ", b->silent_s);
     if (k < 0 || (size_t)k >= n) return;
     if (b->started >= b->op.seq)

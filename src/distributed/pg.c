@@ -56,25 +56,32 @@
 #include <time.h>
 #include <unistd.h>
 
-static const ts__backend_ops *const backends[] = {
-    &ts__builtin_backend,
+/* Every backend name this library knows, built in or not (ops NULL): the one place a name from
+ * ts_pg_options.backend is looked up; everything after goes by the table's capability flags. */
+static const struct backend_name {
+    const char *name;
+    const ts__backend_ops *ops;
+} backends[] = {
+    {"builtin", &ts__builtin_backend},
 #ifdef TS_HAVE_MPI
-    &ts__mpi_backend,
+    {"mpi", &ts__mpi_backend},
+#else
+    {"mpi", NULL},
 #endif
 #ifdef TS_HAVE_NCCL
-    &ts__nccl_backend,
+    {"nccl", &ts__nccl_backend},
+#else
+    {"nccl", NULL},
 #endif
+    {"gloo", NULL}, /* torch's CPU backend: the builtin one does its work here */
 };
 
-typedef enum wkind { W_ALL_REDUCE, W_BROADCAST, W_REDUCE, W_ALL_GATHER, W_REDUCE_SCATTER, W_BARRIER, W_SEND, W_RECV } wkind;
-static const char *const wnames[] = {"all_reduce",     "broadcast", "reduce", "all_gather",
-                                     "reduce_scatter", "barrier",   "send",   "recv"};
 #define MAX_BEHIND 64 /* ranks a failure report lists as behind */
 
 struct ts_work {
     atomic_int refs; /* the caller's handle + the queue */
     ts_process_group *pg;
-    wkind kind;
+    ts_coll_kind kind;
     void *buf;
     const void *in;
     size_t count;
@@ -125,33 +132,41 @@ struct ts_process_group {
 static void heartbeat_failed(void *user, ts_status st, const char *reason, const ts__hb_blame *blame);
 static ts_status aborted_error(ts_process_group *pg, const char *what);
 
+/* The table entry named name (NULL: "builtin"), or NULL when the name is unknown. */
+static const struct backend_name *backend_named(const char *name) {
+    if (!name) name = "builtin";
+    for (size_t i = 0; i < TS_ARRAY_LEN(backends); i++)
+        if (strcmp(backends[i].name, name) == 0) return &backends[i];
+    return NULL;
+}
+
 bool ts_pg_backend_available(const char *name) {
-    for (size_t i = 0; name && i < TS_ARRAY_LEN(backends); i++)
-        if (strcmp(backends[i]->name, name) == 0) return true;
-    return false;
+    const struct backend_name *b = name ? backend_named(name) : NULL;
+    return b && b->ops;
 }
 
 /* ---- group lifetime --------------------------------------------------------------------------- */
 static ts_status find_backend(const char *name, const ts__backend_ops **out) {
-    if (!name) name = "builtin";
-    for (size_t i = 0; i < TS_ARRAY_LEN(backends); i++)
-        if (strcmp(backends[i]->name, name) == 0) {
-            *out = backends[i];
-            return TS_OK;
-        }
+    const struct backend_name *b = backend_named(name);
+    if (b && b->ops) {
+        *out = b->ops;
+        return TS_OK;
+    }
     char avail[128] = "";
     for (size_t i = 0; i < TS_ARRAY_LEN(backends); i++)
-        snprintf(avail + strlen(avail), sizeof avail - strlen(avail), "%s%s", i ? ", " : "", backends[i]->name);
-    if (strcmp(name, "mpi") == 0 || strcmp(name, "nccl") == 0 || strcmp(name, "gloo") == 0)
+        if (backends[i].ops)
+            snprintf(avail + strlen(avail), sizeof avail - strlen(avail), "%s%s", avail[0] ? ", " : "",
+                     backends[i].name);
+    if (b)
         return ts_error(TS_ERR_UNSUPPORTED, "process group backend '%s' is not built into this Tessera (available: %s)",
-                        name, avail);
+                        b->name, avail);
     return ts_error(TS_ERR_INVALID_ARG, "unknown process group backend '%s' (available: %s)", name, avail);
 }
 
-/* Backend "mpi" under plain mpirun: see "Rendezvous under mpirun" at the top. */
+/* A backend that joins without a store ("mpi") under plain mpirun: see "Rendezvous under mpirun" at the top. */
 static bool mpi_without_store(const ts_pg_options *opts, const ts__backend_ops *be) {
     const char *addr = getenv("MASTER_ADDR");
-    return strcmp(be->name, "mpi") == 0 && !opts->store &&
+    return be->joins_without_store && !opts->store &&
            (!opts->init_method || strcmp(opts->init_method, "env://") == 0) && !(addr && addr[0]);
 }
 
@@ -271,7 +286,7 @@ ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out) {
             if (st == TS_OK) pg->hb_timeout_s = hb_timeout;
         }
         if (st == TS_OK) { /* recorded: a peer that stops while the backend connects is named too */
-            uint64_t fid = ts__flight_issue(&pg->fr, "init", false, TS_U8, -1, 0, -1, false, true);
+            uint64_t fid = ts__flight_issue(&pg->fr, TS_COLL_INIT, TS_U8, -1, 0, -1, false, true);
             st = be->init(&pg->ctx, &pg->be_state);
             ts__flight_end(&pg->fr, fid, st == TS_OK);
             if (st != TS_OK && atomic_load(&pg->aborted)) st = aborted_error(pg, "setup");
@@ -344,7 +359,7 @@ ts_status ts_pg_flight_recorder(const ts_process_group *pg, ts_pg_op_record *out
 }
 
 static bool is_collective(const ts_pg_op_record *op) {
-    return op->seq && strcmp(op->op, "send") != 0 && strcmp(op->op, "recv") != 0; /* "init" has seq 0 */
+    return op->kind != TS_COLL_INIT && !ts_coll_kind_is_p2p(op->kind);
 }
 
 /* Peers whose last heartbeat said they had not started collective op (none for send/recv). */
@@ -447,27 +462,27 @@ static ts_status aborted_error(ts_process_group *pg, const char *what) {
 static void execute(ts_process_group *pg, ts_work *w) {
     ts_status st;
     if (atomic_load(&pg->aborted)) {
-        st = aborted_error(pg, wnames[w->kind]);
+        st = aborted_error(pg, ts_coll_kind_name(w->kind));
         ts__flight_end(&pg->fr, w->fid, false);
     } else {
         ts__flight_start(&pg->fr, w->fid); /* a no-op when submit recorded it as started */
         void *s = pg->be_state;
         const ts__backend_ops *be = pg->be;
         switch (w->kind) {
-        case W_ALL_REDUCE: st = be->all_reduce(s, w->buf, w->count, w->dt, w->op); break;
-        case W_BROADCAST: st = be->broadcast(s, w->buf, w->count, w->dt, w->arg); break;
-        case W_REDUCE: st = be->reduce(s, w->buf, w->count, w->dt, w->op, w->arg); break;
-        case W_ALL_GATHER: st = be->all_gather(s, w->buf, w->in, w->count, w->dt); break;
-        case W_REDUCE_SCATTER: st = be->reduce_scatter(s, w->buf, w->in, w->count, w->dt, w->op); break;
-        case W_BARRIER: st = be->barrier(s); break;
-        case W_SEND: st = be->send(s, w->in, w->count, w->dt, w->arg, w->tag); break;
-        case W_RECV: st = be->recv(s, w->buf, w->count, w->dt, w->arg, w->tag); break;
+        case TS_COLL_ALL_REDUCE: st = be->all_reduce(s, w->buf, w->count, w->dt, w->op); break;
+        case TS_COLL_BROADCAST: st = be->broadcast(s, w->buf, w->count, w->dt, w->arg); break;
+        case TS_COLL_REDUCE: st = be->reduce(s, w->buf, w->count, w->dt, w->op, w->arg); break;
+        case TS_COLL_ALL_GATHER: st = be->all_gather(s, w->buf, w->in, w->count, w->dt); break;
+        case TS_COLL_REDUCE_SCATTER: st = be->reduce_scatter(s, w->buf, w->in, w->count, w->dt, w->op); break;
+        case TS_COLL_BARRIER: st = be->barrier(s); break;
+        case TS_COLL_SEND: st = be->send(s, w->in, w->count, w->dt, w->arg, w->tag); break;
+        case TS_COLL_RECV: st = be->recv(s, w->buf, w->count, w->dt, w->arg, w->tag); break;
         default: st = ts_error(TS_ERR_INTERNAL, "bad work kind %d", (int)w->kind); break;
         }
         ts__flight_end(&pg->fr, w->fid, st == TS_OK);
         if (st != TS_OK) {
             if (atomic_load(&pg->aborted)) { /* a consequence of the abort (e.g. our own closed socket) */
-                st = aborted_error(pg, wnames[w->kind]);
+                st = aborted_error(pg, ts_coll_kind_name(w->kind));
             } else {
                 /* Ranks are out of step now: abort so that every later call fails fast. A peer
                  * that went away may have given up on a third rank: name it if it is silent. */
@@ -533,7 +548,7 @@ static void *comm_thread(void *arg) {
     return NULL;
 }
 
-static ts_work *work_new(ts_process_group *pg, wkind kind) {
+static ts_work *work_new(ts_process_group *pg, ts_coll_kind kind) {
     ts_work *w = ts__calloc(1, sizeof *w);
     if (!w) return NULL;
     atomic_init(&w->refs, 1);
@@ -577,7 +592,7 @@ static ts_status wait_done(ts_work *w, double timeout_s) {
             ts__flight_describe(&r, what, sizeof what);
             behind_note(w->pg, &r, late, sizeof late);
         }
-        snprintf(reason, sizeof reason, "%s (work #%llu%s%s) did not complete within %g s%s", wnames[w->kind],
+        snprintf(reason, sizeof reason, "%s (work #%llu%s%s) did not complete within %g s%s", ts_coll_kind_name(w->kind),
                  (unsigned long long)w->id, what[0] ? ": " : "", what, timeout_s, late);
         pg_fail(w->pg, TS_ERR_TIMEOUT, reason, TS__CAUSE_TIMEOUT, NULL, have ? &r : NULL);
         return ts_error(TS_ERR_TIMEOUT, "%s; process group '%s' aborted (rank %d, host %s, pid %d)", reason,
@@ -590,18 +605,17 @@ static ts_status wait_done(ts_work *w, double timeout_s) {
 /* Runs w now (blocking, work_out == NULL) or queues it. Takes ownership of w. */
 static ts_status submit(ts_process_group *pg, ts_work *w, ts_work **work_out) {
     if (atomic_load(&pg->aborted)) {
-        ts_status st = aborted_error(pg, wnames[w->kind]);
+        ts_status st = aborted_error(pg, ts_coll_kind_name(w->kind));
         work_release(w);
         return st;
     }
     pthread_mutex_lock(&pg->mu);
     w->id = ++pg->next_id;
     bool inline_run = !work_out && !pg->head && !pg->running && !pg->stop;
-    bool p2p = w->kind == W_SEND || w->kind == W_RECV;
-    bool rooted = p2p || w->kind == W_BROADCAST || w->kind == W_REDUCE;
-    bool reducing = w->kind == W_ALL_REDUCE || w->kind == W_REDUCE || w->kind == W_REDUCE_SCATTER;
-    w->fid = ts__flight_issue(&pg->fr, wnames[w->kind], p2p, w->dt, reducing ? (int)w->op : -1,
-                              w->kind == W_BARRIER ? 0 : w->count, rooted ? w->arg : -1, work_out != NULL, inline_run);
+    bool rooted = ts_coll_kind_is_p2p(w->kind) || w->kind == TS_COLL_BROADCAST || w->kind == TS_COLL_REDUCE;
+    bool reducing = w->kind == TS_COLL_ALL_REDUCE || w->kind == TS_COLL_REDUCE || w->kind == TS_COLL_REDUCE_SCATTER;
+    w->fid = ts__flight_issue(&pg->fr, w->kind, w->dt, reducing ? (int)w->op : -1,
+                              w->kind == TS_COLL_BARRIER ? 0 : w->count, rooted ? w->arg : -1, work_out != NULL, inline_run);
     if (inline_run) { /* idle: run inline */
         pg->running = true;
         pthread_mutex_unlock(&pg->mu);
@@ -619,7 +633,7 @@ static ts_status submit(ts_process_group *pg, ts_work *w, ts_work **work_out) {
         pthread_mutex_unlock(&pg->mu);
         ts__flight_end(&pg->fr, w->fid, false);
         work_release(w);
-        return ts_error(TS_ERR_STATE, "%s: process group '%s' is being freed", wnames[w->kind], pg->name);
+        return ts_error(TS_ERR_STATE, "%s: process group '%s' is being freed", ts_coll_kind_name(w->kind), pg->name);
     }
     if (!pg->has_thread) {
         if (pthread_create(&pg->thread, NULL, comm_thread, pg) != 0) {
@@ -706,7 +720,7 @@ static ts_status check_rank(const ts_process_group *pg, const char *op, const ch
     return TS_OK;
 }
 
-static ts_status queue(ts_process_group *pg, wkind kind, void *buf, const void *in, size_t count, ts_dtype dt,
+static ts_status queue(ts_process_group *pg, ts_coll_kind kind, void *buf, const void *in, size_t count, ts_dtype dt,
                        ts_reduce_op op, int arg, int tag, ts_tensor *h0, ts_tensor *h1, ts_work **work) {
     if (work) *work = NULL;
     ts_work *w = work_new(pg, kind);
@@ -730,7 +744,7 @@ ts_status ts_all_reduce(ts_process_group *pg, ts_tensor *t, ts_reduce_op op, ts_
     TS_TRY(check_pg(pg, "all_reduce"));
     TS_TRY(check_tensor(pg, "all_reduce", "tensor", t));
     TS_TRY(check_op(pg, "all_reduce", op, ts_tensor_dtype(t)));
-    return queue(pg, W_ALL_REDUCE, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, 0, 0,
+    return queue(pg, TS_COLL_ALL_REDUCE, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, 0, 0,
                  t, NULL, work);
 }
 
@@ -739,14 +753,14 @@ ts_status ts_all_reduce_buffer(ts_process_group *pg, void *buf, size_t count, ts
     TS_TRY(check_pg(pg, "all_reduce_buffer"));
     TS_ARG(buf || count == 0, "all_reduce_buffer: buf is NULL with count %zu (rank %d)", count, pg->rank);
     TS_TRY(check_op(pg, "all_reduce_buffer", op, dt));
-    return queue(pg, W_ALL_REDUCE, buf, NULL, count, dt, op, 0, 0, NULL, NULL, work);
+    return queue(pg, TS_COLL_ALL_REDUCE, buf, NULL, count, dt, op, 0, 0, NULL, NULL, work);
 }
 
 ts_status ts_broadcast(ts_process_group *pg, ts_tensor *t, int root, ts_work **work) {
     TS_TRY(check_pg(pg, "broadcast"));
     TS_TRY(check_tensor(pg, "broadcast", "tensor", t));
     TS_TRY(check_rank(pg, "broadcast", "root", root));
-    return queue(pg, W_BROADCAST, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
+    return queue(pg, TS_COLL_BROADCAST, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
                  TS_REDUCE_SUM, root, 0, t, NULL, work);
 }
 
@@ -755,7 +769,7 @@ ts_status ts_reduce(ts_process_group *pg, ts_tensor *t, int root, ts_reduce_op o
     TS_TRY(check_tensor(pg, "reduce", "tensor", t));
     TS_TRY(check_rank(pg, "reduce", "root", root));
     TS_TRY(check_op(pg, "reduce", op, ts_tensor_dtype(t)));
-    return queue(pg, W_REDUCE, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, root, 0,
+    return queue(pg, TS_COLL_REDUCE, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), op, root, 0,
                  t, NULL, work);
 }
 
@@ -775,7 +789,7 @@ ts_status ts_all_gather(ts_process_group *pg, ts_tensor *out, const ts_tensor *i
                         (long long)ts_tensor_numel(out), pg->world,
                         ts_shape_str(ts_tensor_ndim(in), ts_tensor_shape(in), b, sizeof b),
                         (long long)ts_tensor_numel(in), (long long)pg->world * ts_tensor_numel(in), pg->rank);
-    return queue(pg, W_ALL_GATHER, ts__ptr(out), ts__ptr((ts_tensor *)in), (size_t)ts_tensor_numel(in),
+    return queue(pg, TS_COLL_ALL_GATHER, ts__ptr(out), ts__ptr((ts_tensor *)in), (size_t)ts_tensor_numel(in),
                  ts_tensor_dtype(in), TS_REDUCE_SUM, 0, 0, out, (ts_tensor *)in, work);
 }
 
@@ -798,13 +812,13 @@ ts_status ts_reduce_scatter(ts_process_group *pg, ts_tensor *out, const ts_tenso
                         (long long)ts_tensor_numel(in), pg->world,
                         ts_shape_str(ts_tensor_ndim(out), ts_tensor_shape(out), b, sizeof b),
                         (long long)ts_tensor_numel(out), (long long)pg->world * ts_tensor_numel(out), pg->rank);
-    return queue(pg, W_REDUCE_SCATTER, ts__ptr(out), ts__ptr((ts_tensor *)in),
+    return queue(pg, TS_COLL_REDUCE_SCATTER, ts__ptr(out), ts__ptr((ts_tensor *)in),
                  (size_t)ts_tensor_numel(out), ts_tensor_dtype(out), op, 0, 0, out, (ts_tensor *)in, work);
 }
 
 ts_status ts_barrier(ts_process_group *pg, ts_work **work) {
     TS_TRY(check_pg(pg, "barrier"));
-    return queue(pg, W_BARRIER, NULL, NULL, 0, TS_F32, TS_REDUCE_SUM, 0, 0, NULL, NULL, work);
+    return queue(pg, TS_COLL_BARRIER, NULL, NULL, 0, TS_F32, TS_REDUCE_SUM, 0, 0, NULL, NULL, work);
 }
 
 ts_status ts_send(ts_process_group *pg, const ts_tensor *t, int dst, int tag) {
@@ -812,7 +826,7 @@ ts_status ts_send(ts_process_group *pg, const ts_tensor *t, int dst, int tag) {
     TS_TRY(check_tensor(pg, "send", "tensor", t));
     TS_TRY(check_rank(pg, "send", "destination", dst));
     TS_ARG(dst != pg->rank, "send: rank %d cannot send to itself", pg->rank);
-    return queue(pg, W_SEND, NULL, ts__ptr((ts_tensor *)t), (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
+    return queue(pg, TS_COLL_SEND, NULL, ts__ptr((ts_tensor *)t), (size_t)ts_tensor_numel(t), ts_tensor_dtype(t),
                  TS_REDUCE_SUM, dst, tag, NULL, NULL, NULL);
 }
 
@@ -821,6 +835,6 @@ ts_status ts_recv(ts_process_group *pg, ts_tensor *t, int src, int tag) {
     TS_TRY(check_tensor(pg, "recv", "tensor", t));
     TS_TRY(check_rank(pg, "recv", "source", src));
     TS_ARG(src != pg->rank, "recv: rank %d cannot receive from itself", pg->rank);
-    return queue(pg, W_RECV, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), TS_REDUCE_SUM,
+    return queue(pg, TS_COLL_RECV, ts__ptr(t), NULL, (size_t)ts_tensor_numel(t), ts_tensor_dtype(t), TS_REDUCE_SUM,
                  src, 0 + tag, NULL, NULL, NULL);
 }

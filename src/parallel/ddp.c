@@ -138,7 +138,7 @@ static uint64_t trace_last_seq(ts_process_group *pg) {
     int n = 0;
     if (ts_pg_flight_recorder(pg, rec, TS_PG_FLIGHT_RECORDER_SIZE, &n) != TS_OK) return 0;
     for (int i = n - 1; i >= 0; i--)
-        if (rec[i].async && strcmp(rec[i].op, "all_reduce") == 0) return rec[i].seq;
+        if (rec[i].async && rec[i].kind == TS_COLL_ALL_REDUCE) return rec[i].seq;
     return 0;
 }
 
@@ -154,7 +154,7 @@ static void trace_poll(ts_ddp *d) {
     for (int b = 0; b < d->nb; b++) {
         ddp_bucket *bk = &d->b[b];
         for (int i = n - 1; i >= 0 && bk->trace_seq && bk->trace_t1 <= 0; i--)
-            if (rec[i].seq == bk->trace_seq && strcmp(rec[i].op, "all_reduce") == 0 && rec[i].ended_s > 0) {
+            if (rec[i].seq == bk->trace_seq && rec[i].kind == TS_COLL_ALL_REDUCE && rec[i].ended_s > 0) {
                 bk->trace_t0 = rec[i].started_s > 0 ? rec[i].started_s : rec[i].issued_s;
                 bk->trace_t1 = rec[i].ended_s;
             }

@@ -776,4 +776,5 @@ const ts__backend_ops ts__mpi_backend = {
     .recv = mpi_recv,
     .abort = mpi_abort,
     .destroy = mpi_destroy,
+    .joins_without_store = true,
 };
