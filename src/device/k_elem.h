@@ -1,8 +1,8 @@
 /*
- * device/k_elem.h — the per-element arithmetic of the elementwise and optimizer kernels, written
- * once for every backend: the CPU loops (src/ops/cpu/ew.c, optim.c) and the CUDA kernels
- * (src/ops/cuda/ew.cu, optim.cu) call these, so the two backends run the same formula in the
- * same operation order. Plain C11 that also compiles as CUDA C++ (TS_HD marks the functions
+ * device/k_elem.h — the per-element arithmetic of the elementwise, softmax-family and optimizer
+ * kernels, written once for every backend: the CPU loops (src/ops/cpu/ew.c, misc.c, optim.c) and
+ * the CUDA kernels (src/ops/cuda/ew.cu, misc.cu, optim.cu) call these, so the two backends run the
+ * same formula in the same operation order. Plain C11 that also compiles as CUDA C++ (TS_HD marks the functions
  * __host__ __device__ there); no library headers, so .cu files can include it.
  *
  * exp and erf: the activations take them through TS_ELEM_EXPF / TS_ELEM_ERFF, expf and erff
@@ -118,6 +118,22 @@ static inline TS_HD float ts_elem_unary_backward(int op, float g, float v) {
 /* v is the new maximum over best: larger, or the first NaN (NaN propagates as in torch.max); a
  * scan that keeps the first winner gives the first position of the maximum. */
 static inline TS_HD bool ts_elem_max_wins(float v, float best) { return v > best || (v != v && best == best); }
+
+/* ---- the softmax family (device/k_misc.h: softmax, log_softmax, cross-entropy) -------------------------- *
+ * A row of n logits x_c is reduced to its max m and s = sum_c exp(x_c - m), s accumulated in double (the
+ * reductions themselves are the kernels': SIMD lanes on the CPU, thread groups on CUDA); every output
+ * element is then one of the formulas below. PyTorch's order: the shift x - m first (exact for the
+ * logits near the max), then log s subtracted or s divided. Never x - (m + log s): m + log s rounded
+ * to float loses up to half an ulp of m (0.03 at logits of 1e6) in every output. A row whose max is
+ * -inf (all -inf) or +inf gives NaN, as PyTorch; a -inf entry beside finite ones gives softmax 0 and
+ * log_softmax -inf. */
+
+/* exp(x - m): softmax's numerator and the terms of s */
+static inline TS_HD float ts_elem_shift_exp(float x, float m) { return TS_ELEM_EXPF(x - m); }
+/* log_softmax(x) = (x - m) - log s, log_s = (float)log(s) */
+static inline TS_HD float ts_elem_log_softmax(float x, float m, float log_s) { return (x - m) - log_s; }
+/* cross-entropy's per-class term lse - x = (m - x) + log s, in double (the loss accumulates in double) */
+static inline TS_HD double ts_elem_lse_minus(float x, float m, double log_s) { return ((double)m - x) + log_s; }
 
 /* ---- optimizers (device/k_optim.h; torch.optim's single-tensor formulas, same order) ---------------- */
 /* SGD's element constants, from ts_sgd_args by TS_ELEM_SGD_ARGS (C files) */

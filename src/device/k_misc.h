@@ -42,7 +42,9 @@ struct ts_kernels_misc {
      * out and x F32 of one shape; out may alias x. */
     ts_status (*masked_scale)(ts_tensor *out, const ts_tensor *x, const ts_tensor *mask, float scale);
 
-    /* out, x: (outer, n, inner); out = x - logsumexp over the middle dim (max-shifted). */
+    /* The softmax family: each row's max m and s = sum exp(x - m) in double, then device/k_elem.h's
+     * per-element formulas, on every backend. */
+    /* out, x: (outer, n, inner); out = (x - m) - log s over the middle dim. */
     ts_status (*log_softmax)(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner);
     /* gx = gy - exp(y) * sum over the middle dim of gy; all (outer, n, inner), y = log_softmax output. */
     ts_status (*log_softmax_backward)(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,
@@ -53,7 +55,8 @@ struct ts_kernels_misc {
      *   l_i = (1 - eps) w[t_i] (lse_i - x_i[t_i]) + eps / C * sum_c w[c] (lse_i - x_i[c])
      * (0 when t_i == ignore_index); loss: like target = l for TS_REDUCTION_NONE, else [] = sum l
      * (SUM) or sum l / sum of w[t_i] over samples not ignored (MEAN; 0/0 = NaN with none).
-     * lse: like target = logsumexp over the classes (kept for backward). Fails with TS_ERR_INVALID_ARG
+     * lse: (N * S, 2) = each sample's max m and log s over the classes, so lse_i = m + log s (kept for
+     * backward, which takes softmax as exp((x - m) - log s)). Fails with TS_ERR_INVALID_ARG
      * naming the first sample whose target is outside [0, C) and not ignore_index. */
     ts_status (*cross_entropy)(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
                                const ts_tensor *weight, float eps, int64_t ignore_index, ts_reduction reduction);
@@ -70,7 +73,7 @@ struct ts_kernels_misc {
     ts_status (*mse_backward)(ts_tensor *gpred, ts_tensor *gtarget, const ts_tensor *gloss, const ts_tensor *pred,
                               const ts_tensor *target);
 
-    /* out, x: (outer, n, inner); out = softmax over the middle dim (max-shifted). */
+    /* out, x: (outer, n, inner); out = exp(x - m) / s over the middle dim. */
     ts_status (*softmax)(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner);
     /* gx = y * (gy - sum over the middle dim of gy * y); all (outer, n, inner), y = softmax output. */
     ts_status (*softmax_backward)(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,

@@ -1,9 +1,10 @@
 /*
- * ops/loss.c — log_softmax (any dim), cross-entropy and mean-squared error,
- * with PyTorch 1.13 semantics.
+ * ops/loss.c — cross-entropy and mean-squared error, with PyTorch 1.13
+ * semantics (log_softmax and softmax: activation.c).
  *
- * cross_entropy is fused: one kernel computes each row's logsumexp and the
- * loss, keeping the (N) logsumexps; backward computes the gradient
+ * cross_entropy is fused: one kernel computes each row's max and log-sum-exp
+ * (the softmax family's row reduction and formulas, device/k_elem.h) and the
+ * loss, keeping them (N, 2); backward computes the gradient
  * (softmax - (1 - eps) onehot - eps / C without class weights) directly from
  * the logits and them. As torch.nn.functional.cross_entropy with class
  * indices (aten's cross_entropy_loss_label_smoothing and nll_loss): loss =
@@ -22,65 +23,8 @@
 #include "ops/trace.h"
 #include "tessera/ops.h"
 
-/* ---- log_softmax ---------------------------------------------------------------------------------- */
-static ts_status log_softmax_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
-    ts_tensor *g = NULL;
-    TS_TRY(ts__contiguous(g_in, &g));
-    ts_status st = ts__new_like(g, &gin[0]);
-    if (st == TS_OK)
-        st = g->storage->device->k_misc->log_softmax_backward(gin[0], g, ts__node_saved(n, 0), n->p.i[0], n->p.i[1],
-                                                                  n->p.i[2]);
-    ts_tensor_release(g);
-    return st;
-}
-
-static ts_status log_softmax_thunk(const ts_tensor *a, const ts_tensor *b, const void *arg, ts_tensor **out) {
-    (void)b;
-    return ts_log_softmax(a, *(const int *)arg, out);
-}
-
-ts_status ts_log_softmax(const ts_tensor *x_in, int dim, ts_tensor **out) {
-    if (ts__any_half(x_in, NULL)) return ts__half_op(log_softmax_thunk, x_in, NULL, &dim, out);
-    TS_TRY(ts__check_f32("log_softmax", "x", x_in));
-    TS_ARG(out, "log_softmax: NULL out");
-    int nd = x_in->ndim ? x_in->ndim : 1; /* a 0-d tensor acts as one element along dim 0 */
-    if (dim < -nd || dim >= nd) {
-        char b[96];
-        return ts_error(TS_ERR_INVALID_ARG, "log_softmax: dim %d is out of range for a tensor of shape %s (expected [%d, %d])",
-                        dim, ts_shape_str(x_in->ndim, x_in->shape, b, sizeof b), -nd, nd - 1);
-    }
-    int d = dim < 0 ? dim + nd : dim;
-    int64_t outer = 1, n = 1, inner = 1;
-    if (x_in->ndim) {
-        outer = ts__numel(d, x_in->shape);
-        n = x_in->shape[d];
-        inner = ts__numel(x_in->ndim - d - 1, x_in->shape + d + 1);
-    }
-    ts_status st;
-    ts_tensor *x = NULL, *o = NULL;
-    TS_CHECK_GOTO(ts__contiguous(x_in, &x));
-    TS_CHECK_GOTO(ts__new_like(x, &o));
-    TS_CHECK_GOTO(x->storage->device->k_misc->log_softmax(o, x, outer, n, inner));
-    ts_node *node = NULL;
-    TS_CHECK_GOTO(ts__node_new("log_softmax", log_softmax_backward, 1, &x_in, &node));
-    if (node) {
-        ts__node_save(node, o); /* backward needs softmax = exp(output) */
-        node->p.i[0] = outer;
-        node->p.i[1] = n;
-        node->p.i[2] = inner;
-        TS_CHECK_GOTO(ts__node_attach(node, o));
-    }
-    TS_CHECK_GOTO(ts__trace_op(TS_OP_LOG_SOFTMAX, 1, &x_in, o, &(ts__trace_attrs){.i = {d}}));
-    *out = o;
-    o = NULL;
-fail:
-    ts_tensor_release(x);
-    ts_tensor_release(o);
-    return st;
-}
-
 /* ---- cross_entropy --------------------------------------------------------------------------------- */
-/* saved: logits (N, C, d...), lse and target (N, d...), weight (C) or NULL; p.f[0] = label smoothing,
+/* saved: logits (N, C, d...), lse (N, d..., 2), target (N, d...), weight (C) or NULL; p.f[0] = label smoothing,
  * p.i[1] = ignore_index, p.i[2] = reduction */
 static ts_status cross_entropy_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     ts_tensor *g = NULL;
@@ -155,7 +99,10 @@ ts_status ts_cross_entropy_ex(const ts_tensor *logits_in, const ts_tensor *targe
     TS_CHECK_GOTO(ts__contiguous(logits_in, &x));
     TS_CHECK_GOTO(ts__contiguous(target_in, &t));
     if (o.weight) TS_CHECK_GOTO(ts__contiguous(o.weight, &w));
-    TS_CHECK_GOTO(ts__new(d, TS_F32, nd - 1, tshape, &lse));
+    int64_t lshape[TS_MAX_DIMS];
+    memcpy(lshape, tshape, sizeof(int64_t) * (size_t)(nd - 1));
+    lshape[nd - 1] = 2; /* each sample's max and log-sum-exp */
+    TS_CHECK_GOTO(ts__new(d, TS_F32, nd, lshape, &lse));
     if (o.reduction == TS_REDUCTION_NONE)
         TS_CHECK_GOTO(ts__new(d, TS_F32, nd - 1, tshape, &loss));
     else

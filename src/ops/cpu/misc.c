@@ -1,7 +1,11 @@
 /*
  * ops/cpu/misc.c — CPU kernels of the misc family (see device/k_misc.h):
  * embedding gather/scatter-add, the block copy behind concat/slice, dropout
- * masks, log-softmax, and the fused cross-entropy and MSE losses.
+ * masks, softmax and log-softmax, and the fused cross-entropy and MSE losses.
+ *
+ * The softmax family (softmax, log_softmax, cross-entropy) shares one row
+ * reduction (row_stats: the max m and s = sum exp(x - m) in double) and the
+ * per-element formulas of device/k_elem.h, which the CUDA kernels use too.
  *
  * Plain loops that serve as the reference for other backends; OpenMP only
  * above PAR_MIN elements so the small training-loop shapes, e.g. a (64, 10)
@@ -12,6 +16,9 @@
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
 #include "ops/cpu/vmath.h"
+
+#define TS_ELEM_EXPF ts__vexpf /* the vectorising exp of ops/cpu/vmath.h (before k_elem.h) */
+#include "device/k_elem.h"
 
 #include <math.h>
 #include <omp.h>
@@ -106,127 +113,133 @@ static ts_status cpu_masked_scale(ts_tensor *out, const ts_tensor *x, const ts_t
     return TS_OK;
 }
 
-/* ---- log-softmax ------------------------------------------------------------------------------------ */
-/* One row of n elements at stride s: y = x - (max + log sum exp(x - max)). */
-static void log_softmax_row(float *y, const float *x, int64_t n, int64_t s) {
+/* ---- the softmax family's row reduction -------------------------------------------------------------- */
+#define SUM_BLOCK 1024 /* contiguous rows: float SIMD partials over blocks this long, added in double */
+
+/* One row of n at stride st: *m = its max, returns s = sum exp(x - m) in double; with e non-NULL,
+ * e[c * st] = exp(x_c - m) too (softmax's numerators). Contiguous rows vectorise: each SIMD lane adds
+ * at most SUM_BLOCK / (lanes) terms in float before the block's sum joins the double total. */
+static double row_stats(const float *restrict x, int64_t n, int64_t st, float *restrict e, float *m_out) {
     float m = -INFINITY;
-    for (int64_t c = 0; c < n; c++) m = fmaxf(m, x[c * s]);
-    double sum = 0;
-    for (int64_t c = 0; c < n; c++) sum += expf(x[c * s] - m);
-    float lse = m + (float)log(sum);
-    for (int64_t c = 0; c < n; c++) y[c * s] = x[c * s] - lse;
+    double s = 0;
+    if (st == 1) {
+#pragma omp simd reduction(max : m)
+        for (int64_t c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
+        for (int64_t c0 = 0; c0 < n; c0 += SUM_BLOCK) {
+            const int64_t c1 = TS_MIN(c0 + SUM_BLOCK, n);
+            float part = 0.0f;
+            if (e) {
+#pragma omp simd reduction(+ : part)
+                for (int64_t c = c0; c < c1; c++) {
+                    const float v = ts_elem_shift_exp(x[c], m);
+                    e[c] = v;
+                    part += v;
+                }
+            } else {
+#pragma omp simd reduction(+ : part)
+                for (int64_t c = c0; c < c1; c++) part += ts_elem_shift_exp(x[c], m);
+            }
+            s += part;
+        }
+    } else {
+        for (int64_t c = 0; c < n; c++) m = fmaxf(m, x[c * st]);
+        for (int64_t c = 0; c < n; c++) {
+            const float v = ts_elem_shift_exp(x[c * st], m);
+            if (e) e[c * st] = v;
+            s += v;
+        }
+    }
+    /* fmaxf skips NaN: a NaN logit still makes s, and so the row, NaN */
+    *m_out = m;
+    return s;
 }
 
-/* out, x: (outer, n, inner) */
+/* The first element of row r of (outer, n, inner) (rows are n elements at stride inner). */
+static inline int64_t row_base(int64_t r, int64_t n, int64_t inner) {
+    const int64_t a = r / inner;
+    return a * n * inner + (r - a * inner);
+}
+
+/* out, x: (outer, n, inner); out = (x - m) - log s (device/k_elem.h) */
 static ts_status cpu_log_softmax(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner) {
     float *o = ts__f32(out);
     const float *px = ts__f32(x);
-    int64_t rows = outer * inner;
+    const int64_t rows = outer * inner;
 #pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t a = r / inner, b = r - a * inner;
-        int64_t base = a * n * inner + b;
-        log_softmax_row(o + base, px + base, n, inner);
+        const int64_t base = row_base(r, n, inner);
+        float m;
+        const float ls = (float)log(row_stats(px + base, n, inner, NULL, &m));
+        for (int64_t c = 0; c < n; c++) o[base + c * inner] = ts_elem_log_softmax(px[base + c * inner], m, ls);
     }
     return TS_OK;
 }
 
-/* gx, gy, y: (outer, n, inner); gx = gy - exp(y) * sum_c gy */
+/* gx, gy, y: (outer, n, inner); gx = gy - exp(y) * sum_c gy (the sum in double) */
 static ts_status cpu_log_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer,
                                           int64_t n, int64_t inner) {
     float *o = ts__f32(gx);
     const float *pg = ts__f32(gy), *py = ts__f32(y);
-    int64_t rows = outer * inner;
+    const int64_t rows = outer * inner;
 #pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t a = r / inner, b = r - a * inner;
-        int64_t base = a * n * inner + b;
+        const int64_t base = row_base(r, n, inner);
         double sum = 0;
         for (int64_t c = 0; c < n; c++) sum += pg[base + c * inner];
-        float s = (float)sum;
+        const float sf = (float)sum;
         for (int64_t c = 0; c < n; c++) {
-            int64_t k = base + c * inner;
-            o[k] = pg[k] - expf(py[k]) * s;
+            const int64_t k = base + c * inner;
+            o[k] = pg[k] - expf(py[k]) * sf;
         }
     }
     return TS_OK;
 }
 
-/* y = softmax of one contiguous row of n: vector max, exp and sum (float
- * partial sums in SIMD lanes, each adding n/16 terms or fewer) */
-static void softmax_row(float *restrict y, const float *restrict x, int64_t n) {
-    float m = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : m)
-    for (int64_t c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < n; c++) {
-        float e = ts__vexpf(x[c] - m);
-        y[c] = e;
-        sum += e;
-    }
-    float inv = 1.0f / sum;
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) y[c] *= inv;
-}
-
-/* out, x: (outer, n, inner); softmax over the middle dim, max-shifted */
+/* out, x: (outer, n, inner); out = exp(x - m) / s */
 static ts_status cpu_softmax(ts_tensor *out, const ts_tensor *x, int64_t outer, int64_t n, int64_t inner) {
     float *o = ts__f32(out);
     const float *px = ts__f32(x);
-    if (inner == 1) {
-#pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
-        for (int64_t r = 0; r < outer; r++) softmax_row(o + r * n, px + r * n, n);
-        return TS_OK;
-    }
-    int64_t rows = outer * inner;
+    const int64_t rows = outer * inner;
 #pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t a = r / inner, b = r - a * inner;
-        int64_t base = a * n * inner + b;
-        const float *xr = px + base;
-        float *yr = o + base;
-        float m = -INFINITY;
-        for (int64_t c = 0; c < n; c++) m = fmaxf(m, xr[c * inner]);
-        double sum = 0;
-        for (int64_t c = 0; c < n; c++) {
-            float e = ts__vexpf(xr[c * inner] - m);
-            yr[c * inner] = e;
-            sum += e;
+        const int64_t base = row_base(r, n, inner);
+        float m, *yr = o + base;
+        const float inv = (float)(1.0 / row_stats(px + base, n, inner, yr, &m));
+        if (inner == 1) {
+#pragma omp simd
+            for (int64_t c = 0; c < n; c++) yr[c] *= inv;
+        } else {
+            for (int64_t c = 0; c < n; c++) yr[c * inner] *= inv;
         }
-        float inv = (float)(1.0 / sum);
-        for (int64_t c = 0; c < n; c++) yr[c * inner] *= inv;
     }
     return TS_OK;
 }
 
-/* gx, gy, y: (outer, n, inner); gx = y (gy - sum_c gy y) */
+/* gx, gy, y: (outer, n, inner); gx = y (gy - sum_c gy y), the dot product in double */
 static ts_status cpu_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer,
                                       int64_t n, int64_t inner) {
     float *o = ts__f32(gx);
     const float *pg = ts__f32(gy), *py = ts__f32(y);
-    if (inner == 1) { /* contiguous rows: vector dot product and update */
-#pragma omp parallel for if (outer * n > PAR_MIN) schedule(static)
-        for (int64_t r = 0; r < outer; r++) {
-            const float *g = pg + r * n, *yr = py + r * n;
-            float *gr = o + r * n, dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t c = 0; c < n; c++) dot += g[c] * yr[c];
-#pragma omp simd
-            for (int64_t c = 0; c < n; c++) gr[c] = yr[c] * (g[c] - dot);
-        }
-        return TS_OK;
-    }
-    int64_t rows = outer * inner;
+    const int64_t rows = outer * inner;
 #pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-        int64_t a = r / inner, b = r - a * inner;
-        int64_t base = a * n * inner + b;
+        const int64_t base = row_base(r, n, inner);
         double dot = 0;
-        for (int64_t c = 0; c < n; c++) dot += (double)pg[base + c * inner] * py[base + c * inner];
-        float s = (float)dot;
+        if (inner == 1) {
+            for (int64_t c0 = 0; c0 < n; c0 += SUM_BLOCK) { /* float SIMD partials per block, as row_stats */
+                const int64_t c1 = TS_MIN(c0 + SUM_BLOCK, n);
+                float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+                for (int64_t c = c0; c < c1; c++) part += pg[base + c] * py[base + c];
+                dot += part;
+            }
+        } else {
+            for (int64_t c = 0; c < n; c++) dot += (double)pg[base + c * inner] * py[base + c * inner];
+        }
+        const float sf = (float)dot;
         for (int64_t c = 0; c < n; c++) {
-            int64_t k = base + c * inner;
-            o[k] = py[k] * (pg[k] - s);
+            const int64_t k = base + c * inner;
+            o[k] = py[k] * (pg[k] - sf);
         }
     }
     return TS_OK;
@@ -261,7 +274,8 @@ static ts_status check_targets(const int64_t *t, const float *w, int64_t N, int6
     return TS_OK;
 }
 
-/* logits: (N, C, S...), target: (N * S), weight: (C) or NULL -> loss: [] or (N * S) (NONE), lse: (N * S) */
+/* logits: (N, C, S...), target: (N * S), weight: (C) or NULL -> loss: [] or (N * S) (NONE),
+ * lse: (N * S, 2) = each row's max m and log s (row_stats) */
 static ts_status cpu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_tensor *logits, const ts_tensor *target,
                                    const ts_tensor *weight, float eps, int64_t ignore_index, ts_reduction reduction) {
     const int64_t N = logits->shape[0], C = logits->shape[1], NC = N * C;
@@ -275,26 +289,18 @@ static ts_status cpu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_ten
 #pragma omp parallel for if (rows * C > PAR_MIN) reduction(+ : total) schedule(static)
     for (int64_t i = 0; i < rows; i++) {
         const float *row = x + (i / S) * C * S + i % S;
-        float m = -INFINITY;
-        for (int64_t c = 0; c < C; c++) m = fmaxf(m, row[c * S]);
-        float s = 0;
-        for (int64_t c = 0; c < C; c++) s += expf(row[c * S] - m);
-        float l = m + logf(s);
-        pl[i] = l;
+        float m;
+        const double ls = log(row_stats(row, C, S, NULL, &m));
+        pl[2 * i] = m;
+        pl[2 * i + 1] = (float)ls;
         if (t[i] == ignore_index) {
             if (per) per[i] = 0.0f;
             continue;
         }
-        double li = (1.0 - (double)eps) * (w ? (double)w[t[i]] : 1.0) * ((double)l - row[t[i] * S]);
+        double li = (1.0 - (double)eps) * (w ? (double)w[t[i]] : 1.0) * ts_elem_lse_minus(row[t[i] * S], m, ls);
         if (eps != 0.0f) {
             double sm = 0; /* sum_c w[c] (lse - x[c]) */
-            if (w)
-                for (int64_t c = 0; c < C; c++) sm += (double)w[c] * ((double)l - row[c * S]);
-            else {
-                double xs = 0;
-                for (int64_t c = 0; c < C; c++) xs += row[c * S];
-                sm = (double)C * l - xs;
-            }
+            for (int64_t c = 0; c < C; c++) sm += (w ? (double)w[c] : 1.0) * ts_elem_lse_minus(row[c * S], m, ls);
             li += (double)eps * sm / (double)C;
         }
         if (per) per[i] = (float)li;
@@ -332,14 +338,16 @@ static ts_status cpu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *glos
             continue;
         }
         const float si = reduction == TS_REDUCTION_NONE ? pg[i] : scale;
-        const float l = pl[i];
+        const float m = pl[2 * i], ls = pl[2 * i + 1]; /* softmax = exp(log_softmax) */
         if (!w) {
-            for (int64_t c = 0; c < C; c++) orow[c * S] = si * (expf(row[c * S] - l) - spread);
+            for (int64_t c = 0; c < C; c++)
+                orow[c * S] = si * (expf(ts_elem_log_softmax(row[c * S], m, ls)) - spread);
             orow[t[i] * S] -= si * hit;
             continue;
         }
         const float wt = w[t[i]], a = hit * wt + spread * (float)wall; /* coefficient of softmax */
-        for (int64_t c = 0; c < C; c++) orow[c * S] = si * (a * expf(row[c * S] - l) - spread * w[c]);
+        for (int64_t c = 0; c < C; c++)
+            orow[c * S] = si * (a * expf(ts_elem_log_softmax(row[c * S], m, ls)) - spread * w[c]);
         orow[t[i] * S] -= si * hit * wt;
     }
     return TS_OK;

@@ -116,7 +116,7 @@ static ts_status cu_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const t
 }
 
 /* ---- cross-entropy ------------------------------------------------------------------------------------ */
-/* logits (N, C, S...) are rows i = n * S + s of C values at stride S; target and lse are (N * S). */
+/* logits (N, C, S...) are rows i = n * S + s of C values at stride S; target is (N * S), lse (N * S, 2). */
 static void ce_geom(const ts_tensor *logits, int64_t *N, int64_t *C, int64_t *S) {
     *N = logits->shape[0];
     *C = logits->shape[1];

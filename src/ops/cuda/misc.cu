@@ -10,13 +10,15 @@
  * the row with stride size(); the group's sum/max are shuffle (and shared-memory) trees whose
  * shape depends only on the launch shape, so results are deterministic.
  *
- * Precision follows the CPU kernels (ops/cpu/misc.c): where it accumulates in double, so do we
- * (per-thread double partials, double trees); where it uses float SIMD partials, float. Loss
- * totals go through a fixed two-stage reduction (TS_CU_MISC_PARTS block partials, then one block)
- * rather than atomics.
+ * Precision follows the CPU kernels (ops/cpu/misc.c): their sums are double (the CPU's contiguous
+ * rows add float SIMD partials of a few dozen terms in double; here per-thread double partials and
+ * double trees), and the softmax family's per-element formulas are device/k_elem.h's, the CPU's.
+ * Loss totals go through a fixed two-stage reduction (TS_CU_MISC_PARTS block partials, then one
+ * block) rather than atomics.
  */
 #include "ops/cuda/misc_cu.h"
 #include "ops/cuda/reduce.cuh"
+#include "device/k_elem.h"
 
 #include <math.h>
 
@@ -212,21 +214,31 @@ cudaError_t ts_cu_masked_scale(float *out, const float *x, const uint8_t *mask, 
 namespace {
 
 /* ---- log-softmax and softmax ------------------------------------------------------------------------------ */
-/* y = x - (max + log sum exp(x - max)); the sum in double, as the CPU. */
+/* A row's max m and s = sum exp(x - m) in double (device/k_elem.h's row statistics); with e, e = exp(x - m)
+ * too. Every lane of the group gets both. */
+template <class G> __device__ double row_stats(const float *xr, int64_t n, int64_t st, float *e, float *m_out) {
+    float m = -INFINITY;
+    for (int64_t c = G::lane(); c < n; c += G::size()) m = fmaxf(m, xr[c * st]);
+    m = G::max(m);
+    double sum = 0;
+    for (int64_t c = G::lane(); c < n; c += G::size()) {
+        const float v = ts_elem_shift_exp(xr[c * st], m);
+        if (e) e[c * st] = v;
+        sum += v;
+    }
+    *m_out = m;
+    return G::sum(sum);
+}
+
+/* y = (x - m) - log s */
 struct LogSoftmaxOp {
     float *y;
     const float *x;
     template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
         const float *xr = x + base;
-        float *yr = y + base;
-        float m = -INFINITY;
-        for (int64_t c = G::lane(); c < n; c += G::size()) m = fmaxf(m, xr[c * st]);
-        m = G::max(m);
-        double sum = 0;
-        for (int64_t c = G::lane(); c < n; c += G::size()) sum += expf(xr[c * st] - m);
-        sum = G::sum(sum);
-        const float lse = m + (float)log(sum);
-        for (int64_t c = G::lane(); c < n; c += G::size()) yr[c * st] = xr[c * st] - lse;
+        float *yr = y + base, m;
+        const float ls = (float)log(row_stats<G>(xr, n, st, NULL, &m));
+        for (int64_t c = G::lane(); c < n; c += G::size()) yr[c * st] = ts_elem_log_softmax(xr[c * st], m, ls);
     }
 };
 
@@ -245,34 +257,24 @@ struct LogSoftmaxBwdOp {
     }
 };
 
-/* y = exp(x - max) / sum; the sum in Acc: float for contiguous rows, double otherwise (the CPU's). */
-template <class Acc> struct SoftmaxOp {
+/* y = exp(x - m) / s */
+struct SoftmaxOp {
     float *y;
     const float *x;
     template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
-        const float *xr = x + base;
-        float *yr = y + base;
-        float m = -INFINITY;
-        for (int64_t c = G::lane(); c < n; c += G::size()) m = fmaxf(m, xr[c * st]);
-        m = G::max(m);
-        Acc sum = 0;
-        for (int64_t c = G::lane(); c < n; c += G::size()) {
-            const float e = expf(xr[c * st] - m);
-            yr[c * st] = e;
-            sum += e;
-        }
-        const float inv = (float)((Acc)1 / G::sum(sum));
+        float *yr = y + base, m;
+        const float inv = (float)(1.0 / row_stats<G>(x + base, n, st, yr, &m));
         for (int64_t c = G::lane(); c < n; c += G::size()) yr[c * st] *= inv; /* this thread's own writes */
     }
 };
 
-/* gx = y (gy - sum(gy y)); the dot product in Acc as above. */
-template <class Acc> struct SoftmaxBwdOp {
+/* gx = y (gy - sum(gy y)); the dot product in double. */
+struct SoftmaxBwdOp {
     float *gx;
     const float *gy, *y;
     template <class G> __device__ void row(int64_t base, int64_t r, int64_t n, int64_t st) const {
-        Acc dot = 0;
-        for (int64_t c = G::lane(); c < n; c += G::size()) dot += (Acc)gy[base + c * st] * y[base + c * st];
+        double dot = 0;
+        for (int64_t c = G::lane(); c < n; c += G::size()) dot += (double)gy[base + c * st] * y[base + c * st];
         const float sf = (float)G::sum(dot);
         for (int64_t c = G::lane(); c < n; c += G::size()) {
             const int64_t k = base + c * st;
@@ -292,21 +294,19 @@ cudaError_t ts_cu_log_softmax_backward(float *gx, const float *gy, const float *
 }
 
 cudaError_t ts_cu_softmax(float *y, const float *x, int64_t outer, int64_t n, int64_t inner, cudaStream_t s) {
-    if (inner == 1) return launch_rows(SoftmaxOp<float>{y, x}, outer, n, inner, s);
-    return launch_rows(SoftmaxOp<double>{y, x}, outer, n, inner, s);
+    return launch_rows(SoftmaxOp{y, x}, outer, n, inner, s);
 }
 
 cudaError_t ts_cu_softmax_backward(float *gx, const float *gy, const float *y, int64_t outer, int64_t n, int64_t inner,
                                    cudaStream_t s) {
-    if (inner == 1) return launch_rows(SoftmaxBwdOp<float>{gx, gy, y}, outer, n, inner, s);
-    return launch_rows(SoftmaxBwdOp<double>{gx, gy, y}, outer, n, inner, s);
+    return launch_rows(SoftmaxBwdOp{gx, gy, y}, outer, n, inner, s);
 }
 
 namespace {
 
 /* ---- cross-entropy ------------------------------------------------------------------------------------------ */
-/* Row i of C logits at stride S: lse[i] = max + log sum exp (float, as the CPU), then (double)
- *   l_i = (1 - eps) w[t] (lse - x[t]) + eps / C sum_c w[c] (lse - x[c])
+/* Row i of C logits at stride S: lse[i] = (m, log s) (row_stats), then (double, device/k_elem.h)
+ *   l_i = (1 - eps) w[t] (lse - x[t]) + eps / C sum_c w[c] (lse - x[c]),  lse - x = (m - x) + log s
  * -> per[i] (NONE; NaN for a bad target) or part[i] = (l_i, w[t]) for the total; ignored and bad rows
  * give (0, 0) there, and a bad one makes the total NaN (finish_kernel). */
 struct CrossEntropyOp {
@@ -319,31 +319,25 @@ struct CrossEntropyOp {
     unsigned long long *bad;
     template <class G> __device__ void row(int64_t base, int64_t i, int64_t C, int64_t S) const {
         const float *xr = x + base;
-        float m = -INFINITY;
-        for (int64_t c = G::lane(); c < C; c += G::size()) m = fmaxf(m, xr[c * S]);
-        m = G::max(m);
-        float se = 0.0f;
-        for (int64_t c = G::lane(); c < C; c += G::size()) se += expf(xr[c * S] - m);
-        const float l = m + logf(G::sum(se));
+        float m;
+        const double ls = log(row_stats<G>(xr, C, S, NULL, &m));
         const int64_t ti = t[i];
         const bool ign = ti == ignore, ok = ti >= 0 && ti < C;
         double li = 0, wi = 0;
         if (!ign && ok) { /* the same for the whole group, so its reductions below are safe */
             wi = w ? (double)w[ti] : 1.0;
-            li = (1.0 - (double)eps) * wi * ((double)l - xr[ti * S]);
+            li = (1.0 - (double)eps) * wi * ts_elem_lse_minus(xr[ti * S], m, ls);
             if (eps != 0.0f) {
-                double sm = 0; /* sum_c w[c] (lse - x[c]), or without weights sum_c x[c] first */
-                if (w)
-                    for (int64_t c = G::lane(); c < C; c += G::size()) sm += (double)w[c] * ((double)l - xr[c * S]);
-                else
-                    for (int64_t c = G::lane(); c < C; c += G::size()) sm += xr[c * S];
+                double sm = 0; /* sum_c w[c] (lse - x[c]) */
+                for (int64_t c = G::lane(); c < C; c += G::size())
+                    sm += (w ? (double)w[c] : 1.0) * ts_elem_lse_minus(xr[c * S], m, ls);
                 sm = G::sum(sm);
-                if (!w) sm = (double)C * l - sm;
                 li += (double)eps * sm / (double)C;
             }
         }
         if (G::lane() != 0) return;
-        lse[i] = l;
+        lse[2 * i] = m;
+        lse[2 * i + 1] = (float)ls;
         if (!ign && !ok) atomicMin(bad, (unsigned long long)i); /* only the minimum matters: order-free */
         if (per) per[i] = !ign && !ok ? NAN : (float)li;
         if (part) part[i] = make_double2(li, wi);
@@ -415,7 +409,7 @@ __global__ void ce_backward_kernel(float *gx, const float *gloss, const float *x
             continue;
         }
         const float si = none ? gloss[i] : coef[0];
-        const float e = expf(x[k] - lse[i]);
+        const float e = expf(ts_elem_log_softmax(x[k], lse[2 * i], lse[2 * i + 1])); /* softmax */
         float v;
         if (!w) {
             v = si * (e - spread);

@@ -47,8 +47,8 @@ TS_CU_EXTERN_C cudaError_t ts_cu_softmax_backward(float *gx, const float *gy, co
 
 /* Cross-entropy over logits x (N, C, S) (rows i = n S + s), target t (N S), weight w (C) or NULL.
  * none: loss (N S) per sample; else loss [] = the sum, divided by the sum of w[t] over the samples
- * not ignored if mean. lse <- (N S). part: (N S) + TS_CU_MISC_PARTS pairs of doubles (unused
- * with none). A sample whose target is neither ignore nor in [0, C) makes its loss (none) or the
+ * not ignored if mean. lse <- (N S, 2): each row's max and log-sum-exp. part: (N S) +
+ * TS_CU_MISC_PARTS pairs of doubles (unused with none). A sample whose target is neither ignore nor in [0, C) makes its loss (none) or the
  * total NaN, and the first one goes to rec. */
 TS_CU_EXTERN_C cudaError_t ts_cu_cross_entropy(float *loss, float *lse, const float *x, const int64_t *t,
                                                const float *w, int64_t N, int64_t C, int64_t S, float eps,
