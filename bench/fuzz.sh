@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/fuzz.sh [BUILD] [RUNS] [TARGET...] — long libFuzzer runs of the parsers' targets (tests/fuzz/).
 #
-#   bench/fuzz.sh                         # build/, 1000000 inputs for each of ckpt idx image store safetensors
+#   bench/fuzz.sh                         # build/, 1000000 inputs for each of ckpt idx image store safetensors json
 #   bench/fuzz.sh build 5000000 image     # one target, longer
 #   TS_FUZZ_SECONDS=600 bench/fuzz.sh     # a time budget per target instead (-max_total_time)
 #
@@ -17,7 +17,7 @@ BUILD=${1:-build}
 RUNS=${2:-1000000}
 shift $(( $# > 2 ? 2 : $# ))
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(ckpt idx image store safetensors)
+[ ${#targets[@]} -gt 0 ] || targets=(ckpt idx image store safetensors json)
 [ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" --target fuzz >/dev/null || {
   echo "bench/fuzz.sh: no fuzz targets in $BUILD (clang with libFuzzer missing, or a sanitizer build?)" >&2

@@ -11,16 +11,17 @@
  * line up as well as the hosts' clocks agree (NTP: typically well under a
  * millisecond).
  *
- * The reader is a strict JSON parser (RFC 8259 syntax, nesting <= 64) that
- * keeps each event's text and only finds its "ts"; errors name the file, the
- * byte and what is wrong.
+ * The reader is the library's strict JSON reader (core/json.h: RFC 8259
+ * syntax, nesting <= 64), walked in place: each event's text is kept and only
+ * its "ts" found; errors name the file, the byte and what is wrong.
  */
 #include "cli.h"
 #include "commands.h"
 
+#include "core/json.h"
+
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -28,153 +29,8 @@
 #define TRACE_MAX_BYTES ((size_t)4 << 30) /* refuse larger inputs */
 #define TRACE_MAX_DEPTH 64
 
-/* ---- a strict JSON reader over one file's bytes ------------------------------------------------------ */
-typedef struct jr {
-    const char *p;
-    size_t n, i;
-    const char *file;
-    char err[512];
-} jr;
-
-static bool jr_fail(jr *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool jr_fail(jr *r, const char *fmt, ...) {
-    if (r->err[0]) return false;
-    char what[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    snprintf(r->err, sizeof r->err, "%s: not a trace: %s at byte %zu", r->file, what, r->i);
-    return false;
-}
-
-static void jr_ws(jr *r) {
-    while (r->i < r->n && (r->p[r->i] == ' ' || r->p[r->i] == '\t' || r->p[r->i] == '\n' || r->p[r->i] == '\r')) r->i++;
-}
-
-static bool jr_peek(jr *r, char c) {
-    jr_ws(r);
-    return r->i < r->n && r->p[r->i] == c;
-}
-
-static bool jr_expect(jr *r, char c) {
-    if (!jr_peek(r, c)) return jr_fail(r, "expected '%c'", c);
-    r->i++;
-    return true;
-}
-
-/* A string; [*a, *b) is its text between the quotes (escapes not decoded). */
-static bool jr_string(jr *r, size_t *a, size_t *b) {
-    if (!jr_expect(r, '"')) return false;
-    *a = r->i;
-    while (r->i < r->n && r->p[r->i] != '"') {
-        unsigned char c = (unsigned char)r->p[r->i];
-        if (c < 0x20) return jr_fail(r, "control character in a string");
-        if (c == '\\') {
-            if (++r->i >= r->n) break;
-            char e = r->p[r->i];
-            if (e == 'u') {
-                for (int k = 1; k <= 4; k++)
-                    if (r->i + k >= r->n || !strchr("0123456789abcdefABCDEF", r->p[r->i + k]) || !r->p[r->i + k])
-                        return jr_fail(r, "bad \\u escape");
-                r->i += 4;
-            } else if (!strchr("\"\\/bfnrt", e) || !e) {
-                return jr_fail(r, "bad escape");
-            }
-        }
-        r->i++;
-    }
-    if (r->i >= r->n) return jr_fail(r, "unterminated string");
-    *b = r->i++;
-    return true;
-}
-
-static bool jr_number(jr *r, double *v) {
-    jr_ws(r);
-    size_t s = r->i;
-    if (r->i < r->n && r->p[r->i] == '-') r->i++;
-    if (r->i >= r->n || r->p[r->i] < '0' || r->p[r->i] > '9') return jr_fail(r, "expected a value");
-    if (r->p[r->i] == '0') r->i++;
-    else while (r->i < r->n && r->p[r->i] >= '0' && r->p[r->i] <= '9') r->i++;
-    if (r->i < r->n && r->p[r->i] == '.') {
-        if (++r->i >= r->n || r->p[r->i] < '0' || r->p[r->i] > '9') return jr_fail(r, "bad number");
-        while (r->i < r->n && r->p[r->i] >= '0' && r->p[r->i] <= '9') r->i++;
-    }
-    if (r->i < r->n && (r->p[r->i] == 'e' || r->p[r->i] == 'E')) {
-        r->i++;
-        if (r->i < r->n && (r->p[r->i] == '+' || r->p[r->i] == '-')) r->i++;
-        if (r->i >= r->n || r->p[r->i] < '0' || r->p[r->i] > '9') return jr_fail(r, "bad number");
-        while (r->i < r->n && r->p[r->i] >= '0' && r->p[r->i] <= '9') r->i++;
-    }
-    char buf[64];
-    size_t len = r->i - s < sizeof buf - 1 ? r->i - s : sizeof buf - 1;
-    memcpy(buf, r->p + s, len);
-    buf[len] = '\0';
-    if (v) *v = strtod(buf, NULL);
-    return true;
-}
-
-static bool jr_value(jr *r, int depth);
-
-/* Calls member(key text, key length, ctx) with the reader at each member's value; member must consume
- * the value (NULL: skip every value). */
-typedef bool (*jr_member_fn)(jr *r, const char *key, size_t klen, void *ctx, int depth);
-
-static bool jr_object(jr *r, int depth, jr_member_fn member, void *ctx) {
-    if (depth > TRACE_MAX_DEPTH) return jr_fail(r, "nested more than %d deep", TRACE_MAX_DEPTH);
-    if (!jr_expect(r, '{')) return false;
-    if (jr_peek(r, '}')) {
-        r->i++;
-        return true;
-    }
-    for (;;) {
-        size_t a, b;
-        if (!jr_string(r, &a, &b) || !jr_expect(r, ':')) return false;
-        if (!(member ? member(r, r->p + a, b - a, ctx, depth + 1) : jr_value(r, depth + 1))) return false;
-        if (jr_peek(r, ',')) {
-            r->i++;
-            continue;
-        }
-        return jr_expect(r, '}');
-    }
-}
-
-static bool jr_value(jr *r, int depth) {
-    if (depth > TRACE_MAX_DEPTH) return jr_fail(r, "nested more than %d deep", TRACE_MAX_DEPTH);
-    jr_ws(r);
-    if (r->i >= r->n) return jr_fail(r, "unexpected end of file");
-    char c = r->p[r->i];
-    size_t a, b;
-    if (c == '{') return jr_object(r, depth, NULL, NULL);
-    if (c == '"') return jr_string(r, &a, &b);
-    if (c == '[') {
-        r->i++;
-        if (jr_peek(r, ']')) {
-            r->i++;
-            return true;
-        }
-        for (;;) {
-            if (!jr_value(r, depth + 1)) return false;
-            if (jr_peek(r, ',')) {
-                r->i++;
-                continue;
-            }
-            return jr_expect(r, ']');
-        }
-    }
-    static const char *const words[] = {"true", "false", "null"};
-    for (int k = 0; k < 3; k++) {
-        size_t len = strlen(words[k]);
-        if (r->n - r->i >= len && memcmp(r->p + r->i, words[k], len) == 0) {
-            r->i += len;
-            return true;
-        }
-    }
-    return jr_number(r, NULL);
-}
-
-static bool key_is(const char *key, size_t klen, const char *want) {
-    return strlen(want) == klen && memcmp(key, want, klen) == 0;
+static bool key_is(const char *text, size_t a, size_t b, const char *want) {
+    return strlen(want) == b - a && memcmp(text + a, want, b - a) == 0;
 }
 
 /* ---- one input trace ------------------------------------------------------------------------------- */
@@ -188,39 +44,51 @@ typedef struct trace_in {
     int64_t rank;
 } trace_in;
 
-static bool other_member(jr *r, const char *key, size_t klen, void *ctx, int depth) {
-    trace_in *t = ctx;
-    if (key_is(key, klen, "wall_clock_zero_us")) {
-        if (!jr_number(r, &t->zero_us)) return false;
-        t->has_zero = isfinite(t->zero_us);
-        return true;
+/* otherData: wall_clock_zero_us and rank. */
+static ts_status read_other(ts__json *j, trace_in *t) {
+    if (ts__json_peek(j) != TS__JSON_OBJECT) return ts__json_error(j, "otherData is not an object");
+    TS_TRY(ts__json_enter(j, '{'));
+    for (bool first = true, more;; first = false) {
+        size_t a, b;
+        TS_TRY(ts__json_next(j, '}', first, &more));
+        if (!more) return TS_OK;
+        TS_TRY(ts__json_key_span(j, &a, &b));
+        if (key_is(j->s, a, b, "wall_clock_zero_us") && ts__json_peek(j) == TS__JSON_NUMBER) {
+            TS_TRY(ts__json_number(j, &t->zero_us, NULL, NULL));
+            t->has_zero = isfinite(t->zero_us);
+        } else if (key_is(j->s, a, b, "rank") && ts__json_peek(j) == TS__JSON_NUMBER) {
+            double v;
+            TS_TRY(ts__json_number(j, &v, NULL, NULL));
+            t->has_rank = v >= 0 && v < 1e9 && v == floor(v);
+            t->rank = (int64_t)v;
+        } else {
+            TS_TRY(ts__json_skip(j));
+        }
     }
-    if (key_is(key, klen, "rank") && !jr_peek(r, '"')) {
-        double v;
-        if (!jr_number(r, &v)) return false;
-        t->has_rank = v >= 0 && v < 1e9 && v == floor(v);
-        t->rank = (int64_t)v;
-        return true;
-    }
-    return jr_value(r, depth);
 }
 
-static bool top_member(jr *r, const char *key, size_t klen, void *ctx, int depth) {
-    trace_in *t = ctx;
-    if (key_is(key, klen, "traceEvents")) {
-        if (!jr_peek(r, '[')) return jr_fail(r, "traceEvents is not an array");
-        size_t start = r->i + 1;
-        if (!jr_value(r, depth)) return false;
-        t->events_at = start;
-        t->events_end = r->i - 1;
-        t->has_events = true;
-        return true;
+/* The trace's object: traceEvents (its text's span kept) and otherData; the rest skipped. */
+static ts_status read_top(ts__json *j, trace_in *t) {
+    if (ts__json_peek(j) != TS__JSON_OBJECT) return ts__json_error(j, "expected a JSON object with traceEvents");
+    TS_TRY(ts__json_enter(j, '{'));
+    for (bool first = true, more;; first = false) {
+        size_t a, b;
+        TS_TRY(ts__json_next(j, '}', first, &more));
+        if (!more) break;
+        TS_TRY(ts__json_key_span(j, &a, &b));
+        if (key_is(j->s, a, b, "traceEvents")) {
+            if (ts__json_peek(j) != TS__JSON_ARRAY) return ts__json_error(j, "traceEvents is not an array");
+            t->events_at = j->pos + 1;
+            TS_TRY(ts__json_skip(j));
+            t->events_end = j->pos - 1;
+            t->has_events = true;
+        } else if (key_is(j->s, a, b, "otherData")) {
+            TS_TRY(read_other(j, t));
+        } else {
+            TS_TRY(ts__json_skip(j));
+        }
     }
-    if (key_is(key, klen, "otherData")) {
-        if (!jr_peek(r, '{')) return jr_fail(r, "otherData is not an object");
-        return jr_object(r, depth, other_member, t);
-    }
-    return jr_value(r, depth);
+    return ts__json_end(j, "the trace's object");
 }
 
 /* Reads and checks one input; returns 0 or prints the error and returns 1. */
@@ -245,15 +113,10 @@ static int trace_read(trace_in *t) {
     }
     fclose(f);
     t->text[t->size] = '\0';
-    jr r = {t->text, t->size, 0, t->file, ""};
-    if (!jr_peek(&r, '{')) {
-        jr_fail(&r, "expected a JSON object with traceEvents");
-    } else if (jr_object(&r, 0, top_member, t)) {
-        jr_ws(&r);
-        if (r.i != r.n) jr_fail(&r, "text after the trace's object");
-    }
-    if (r.err[0]) {
-        fprintf(stderr, "tessera trace merge: %s\n", r.err);
+    ts__json j;
+    ts__json_init(&j, t->text, t->size, t->file, "not a trace", TRACE_MAX_DEPTH);
+    if (read_top(&j, t) != TS_OK) {
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         return 1;
     }
     if (!t->has_events) {
@@ -269,48 +132,45 @@ static int trace_read(trace_in *t) {
 }
 
 /* ---- the merged file -------------------------------------------------------------------------------- */
-typedef struct out_ctx {
-    FILE *f;
-    double shift_us;
-    size_t copied; /* the event's text up to here is written */
-    const char *text;
-} out_ctx;
-
-/* At the event's "ts": writes the text before the value, then the moved value. */
-static bool event_member(jr *r, const char *key, size_t klen, void *ctx, int depth) {
-    out_ctx *o = ctx;
-    if (!key_is(key, klen, "ts") || jr_peek(r, '"')) return jr_value(r, depth);
-    double ts;
-    jr_ws(r);
-    size_t at = r->i;
-    if (!jr_number(r, &ts)) return false;
-    fwrite(o->text + o->copied, 1, at - o->copied, o->f);
-    fprintf(o->f, "%.3f", ts + o->shift_us);
-    o->copied = r->i;
-    return true;
+/* One event object: its text with "ts" moved by shift_us, from *copied (the text before it is written). */
+static ts_status write_event(ts__json *j, FILE *f, double shift_us, size_t *copied) {
+    TS_TRY(ts__json_enter(j, '{'));
+    for (bool first = true, more;; first = false) {
+        size_t a, b;
+        TS_TRY(ts__json_next(j, '}', first, &more));
+        if (!more) return TS_OK;
+        TS_TRY(ts__json_key_span(j, &a, &b));
+        if (!key_is(j->s, a, b, "ts") || ts__json_peek(j) != TS__JSON_NUMBER) {
+            TS_TRY(ts__json_skip(j));
+            continue;
+        }
+        double ts;
+        TS_TRY(ts__json_number(j, &ts, &a, &b));
+        fwrite(j->s + *copied, 1, a - *copied, f);
+        fprintf(f, "%.3f", ts + shift_us);
+        *copied = b;
+    }
 }
 
 /* Writes t's events with their ts moved by shift_us; *first: no comma before the first event. */
 static int write_events(FILE *f, trace_in *t, double shift_us, bool *first, int64_t *count) {
-    jr r = {t->text, t->events_end, t->events_at, t->file, ""};
-    for (;;) {
-        jr_ws(&r);
-        if (r.i >= r.n) break;
-        size_t start = r.i;
-        out_ctx o = {f, shift_us, start, t->text};
+    ts__json j;
+    ts__json_init(&j, t->text, t->events_end, t->file, "not a trace", TRACE_MAX_DEPTH);
+    j.pos = t->events_at;
+    ts_status st = TS_OK;
+    while (st == TS_OK && ts__json_peek(&j) != TS__JSON_NONE) {
+        size_t copied = j.pos;
         if (!*first) fputs(",\n", f);
         *first = false;
-        if (jr_peek(&r, '{')) {
-            if (!jr_object(&r, 0, event_member, &o)) break;
-        } else if (!jr_value(&r, 0)) { /* not an event object: copied as it is */
-            break;
-        }
-        fwrite(t->text + o.copied, 1, r.i - o.copied, f);
+        if (ts__json_peek(&j) == TS__JSON_OBJECT) st = write_event(&j, f, shift_us, &copied);
+        else st = ts__json_skip(&j); /* not an event object: copied as it is */
+        if (st != TS_OK) break;
+        fwrite(t->text + copied, 1, j.pos - copied, f);
         ++*count;
-        if (jr_peek(&r, ',')) r.i++;
+        ts__json_eat(&j, ',');
     }
-    if (r.err[0]) {
-        fprintf(stderr, "tessera trace merge: %s\n", r.err);
+    if (st != TS_OK) {
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         return 1;
     }
     return 0;

@@ -12,11 +12,10 @@
  * Reading under hostile input, in this order, before any tensor is allocated:
  *   1. the 8-byte length N: at most TS_SAFETENSORS_MAX_HEADER and within the file;
  *   2. the N header bytes: valid UTF-8 (no overlong forms, surrogates or code points past
- *      U+10FFFF), then one JSON object parsed by a small recursive-descent parser for this
- *      subset: strings with every JSON escape (surrogate pairs joined, \u0000 refused since
- *      names are C strings), integers for shapes and offsets (non-negative, below 2^63, no
- *      fraction or exponent), other values of a tensor's entry skipped (depth at most 64),
- *      only whitespace after the object;
+ *      U+10FFFF), then one JSON object read by core/json.h's strict reader: strings with every
+ *      JSON escape (surrogate pairs joined, \u0000 refused since names are C strings), integers
+ *      for shapes and offsets (non-negative, below 2^63, no fraction or exponent), other values
+ *      of a tensor's entry skipped (nesting at most 64), only whitespace after the object;
  *   3. per tensor: a known dtype that Tessera can hold, at most TS_MAX_DIMS dimensions, the
  *      non-zero sizes multiplying to at most the data's bytes (2^40 for an empty tensor), and
  *      numel x size == end - begin;
@@ -31,6 +30,8 @@
 #include "io/ckpt_internal.h"
 #include "io/safetensors_internal.h"
 
+#include "core/json.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -39,7 +40,7 @@
 #error "safetensors.c reads and writes tensors' raw bytes and assumes a little-endian host"
 #endif
 
-#define ST_MAX_DEPTH 64             /* nesting of skipped JSON values */
+#define ST_MAX_DEPTH 64             /* nesting of the header's JSON values */
 #define ST_EMPTY_LIMIT ((uint64_t)1 << 40) /* non-zero sizes of an empty tensor multiply to at most this */
 #define ST_CHUNK 65536
 
@@ -124,37 +125,6 @@ void ts_safetensors_meta_clear(ts_safetensors_meta *m) {
     free(m->keys);
     free(m->values);
     *m = TS_SAFETENSORS_META_INIT;
-}
-
-/* ---- UTF-8 ---------------------------------------------------------------------------------------------- */
-/* Whether s[0..n) is valid UTF-8 (RFC 3629: shortest forms, no surrogates, at most U+10FFFF);
- * *bad gets the offset of the first invalid byte. */
-static bool utf8_valid(const unsigned char *s, size_t n, size_t *bad) {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t len;
-        uint32_t cp, min;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xe0) == 0xc0) {
-            len = 2, cp = c & 0x1f, min = 0x80;
-        } else if ((c & 0xf0) == 0xe0) {
-            len = 3, cp = c & 0x0f, min = 0x800;
-        } else if ((c & 0xf8) == 0xf0) {
-            len = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            break;
-        }
-        if (n - i < len) break;
-        size_t k = 1;
-        for (; k < len && (s[i + k] & 0xc0) == 0x80; k++) cp = (cp << 6) | (s[i + k] & 0x3f);
-        if (k < len || cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) break;
-        i += len;
-    }
-    if (bad) *bad = i;
-    return i == n;
 }
 
 /* ---- JSON output ----------------------------------------------------------------------------------------- */
@@ -255,7 +225,7 @@ static ts_status save_check(const char *path, const ts_tensor_list *l, const ts_
         else if (strcmp(name, "__metadata__") == 0)
             st = ts_error(TS_ERR_INVALID_ARG, "%s: a tensor cannot be named '__metadata__' (the header's metadata key)",
                           path);
-        else if (!utf8_valid((const unsigned char *)name, strlen(name), &bad))
+        else if (!ts__utf8_valid((const unsigned char *)name, strlen(name), &bad))
             st = ts_error(TS_ERR_INVALID_ARG, "%s: tensor name '%s' is not valid UTF-8 (byte %zu)", path,
                           ts__printable(name, nb, sizeof nb), bad);
         else if (st_of_ts(ts_tensor_dtype(l->tensors[i])) < 0)
@@ -275,8 +245,8 @@ static ts_status save_check(const char *path, const ts_tensor_list *l, const ts_
         const char *k = meta->keys[i], *v = meta->values[i];
         if (!k || !v)
             st = ts_error(TS_ERR_INVALID_ARG, "%s: metadata entry %d has no key or value", path, i);
-        else if (!utf8_valid((const unsigned char *)k, strlen(k), &bad) ||
-                 !utf8_valid((const unsigned char *)v, strlen(v), &bad))
+        else if (!ts__utf8_valid((const unsigned char *)k, strlen(k), &bad) ||
+                 !ts__utf8_valid((const unsigned char *)v, strlen(v), &bad))
             st = ts_error(TS_ERR_INVALID_ARG, "%s: metadata '%s' is not valid UTF-8", path,
                           ts__printable(k, nb, sizeof nb));
     }
@@ -380,7 +350,7 @@ ts_status ts_safetensors_save(const char *path, const ts_tensor_list *l, const t
     return ts__atomic_close(path, tmp, f, st, werr);
 }
 
-/* ---- JSON input ------------------------------------------------------------------------------------------ */
+/* ---- JSON input (core/json.h's reader) ----------------------------------------------------------------- */
 typedef struct st_entry {
     char *name; /* owned */
     int dt;     /* index into st_dtypes */
@@ -390,8 +360,7 @@ typedef struct st_entry {
 } st_entry;
 
 typedef struct st_parser {
-    const char *s; /* the header (NUL-terminated copy) */
-    size_t n, pos;
+    ts__json j; /* over the header; errors read "<path>: malformed header: ... at byte N of M" */
     const char *path;
     uint64_t data_len;
     st_entry *e;
@@ -400,239 +369,7 @@ typedef struct st_parser {
     bool seen_meta;
 } st_parser;
 
-static ts_status syntax(st_parser *p, const char *what) {
-    char near[40];
-    size_t k = 0;
-    for (size_t i = p->pos; i < p->n && k < 16; i++, k++) near[k] = p->s[i];
-    near[k] = '\0';
-    char nb[80];
-    return ts_error(TS_ERR_FORMAT, "%s: malformed header: %s at byte %zu of %zu (near '%s')", p->path, what, p->pos,
-                    p->n, ts__printable(near, nb, sizeof nb));
-}
-
-static void skip_ws(st_parser *p) {
-    while (p->pos < p->n && (p->s[p->pos] == ' ' || p->s[p->pos] == '\t' || p->s[p->pos] == '\n' || p->s[p->pos] == '\r'))
-        p->pos++;
-}
-
-/* After skipping whitespace, consumes c when it is next. */
-static bool eat(st_parser *p, char c) {
-    skip_ws(p);
-    if (p->pos < p->n && p->s[p->pos] == c) {
-        p->pos++;
-        return true;
-    }
-    return false;
-}
-
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static bool read_hex4(st_parser *p, uint32_t *v) {
-    if (p->n - p->pos < 4) return false;
-    uint32_t x = 0;
-    for (int i = 0; i < 4; i++) {
-        int h = hexval(p->s[p->pos + (size_t)i]);
-        if (h < 0) return false;
-        x = x << 4 | (uint32_t)h;
-    }
-    p->pos += 4;
-    *v = x;
-    return true;
-}
-
-/* A JSON string at pos (after whitespace); *out (may be NULL: skip) gets a malloc'ed, decoded copy.
- * The header is valid UTF-8 already; decoding only shrinks, so n + 1 bytes suffice. */
-static ts_status parse_string(st_parser *p, char **out) {
-    skip_ws(p);
-    if (p->pos >= p->n || p->s[p->pos] != '"') return syntax(p, "expected a string");
-    p->pos++;
-    char *o = NULL;
-    size_t k = 0;
-    if (out) {
-        size_t start = p->pos, end = start;
-        while (end < p->n && p->s[end] != '"') end += p->s[end] == '\\' ? 2 : 1;
-        if (!(o = ts__malloc((end > p->n ? p->n : end) - start + 1))) return TS_ERR_NOMEM;
-    }
-    ts_status st = TS_OK;
-    for (;;) {
-        if (p->pos >= p->n) {
-            st = syntax(p, "unterminated string");
-            break;
-        }
-        unsigned char c = (unsigned char)p->s[p->pos];
-        if (c == '"') {
-            p->pos++;
-            break;
-        }
-        if (c < 0x20) {
-            st = syntax(p, "control character in a string");
-            break;
-        }
-        if (c != '\\') {
-            if (o) o[k++] = (char)c;
-            p->pos++;
-            continue;
-        }
-        p->pos++;
-        char e = p->pos < p->n ? p->s[p->pos++] : '\0';
-        char lit = 0;
-        switch (e) {
-        case '"': lit = '"'; break;
-        case '\\': lit = '\\'; break;
-        case '/': lit = '/'; break;
-        case 'b': lit = '\b'; break;
-        case 'f': lit = '\f'; break;
-        case 'n': lit = '\n'; break;
-        case 'r': lit = '\r'; break;
-        case 't': lit = '\t'; break;
-        case 'u': break;
-        default: st = syntax(p, "bad escape in a string"); break;
-        }
-        if (st != TS_OK) break;
-        if (lit) {
-            if (o) o[k++] = lit;
-            continue;
-        }
-        uint32_t cp = 0, lo = 0;
-        if (!read_hex4(p, &cp)) {
-            st = syntax(p, "bad \\u escape");
-            break;
-        }
-        if (cp >= 0xdc00 && cp <= 0xdfff) {
-            st = syntax(p, "lone low surrogate in a \\u escape");
-            break;
-        }
-        if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
-                st = syntax(p, "high surrogate without its low half");
-                break;
-            }
-            p->pos += 2;
-            if (!read_hex4(p, &lo) || lo < 0xdc00 || lo > 0xdfff) {
-                st = syntax(p, "bad low surrogate in a \\u escape");
-                break;
-            }
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-        }
-        if (cp == 0) {
-            st = syntax(p, "\\u0000 (NUL) in a string");
-            break;
-        }
-        if (!o) continue;
-        /* at most 4 bytes for the 6 or 12 of the escape */
-        if (cp < 0x80) {
-            o[k++] = (char)cp;
-        } else if (cp < 0x800) {
-            o[k++] = (char)(0xc0 | cp >> 6);
-            o[k++] = (char)(0x80 | (cp & 0x3f));
-        } else if (cp < 0x10000) {
-            o[k++] = (char)(0xe0 | cp >> 12);
-            o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-            o[k++] = (char)(0x80 | (cp & 0x3f));
-        } else {
-            o[k++] = (char)(0xf0 | cp >> 18);
-            o[k++] = (char)(0x80 | ((cp >> 12) & 0x3f));
-            o[k++] = (char)(0x80 | ((cp >> 6) & 0x3f));
-            o[k++] = (char)(0x80 | (cp & 0x3f));
-        }
-    }
-    if (st != TS_OK) {
-        free(o);
-        return st;
-    }
-    if (o) {
-        o[k] = '\0';
-        *out = o;
-    }
-    return TS_OK;
-}
-
-/* A non-negative integer below 2^63 (JSON grammar: no leading zeros, sign, fraction or exponent). */
-static ts_status parse_uint(st_parser *p, const char *what, uint64_t *v) {
-    skip_ws(p);
-    size_t start = p->pos;
-    uint64_t x = 0;
-    if (p->pos < p->n && p->s[p->pos] == '0') {
-        p->pos++;
-    } else {
-        while (p->pos < p->n && p->s[p->pos] >= '0' && p->s[p->pos] <= '9') {
-            unsigned d = (unsigned)(p->s[p->pos] - '0');
-            if (x > ((uint64_t)INT64_MAX - d) / 10) {
-                p->pos = start;
-                return syntax(p, "integer too large");
-            }
-            x = x * 10 + d;
-            p->pos++;
-        }
-    }
-    if (p->pos == start || (p->pos < p->n && memchr(".eE0123456789-+", p->s[p->pos], 15))) {
-        char msg[96];
-        snprintf(msg, sizeof msg, "expected a non-negative integer in %s", what);
-        p->pos = start;
-        return syntax(p, msg);
-    }
-    *v = x;
-    return TS_OK;
-}
-
-/* Skips any JSON value (a tensor entry's unknown field). */
-static ts_status skip_value(st_parser *p, int depth) {
-    if (depth > ST_MAX_DEPTH) return syntax(p, "values nested too deeply");
-    skip_ws(p);
-    if (p->pos >= p->n) return syntax(p, "expected a value");
-    char c = p->s[p->pos];
-    if (c == '"') return parse_string(p, NULL);
-    if (c == '{' || c == '[') {
-        char close = c == '{' ? '}' : ']';
-        p->pos++;
-        if (eat(p, close)) return TS_OK;
-        do {
-            if (c == '{') {
-                TS_TRY(parse_string(p, NULL));
-                if (!eat(p, ':')) return syntax(p, "expected ':'");
-            }
-            TS_TRY(skip_value(p, depth + 1));
-        } while (eat(p, ','));
-        return eat(p, close) ? TS_OK : syntax(p, c == '{' ? "expected ',' or '}'" : "expected ',' or ']'");
-    }
-    static const char *lits[] = {"true", "false", "null"};
-    for (int i = 0; i < 3; i++) {
-        size_t l = strlen(lits[i]);
-        if (p->n - p->pos >= l && memcmp(p->s + p->pos, lits[i], l) == 0) {
-            p->pos += l;
-            return TS_OK;
-        }
-    }
-    /* a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
-    size_t i = p->pos;
-    if (i < p->n && p->s[i] == '-') i++;
-    if (i < p->n && p->s[i] == '0') {
-        i++;
-    } else if (i < p->n && p->s[i] >= '1' && p->s[i] <= '9') {
-        while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9') i++;
-    } else {
-        return syntax(p, "expected a value");
-    }
-    if (i < p->n && p->s[i] == '.') {
-        size_t d = ++i;
-        while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9') i++;
-        if (i == d) return syntax(p, "bad number");
-    }
-    if (i < p->n && (p->s[i] == 'e' || p->s[i] == 'E')) {
-        i++;
-        if (i < p->n && (p->s[i] == '+' || p->s[i] == '-')) i++;
-        size_t d = i;
-        while (i < p->n && p->s[i] >= '0' && p->s[i] <= '9') i++;
-        if (i == d) return syntax(p, "bad number");
-    }
-    p->pos = i;
-    return TS_OK;
-}
+static ts_status syntax(st_parser *p, const char *what) { return ts__json_error(&p->j, "%s", what); }
 
 /* Appends (k, v) to m, taking both (freed on failure); no lookup: duplicates are found by sorting. */
 static ts_status meta_push(ts_safetensors_meta *m, char *k, char *v) {
@@ -660,32 +397,30 @@ static int cmp_str_ptr(const void *a, const void *b) { return strcmp(*(char *con
 static ts_status parse_meta(st_parser *p) {
     if (p->seen_meta) return syntax(p, "a second \"__metadata__\"");
     p->seen_meta = true;
-    skip_ws(p);
-    if (p->n - p->pos >= 4 && memcmp(p->s + p->pos, "null", 4) == 0) {
-        p->pos += 4;
+    ts__json *j = &p->j;
+    if (ts__json_peek(j) == TS__JSON_LITERAL && j->n - j->pos >= 4 && memcmp(j->s + j->pos, "null", 4) == 0) {
+        j->pos += 4;
         return TS_OK;
     }
-    if (!eat(p, '{')) return syntax(p, "\"__metadata__\" is not an object");
-    if (eat(p, '}')) return TS_OK;
+    if (ts__json_peek(j) != TS__JSON_OBJECT) return syntax(p, "\"__metadata__\" is not an object");
+    TS_TRY(ts__json_enter(j, '{'));
     ts_safetensors_meta *m = p->meta;
     ts_status st = TS_OK;
-    do {
+    bool more = true;
+    for (bool first = true; st == TS_OK; first = false) {
+        st = ts__json_next(j, '}', first, &more);
+        if (st != TS_OK || !more) break;
         char *k = NULL, *v = NULL;
-        st = parse_string(p, &k);
-        if (st == TS_OK && !eat(p, ':')) st = syntax(p, "expected ':'");
-        if (st == TS_OK) {
-            skip_ws(p);
-            if (p->pos >= p->n || p->s[p->pos] != '"') st = syntax(p, "a \"__metadata__\" value is not a string");
-        }
-        if (st == TS_OK) st = parse_string(p, &v);
+        st = ts__json_key(j, &k);
+        if (st == TS_OK && ts__json_peek(j) != TS__JSON_STRING) st = syntax(p, "a \"__metadata__\" value is not a string");
+        if (st == TS_OK) st = ts__json_string(j, &v);
         if (st == TS_OK) {
             st = meta_push(m, k, v);
         } else {
             free(k);
             free(v);
         }
-    } while (st == TS_OK && eat(p, ','));
-    if (st == TS_OK && !eat(p, '}')) st = syntax(p, "expected ',' or '}' in \"__metadata__\"");
+    }
     if (st != TS_OK || m->n < 2) return st;
     char **keys = ts__malloc(sizeof *keys * (size_t)m->n);
     if (!keys) return TS_ERR_NOMEM;
@@ -707,124 +442,128 @@ static ts_status entry_error(st_parser *p, ts_status s, const char *name, const 
     return ts_error(s, "%s: tensor '%s': %s", p->path, ts__printable(name, nb, sizeof nb), msg);
 }
 
+/* "dtype": a known name that Tessera can hold, into e->dt. */
+static ts_status parse_dtype(st_parser *p, st_entry *e) {
+    char *dt = NULL;
+    TS_TRY(ts__json_string(&p->j, &dt));
+    e->dt = -1;
+    for (int i = 0; i < (int)TS_ARRAY_LEN(st_dtypes); i++)
+        if (strcmp(dt, st_dtypes[i].name) == 0) e->dt = i;
+    ts_status st = TS_OK;
+    char db[64];
+    if (e->dt < 0)
+        st = entry_error(p, TS_ERR_FORMAT, e->name, "unknown dtype '%s'", ts__printable(dt, db, sizeof db));
+    else if (st_dtypes[e->dt].to < 0)
+        st = entry_error(p, TS_ERR_UNSUPPORTED, e->name,
+                         "dtype %s has no Tessera equivalent (supported: F32, F16, BF16, F64, I64, I32, I16, I8, U64, "
+                         "U32, U16, U8, BOOL)",
+                         dt);
+    free(dt);
+    return st;
+}
+
+/* "shape" (which 1) or "data_offsets" (2): an array of integers below 2^63 into e. */
+static ts_status parse_ints(st_parser *p, st_entry *e, int which) {
+    uint64_t v[TS_MAX_DIMS + 1];
+    int k = 0;
+    const char *what = which == 1 ? "shape" : "data_offsets";
+    if (ts__json_peek(&p->j) != TS__JSON_ARRAY)
+        return entry_error(p, TS_ERR_FORMAT, e->name, "\"%s\" is not an array", what);
+    TS_TRY(ts__json_enter(&p->j, '['));
+    for (bool first = true, more;; first = false) {
+        TS_TRY(ts__json_next(&p->j, ']', first, &more));
+        if (!more) break;
+        TS_TRY(ts__json_u64(&p->j, (uint64_t)INT64_MAX, what, &v[k]));
+        if (++k == TS_MAX_DIMS + 1) {
+            char lim[16];
+            snprintf(lim, sizeof lim, "%d", which == 1 ? TS_MAX_DIMS : 2);
+            return entry_error(p, which == 1 ? TS_ERR_UNSUPPORTED : TS_ERR_FORMAT, e->name,
+                               which == 1 ? "more than %s dimensions (Tessera's limit)"
+                                          : "\"data_offsets\" holds more than %s integers",
+                               lim);
+        }
+    }
+    if (which == 1) {
+        e->ndim = k;
+        for (int d = 0; d < k; d++) e->shape[d] = (int64_t)v[d];
+        return TS_OK;
+    }
+    if (k != 2)
+        return entry_error(p, TS_ERR_FORMAT, e->name, "%s", "\"data_offsets\" must hold exactly two integers [begin, end]");
+    e->begin = v[0];
+    e->end = v[1];
+    return TS_OK;
+}
+
 /* One tensor's entry: {"dtype": ..., "shape": [...], "data_offsets": [b, e], other fields skipped}. */
 static ts_status parse_entry(st_parser *p, st_entry *e) {
-    if (!eat(p, '{')) return entry_error(p, TS_ERR_FORMAT, e->name, "%s", "its entry is not an object");
+    static const char *const fields[3] = {"dtype", "shape", "data_offsets"};
+    if (ts__json_peek(&p->j) != TS__JSON_OBJECT)
+        return entry_error(p, TS_ERR_FORMAT, e->name, "%s", "its entry is not an object");
+    TS_TRY(ts__json_enter(&p->j, '{'));
     bool have[3] = {false, false, false};
-    if (!eat(p, '}')) {
-        do {
-            char *key = NULL;
-            TS_TRY(parse_string(p, &key));
-            int which = strcmp(key, "dtype") == 0 ? 0 : strcmp(key, "shape") == 0 ? 1
-                      : strcmp(key, "data_offsets") == 0 ? 2 : -1;
-            free(key);
-            if (!eat(p, ':')) return syntax(p, "expected ':'");
-            if (which < 0) {
-                TS_TRY(skip_value(p, 1));
-                continue;
-            }
-            if (have[which])
-                return entry_error(p, TS_ERR_FORMAT, e->name, "duplicate field \"%s\"",
-                                   which == 0 ? "dtype" : which == 1 ? "shape" : "data_offsets");
-            have[which] = true;
-            if (which == 0) {
-                char *dt = NULL;
-                TS_TRY(parse_string(p, &dt));
-                e->dt = -1;
-                for (int i = 0; i < (int)TS_ARRAY_LEN(st_dtypes); i++)
-                    if (strcmp(dt, st_dtypes[i].name) == 0) e->dt = i;
-                ts_status st = TS_OK;
-                char db[64];
-                if (e->dt < 0)
-                    st = entry_error(p, TS_ERR_FORMAT, e->name, "unknown dtype '%s'", ts__printable(dt, db, sizeof db));
-                else if (st_dtypes[e->dt].to < 0)
-                    st = entry_error(p, TS_ERR_UNSUPPORTED, e->name,
-                                     "dtype %s has no Tessera equivalent (supported: F32, F16, BF16, F64, I64, I32, "
-                                     "I16, I8, U64, U32, U16, U8, BOOL)",
-                                     dt);
-                free(dt);
-                if (st != TS_OK) return st;
-            } else {
-                uint64_t v[TS_MAX_DIMS + 1];
-                int k = 0;
-                const char *what = which == 1 ? "shape" : "data_offsets";
-                if (!eat(p, '[')) return entry_error(p, TS_ERR_FORMAT, e->name, "\"%s\" is not an array", what);
-                if (!eat(p, ']')) {
-                    do {
-                        if (k == TS_MAX_DIMS + 1) break;
-                        TS_TRY(parse_uint(p, what, &v[k]));
-                        k++;
-                    } while (eat(p, ','));
-                    if (k == TS_MAX_DIMS + 1) {
-                        char lim[16];
-                        snprintf(lim, sizeof lim, "%d", which == 1 ? TS_MAX_DIMS : 2);
-                        return entry_error(p, which == 1 ? TS_ERR_UNSUPPORTED : TS_ERR_FORMAT, e->name,
-                                           which == 1 ? "more than %s dimensions (Tessera's limit)"
-                                                      : "\"data_offsets\" holds more than %s integers",
-                                           lim);
-                    }
-                    if (!eat(p, ']')) return syntax(p, "expected ',' or ']'");
-                }
-                if (which == 1) {
-                    e->ndim = k;
-                    for (int d = 0; d < k; d++) e->shape[d] = (int64_t)v[d];
-                } else {
-                    if (k != 2)
-                        return entry_error(p, TS_ERR_FORMAT, e->name, "%s",
-                                           "\"data_offsets\" must hold exactly two integers [begin, end]");
-                    e->begin = v[0];
-                    e->end = v[1];
-                }
-            }
-        } while (eat(p, ','));
-        if (!eat(p, '}')) return syntax(p, "expected ',' or '}'");
+    for (bool first = true, more;; first = false) {
+        TS_TRY(ts__json_next(&p->j, '}', first, &more));
+        if (!more) break;
+        char *key = NULL;
+        TS_TRY(ts__json_key(&p->j, &key));
+        int which = -1;
+        for (int i = 0; i < 3; i++)
+            if (strcmp(key, fields[i]) == 0) which = i;
+        free(key);
+        if (which < 0) {
+            TS_TRY(ts__json_skip(&p->j));
+            continue;
+        }
+        if (have[which]) return entry_error(p, TS_ERR_FORMAT, e->name, "duplicate field \"%s\"", fields[which]);
+        have[which] = true;
+        TS_TRY(which == 0 ? parse_dtype(p, e) : parse_ints(p, e, which));
     }
-    static const char *fields[3] = {"dtype", "shape", "data_offsets"};
     for (int i = 0; i < 3; i++)
         if (!have[i]) return entry_error(p, TS_ERR_FORMAT, e->name, "missing field \"%s\"", fields[i]);
     return TS_OK;
 }
 
+/* A new entry named name (taking it) at the end of p->e. */
+static ts_status new_entry(st_parser *p, char *name, st_entry **out) {
+    if (p->ne == p->cap) {
+        int cap = p->cap ? p->cap * 2 : 64;
+        st_entry *ne = ts__realloc(p->e, sizeof *ne * (size_t)cap);
+        if (!ne) {
+            free(name);
+            return TS_ERR_NOMEM;
+        }
+        p->e = ne;
+        p->cap = cap;
+    }
+    st_entry *e = &p->e[p->ne++];
+    memset(e, 0, sizeof *e);
+    e->name = name;
+    *out = e;
+    return TS_OK;
+}
+
 /* The whole header: one object, then only whitespace. */
 static ts_status parse_header(st_parser *p) {
-    if (!eat(p, '{')) return syntax(p, "the header is not a JSON object");
-    if (eat(p, '}')) goto end;
-    do {
+    if (ts__json_peek(&p->j) != TS__JSON_OBJECT) return syntax(p, "the header is not a JSON object");
+    TS_TRY(ts__json_enter(&p->j, '{'));
+    for (bool first = true, more;; first = false) {
+        TS_TRY(ts__json_next(&p->j, '}', first, &more));
+        if (!more) break;
         char *name = NULL;
-        TS_TRY(parse_string(p, &name));
-        if (!eat(p, ':')) {
-            free(name);
-            return syntax(p, "expected ':'");
-        }
+        TS_TRY(ts__json_key(&p->j, &name));
         if (strcmp(name, "__metadata__") == 0) {
             free(name);
             TS_TRY(parse_meta(p));
             continue;
         }
-        if (p->ne == p->cap) {
-            int cap = p->cap ? p->cap * 2 : 64;
-            st_entry *ne = ts__realloc(p->e, sizeof *ne * (size_t)cap);
-            if (!ne) {
-                free(name);
-                return TS_ERR_NOMEM;
-            }
-            p->e = ne;
-            p->cap = cap;
-        }
-        st_entry *e = &p->e[p->ne++];
-        memset(e, 0, sizeof *e);
-        e->name = name;
-        if (!name[0]) {
-            /* the Python library accepts "" as a name; Tessera's state dicts cannot hold it */
+        st_entry *e = NULL;
+        TS_TRY(new_entry(p, name, &e));
+        if (!name[0]) /* the Python library accepts "" as a name; Tessera's state dicts cannot hold it */
             return ts_error(TS_ERR_FORMAT, "%s: a tensor has an empty name", p->path);
-        }
         TS_TRY(parse_entry(p, e));
-    } while (eat(p, ','));
-    if (!eat(p, '}')) return syntax(p, "expected ',' or '}'");
-end:
-    skip_ws(p);
-    if (p->pos != p->n) return syntax(p, "trailing characters after the header's object");
-    return TS_OK;
+    }
+    return ts__json_end(&p->j, "the header's object");
 }
 
 /* ---- checks on the parsed entries ---------------------------------------------------------------------- */
@@ -1050,7 +789,7 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, unsigned 
                         path, (unsigned long long)hn, (unsigned long long)(size - 8));
     ts_status st = TS_OK;
     ts_safetensors_meta m = TS_SAFETENSORS_META_INIT;
-    st_parser p = {NULL, (size_t)hn, 0, path, size - 8 - hn, NULL, 0, 0, &m, false};
+    st_parser p = {.path = path, .data_len = size - 8 - hn, .meta = &m};
     st_entry **sorted = NULL;
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
     unsigned char *chunk = NULL;
@@ -1058,14 +797,14 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, unsigned 
     if (!hdr) return TS_ERR_NOMEM;
     TS_CHECK_GOTO(read_bytes(f, path, hdr, (size_t)hn));
     hdr[hn] = '\0';
-    p.s = hdr;
+    ts__json_init(&p.j, hdr, (size_t)hn, path, "malformed header", ST_MAX_DEPTH);
     size_t bad = 0;
-    if (!utf8_valid((const unsigned char *)hdr, (size_t)hn, &bad)) {
+    if (!ts__utf8_valid((const unsigned char *)hdr, (size_t)hn, &bad)) {
         st = ts_error(TS_ERR_FORMAT, "%s: malformed header: invalid UTF-8 at byte %zu", path, bad);
         goto fail;
     }
     if (memchr(hdr, '\0', (size_t)hn)) { /* JSON has no raw NUL; say so plainly */
-        p.pos = (size_t)((char *)memchr(hdr, '\0', (size_t)hn) - hdr);
+        p.j.pos = (size_t)((char *)memchr(hdr, '\0', (size_t)hn) - hdr);
         st = syntax(&p, "NUL byte in the header");
         goto fail;
     }
