@@ -16,13 +16,16 @@
 # torch 1.13 under Python >= 3.11 (Debian 12) stops before it starts a worker unless
 # --redirects and --tee name a stream (a torch bug: "'NoneType' object has no attribute
 # 'get'"), so those runs pass `--redirects 2 --tee 2` (each rank's stderr through a log file,
-# echoed with a rank prefix). Skips (77) without a Python that imports torch.
+# echoed with a rank prefix). Skips (77) without a Python that imports torch (fails under
+# TS_REQUIRE_TORCH=1, as .ci/run sets).
 set -u
 TS=${1:?usage: cli_torchrun.sh path/to/tessera}
 DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 PY=$(bash "$(dirname "$0")/find_python.sh" torch) || {
-  echo "skip: no Python imports torch (Debian: apt-get install python3-torch; or TS_PYTHON=/path/to/python)"; exit 77; }
+  echo "skip: no Python imports torch (Debian: apt-get install python3-torch; or TS_PYTHON=/path/to/python)"
+  [ "${TS_REQUIRE_TORCH:-0}" = 1 ] && { echo "FAIL: TS_REQUIRE_TORCH=1 (CI) and no torch"; exit 1; }
+  exit 77; }
 echo "torchrun of $("$PY" -c 'import sys, torch; print("torch", torch.__version__, "on Python", sys.version.split()[0])')"
 torchrun=("$PY" -m torch.distributed.run)
 if "$PY" -c 'import sys, torch; sys.exit(0 if int(torch.__version__.split(".")[0]) < 2 and sys.version_info >= (3, 11) else 1)'; then

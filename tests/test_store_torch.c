@@ -13,7 +13,7 @@
  * (TORCHELASTIC_USE_AGENT_STORE=True), each runs an all_reduce, and the Python
  * side checks the keys it sees (and that its server still answers after our
  * probe of its generation). Without torch the test exits 77 (skipped) after the
- * first part, saying why.
+ * first part, saying why; under TS_REQUIRE_TORCH=1 (.ci/run) it fails instead.
  */
 #include "test_util.h"
 
@@ -218,6 +218,11 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_no_torch_server), T(test_against_torch_tcpstore)};
     int rc = tu_run(tests, have_torch ? 2 : 1, argc, argv);
     if (rc != 0 || have_torch) return rc;
+    const char *req = getenv("TS_REQUIRE_TORCH");
+    if (req && strcmp(req, "1") == 0) {
+        printf("FAIL: TS_REQUIRE_TORCH=1 (CI) and no Python imports torch\n");
+        return 1;
+    }
     printf("skip: the tests against a real PyTorch TCPStore need a Python with torch (Debian: apt-get install "
            "python3-torch, or TS_PYTHON=/path/to/python): only the checks without torch ran, and passed\n");
     return 77;
