@@ -93,14 +93,12 @@
 
 #define HDR_MAGIC 0x54534844u /* "TSHD" */
 
-enum { K_ALL_REDUCE = 1, K_BROADCAST, K_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_BARRIER, K_P2P };
-static const char *const kind_names[] = {"?",          "all_reduce",     "broadcast", "reduce",
-                                         "all_gather", "reduce_scatter", "barrier",   "send/recv"};
 static const char *const op_names[] = {"sum", "avg", "max", "min"};
 
 typedef struct hdr {
     uint32_t magic;
-    uint8_t kind, dtype, op, pad;
+    uint8_t kind; /* a ts_coll_kind; a receive expects its sender's TS_COLL_SEND */
+    uint8_t dtype, op, pad;
     int32_t arg; /* root or tag */
     uint32_t pad2;
     uint64_t count;
@@ -160,16 +158,16 @@ static size_t env_bytes(const char *name, size_t def) {
 }
 
 /* ---- framing -------------------------------------------------------------------------------------- */
-static void begin(builtin *b, int kind, ts_dtype dt, int op, int arg, uint64_t count) {
+static void begin(builtin *b, ts_coll_kind kind, ts_dtype dt, int op, int arg, uint64_t count) {
     b->seq++;
     memset(&b->cur, 0, sizeof b->cur);
     b->cur.magic = HDR_MAGIC;
-    b->cur.kind = (uint8_t)kind;
+    b->cur.kind = (uint8_t)(kind == TS_COLL_RECV ? TS_COLL_SEND : kind);
     b->cur.dtype = (uint8_t)dt;
     b->cur.op = (uint8_t)op;
     b->cur.arg = arg;
     b->cur.count = count;
-    b->opname = kind_names[kind];
+    b->opname = ts_coll_kind_name(kind);
     b->deadline = ts_time_now() + b->timeout_s;
 }
 
@@ -180,7 +178,7 @@ static ts_status check_hdr(builtin *b, int peer_rank, const hdr *h) {
         return ts_error(TS_ERR_REMOTE, "%s: rank %d sent a corrupt header (ranks are out of step)", what, peer_rank);
     if (h->kind != m->kind)
         return ts_error(TS_ERR_INVALID_ARG, "collective mismatch: rank %d called %s while rank %d (this rank) called %s",
-                        peer_rank, h->kind < TS_ARRAY_LEN(kind_names) ? kind_names[h->kind] : "?", b->rank, what);
+                        peer_rank, ts_coll_kind_name((ts_coll_kind)h->kind), b->rank, what);
     if (h->count != m->count || h->dtype != m->dtype)
         return ts_error(TS_ERR_SHAPE, "%s: size mismatch: rank %d passed %llu %s elements, rank %d (this rank) %llu %s",
                         what, peer_rank, (unsigned long long)h->count, ts_dtype_name((ts_dtype)h->dtype), b->rank,
@@ -190,7 +188,7 @@ static ts_status check_hdr(builtin *b, int peer_rank, const hdr *h) {
                         peer_rank, h->op < 4 ? op_names[h->op] : "?", b->rank, m->op < 4 ? op_names[m->op] : "?");
     if (h->arg != m->arg)
         return ts_error(TS_ERR_INVALID_ARG, "%s: %s mismatch: rank %d passed %d, rank %d (this rank) %d", what,
-                        m->kind == K_P2P ? "tag" : "root", peer_rank, (int)h->arg, b->rank, (int)m->arg);
+                        ts_coll_kind_is_p2p((ts_coll_kind)m->kind) ? "tag" : "root", peer_rank, (int)h->arg, b->rank, (int)m->arg);
     return TS_OK;
 }
 
@@ -419,7 +417,7 @@ static ts_status ring(builtin *b, char *base, size_t count, size_t block, size_t
 
 static ts_status bi_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op) {
     builtin *b = st;
-    begin(b, K_ALL_REDUCE, dt, (int)op, 0, count);
+    begin(b, TS_COLL_ALL_REDUCE, dt, (int)op, 0, count);
     if (b->world == 1) return TS_OK;
     size_t es = ts_dtype_size(dt);
     bool rd = count * es <= b->ring_threshold;
@@ -435,7 +433,7 @@ static ts_status bi_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, t
 
 static ts_status bi_broadcast(void *st, void *buf, size_t count, ts_dtype dt, int root) {
     builtin *b = st;
-    begin(b, K_BROADCAST, dt, 0, root, count);
+    begin(b, TS_COLL_BROADCAST, dt, 0, root, count);
     int n = b->world, pos = mod(b->rank - root, n);
     if (n == 1) return TS_OK;
     size_t bytes = count * ts_dtype_size(dt);
@@ -445,7 +443,7 @@ static ts_status bi_broadcast(void *st, void *buf, size_t count, ts_dtype dt, in
 
 static ts_status bi_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op, int root) {
     builtin *b = st;
-    begin(b, K_REDUCE, dt, (int)op, root, count);
+    begin(b, TS_COLL_REDUCE, dt, (int)op, root, count);
     int n = b->world, pos = mod(b->rank - root - 1, n); /* root+1 starts the chain, root ends it */
     if (n == 1) return TS_OK;
     float scale = op == TS_REDUCE_AVG && pos == n - 1 ? 1.0f / (float)n : 1.0f;
@@ -455,7 +453,7 @@ static ts_status bi_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_re
 
 static ts_status bi_all_gather(void *st, void *out, const void *in, size_t count, ts_dtype dt) {
     builtin *b = st;
-    begin(b, K_ALL_GATHER, dt, 0, 0, count);
+    begin(b, TS_COLL_ALL_GATHER, dt, 0, 0, count);
     size_t es = ts_dtype_size(dt);
     char *mine = (char *)out + (size_t)b->rank * count * es;
     if (mine != in && count) memmove(mine, in, count * es);
@@ -466,7 +464,7 @@ static ts_status bi_all_gather(void *st, void *out, const void *in, size_t count
 static ts_status bi_reduce_scatter(void *st, void *out, const void *in, size_t count, ts_dtype dt,
                                    ts_reduce_op op) {
     builtin *b = st;
-    begin(b, K_REDUCE_SCATTER, dt, (int)op, 0, count);
+    begin(b, TS_COLL_REDUCE_SCATTER, dt, (int)op, 0, count);
     size_t es = ts_dtype_size(dt), bytes = count * es, total = bytes * (size_t)b->world;
     if (b->world == 1) {
         if (out != in && bytes) memmove(out, in, bytes);
@@ -488,7 +486,7 @@ static ts_status bi_reduce_scatter(void *st, void *out, const void *in, size_t c
 
 static ts_status bi_barrier(void *st) {
     builtin *b = st;
-    begin(b, K_BARRIER, TS_F32, 0, 0, 1);
+    begin(b, TS_COLL_BARRIER, TS_F32, 0, 0, 1);
     if (b->world == 1) return TS_OK;
     float v = 0;
     return rd_all_reduce(b, &v, 1, TS_F32, TS_REDUCE_SUM);
@@ -496,13 +494,13 @@ static ts_status bi_barrier(void *st) {
 
 static ts_status bi_send(void *st, const void *buf, size_t count, ts_dtype dt, int dst, int tag) {
     builtin *b = st;
-    begin(b, K_P2P, dt, 0, tag, count);
+    begin(b, TS_COLL_SEND, dt, 0, tag, count);
     return exchange(b, dst, buf, -1, NULL, count * ts_dtype_size(dt), TS__ROP_COPY, 1.0f, GATE_NONE);
 }
 
 static ts_status bi_recv(void *st, void *buf, size_t count, ts_dtype dt, int src, int tag) {
     builtin *b = st;
-    begin(b, K_P2P, dt, 0, tag, count);
+    begin(b, TS_COLL_RECV, dt, 0, tag, count);
     return exchange(b, -1, NULL, src, buf, count * ts_dtype_size(dt), TS__ROP_COPY, 1.0f, GATE_NONE);
 }
 

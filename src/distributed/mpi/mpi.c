@@ -93,9 +93,6 @@
 #define YIELD_S 0.01
 #define SLEEP_NS 100000L
 
-enum { K_ALL_REDUCE = 1, K_BROADCAST, K_REDUCE, K_ALL_GATHER, K_REDUCE_SCATTER, K_BARRIER };
-static const char *const kind_names[] = {"?",          "all_reduce",     "broadcast", "reduce",
-                                         "all_gather", "reduce_scatter", "barrier"};
 static const char *const op_names[] = {"sum", "avg", "max", "min"};
 
 /* What abort() tells the peers (fixed size: one MPI_BYTE message). */
@@ -352,8 +349,8 @@ static void divide(float *p, size_t n, int world) {
 }
 
 /* Starts an operation: name, deadline, state and type checks. */
-static ts_status begin(mpib *b, int kind, const char *name, ts_dtype dt) {
-    b->opname = kind ? kind_names[kind] : name;
+static ts_status begin(mpib *b, ts_coll_kind kind, ts_dtype dt) {
+    b->opname = ts_coll_kind_name(kind);
     b->deadline = ts_time_now() + b->timeout_s;
     TS_TRY(check_state(b));
     if (mpi_type(dt) == MPI_DATATYPE_NULL)
@@ -373,7 +370,7 @@ static ts_status posted(mpib *b, int rc, MPI_Request *req, const char *call) {
 
 /* TS_MPI_CHECK: every rank's (kind, dtype, op, root, count) must agree. One
  * MPI_Iallreduce(MAX) over the values and their negations gives max and min. */
-static ts_status agree(mpib *b, int kind, ts_dtype dt, int op, int root, size_t count) {
+static ts_status agree(mpib *b, ts_coll_kind kind, ts_dtype dt, int op, int root, size_t count) {
     if (!b->check) return TS_OK;
     int64_t *v = b->check_buf; /* in b: a request left posted may still write it */
     int64_t mine[5] = {kind, (int64_t)dt, op, root, (int64_t)count};
@@ -389,8 +386,8 @@ static ts_status agree(mpib *b, int kind, ts_dtype dt, int op, int root, size_t 
         return ts_error(TS_ERR_INVALID_ARG,
                         "collective mismatch: ranks called different collectives (%s and %s; rank %d called %s; "
                         "found by TS_MPI_CHECK, MPI cannot say which rank)",
-                        mn[0] >= 0 && mn[0] < 7 ? kind_names[mn[0]] : "?",
-                        mx[0] >= 0 && mx[0] < 7 ? kind_names[mx[0]] : "?", b->rank, kind_names[kind]);
+                        ts_coll_kind_name((ts_coll_kind)mn[0]), ts_coll_kind_name((ts_coll_kind)mx[0]), b->rank,
+                        ts_coll_kind_name(kind));
     if (mx[4] != mn[4] || mx[1] != mn[1])
         return ts_error(TS_ERR_SHAPE,
                         "%s: size mismatch: ranks passed between %lld and %lld elements (rank %d passed %zu %s; found "
@@ -572,8 +569,8 @@ static void mpi_destroy(void *st) {
 /* ---- collectives --------------------------------------------------------------------------------------------- */
 static ts_status mpi_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op) {
     mpib *b = st;
-    TS_TRY(begin(b, K_ALL_REDUCE, NULL, dt));
-    TS_TRY(agree(b, K_ALL_REDUCE, dt, op, -1, count));
+    TS_TRY(begin(b, TS_COLL_ALL_REDUCE, dt));
+    TS_TRY(agree(b, TS_COLL_ALL_REDUCE, dt, op, -1, count));
     size_t es = ts_dtype_size(dt);
     for (size_t off = 0; off < count; off += b->max_count) {
         size_t n = TS_MIN(count - off, b->max_count);
@@ -591,8 +588,8 @@ static ts_status mpi_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, 
 
 static ts_status mpi_broadcast(void *st, void *buf, size_t count, ts_dtype dt, int root) {
     mpib *b = st;
-    TS_TRY(begin(b, K_BROADCAST, NULL, dt));
-    TS_TRY(agree(b, K_BROADCAST, dt, 0, root, count));
+    TS_TRY(begin(b, TS_COLL_BROADCAST, dt));
+    TS_TRY(agree(b, TS_COLL_BROADCAST, dt, 0, root, count));
     size_t es = ts_dtype_size(dt);
     for (size_t off = 0; off < count; off += b->max_count) {
         size_t n = TS_MIN(count - off, b->max_count);
@@ -607,8 +604,8 @@ static ts_status mpi_broadcast(void *st, void *buf, size_t count, ts_dtype dt, i
 
 static ts_status mpi_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op, int root) {
     mpib *b = st;
-    TS_TRY(begin(b, K_REDUCE, NULL, dt));
-    TS_TRY(agree(b, K_REDUCE, dt, op, root, count));
+    TS_TRY(begin(b, TS_COLL_REDUCE, dt));
+    TS_TRY(agree(b, TS_COLL_REDUCE, dt, op, root, count));
     size_t es = ts_dtype_size(dt);
     bool me = b->rank == root;
     for (size_t off = 0; off < count; off += b->max_count) {
@@ -635,10 +632,10 @@ static ts_status too_big(mpib *b, size_t count) {
 
 static ts_status mpi_all_gather(void *st, void *out, const void *in, size_t count, ts_dtype dt) {
     mpib *b = st;
-    b->opname = "all_gather";
+    b->opname = ts_coll_kind_name(TS_COLL_ALL_GATHER);
     if (count > b->max_count) return too_big(b, count); /* an argument error: before anything else */
-    TS_TRY(begin(b, K_ALL_GATHER, NULL, dt));
-    TS_TRY(agree(b, K_ALL_GATHER, dt, 0, -1, count));
+    TS_TRY(begin(b, TS_COLL_ALL_GATHER, dt));
+    TS_TRY(agree(b, TS_COLL_ALL_GATHER, dt, 0, -1, count));
     if (count == 0) return TS_OK;
     size_t bytes = count * ts_dtype_size(dt);
     char *mine = (char *)out + (size_t)b->rank * bytes;
@@ -655,10 +652,10 @@ static ts_status mpi_all_gather(void *st, void *out, const void *in, size_t coun
 
 static ts_status mpi_reduce_scatter(void *st, void *out, const void *in, size_t count, ts_dtype dt, ts_reduce_op op) {
     mpib *b = st;
-    b->opname = "reduce_scatter";
+    b->opname = ts_coll_kind_name(TS_COLL_REDUCE_SCATTER);
     if (count > b->max_count) return too_big(b, count); /* an argument error: before anything else */
-    TS_TRY(begin(b, K_REDUCE_SCATTER, NULL, dt));
-    TS_TRY(agree(b, K_REDUCE_SCATTER, dt, op, -1, count));
+    TS_TRY(begin(b, TS_COLL_REDUCE_SCATTER, dt));
+    TS_TRY(agree(b, TS_COLL_REDUCE_SCATTER, dt, op, -1, count));
     if (count == 0) return TS_OK;
     size_t es = ts_dtype_size(dt), in_bytes = count * es * (size_t)b->world;
     const char *src = in, *o = out;
@@ -683,8 +680,8 @@ static ts_status mpi_reduce_scatter(void *st, void *out, const void *in, size_t 
 
 static ts_status mpi_barrier(void *st) {
     mpib *b = st;
-    TS_TRY(begin(b, K_BARRIER, NULL, TS_F32));
-    TS_TRY(agree(b, K_BARRIER, TS_F32, 0, -1, 0));
+    TS_TRY(begin(b, TS_COLL_BARRIER, TS_F32));
+    TS_TRY(agree(b, TS_COLL_BARRIER, TS_F32, 0, -1, 0));
     MPI_Request req = MPI_REQUEST_NULL;
     LOCK();
     int rc = mpi_alive() ? MPI_Ibarrier(b->comm, &req) : RC_DEAD;
@@ -704,9 +701,9 @@ static ts_status check_tag(mpib *b, int tag) {
 /* count elements in pieces of at most max_count (a zero-length message when count is 0). */
 static ts_status mpi_send(void *st, const void *buf, size_t count, ts_dtype dt, int dst, int tag) {
     mpib *b = st;
-    b->opname = "send";
+    b->opname = ts_coll_kind_name(TS_COLL_SEND);
     TS_TRY(check_tag(b, tag)); /* an argument error: before anything else */
-    TS_TRY(begin(b, 0, "send", dt));
+    TS_TRY(begin(b, TS_COLL_SEND, dt));
     size_t es = ts_dtype_size(dt), off = 0;
     do {
         size_t n = TS_MIN(count - off, b->max_count);
@@ -725,9 +722,9 @@ static ts_status mpi_send(void *st, const void *buf, size_t count, ts_dtype dt, 
 
 static ts_status mpi_recv(void *st, void *buf, size_t count, ts_dtype dt, int src, int tag) {
     mpib *b = st;
-    b->opname = "recv";
+    b->opname = ts_coll_kind_name(TS_COLL_RECV);
     TS_TRY(check_tag(b, tag)); /* an argument error: before anything else */
-    TS_TRY(begin(b, 0, "recv", dt));
+    TS_TRY(begin(b, TS_COLL_RECV, dt));
     size_t es = ts_dtype_size(dt), off = 0;
     do {
         size_t n = TS_MIN(count - off, b->max_count);

@@ -236,12 +236,9 @@ static ncclRedOp_t nccl_op(ts_reduce_op op) {
 }
 
 /* One operation: what it is and its buffers (host or device). */
-typedef enum { OP_ALL_REDUCE, OP_BROADCAST, OP_REDUCE, OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_SEND, OP_RECV } op_kind;
-static const char *const op_names[] = {"all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter", "send",
-                                       "recv"};
 
 typedef struct nccl_op_args {
-    op_kind kind;
+    ts_coll_kind kind;
     void *out;          /* written (NULL for send) */
     const void *in;     /* read (== out for in-place ops) */
     size_t in_bytes, out_bytes;
@@ -264,18 +261,18 @@ static bool on_device(const void *p) {
 
 static ncclResult_t enqueue(nccl_state *s, const nccl_op_args *a, const void *in, void *out) {
     switch (a->kind) {
-    case OP_ALL_REDUCE: return ncclAllReduce(in, out, a->count, a->type, a->op, s->comm, s->cs);
-    case OP_BROADCAST: return ncclBroadcast(in, out, a->count, ncclUint8, a->peer, s->comm, s->cs);
-    case OP_REDUCE: return ncclReduce(in, out, a->count, a->type, a->op, a->peer, s->comm, s->cs);
-    case OP_ALL_GATHER: return ncclAllGather(in, out, a->count, ncclUint8, s->comm, s->cs);
-    case OP_REDUCE_SCATTER: return ncclReduceScatter(in, out, a->count, a->type, a->op, s->comm, s->cs);
-    case OP_SEND: return ncclSend(in, a->count, ncclUint8, a->peer, s->comm, s->cs);
+    case TS_COLL_ALL_REDUCE: return ncclAllReduce(in, out, a->count, a->type, a->op, s->comm, s->cs);
+    case TS_COLL_BROADCAST: return ncclBroadcast(in, out, a->count, ncclUint8, a->peer, s->comm, s->cs);
+    case TS_COLL_REDUCE: return ncclReduce(in, out, a->count, a->type, a->op, a->peer, s->comm, s->cs);
+    case TS_COLL_ALL_GATHER: return ncclAllGather(in, out, a->count, ncclUint8, s->comm, s->cs);
+    case TS_COLL_REDUCE_SCATTER: return ncclReduceScatter(in, out, a->count, a->type, a->op, s->comm, s->cs);
+    case TS_COLL_SEND: return ncclSend(in, a->count, ncclUint8, a->peer, s->comm, s->cs);
     default: return ncclRecv(out, a->count, ncclUint8, a->peer, s->comm, s->cs);
     }
 }
 
 static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
-    const char *what = op_names[a->kind];
+    const char *what = ts_coll_kind_name(a->kind);
     TS_TRY(check_broken(s, what));
     if (a->count == 0) return TS_OK;
     cudaStream_t compute;
@@ -310,7 +307,7 @@ static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
         if (in_host) in_dev = inplace ? out_dev : p;
         if (in_host) {
             /* all_gather's in may sit inside out (at this rank's block): stage it at the same place */
-            if (a->kind == OP_ALL_GATHER && out_host && (const unsigned char *)a->in >= (unsigned char *)a->out &&
+            if (a->kind == TS_COLL_ALL_GATHER && out_host && (const unsigned char *)a->in >= (unsigned char *)a->out &&
                 (const unsigned char *)a->in < (unsigned char *)a->out + a->out_bytes)
                 in_dev = (unsigned char *)out_dev + ((const unsigned char *)a->in - (unsigned char *)a->out);
             cudaError_t e = cudaMemcpyAsync(in_dev, a->in, a->in_bytes, cudaMemcpyHostToDevice, s->cs);
@@ -348,40 +345,40 @@ static ts_status run_op(nccl_state *s, const nccl_op_args *a) {
 }
 
 static ts_status nccl_all_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op) {
-    nccl_op_args a = {OP_ALL_REDUCE, buf, buf, count * ts_dtype_size(dt), count * ts_dtype_size(dt), count, nccl_type(dt), nccl_op(op), -1};
+    nccl_op_args a = {TS_COLL_ALL_REDUCE, buf, buf, count * ts_dtype_size(dt), count * ts_dtype_size(dt), count, nccl_type(dt), nccl_op(op), -1};
     return run_op(st, &a);
 }
 
 static ts_status nccl_broadcast(void *st, void *buf, size_t count, ts_dtype dt, int root) {
     size_t b = count * ts_dtype_size(dt);
-    nccl_op_args a = {OP_BROADCAST, buf, buf, b, b, b, ncclUint8, ncclSum, root};
+    nccl_op_args a = {TS_COLL_BROADCAST, buf, buf, b, b, b, ncclUint8, ncclSum, root};
     return run_op(st, &a);
 }
 
 static ts_status nccl_reduce(void *st, void *buf, size_t count, ts_dtype dt, ts_reduce_op op, int root) {
     size_t b = count * ts_dtype_size(dt);
-    nccl_op_args a = {OP_REDUCE, buf, buf, b, b, count, nccl_type(dt), nccl_op(op), root};
+    nccl_op_args a = {TS_COLL_REDUCE, buf, buf, b, b, count, nccl_type(dt), nccl_op(op), root};
     return run_op(st, &a);
 }
 
 static ts_status nccl_all_gather(void *st, void *out, const void *in, size_t count, ts_dtype dt) {
     nccl_state *s = st;
     size_t b = count * ts_dtype_size(dt);
-    nccl_op_args a = {OP_ALL_GATHER, out, in, b, b * (size_t)s->ctx->world_size, b, ncclUint8, ncclSum, -1};
+    nccl_op_args a = {TS_COLL_ALL_GATHER, out, in, b, b * (size_t)s->ctx->world_size, b, ncclUint8, ncclSum, -1};
     return run_op(st, &a);
 }
 
 static ts_status nccl_reduce_scatter(void *st, void *out, const void *in, size_t count, ts_dtype dt, ts_reduce_op op) {
     nccl_state *s = st;
     size_t b = count * ts_dtype_size(dt);
-    nccl_op_args a = {OP_REDUCE_SCATTER, out, in, b * (size_t)s->ctx->world_size, b, count, nccl_type(dt), nccl_op(op), -1};
+    nccl_op_args a = {TS_COLL_REDUCE_SCATTER, out, in, b * (size_t)s->ctx->world_size, b, count, nccl_type(dt), nccl_op(op), -1};
     return run_op(st, &a);
 }
 
 static ts_status nccl_barrier(void *st) {
     nccl_state *s = st;
     float one = 1.0f; /* an all-reduce of one float (NCCL has no barrier), staged from the host */
-    nccl_op_args a = {OP_ALL_REDUCE, &one, &one, sizeof one, sizeof one, 1, ncclFloat32, ncclSum, -1};
+    nccl_op_args a = {TS_COLL_ALL_REDUCE, &one, &one, sizeof one, sizeof one, 1, ncclFloat32, ncclSum, -1};
     ts_status r = run_op(s, &a);
     if (r == TS_OK && one != (float)s->ctx->world_size)
         return ts_error(TS_ERR_INTERNAL, "nccl (rank %d): barrier counted %g ranks of %d", s->ctx->rank, (double)one,
@@ -392,14 +389,14 @@ static ts_status nccl_barrier(void *st) {
 static ts_status nccl_send(void *st, const void *buf, size_t count, ts_dtype dt, int dst, int tag) {
     (void)tag;
     size_t b = count * ts_dtype_size(dt);
-    nccl_op_args a = {OP_SEND, NULL, buf, b, 0, b, ncclUint8, ncclSum, dst};
+    nccl_op_args a = {TS_COLL_SEND, NULL, buf, b, 0, b, ncclUint8, ncclSum, dst};
     return run_op(st, &a);
 }
 
 static ts_status nccl_recv(void *st, void *buf, size_t count, ts_dtype dt, int src, int tag) {
     (void)tag;
     size_t b = count * ts_dtype_size(dt);
-    nccl_op_args a = {OP_RECV, buf, NULL, 0, b, b, ncclUint8, ncclSum, src};
+    nccl_op_args a = {TS_COLL_RECV, buf, NULL, 0, b, b, ncclUint8, ncclSum, src};
     return run_op(st, &a);
 }
 
