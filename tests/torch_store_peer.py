@@ -1,7 +1,8 @@
 """tests/torch_store_peer.py — the PyTorch side of tests/test_store_torch.c.
 
-Serves a real torch.distributed.TCPStore (is_master=True) on a free port, prints
-the port, and checks what tessera's client (src/distributed/store_torch.c) does
+Serves a real torch.distributed.TCPStore (is_master=True) on a free port (with the
+argument "classic": torch 2.x's classic server rather than its libuv one; "skip: ..."
+where there is no such choice), prints the port, and checks what tessera's client (src/distributed/store_torch.c) does
 against it: keys it set are visible to torch under the same names, counters it
 added read back, and the rendezvous keys its process groups left, with torch's
 own client on the same server after tessera probed which generation of the
@@ -20,7 +21,14 @@ def fail(msg):
 
 
 T = datetime.timedelta(seconds=120)
-store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T)
+if sys.argv[1:] == ["classic"]:  # torch >= 2.2's other server: the classic one, not libuv's
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T, use_libuv=False)
+    except (TypeError, RuntimeError, ValueError):  # torch < 2.2: no use_libuv
+        print("skip: torch %s has one TCPStore server only" % __import__("torch").__version__, flush=True)
+        sys.exit(0)
+else:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T)
 store.set("from_python", b"hello")
 print(store.port, flush=True)
 
