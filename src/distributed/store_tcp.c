@@ -70,8 +70,9 @@
  * the address that worked, retrying while the server closes it during the
  * handshake because it is full), so threads sharing a store never wait behind
  * each other's parked GET. Every send/recv goes through poll() with the time
- * left before the call's deadline; a connection that timed out or failed is
- * closed, never reused. Keys and values over the limits the server announced
+ * left before the call's deadline (distributed/sock.c, the client side's socket
+ * I/O, dial and pool, shared with store_torch.c); a connection that timed out
+ * or failed is closed, never reused. Keys and values over the limits the server announced
  * are refused locally with TS_ERR_INVALID_ARG.
  */
 #include "distributed/sock.h"
