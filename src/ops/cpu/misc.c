@@ -4,8 +4,9 @@
  * masks, softmax and log-softmax, and the fused cross-entropy and MSE losses.
  *
  * The softmax family (softmax, log_softmax, cross-entropy) shares one row
- * reduction (row_stats: the max m and s = sum exp(x - m) in double) and the
- * per-element formulas of device/k_elem.h, which the CUDA kernels use too.
+ * reduction (row_stats: the max m and s = sum exp(x - m) in double, the same
+ * bits for a row at any stride) and the per-element formulas of
+ * device/k_elem.h, which the CUDA kernels use too.
  *
  * Plain loops that serve as the reference for other backends; OpenMP only
  * above PAR_MIN elements so the small training-loop shapes, e.g. a (64, 10)
@@ -114,44 +115,72 @@ static ts_status cpu_masked_scale(ts_tensor *out, const ts_tensor *x, const ts_t
 }
 
 /* ---- the softmax family's row reduction -------------------------------------------------------------- */
-#define SUM_BLOCK 1024 /* contiguous rows: float SIMD partials over blocks this long, added in double */
+/* Sums over a row go into ROW_ACC double accumulators, element c into accumulator c % ROW_ACC, added in a
+ * fixed order at the end: the same bits for a row whatever its stride (a (N, C, H, W) cross-entropy equals
+ * the (N*H*W, C) one exactly), float64 accuracy, and a contiguous row's blocks of ROW_ACC vectorise. */
+#define ROW_ACC 8
 
-/* One row of n at stride st: *m = its max, returns s = sum exp(x - m) in double; with e non-NULL,
- * e[c * st] = exp(x_c - m) too (softmax's numerators). Contiguous rows vectorise: each SIMD lane adds
- * at most SUM_BLOCK / (lanes) terms in float before the block's sum joins the double total. */
+static inline double acc_total(const double *acc) {
+    double s = 0;
+    for (int k = 0; k < ROW_ACC; k++) s += acc[k];
+    return s;
+}
+
+#define EXP_CHUNK 256 /* exponentials computed a chunk at a time (a multiple of ROW_ACC) */
+
+/* acc[k % ROW_ACC] += v[k] for k < len (len from a chunk that starts at a multiple of ROW_ACC). */
+static inline void accumulate(double *acc, const float *v, int len) {
+    int k = 0;
+    for (; k + ROW_ACC <= len; k += ROW_ACC)
+        for (int j = 0; j < ROW_ACC; j++) acc[j] += v[k + j];
+    for (int j = 0; k + j < len; j++) acc[j] += v[k + j];
+}
+
+/* s = sum exp(x_c - m) over a row of n at stride st; with e non-NULL, e[c * st] = exp(x_c - m) too.
+ * The exponentials go through a chunk buffer (a vectorised loop for contiguous rows), the sums into
+ * the accumulators. */
+static double sum_exp(const float *restrict x, int64_t n, int64_t st, float m, float *restrict e) {
+    double acc[ROW_ACC] = {0};
+    float buf[EXP_CHUNK];
+    for (int64_t c0 = 0; c0 < n; c0 += EXP_CHUNK) {
+        const int len = (int)TS_MIN((int64_t)EXP_CHUNK, n - c0);
+        const float *xs = x + c0 * st;
+        if (st == 1) {
+#pragma omp simd
+            for (int k = 0; k < len; k++) buf[k] = ts_elem_shift_exp(xs[k], m);
+            if (e) memcpy(e + c0, buf, sizeof(float) * (size_t)len);
+        } else {
+            for (int k = 0; k < len; k++) buf[k] = ts_elem_shift_exp(xs[k * st], m);
+            for (int k = 0; e && k < len; k++) e[(c0 + k) * st] = buf[k];
+        }
+        accumulate(acc, buf, len);
+    }
+    return acc_total(acc);
+}
+
+/* One row of n at stride st: *m_out = its max, returns s = sum exp(x - m) (sum_exp); with e non-NULL,
+ * e[c * st] = exp(x_c - m) too (softmax's numerators). fmaxf skips NaN, but a NaN logit still makes s,
+ * and so the row, NaN. */
 static double row_stats(const float *restrict x, int64_t n, int64_t st, float *restrict e, float *m_out) {
     float m = -INFINITY;
-    double s = 0;
     if (st == 1) {
 #pragma omp simd reduction(max : m)
         for (int64_t c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
-        for (int64_t c0 = 0; c0 < n; c0 += SUM_BLOCK) {
-            const int64_t c1 = TS_MIN(c0 + SUM_BLOCK, n);
-            float part = 0.0f;
-            if (e) {
-#pragma omp simd reduction(+ : part)
-                for (int64_t c = c0; c < c1; c++) {
-                    const float v = ts_elem_shift_exp(x[c], m);
-                    e[c] = v;
-                    part += v;
-                }
-            } else {
-#pragma omp simd reduction(+ : part)
-                for (int64_t c = c0; c < c1; c++) part += ts_elem_shift_exp(x[c], m);
-            }
-            s += part;
-        }
     } else {
         for (int64_t c = 0; c < n; c++) m = fmaxf(m, x[c * st]);
-        for (int64_t c = 0; c < n; c++) {
-            const float v = ts_elem_shift_exp(x[c * st], m);
-            if (e) e[c * st] = v;
-            s += v;
-        }
     }
-    /* fmaxf skips NaN: a NaN logit still makes s, and so the row, NaN */
     *m_out = m;
-    return s;
+    return sum_exp(x, n, st, m, e);
+}
+
+/* sum_c a_c b_c over rows of n at stride st, in the accumulators of sum_exp. */
+static inline double row_dot(const float *restrict a, const float *restrict b, int64_t n, int64_t st) {
+    double acc[ROW_ACC] = {0};
+    int64_t c0 = 0;
+    for (; c0 + ROW_ACC <= n; c0 += ROW_ACC)
+        for (int k = 0; k < ROW_ACC; k++) acc[k] += (double)a[(c0 + k) * st] * b[(c0 + k) * st];
+    for (int k = 0; c0 + k < n; k++) acc[k] += (double)a[(c0 + k) * st] * b[(c0 + k) * st];
+    return acc_total(acc);
 }
 
 /* The first element of row r of (outer, n, inner) (rows are n elements at stride inner). */
@@ -224,18 +253,7 @@ static ts_status cpu_softmax_backward(ts_tensor *gx, const ts_tensor *gy, const 
 #pragma omp parallel for if (rows * n > PAR_MIN) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const int64_t base = row_base(r, n, inner);
-        double dot = 0;
-        if (inner == 1) {
-            for (int64_t c0 = 0; c0 < n; c0 += SUM_BLOCK) { /* float SIMD partials per block, as row_stats */
-                const int64_t c1 = TS_MIN(c0 + SUM_BLOCK, n);
-                float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-                for (int64_t c = c0; c < c1; c++) part += pg[base + c] * py[base + c];
-                dot += part;
-            }
-        } else {
-            for (int64_t c = 0; c < n; c++) dot += (double)pg[base + c * inner] * py[base + c * inner];
-        }
+        const double dot = inner == 1 ? row_dot(pg + base, py + base, n, 1) : row_dot(pg + base, py + base, n, inner);
         const float sf = (float)dot;
         for (int64_t c = 0; c < n; c++) {
             const int64_t k = base + c * inner;

@@ -10,9 +10,9 @@
  * the row with stride size(); the group's sum/max are shuffle (and shared-memory) trees whose
  * shape depends only on the launch shape, so results are deterministic.
  *
- * Precision follows the CPU kernels (ops/cpu/misc.c): their sums are double (the CPU's contiguous
- * rows add float SIMD partials of a few dozen terms in double; here per-thread double partials and
- * double trees), and the softmax family's per-element formulas are device/k_elem.h's, the CPU's.
+ * Precision follows the CPU kernels (ops/cpu/misc.c): their sums are double (the CPU's in eight
+ * double accumulators per row; here per-thread double partials and double trees), and the softmax
+ * family's per-element formulas are device/k_elem.h's, the CPU's.
  * Loss totals go through a fixed two-stage reduction (TS_CU_MISC_PARTS block partials, then one
  * block) rather than atomics.
  */
