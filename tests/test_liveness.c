@@ -328,6 +328,30 @@ static void test_coll_kind_names(void) {
     CHECK(strcmp(ts_coll_kind_name((ts_coll_kind)-1), "?") == 0);
 }
 
+/* Backends are asked by capability; unknown and unbuilt names are errors listing what there is. */
+static void test_backend_caps(void) {
+    ts_pg_backend_caps c;
+    CHECK_OK(ts_pg_backend_caps_get(NULL, &c)); /* builtin */
+    CHECK(c.reduces_bf16 && !c.device_buffers && !c.joins_without_store);
+    CHECK_OK(ts_pg_backend_caps_get("builtin", &c));
+    CHECK(c.reduces_bf16);
+    if (ts_pg_backend_available("mpi")) {
+        CHECK_OK(ts_pg_backend_caps_get("mpi", &c));
+        CHECK(!c.reduces_bf16 && !c.device_buffers && c.joins_without_store);
+    } else {
+        CHECK_STATUS(ts_pg_backend_caps_get("mpi", &c), TS_ERR_UNSUPPORTED);
+        CHECK_ERR_MENTIONS("not built into this Tessera (available: builtin");
+    }
+    if (ts_pg_backend_available("nccl")) {
+        CHECK_OK(ts_pg_backend_caps_get("nccl", &c));
+        CHECK(c.reduces_bf16 && c.device_buffers && !c.joins_without_store);
+    }
+    CHECK_STATUS(ts_pg_backend_caps_get("gloo", &c), TS_ERR_UNSUPPORTED);
+    CHECK_STATUS(ts_pg_backend_caps_get("carrier-pigeon", &c), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("unknown process group backend 'carrier-pigeon' (available: builtin");
+    CHECK_STATUS(ts_pg_backend_caps_get("builtin", NULL), TS_ERR_INVALID_ARG);
+}
+
 /* Options and environment: < 0 turns heartbeats off, a bad variable is an error naming it. */
 static ts_status body_nothing(rank_ctx *c, ts_process_group *pg) {
     c->hb_timeout = ts_pg_heartbeat_timeout(pg);
@@ -437,6 +461,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_silent_rank_2),           T(test_silent_rank_3),
                                     T(test_busy_rank_is_not_failed), T(test_silent_peer_of_recv),
                                     T(test_recorder_contents),       T(test_configuration),
-                                    T(test_stopped_process),         T(test_coll_kind_names)};
+                                    T(test_stopped_process),         T(test_coll_kind_names),
+                                    T(test_backend_caps)};
     return tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
 }

@@ -176,6 +176,16 @@ typedef struct ts_pg_options {
 
 /* Whether this Tessera has the backend built in ("builtin" always; "mpi", "nccl" when found at build time). */
 bool ts_pg_backend_available(const char *name);
+/* What a backend built into this Tessera can do: ask this, never compare its name. */
+typedef struct ts_pg_backend_caps {
+    bool reduces_bf16;        /* all_reduce, reduce and reduce_scatter take bfloat16 (builtin, nccl) */
+    bool device_buffers;      /* collectives on the group's GPU memory (nccl) */
+    bool joins_without_store; /* plain mpirun is its own rendezvous (mpi) */
+} ts_pg_backend_caps;
+/* The capabilities of backend name (NULL: "builtin") into *out. TS_ERR_UNSUPPORTED for a backend this
+ * Tessera was built without ("mpi", "nccl", torch's "gloo"), TS_ERR_INVALID_ARG for an unknown name;
+ * both messages list the backends there are. */
+ts_status ts_pg_backend_caps_get(const char *name, ts_pg_backend_caps *out);
 /* Joins the group (blocks until every rank has arrived or the timeout). */
 ts_status ts_pg_new(const ts_pg_options *opts, ts_process_group **out);
 /* Leaves the group: pending work is finished or failed, connections closed. NULL is fine. */

@@ -163,6 +163,14 @@ static ts_status find_backend(const char *name, const ts__backend_ops **out) {
     return ts_error(TS_ERR_INVALID_ARG, "unknown process group backend '%s' (available: %s)", name, avail);
 }
 
+ts_status ts_pg_backend_caps_get(const char *name, ts_pg_backend_caps *out) {
+    TS_ARG(out, "ts_pg_backend_caps_get: out is NULL");
+    const ts__backend_ops *be = NULL;
+    TS_TRY(find_backend(name, &be));
+    *out = (ts_pg_backend_caps){be->reduces_bf16, be->device_buffers, be->joins_without_store};
+    return TS_OK;
+}
+
 /* A backend that joins without a store ("mpi") under plain mpirun: see "Rendezvous under mpirun" at the top. */
 static bool mpi_without_store(const ts_pg_options *opts, const ts__backend_ops *be) {
     const char *addr = getenv("MASTER_ADDR");
