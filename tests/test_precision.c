@@ -899,16 +899,17 @@ static void test_bf16_conv_asks_onednn_once(void) {
     ts_tensor_release(w);
 }
 
-/* The plane kernels' sums (src/ops/cpu/plane.h: BatchNorm's statistics and backward, the conv bias gradient)
- * in their documented order, bit for bit, for float32 and bfloat16 planes: float lane j starts at element j and
- * adds elements j + 16, j + 32, ... of the whole blocks of 16, products rounded to float before the add (no
- * FMA); the 16 lanes totalled in double by a fixed pairwise tree, then the last n % 16 elements added in
- * double. The ISA clone this CPU runs must give exactly these bits (omp simd reductions let the vectoriser
- * choose: 8 lanes for float32 and 16 for bfloat16 under AVX2, so BatchNorm's statistics of a bfloat16 input
- * and of its float32 widening differed on AVX2 machines only; the AVX-512 clone fused products into FMAs). */
-static double lanes_total(const float *l) {
+/* The plane kernels' sums (src/ops/cpu/plane.h: BatchNorm's statistics and backward, the conv bias gradient,
+ * LayerNorm's rows) in their documented order, bit for bit, for float32 and bfloat16 planes: within each run of
+ * TS_PLANE_RUN blocks of 16, float lane j starts at the run's element j and adds elements j + 16, j + 32, ...,
+ * products rounded to float before the add (no FMA); at the run's end lane j goes to double lane j; the 16
+ * double lanes totalled by a fixed pairwise tree, then the last n % 16 elements added in double. The ISA clone
+ * this CPU runs must give exactly these bits (omp simd reductions let the vectoriser choose: 8 lanes for float32
+ * and 16 for bfloat16 under AVX2, so BatchNorm's statistics of a bfloat16 input and of its float32 widening
+ * differed on AVX2 machines only; the AVX-512 clone fused products into FMAs). */
+static double lanes_total(const double *l) {
     double t[8];
-    for (int j = 0; j < 8; j++) t[j] = (double)l[j] + (double)l[j + 8];
+    for (int j = 0; j < 8; j++) t[j] = l[j] + l[j + 8];
     for (int j = 0; j < 4; j++) t[j] += t[j + 4];
     for (int j = 0; j < 2; j++) t[j] += t[j + 2];
     return t[0] + t[1];
@@ -916,9 +917,9 @@ static double lanes_total(const float *l) {
 
 /* the five sums of x[0..n), g[0..n) about m in the fixed order, as plain scalar code */
 static void plane_sums_ref(const float *x, const float *g, int64_t n, float m, double want[5]) {
-    enum { L = TS_PLANE_LANES };
+    enum { L = TS_PLANE_LANES, RUN = L * TS_PLANE_RUN };
     float l[5][L];
-    double t[5] = {0};
+    double dl[5][L], t[5] = {0};
     const int64_t whole = n / L * L;
     for (int64_t i = 0; i < n; i++) {
         const float d = x[i] - m;
@@ -927,13 +928,16 @@ static void plane_sums_ref(const float *x, const float *g, int64_t n, float m, d
         for (int s = 0; s < 5; s++) {
             if (i >= whole)
                 t[s] += (double)term[s];
-            else if (i < L)
-                l[s][i] = term[s];
+            else if (i % RUN < L)
+                l[s][i % L] = term[s]; /* a run's first block starts its lanes */
             else
                 l[s][i % L] += term[s];
         }
+        if (i < whole && (i % RUN == RUN - 1 || i == whole - 1)) /* a run's end: to the double lanes */
+            for (int s = 0; s < 5; s++)
+                for (int j = 0; j < L; j++) dl[s][j] = i < RUN ? (double)l[s][j] : dl[s][j] + (double)l[s][j];
         if (i == whole - 1)
-            for (int s = 0; s < 5; s++) t[s] = lanes_total(l[s]);
+            for (int s = 0; s < 5; s++) t[s] = lanes_total(dl[s]);
     }
     for (int s = 0; s < 5; s++) want[s] = t[s];
 }
@@ -957,7 +961,7 @@ static void test_plane_sums_order(void) {
         x[2][i] = ts_bf16_to_f32(xh[i]);
         g[2][i] = ts_bf16_to_f32(gh[i]);
     }
-    const int64_t ns[] = {0, 1, 15, 16, 17, 49, 100, 784, 999, NMAX};
+    const int64_t ns[] = {0, 1, 15, 16, 17, 49, 100, 255, 256, 257, 272, 512, 784, 999, NMAX};
     const float m = 0.3f;
     int64_t bad = 0;
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)

@@ -26,17 +26,20 @@ typedef struct ts_norm_geom {
 
 struct ts_kernels_norm {
     /* out, x: (R, Cg*S); mean, invstd: (R) <- each row's mean and 1 / sqrt(biased var + eps),
-     * computed in double; out = (x - mean) invstd weight[ch] + bias[ch]; weight, bias:
-     * (G*Cg) or NULL (1, 0). */
-    ts_status (*group_norm)(const ts_norm_geom *g, ts_tensor *out, ts_tensor *mean, ts_tensor *invstd,
-                            const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias, float eps);
-    /* Gradients given gout (like x) and the forward's mean, invstd: with xhat = (x - mean) invstd,
-     * gw[ch] = sum g xhat, gb[ch] = sum g over every element of channel ch, and per row
-     * gx = invstd (h - mean(h) - xhat mean(h xhat)), h = g weight[ch]. gx (like x), gw, gb
-     * (G*Cg) may be NULL (not wanted); those given are overwritten. weight may be NULL (1). */
+     * computed in double (two passes: the variance about the mean), and mres (R) (NULL: not
+     * wanted) = the double mean minus mean, rounded (batchnorm2d_stats's); out = (x - mean - mres)
+     * invstd weight[ch] + bias[ch], centred; weight, bias: (G*Cg) or NULL (1, 0). */
+    ts_status (*group_norm)(const ts_norm_geom *g, ts_tensor *out, ts_tensor *mean, ts_tensor *mres,
+                            ts_tensor *invstd, const ts_tensor *x, const ts_tensor *weight, const ts_tensor *bias,
+                            float eps);
+    /* Gradients given gout (like x) and the forward's mean, mres (NULL: 0), invstd: with
+     * xhat = (x - mean - mres) invstd, gw[ch] = sum g xhat, gb[ch] = sum g over every element of
+     * channel ch, and per row gx = invstd (h - mean(h) - xhat mean(h xhat)), h = g weight[ch].
+     * gx (like x), gw, gb (G*Cg) may be NULL (not wanted); those given are overwritten. weight
+     * may be NULL (1). */
     ts_status (*group_norm_backward)(const ts_norm_geom *g, const ts_tensor *gout, const ts_tensor *x,
-                                     const ts_tensor *mean, const ts_tensor *invstd, const ts_tensor *weight,
-                                     ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
+                                     const ts_tensor *mean, const ts_tensor *mres, const ts_tensor *invstd,
+                                     const ts_tensor *weight, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
 };
 
 /* The CPU backend's instance (src/ops/cpu/norm.c), which device/cpu.c puts in

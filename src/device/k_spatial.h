@@ -56,23 +56,29 @@ struct ts_kernels_spatial {
     ts_status (*avgpool2d_backward)(const ts_pool2d_geom *g, ts_tensor *gx, const ts_tensor *gout);
 
     /* Batch statistics for batchnorm in training, computed in double: x (N, C, H, W) ->
-     * mean (C), invstd (C) = 1 / sqrt(biased var + eps). When running_mean/running_var (C)
+     * mean (C), invstd (C) = 1 / sqrt(biased var + eps), and mres (C) (NULL: not wanted) =
+     * the double mean minus mean, rounded: mean + mres carries the mean to about 48 bits, so
+     * the apply and backward below lose nothing to the mean's float rounding (at |mean| / std
+     * = 1e4 that rounding alone is up to 3e-4 of the output). When running_mean/running_var (C)
      * are given they are updated in place: r = (1 - momentum) r + momentum * stat, with the
      * unbiased variance (PyTorch's rule). Needs N*H*W > 1. */
-    ts_status (*batchnorm2d_stats)(const ts_tensor *x, float eps, float momentum, ts_tensor *mean,
+    ts_status (*batchnorm2d_stats)(const ts_tensor *x, float eps, float momentum, ts_tensor *mean, ts_tensor *mres,
                                    ts_tensor *invstd, ts_tensor *running_mean, ts_tensor *running_var);
     /* Eval: invstd (C) = 1 / sqrt(var (C) + eps). */
     ts_status (*batchnorm2d_invstd)(const ts_tensor *var, float eps, ts_tensor *invstd);
-    /* out = (x - mean[c]) * invstd[c] * weight[c] + bias[c]; weight, bias may be NULL (1, 0).
-     * x, out: (N, C, H, W); mean, invstd: (C). out may alias x. */
-    ts_status (*batchnorm2d_apply)(ts_tensor *out, const ts_tensor *x, const ts_tensor *mean,
+    /* out = (x - (mean[c] + mres[c])) * invstd[c] * weight[c] + bias[c], centred: computed as
+     * (x - mean) s + (bias - mres s), s = invstd weight, never x s + (bias - mean s), which
+     * rounds x s (|mean| / std times the output) and cancels it. mres, weight, bias may be
+     * NULL (0, 1, 0). x, out: (N, C, H, W); mean, mres, invstd: (C). out may alias x. */
+    ts_status (*batchnorm2d_apply)(ts_tensor *out, const ts_tensor *x, const ts_tensor *mean, const ts_tensor *mres,
                                    const ts_tensor *invstd, const ts_tensor *weight, const ts_tensor *bias);
-    /* Gradients of batchnorm2d with gout, x: (N, C, H, W); mean, invstd, weight: (C)
-     * (weight may be NULL = 1). training: mean/invstd were the batch statistics, so gx
-     * includes their dependence on x; else they were constants. gx, gw, gb may be NULL. */
+    /* Gradients of batchnorm2d with gout, x: (N, C, H, W); mean, mres, invstd, weight: (C)
+     * (mres may be NULL = 0, weight NULL = 1), centred on mean + mres as the apply.
+     * training: mean/invstd were the batch statistics, so gx includes their dependence on
+     * x; else they were constants. gx, gw, gb may be NULL. */
     ts_status (*batchnorm2d_backward)(const ts_tensor *gout, const ts_tensor *x, const ts_tensor *mean,
-                                      const ts_tensor *invstd, const ts_tensor *weight, bool training,
-                                      ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
+                                      const ts_tensor *mres, const ts_tensor *invstd, const ts_tensor *weight,
+                                      bool training, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb);
 
     /* Adaptive average pooling, x: (P, H, W) planes -> out: (P, OH, OW), window
      * rows [floor(i H / OH), ceil((i + 1) H / OH)) and likewise for columns (PyTorch's). */

@@ -4,7 +4,8 @@
  * batchnorm2d: training normalises with the batch statistics (biased variance)
  * and updates the running statistics in place with the unbiased variance, as
  * PyTorch does; eval normalises with the running statistics. The node saves x,
- * the mean and invstd used and the weight. batchnorm1d is batchnorm2d on the
+ * the mean and invstd used, the weight and, in training, the mean's residual
+ * (mres: the double mean minus the float one; see device/k_spatial.h). batchnorm1d is batchnorm2d on the
  * view (N, C, L, 1) of its (N, C) or (N, C, L) input: the statistics run over
  * the same N*L elements per channel, so the result is PyTorch's BatchNorm1d.
  *
@@ -12,7 +13,7 @@
  * C/G channels of one sample) by its own statistics, then apply a per-element
  * (layer_norm) or per-channel (group_norm) affine: one kernel pair (k_norm.h)
  * with the geometry saying which. Their nodes save x, the rows' mean and
- * invstd, and the weight.
+ * invstd, the weight and the means' residuals.
  */
 #include "autograd/autograd.h"
 #include "ops/half.h"
@@ -39,7 +40,7 @@ static ts_status check_vec(const char *op, const char *arg, const ts_tensor *t, 
 
 static ts_status batchnorm2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     const ts_tensor *x = ts__node_saved(n, 0), *mean = ts__node_saved(n, 1), *invstd = ts__node_saved(n, 2),
-                    *w = ts__node_saved(n, 3);
+                    *w = ts__node_saved(n, 3), *mres = ts__node_saved(n, 4);
     ts_device *d = x->storage->device;
     if (g_in->dtype != x->dtype)
         return ts_error(TS_ERR_DTYPE, "batchnorm2d backward: a %s gradient for a %s output", ts_dtype_name(g_in->dtype),
@@ -50,7 +51,8 @@ static ts_status batchnorm2d_backward(ts_node *n, ts_tensor *g_in, ts_tensor **g
     if (n->needs[0]) TS_CHECK_GOTO(ts__new_like(x, &gin[0]));
     if (n->needs[1]) TS_CHECK_GOTO(ts__new_like(mean, &gin[1]));
     if (n->needs[2]) TS_CHECK_GOTO(ts__new_like(mean, &gin[2]));
-    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_backward(g, x, mean, invstd, w, n->p.i[0] != 0, gin[0], gin[1], gin[2]));
+    TS_CHECK_GOTO(
+        d->k_spatial->batchnorm2d_backward(g, x, mean, mres, invstd, w, n->p.i[0] != 0, gin[0], gin[1], gin[2]));
 fail:
     ts_tensor_release(g);
     return st;
@@ -83,7 +85,7 @@ static ts_status batchnorm_run(const ts_tensor *x_in, const ts_tensor *weight, c
                                float eps, ts_tensor **out) {
     const int64_t C = x_in->shape[1];
     ts_status st;
-    ts_tensor *x = NULL, *w = NULL, *b = NULL, *mean = NULL, *invstd = NULL, *o = NULL;
+    ts_tensor *x = NULL, *w = NULL, *b = NULL, *mean = NULL, *mres = NULL, *invstd = NULL, *o = NULL;
     TS_CHECK_GOTO(ts__contiguous(x_in, &x));
     if (weight) TS_CHECK_GOTO(ts__contiguous(weight, &w));
     if (bias) TS_CHECK_GOTO(ts__contiguous(bias, &b));
@@ -91,14 +93,16 @@ static ts_status batchnorm_run(const ts_tensor *x_in, const ts_tensor *weight, c
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mean));
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &invstd));
     if (training) {
-        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, eps, momentum, mean, invstd, running_mean, running_var));
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mres));
+        TS_CHECK_GOTO(
+            d->k_spatial->batchnorm2d_stats(x, eps, momentum, mean, mres, invstd, running_mean, running_var));
     } else {
         /* a private copy: the caller may change the running statistics before backward */
         TS_CHECK_GOTO(d->k_ew->copy(mean, running_mean));
         TS_CHECK_GOTO(d->k_spatial->batchnorm2d_invstd(running_var, eps, invstd));
     }
     TS_CHECK_GOTO(ts__new_like(x, &o));
-    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, mean, invstd, w, b));
+    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, mean, mres, invstd, w, b));
     const ts_tensor *in[3] = {x_in, weight, bias};
     ts_node *n = NULL;
     TS_CHECK_GOTO(ts__node_new("batchnorm2d", batchnorm2d_backward, 3, in, &n));
@@ -107,6 +111,7 @@ static ts_status batchnorm_run(const ts_tensor *x_in, const ts_tensor *weight, c
         ts__node_save(n, mean);
         ts__node_save(n, invstd);
         ts__node_save(n, w);
+        ts__node_save(n, mres);
         n->p.i[0] = training;
         TS_CHECK_GOTO(ts__node_attach(n, o));
     }
@@ -119,6 +124,7 @@ fail:
     ts_tensor_release(w);
     ts_tensor_release(b);
     ts_tensor_release(mean);
+    ts_tensor_release(mres);
     ts_tensor_release(invstd);
     ts_tensor_release(o);
     return st;
@@ -185,10 +191,10 @@ fail:
 }
 
 /* ---- layer_norm and group_norm ------------------------------------------------------------------ */
-/* saved: x, mean (R), invstd (R), weight (or NULL); p.i[0..3] = the geometry */
+/* saved: x, mean (R), invstd (R), weight (or NULL), mres (R); p.i[0..3] = the geometry */
 static ts_status row_norm_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     const ts_tensor *x = ts__node_saved(n, 0), *mean = ts__node_saved(n, 1), *invstd = ts__node_saved(n, 2),
-                    *w = ts__node_saved(n, 3);
+                    *w = ts__node_saved(n, 3), *mres = ts__node_saved(n, 4);
     const ts_norm_geom geom = {n->p.i[0], n->p.i[1], n->p.i[2], n->p.i[3]};
     ts_device *d = x->storage->device;
     ts_tensor *g = NULL, *gw = NULL, *gb = NULL;
@@ -199,7 +205,7 @@ static ts_status row_norm_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin)
     /* the kernel writes (P) gradients; the op's weight and bias may have the shape of several dims */
     if (n->needs[1]) TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &P, &gw));
     if (n->needs[2]) TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &P, &gb));
-    TS_CHECK_GOTO(d->k_norm->group_norm_backward(&geom, g, x, mean, invstd, w, gin[0], gw, gb));
+    TS_CHECK_GOTO(d->k_norm->group_norm_backward(&geom, g, x, mean, mres, invstd, w, gin[0], gw, gb));
     if (gw) TS_CHECK_GOTO(ts__view(gw, n->in_ndim[1], n->in_shape[1], &gin[1]));
     if (gb) TS_CHECK_GOTO(ts__view(gb, n->in_ndim[2], n->in_shape[2], &gin[2]));
 fail:
@@ -213,15 +219,16 @@ fail:
 static ts_status row_norm_run(const char *op, const ts_tensor *x_in, const ts_norm_geom *geom, const ts_tensor *weight,
                               const ts_tensor *bias, float eps, ts_tensor **out) {
     ts_status st;
-    ts_tensor *x = NULL, *w = NULL, *b = NULL, *mean = NULL, *invstd = NULL, *o = NULL;
+    ts_tensor *x = NULL, *w = NULL, *b = NULL, *mean = NULL, *mres = NULL, *invstd = NULL, *o = NULL;
     TS_CHECK_GOTO(ts__contiguous(x_in, &x));
     if (weight) TS_CHECK_GOTO(ts__contiguous(weight, &w));
     if (bias) TS_CHECK_GOTO(ts__contiguous(bias, &b));
     ts_device *d = x->storage->device;
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &geom->R, &mean));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &geom->R, &mres));
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &geom->R, &invstd));
     TS_CHECK_GOTO(ts__new_like(x, &o));
-    TS_CHECK_GOTO(d->k_norm->group_norm(geom, o, mean, invstd, x, w, b, eps));
+    TS_CHECK_GOTO(d->k_norm->group_norm(geom, o, mean, mres, invstd, x, w, b, eps));
     const ts_tensor *in[3] = {x_in, weight, bias};
     ts_node *n = NULL;
     TS_CHECK_GOTO(ts__node_new(op, row_norm_backward, 3, in, &n));
@@ -230,6 +237,7 @@ static ts_status row_norm_run(const char *op, const ts_tensor *x_in, const ts_no
         ts__node_save(n, mean);
         ts__node_save(n, invstd);
         ts__node_save(n, w);
+        ts__node_save(n, mres);
         n->p.i[0] = geom->R;
         n->p.i[1] = geom->G;
         n->p.i[2] = geom->Cg;
@@ -243,6 +251,7 @@ fail:
     ts_tensor_release(w);
     ts_tensor_release(b);
     ts_tensor_release(mean);
+    ts_tensor_release(mres);
     ts_tensor_release(invstd);
     ts_tensor_release(o);
     return st;

@@ -104,10 +104,11 @@ static ts_status check_vec(const char *arg, const ts_tensor *t, const ts_tensor 
     return TS_OK;
 }
 
-/* Backward (see the top of the file). saved: x, mean, invstd (global, (C)), weight or NULL;
- * p.i[0]: the global count N*H*W over all ranks; ctx: the process group (borrowed). */
+/* Backward (see the top of the file). saved: x, mean, invstd (global, (C)), weight or NULL, the mean's
+ * residual; p.i[0]: the global count N*H*W over all ranks; ctx: the process group (borrowed). */
 static ts_status syncbn_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     const ts_tensor *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *w = n->saved[3];
+    const ts_tensor *mres = n->saved[4];
     ts_process_group *pg = n->ctx;
     ts_device *d = x->storage->device;
     const int64_t C = x->shape[1];
@@ -124,7 +125,7 @@ static ts_status syncbn_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     TS_CHECK_GOTO(ts__zeros_like(mean, &gw));  /* invstd * sum(dy (x - mean)): the local grad_weight */
     if (n->needs[0]) TS_CHECK_GOTO(ts__new_like(x, &gin[0]));
     /* eval form: mean/invstd are constants here, so gx = w invstd dy; the rest is added below */
-    if (local) TS_CHECK_GOTO(d->k_spatial->batchnorm2d_backward(g, x, mean, invstd, w, false, gin[0], gw, sdy));
+    if (local) TS_CHECK_GOTO(d->k_spatial->batchnorm2d_backward(g, x, mean, mres, invstd, w, false, gin[0], gw, sdy));
     if (n->needs[0]) {
         TS_CHECK_GOTO(ts_tensor_to_host(sdy, sums, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts_tensor_to_host(gw, sums + C, sizeof(float) * (size_t)C));
@@ -144,7 +145,7 @@ static ts_status syncbn_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
             TS_CHECK_GOTO(ts_tensor_from_host(shift, hshift, sizeof(float) * (size_t)C));
             TS_CHECK_GOTO(ts__new_like(x, &t));
             /* t = (x - mean) * coef + shift */
-            TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(t, x, mean, coef, NULL, shift));
+            TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(t, x, mean, mres, coef, NULL, shift));
             TS_CHECK_GOTO(d->k_ew->axpy(gin[0], 1.0f, t));
         }
     }
@@ -189,9 +190,10 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
 
     ts_status st = TS_OK;
     ts_device *d = x_in->storage->device;
-    ts_tensor *x = NULL, *lmean = NULL, *lis = NULL, *lvar = NULL, *send = NULL, *recv = NULL;
-    ts_tensor *mean = NULL, *invstd = NULL, *w = NULL, *b = NULL, *o = NULL;
-    float *hf = ts__malloc(sizeof(float) * (size_t)(4 * C)); /* local mean, local var; global mean, invstd */
+    ts_tensor *x = NULL, *lmean = NULL, *lres = NULL, *lis = NULL, *lvar = NULL, *send = NULL, *recv = NULL;
+    ts_tensor *mean = NULL, *mres = NULL, *invstd = NULL, *w = NULL, *b = NULL, *o = NULL;
+    /* local mean, local var; global mean, invstd; the local, then the global mean's residual */
+    float *hf = ts__malloc(sizeof(float) * (size_t)(5 * C));
     double *acc = ts__malloc(sizeof(double) * (size_t)(2 * C));
     if (!hf || !acc) {
         free(hf);
@@ -205,15 +207,17 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
     if (M > 0) {
         /* momentum 1 into zeroed "running" tensors: lvar = the local unbiased variance */
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &lmean));
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &lres));
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &lis));
         TS_CHECK_GOTO(ts_tensor_zeros(d, TS_F32, 1, &C, &lvar));
-        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, c->bn.eps, 1.0f, lmean, lis, NULL, lvar));
+        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, c->bn.eps, 1.0f, lmean, lres, lis, NULL, lvar));
         TS_CHECK_GOTO(ts_tensor_to_host(lmean, hf, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts_tensor_to_host(lvar, hf + C, sizeof(float) * (size_t)C));
+        TS_CHECK_GOTO(ts_tensor_to_host(lres, hf + 4 * C, sizeof(float) * (size_t)C));
         double *s = ts_tensor_data(send);
         s[0] = (double)M;
         for (int64_t k = 0; k < C; k++) {
-            s[1 + k] = hf[k];
+            s[1 + k] = (double)hf[k] + (double)hf[4 * C + k]; /* the local mean to ~48 bits */
             s[1 + C + k] = (double)hf[C + k] * (double)(M - 1);
         }
     }
@@ -244,14 +248,17 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
                       n, world, ts_shape_str(4, x->shape, xs, sizeof xs));
         goto fail;
     }
-    float *hmean = hf + 2 * C, *his = hf + 3 * C;
+    float *hmean = hf + 2 * C, *his = hf + 3 * C, *hres = hf + 4 * C;
     for (int64_t k = 0; k < C; k++) {
         hmean[k] = (float)gmean[k];
+        hres[k] = (float)(gmean[k] - (double)hmean[k]);
         his[k] = (float)(1.0 / sqrt(gm2[k] / n + (double)c->bn.eps));
     }
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mean));
+    TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mres));
     TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &invstd));
     TS_CHECK_GOTO(ts_tensor_from_host(mean, hmean, sizeof(float) * (size_t)C));
+    TS_CHECK_GOTO(ts_tensor_from_host(mres, hres, sizeof(float) * (size_t)C));
     TS_CHECK_GOTO(ts_tensor_from_host(invstd, his, sizeof(float) * (size_t)C));
     if (c->bn.track) { /* r = (1 - momentum) r + momentum * stat, unbiased variance (PyTorch's rule) */
         float *hrm = hf, *hrv = hf + C;
@@ -269,7 +276,7 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
     if (weight) TS_CHECK_GOTO(ts__contiguous(weight, &w));
     if (bias) TS_CHECK_GOTO(ts__contiguous(bias, &b));
     TS_CHECK_GOTO(ts__new_like(x, &o));
-    if (ts_tensor_numel(x) > 0) TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, mean, invstd, w, b));
+    if (ts_tensor_numel(x) > 0) TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, mean, mres, invstd, w, b));
     const ts_tensor *in[3] = {x_in, weight, bias};
     ts_node *node = NULL;
     TS_CHECK_GOTO(ts__node_new("sync_batchnorm2d", syncbn_backward, 3, in, &node));
@@ -278,6 +285,7 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
         ts__node_save(node, mean);
         ts__node_save(node, invstd);
         ts__node_save(node, w);
+        ts__node_save(node, mres);
         node->p.i[0] = (int64_t)n;
         node->ctx = c->pg; /* borrowed: no free_ctx */
         TS_CHECK_GOTO(ts__node_attach(node, o));
@@ -287,11 +295,13 @@ static ts_status sync_forward(ts_module *m, const ts_tensor *x_in, ts_tensor **o
 fail:
     ts_tensor_release(x);
     ts_tensor_release(lmean);
+    ts_tensor_release(lres);
     ts_tensor_release(lis);
     ts_tensor_release(lvar);
     ts_tensor_release(send);
     ts_tensor_release(recv);
     ts_tensor_release(mean);
+    ts_tensor_release(mres);
     ts_tensor_release(invstd);
     ts_tensor_release(w);
     ts_tensor_release(b);

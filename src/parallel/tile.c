@@ -244,7 +244,7 @@ typedef struct fwd {
     double *lmean, *lm2;   /* per tile (n*C): local mean and squared deviations */
     int64_t *lcount;       /* per tile */
     float *gmean, *ginvstd; /* (C) global statistics */
-    ts_tensor **mu, **is;  /* per tile: global mean, invstd (C) on the tile's device */
+    ts_tensor **mu, **mr, **is; /* per tile: global mean, its residual, invstd (C) on the tile's device */
     ts_tensor *S;          /* [mean; invstd] (2, C) on out_dev: end of the stats chain */
 } fwd;
 
@@ -408,10 +408,10 @@ static ts_status task_relu(fwd *f, int t) { return ts_relu(f->cur[t], &f->nxt[t]
 /* ---- BatchNorm2d over all tiles --------------------------------------------------------------------- */
 /* Local count, mean and M2 of tile t (into f->lmean/lm2/lcount). */
 static ts_status task_bn_stats(fwd *f, int t) {
-    ts_tensor *x = NULL, *mean = NULL, *is = NULL, *var = NULL;
+    ts_tensor *x = NULL, *mean = NULL, *mres = NULL, *is = NULL, *var = NULL;
     const int64_t C = f->C;
     ts_device *d = f->c->devs[t];
-    float *h = ts__malloc(sizeof(float) * (size_t)(2 * C));
+    float *h = ts__malloc(sizeof(float) * (size_t)(3 * C)); /* mean, var, mres */
     ts_status st = h ? TS_OK : TS_ERR_NOMEM;
     if (st != TS_OK) return st;
     TS_CHECK_GOTO(ts__contiguous(f->cur[t], &x));
@@ -419,30 +419,33 @@ static ts_status task_bn_stats(fwd *f, int t) {
     f->lcount[t] = M;
     if (M > 0) {
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mean));
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &mres));
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &is));
         TS_CHECK_GOTO(ts_tensor_zeros(d, TS_F32, 1, &C, &var));
         /* momentum 1 into a zeroed running_var: var = the local unbiased variance */
-        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, f->L->eps, 1.0f, mean, is, NULL, var));
+        TS_CHECK_GOTO(d->k_spatial->batchnorm2d_stats(x, f->L->eps, 1.0f, mean, mres, is, NULL, var));
         TS_CHECK_GOTO(ts_tensor_to_host(mean, h, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts_tensor_to_host(var, h + C, sizeof(float) * (size_t)C));
+        TS_CHECK_GOTO(ts_tensor_to_host(mres, h + 2 * C, sizeof(float) * (size_t)C));
         for (int64_t c = 0; c < C; c++) {
-            f->lmean[t * C + c] = h[c];
+            f->lmean[t * C + c] = (double)h[c] + (double)h[2 * C + c]; /* the mean to ~48 bits */
             f->lm2[t * C + c] = (double)h[C + c] * (double)(M - 1);
         }
     }
 fail:
     ts_tensor_release(x);
     ts_tensor_release(mean);
+    ts_tensor_release(mres);
     ts_tensor_release(is);
     ts_tensor_release(var);
     free(h);
     return st;
 }
 
-/* Backward of one link of the stats chain (see the top of the file). saved: x_t, mean, invstd (on
- * x_t's device); p.i[0]: M. gout: gS (2, C) = [gmean; ginvstd]. */
+/* Backward of one link of the stats chain (see the top of the file). saved: x_t, mean, invstd, mean's
+ * residual (on x_t's device); p.i[0]: M. gout: gS (2, C) = [gmean; ginvstd]. */
 static ts_status bn_stats_backward(ts_node *n, ts_tensor *gout, ts_tensor **gin) {
-    const ts_tensor *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2];
+    const ts_tensor *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *mres = n->saved[3];
     const int64_t C = mean->shape[0];
     const double M = (double)n->p.i[0];
     ts_device *d = x->storage->device;
@@ -466,7 +469,7 @@ static ts_status bn_stats_backward(ts_node *n, ts_tensor *gout, ts_tensor **gin)
     TS_CHECK_GOTO(ts_tensor_from_host(shift, hshift, sizeof(float) * (size_t)C));
     TS_CHECK_GOTO(ts__new_like(x, &gin[0]));
     /* gx = (x - mean) * coef + shift */
-    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(gin[0], x, mean, coef, NULL, shift));
+    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(gin[0], x, mean, mres, coef, NULL, shift));
 fail:
     ts_tensor_release(coef);
     ts_tensor_release(shift);
@@ -475,9 +478,10 @@ fail:
 }
 
 /* Backward of one tile's normalisation with mean/invstd as inputs. saved: x, mean, invstd, weight
- * (or NULL). Inputs: x, S_t (2, C), weight, bias. */
+ * (or NULL), mean's residual. Inputs: x, S_t (2, C), weight, bias. */
 static ts_status bn_apply_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin) {
     const ts_tensor *x = n->saved[0], *mean = n->saved[1], *invstd = n->saved[2], *w = n->saved[3];
+    const ts_tensor *mres = n->saved[4];
     const int64_t C = mean->shape[0];
     ts_device *d = x->storage->device;
     ts_tensor *g = NULL, *gw = NULL, *gb = NULL, *gx = NULL;
@@ -487,7 +491,7 @@ static ts_status bn_apply_backward(ts_node *n, ts_tensor *g_in, ts_tensor **gin)
     if (n->needs[0]) TS_CHECK_GOTO(ts__new_like(x, &gx));
     if (n->needs[1] || n->needs[2]) TS_CHECK_GOTO(ts__new_like(mean, &gw));
     if (n->needs[1] || n->needs[3]) TS_CHECK_GOTO(ts__new_like(mean, &gb));
-    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_backward(g, x, mean, invstd, w, false, gx, gw, gb));
+    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_backward(g, x, mean, mres, invstd, w, false, gx, gw, gb));
     if (n->needs[1]) { /* gS_t = [-w invstd sum(dy); w sum(dy (x - mean))], gw = invstd sum(dy (x - mean)) */
         h = ts__malloc(sizeof(float) * (size_t)(6 * C));
         if (!h) {
@@ -527,7 +531,7 @@ static ts_status bn_combine(fwd *f) {
     const int64_t C = f->C;
     ts_status st = TS_OK;
     double *acc = ts__calloc((size_t)(2 * C), sizeof(double));
-    float *hs = ts__malloc(sizeof(float) * (size_t)(2 * C));
+    float *hs = ts__malloc(sizeof(float) * (size_t)(3 * C)); /* mean, invstd, mean's residual */
     float *hr = ts__malloc(sizeof(float) * (size_t)(2 * C));
     ts_tensor *prev = NULL;
     if (!acc || !hs || !hr) {
@@ -555,6 +559,7 @@ static ts_status bn_combine(fwd *f) {
     for (int64_t c = 0; c < C; c++) {
         f->gmean[c] = hs[c] = (float)gm[c];
         f->ginvstd[c] = hs[C + c] = (float)(1.0 / sqrt(gm2[c] / total + (double)L->eps));
+        hs[2 * C + c] = (float)(gm[c] - (double)hs[c]);
     }
     if (m->training && L->track) { /* r = (1 - momentum) r + momentum * stat, unbiased variance */
         int64_t count = (int64_t)ts_tensor_item(m->buffers[2], 0) + 1;
@@ -576,8 +581,10 @@ static ts_status bn_combine(fwd *f) {
         ts_tensor *s = NULL;
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &f->mu[t]));
         TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &f->is[t]));
+        TS_CHECK_GOTO(ts__new(d, TS_F32, 1, &C, &f->mr[t]));
         TS_CHECK_GOTO(ts_tensor_from_host(f->mu[t], hs, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts_tensor_from_host(f->is[t], hs + C, sizeof(float) * (size_t)C));
+        TS_CHECK_GOTO(ts_tensor_from_host(f->mr[t], hs + 2 * C, sizeof(float) * (size_t)C));
         TS_CHECK_GOTO(ts__new(f->c->out_dev, TS_F32, 2, (int64_t[]){2, C}, &s));
         st = ts_tensor_from_host(s, hs, sizeof(float) * (size_t)(2 * C));
         if (st != TS_OK) {
@@ -591,6 +598,7 @@ static ts_status bn_combine(fwd *f) {
             ts__node_save(node, f->cur[t]);
             ts__node_save(node, f->mu[t]);
             ts__node_save(node, f->is[t]);
+            ts__node_save(node, f->mr[t]);
             node->p.i[0] = f->M;
             st = ts__node_attach(node, s);
         }
@@ -621,7 +629,7 @@ static ts_status task_bn_apply(fwd *f, int t) {
     if (f->w[t]) TS_CHECK_GOTO(ts__contiguous(f->w[t], &w));
     if (f->bias[t]) TS_CHECK_GOTO(ts__contiguous(f->bias[t], &b));
     TS_CHECK_GOTO(ts__new_like(x, &o));
-    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, f->mu[t], f->is[t], w, b));
+    TS_CHECK_GOTO(d->k_spatial->batchnorm2d_apply(o, x, f->mu[t], f->mr[t], f->is[t], w, b));
     const ts_tensor *in[4] = {f->cur[t], s, f->w[t], f->bias[t]};
     ts_node *node = NULL;
     TS_CHECK_GOTO(ts__node_new("tile_bn_apply", bn_apply_backward, 4, in, &node));
@@ -630,6 +638,7 @@ static ts_status task_bn_apply(fwd *f, int t) {
         ts__node_save(node, f->mu[t]);
         ts__node_save(node, f->is[t]);
         ts__node_save(node, w);
+        ts__node_save(node, f->mr[t]);
         TS_CHECK_GOTO(ts__node_attach(node, o));
     }
     f->nxt[t] = o;
@@ -705,6 +714,7 @@ fail:
     f->lcount = NULL;
     f->gmean = f->ginvstd = NULL;
     release_all(f->mu, f->n);
+    release_all(f->mr, f->n);
     release_all(f->is, f->n);
     ts_tensor_release(f->S);
     f->S = NULL;
@@ -759,14 +769,15 @@ static ts_status tile_forward(ts_module *m, const ts_tensor *x, ts_tensor **out)
     ts_tensor *y = NULL, *piece = NULL;
     ts_tensor **parts = NULL;
     int64_t *rows = ts__calloc((size_t)(4 * n), sizeof *rows);
-    ts_tensor **tv = ts__calloc((size_t)(7 * n), sizeof *tv);
+    ts_tensor **tv = ts__calloc((size_t)(8 * n), sizeof *tv);
     if (!rows || !tv) {
         st = TS_ERR_NOMEM;
         goto fail;
     }
     f.a = rows, f.b = rows + n, f.na = rows + 2 * n, f.nb = rows + 3 * n;
     f.cur = tv, f.nxt = tv + n, f.w = tv + 2 * n, f.bias = tv + 3 * n, f.mu = tv + 4 * n, f.is = tv + 5 * n;
-    parts = tv + 6 * n;
+    f.mr = tv + 6 * n;
+    parts = tv + 7 * n;
 
     /* scatter: tile t gets rows [t*H/n, (t+1)*H/n) (calling thread: x may be a leaf) */
     for (int t = 0; t < n; t++) {

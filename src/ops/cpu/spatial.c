@@ -1038,13 +1038,14 @@ static ts_status cpu_avgpool2d_backward(const ts_pool2d_geom *g, ts_tensor *gx, 
 
 /* =============================== batchnorm2d =============================== */
 
-// mean, invstd: (C) <- x: (N, C, H, W); running_mean, running_var: (C) updated in place
+// mean, mres (or NULL), invstd: (C) <- x: (N, C, H, W); running_mean, running_var: (C) updated in place
 static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float momentum, ts_tensor *mean,
-                                       ts_tensor *invstd, ts_tensor *running_mean, ts_tensor *running_var) {
+                                       ts_tensor *mres, ts_tensor *invstd, ts_tensor *running_mean,
+                                       ts_tensor *running_var) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
     const bool h = x->dtype == TS_BF16; /* bfloat16 activations: the statistics in float32 all the same */
     const void *px = ts__ptr(x);
-    float *pm = ts__f32(mean), *pis = ts__f32(invstd);
+    float *pm = ts__f32(mean), *pis = ts__f32(invstd), *pr = mres ? ts__f32(mres) : NULL;
     float *rm = running_mean ? ts__f32(running_mean) : NULL, *rv = running_var ? ts__f32(running_var) : NULL;
     const double mom = momentum;
     double *acc = malloc(sizeof(double) * (size_t)(3 * C)); /* per channel: the shift, s1, s2 */
@@ -1071,6 +1072,7 @@ static ts_status cpu_batchnorm2d_stats(const ts_tensor *x, float eps, float mome
             double mu = M ? sh + s1 / (double)M : 0.0, ss = M ? s2 - s1 * s1 / (double)M : 0.0;
             if (!(ss > 0)) ss = ss == ss ? 0.0 : ss; /* rounding below zero: 0; NaN stays */
             pm[c] = (float)mu;
+            if (pr) pr[c] = (float)(mu - (double)pm[c]);
             pis[c] = (float)(1.0 / sqrt((M ? ss / (double)M : 0.0) + (double)eps));
             if (rm) rm[c] = (float)(mom * mu + (1.0 - mom) * rm[c]);
             if (rv) rv[c] = (float)(mom * (M > 1 ? ss / (double)(M - 1) : 0.0) + (1.0 - mom) * rv[c]);
@@ -1088,19 +1090,22 @@ static ts_status cpu_batchnorm2d_invstd(const ts_tensor *var, float eps, ts_tens
     return TS_OK;
 }
 
-// out: (N, C, H, W) = x * scale[c] + shift[c], scale = invstd * weight, shift = bias - mean * scale
+// out: (N, C, H, W) = (x - mean[c]) * s[c] + (bias[c] - mres[c] * s[c]), s = invstd * weight (centred: at
+// |mean| >> std, x * s + (bias - mean * s) would round x * s, |mean| / std times the output, and cancel it)
 static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const ts_tensor *mean,
-                                       const ts_tensor *invstd, const ts_tensor *weight, const ts_tensor *bias) {
+                                       const ts_tensor *mres, const ts_tensor *invstd, const ts_tensor *weight,
+                                       const ts_tensor *bias) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
-    const float *pm = ts__f32(mean), *pis = ts__f32(invstd);
+    const float *pm = ts__f32(mean), *pis = ts__f32(invstd), *pr = mres ? ts__f32(mres) : NULL;
     const float *pw = weight ? ts__f32(weight) : NULL, *pb = bias ? ts__f32(bias) : NULL;
     const bool h = out->dtype == TS_BF16;
 #pragma omp parallel for if (N * C * HW > PAR_MIN) schedule(static)
     for (int64_t p = 0; p < N * C; p++) {
         int64_t c = p % C;
-        float scale = pis[c] * (pw ? pw[c] : 1.0f);
-        float shift = (pb ? pb[c] : 0.0f) - pm[c] * scale;
-        ts__cpu_plane_affine(plane_at_w(ts__ptr(out), p * HW, h), plane_at(ts__ptr(x), p * HW, h), HW, scale, shift, h);
+        const float scale = pis[c] * (pw ? pw[c] : 1.0f);
+        const float shift = (float)((pb ? (double)pb[c] : 0.0) - (pr ? (double)pr[c] * scale : 0.0));
+        ts__cpu_plane_affine(plane_at_w(ts__ptr(out), p * HW, h), plane_at(ts__ptr(x), p * HW, h), HW, pm[c], scale,
+                             shift, h);
     }
     return TS_OK;
 }
@@ -1108,13 +1113,16 @@ static ts_status cpu_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const
 /* With xhat = (x - mean) invstd, M = N*H*W, per channel:
  *   gb = sum g, gw = sum g xhat,
  *   training: gx = w invstd (g - gb/M - xhat gw/M)   eval: gx = w invstd g.
- * gx is written as a g + b x + c per channel. */
+ * The sums run about the float mean m; with the residual r (mres), sum g (x - m - r) = sgx - r sg.
+ * gx is written as a g + b (x - m) + (k - b r) per channel (centred, as the forward: b x + (k - b mean)
+ * cancels when |mean| >> std). */
 static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor *x, const ts_tensor *mean,
-                                          const ts_tensor *invstd, const ts_tensor *weight, bool training,
-                                          ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+                                          const ts_tensor *mres, const ts_tensor *invstd, const ts_tensor *weight,
+                                          bool training, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
     const void *px = ts__ptr(x), *pg = ts__ptr(gout); /* float32, or (h) bfloat16 gout, x and gx */
     const float *pm = ts__f32(mean), *pis = ts__f32(invstd), *pw = weight ? ts__f32(weight) : NULL;
+    const float *pr = mres ? ts__f32(mres) : NULL;
     void *pgx = gx ? ts__ptr(gx) : NULL;
     float *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
     const bool h = x->dtype == TS_BF16;
@@ -1135,16 +1143,16 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
                                           &acc[2 * c + 1]);
                 }
         for (int64_t c = c0; c < c1; c++) {
-            const double sg = acc[2 * c], sgx = acc[2 * c + 1], mu = pm[c], is = pis[c];
+            const double r = pr ? pr[c] : 0.0, sg = acc[2 * c], sgx = acc[2 * c + 1] - r * sg, is = pis[c];
             if (pgb) pgb[c] = (float)sg;
             if (pgw) pgw[c] = (float)(sgx * is);
             double wv = pw ? pw[c] : 1.0;
             float a = (float)(wv * is), b = 0.0f, k = 0.0f;
             if (training && M > 0) {
                 /* - w is (xhat gw / M) = - w is^3 (x - mu) sgx / M ; - w is gb / M */
-                double bb = -wv * is * is * is * sgx / (double)M;
+                const double bb = -wv * is * is * is * sgx / (double)M;
                 b = (float)bb;
-                k = (float)(-wv * is * sg / (double)M - bb * mu);
+                k = (float)(-wv * is * sg / (double)M - bb * r);
             }
             coef[3 * c] = a, coef[3 * c + 1] = b, coef[3 * c + 2] = k;
         }
@@ -1154,7 +1162,7 @@ static ts_status cpu_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor
                     const int64_t o = (n * C + c) * HW;
                     const float *abk = coef + 3 * c;
                     ts__cpu_plane_axpbyc(plane_at_w(pgx, o, h), plane_at(pg, o, h), plane_at(px, o, h), HW, abk[0],
-                                         abk[1], abk[2], h);
+                                         abk[1], pm[c], abk[2], h);
                 }
     }
     free(acc);

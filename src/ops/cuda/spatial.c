@@ -895,10 +895,11 @@ static ts_status cuda_adaptive_avgpool2d_backward(ts_tensor *gx, const ts_tensor
 
 /* =============================== batchnorm2d =============================== */
 
-// mean, invstd: (C) <- x: (N, C, H, W) in double (a sum pass, then squares about the float mean);
-// running_mean, running_var: (C) updated in place when given
+// mean, mres (or NULL), invstd: (C) <- x: (N, C, H, W) in double (a sum pass, then squares about the float
+// mean); running_mean, running_var: (C) updated in place when given
 static ts_status cuda_batchnorm2d_stats(const ts_tensor *x, float eps, float momentum, ts_tensor *mean,
-                                        ts_tensor *invstd, ts_tensor *running_mean, ts_tensor *running_var) {
+                                        ts_tensor *mres, ts_tensor *invstd, ts_tensor *running_mean,
+                                        ts_tensor *running_var) {
     ts_device *dev = ts__dev(x);
     TS_CU_BEGIN(dev, s);
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
@@ -914,7 +915,8 @@ static ts_status cuda_batchnorm2d_stats(const ts_tensor *x, float eps, float mom
     ts_status st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SUM, dt, px, NULL, NULL, N, C, HW, S, part, s),
                                    "spatial.batchnorm2d_stats");
     if (st == TS_OK)
-        st = ts__cuda_status(dev, ts_cu_bn_stats_mean(part, C, S, M, mu, pm, s), "spatial.batchnorm2d_stats");
+        st = ts__cuda_status(dev, ts_cu_bn_stats_mean(part, C, S, M, mu, pm, mres ? ts__f32(mres) : NULL, s),
+                             "spatial.batchnorm2d_stats");
     if (st == TS_OK)
         st = ts__cuda_status(dev, ts_cu_chan_partials(TS_CU_CHAN_SQDEV, dt, px, NULL, pm, N, C, HW, S, part, s),
                              "spatial.batchnorm2d_stats");
@@ -937,22 +939,24 @@ static ts_status cuda_batchnorm2d_invstd(const ts_tensor *var, float eps, ts_ten
     return TS_OK;
 }
 
-// out: (N, C, H, W) = (x - mean[c]) * invstd[c] * weight[c] + bias[c]
+// out: (N, C, H, W) = (x - mean[c] - mres[c]) * invstd[c] * weight[c] + bias[c]
 static ts_status cuda_batchnorm2d_apply(ts_tensor *out, const ts_tensor *x, const ts_tensor *mean,
-                                        const ts_tensor *invstd, const ts_tensor *weight, const ts_tensor *bias) {
+                                        const ts_tensor *mres, const ts_tensor *invstd, const ts_tensor *weight,
+                                        const ts_tensor *bias) {
     ts_device *dev = ts__dev(out);
     TS_CU_BEGIN(dev, s);
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
     TS_CU_LAUNCH(dev, "spatial.batchnorm2d_apply",
-                 ts_cu_bn_apply(act_type(x), ts__ptr(out), ts__ptr(x), ts__f32(mean), ts__f32(invstd),
-                                weight ? ts__f32(weight) : NULL, bias ? ts__f32(bias) : NULL, N, C, HW, s));
+                 ts_cu_bn_apply(act_type(x), ts__ptr(out), ts__ptr(x), ts__f32(mean), mres ? ts__f32(mres) : NULL,
+                                ts__f32(invstd), weight ? ts__f32(weight) : NULL, bias ? ts__f32(bias) : NULL, N, C,
+                                HW, s));
     return TS_OK;
 }
 
 // gx: (N, C, H, W), gw, gb: (C) from gout, x: (N, C, H, W); per-channel sums in double (deterministic)
 static ts_status cuda_batchnorm2d_backward(const ts_tensor *gout, const ts_tensor *x, const ts_tensor *mean,
-                                           const ts_tensor *invstd, const ts_tensor *weight, bool training,
-                                           ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
+                                           const ts_tensor *mres, const ts_tensor *invstd, const ts_tensor *weight,
+                                           bool training, ts_tensor *gx, ts_tensor *gw, ts_tensor *gb) {
     ts_device *dev = ts__dev(x);
     TS_CU_BEGIN(dev, s);
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3], M = N * HW;
@@ -975,11 +979,12 @@ static ts_status cuda_batchnorm2d_backward(const ts_tensor *gout, const ts_tenso
     const float *pw = weight ? ts__f32(weight) : NULL;
     float *pgw = gw ? ts__f32(gw) : NULL, *pgb = gb ? ts__f32(gb) : NULL;
     if (st == TS_OK)
-        st = ts__cuda_status(dev, ts_cu_bn_backward_coef(part, C, S, M, pm, ts__f32(invstd), pw, training, pgw, pgb,
-                                                         coef, s),
+        st = ts__cuda_status(dev,
+                             ts_cu_bn_backward_coef(part, C, S, M, mres ? ts__f32(mres) : NULL, ts__f32(invstd), pw,
+                                                    training, pgw, pgb, coef, s),
                              "spatial.batchnorm2d_backward");
     if (st == TS_OK && gx)
-        st = ts__cuda_status(dev, ts_cu_bn_axpbyc(dt, ts__ptr(gx), pg, px, coef, N, C, HW, s),
+        st = ts__cuda_status(dev, ts_cu_bn_axpbyc(dt, ts__ptr(gx), pg, px, pm, coef, N, C, HW, s),
                              "spatial.batchnorm2d_backward");
     ts_tensor_release(pt);
     return st;

@@ -388,18 +388,20 @@ TS_CU_EXTERN_C cudaError_t ts_cu_chan_sum_finalize(const double *part, int64_t C
 
 /* ================================ batchnorm2d ================================ */
 
-__global__ void bn_stats_mean_kernel(const double *part, int64_t C, int S, int64_t M, double *mu, float *mean) {
+__global__ void bn_stats_mean_kernel(const double *part, int64_t C, int S, int64_t M, double *mu, float *mean,
+                                     float *mres) {
     TS_CU_LOOP(c, C) {
         const double m = M ? part_total(part, c, S, 0) / (double)M : 0.0;
         mu[c] = m;
         mean[c] = (float)m;
+        if (mres) mres[c] = (float)(m - (double)(float)m);
     }
 }
 
 TS_CU_EXTERN_C cudaError_t ts_cu_bn_stats_mean(const double *part, int64_t C, int S, int64_t M, double *mu,
-                                               float *mean, cudaStream_t s) {
+                                               float *mean, float *mres, cudaStream_t s) {
     if (C == 0) return cudaSuccess;
-    bn_stats_mean_kernel<<<ts_cu_blocks(C), TS_CU_THREADS, 0, s>>>(part, C, S, M, mu, mean);
+    bn_stats_mean_kernel<<<ts_cu_blocks(C), TS_CU_THREADS, 0, s>>>(part, C, S, M, mu, mean, mres);
     return cudaGetLastError();
 }
 
@@ -435,36 +437,40 @@ TS_CU_EXTERN_C cudaError_t ts_cu_bn_invstd(const float *var, float eps, float *i
     return cudaGetLastError();
 }
 
-// out: (N, C, HW) = x * scale + shift, scale = invstd[c] weight[c], shift = bias[c] - mean[c] scale
+// out: (N, C, HW) = (x - mean[c]) s + (bias[c] - mres[c] s), s = invstd[c] weight[c] (centred, as the CPU's:
+// x s + (bias - mean s) cancels when |mean| >> std); __fmul_rn/__fadd_rn: no FMA, the CPU's roundings
 template <int D, typename I>
-__global__ void bn_apply_kernel(void *out, const void *x, const float *mean, const float *invstd,
+__global__ void bn_apply_kernel(void *out, const void *x, const float *mean, const float *mres, const float *invstd,
                                 const float *weight, const float *bias, I n, I C, I HW) {
     IDX_LOOP(I, i, n) {
         const I c = (i / HW) % C;
         const float scale = invstd[c] * (weight ? weight[c] : 1.0f);
-        const float shift = (bias ? bias[c] : 0.0f) - mean[c] * scale;
-        ts_cu_store<D>(out, i, ts_cu_load<D>(x, i) * scale + shift);
+        const float shift = (float)((bias ? (double)bias[c] : 0.0) - (mres ? (double)mres[c] * scale : 0.0));
+        const float d = ts_cu_load<D>(x, i) - mean[c];
+        ts_cu_store<D>(out, i, __fadd_rn(__fmul_rn(d, scale), shift));
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(int dt, void *out, const void *x, const float *mean, const float *invstd,
-                                          const float *weight, const float *bias, int64_t N, int64_t C, int64_t HW,
-                                          cudaStream_t s) {
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(int dt, void *out, const void *x, const float *mean, const float *mres,
+                                          const float *invstd, const float *weight, const float *bias, int64_t N,
+                                          int64_t C, int64_t HW, cudaStream_t s) {
     const int64_t n = N * C * HW;
     if (n == 0) return cudaSuccess;
-    LAUNCH_DT_IDX(dt, n, bn_apply_kernel, s, out, x, mean, invstd, weight, bias, n, C, HW);
+    LAUNCH_DT_IDX(dt, n, bn_apply_kernel, s, out, x, mean, mres, invstd, weight, bias, n, C, HW);
     return cudaGetLastError();
 }
 
-/* With xhat = (x - mean) invstd, per channel: gb = sum g, gw = sum g xhat; training:
- * gx = w invstd (g - gb/M - xhat gw/M), eval: gx = w invstd g; written as a g + b x + k
- * (the CPU's cpu_batchnorm2d_backward, term for term). */
-__global__ void bn_backward_coef_kernel(const double *part, int64_t C, int S, int64_t M, const float *mean,
+/* With xhat = (x - mean - mres) invstd, per channel: gb = sum g, gw = sum g xhat; training:
+ * gx = w invstd (g - gb/M - xhat gw/M), eval: gx = w invstd g; written as a g + b (x - mean) + k
+ * (the CPU's cpu_batchnorm2d_backward, term for term; centred: no cancellation at |mean| >> std). The
+ * DOTDEV partials ran about mean: sum g (x - mean - mres) = sgx - mres sg. */
+__global__ void bn_backward_coef_kernel(const double *part, int64_t C, int S, int64_t M, const float *mres,
                                         const float *invstd, const float *weight, bool training, float *gw,
                                         float *gb, float *coef) {
     TS_CU_LOOP(c, C) {
-        const double sg = part ? part_total(part, c, S, 0) : 0.0, sgx = part ? part_total(part, c, S, 1) : 0.0;
-        const double mu = (double)mean[c], is = (double)invstd[c];
+        const double r = mres ? (double)mres[c] : 0.0, sg = part ? part_total(part, c, S, 0) : 0.0;
+        const double sgx = part ? part_total(part, c, S, 1) - r * sg : 0.0;
+        const double is = (double)invstd[c];
         if (gb) gb[c] = (float)sg;
         if (gw) gw[c] = (float)(sgx * is);
         const double wv = weight ? (double)weight[c] : 1.0;
@@ -472,7 +478,7 @@ __global__ void bn_backward_coef_kernel(const double *part, int64_t C, int S, in
         if (training && M > 0) {
             const double bb = -wv * is * is * is * sgx / (double)M;
             b = (float)bb;
-            k = (float)(-wv * is * sg / (double)M - bb * mu);
+            k = (float)(-wv * is * sg / (double)M - bb * r);
         }
         coef[c * 3] = a;
         coef[c * 3 + 1] = b;
@@ -480,28 +486,31 @@ __global__ void bn_backward_coef_kernel(const double *part, int64_t C, int S, in
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_backward_coef(const double *part, int64_t C, int S, int64_t M, const float *mean,
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_backward_coef(const double *part, int64_t C, int S, int64_t M, const float *mres,
                                                   const float *invstd, const float *weight, bool training, float *gw,
                                                   float *gb, float *coef, cudaStream_t s) {
     if (C == 0) return cudaSuccess;
-    bn_backward_coef_kernel<<<ts_cu_blocks(C), TS_CU_THREADS, 0, s>>>(part, C, S, M, mean, invstd, weight, training,
+    bn_backward_coef_kernel<<<ts_cu_blocks(C), TS_CU_THREADS, 0, s>>>(part, C, S, M, mres, invstd, weight, training,
                                                                        gw, gb, coef);
     return cudaGetLastError();
 }
 
-// gx: (N, C, HW) = a g + b x + k with (a, b, k) = coef[c]
+// gx: (N, C, HW) = a g + b (x - mean[c]) + k with (a, b, k) = coef[c], rounded as the CPU's (no FMA)
 template <int D, typename I>
-__global__ void bn_axpbyc_kernel(void *gx, const void *g, const void *x, const float *coef, I n, I C, I HW) {
+__global__ void bn_axpbyc_kernel(void *gx, const void *g, const void *x, const float *mean, const float *coef, I n,
+                                 I C, I HW) {
     IDX_LOOP(I, i, n) {
         const I c = (i / HW) % C;
-        ts_cu_store<D>(gx, i, coef[c * 3] * ts_cu_load<D>(g, i) + coef[c * 3 + 1] * ts_cu_load<D>(x, i) + coef[c * 3 + 2]);
+        const float d = ts_cu_load<D>(x, i) - mean[c];
+        const float ag = __fmul_rn(coef[c * 3], ts_cu_load<D>(g, i)), bd = __fmul_rn(coef[c * 3 + 1], d);
+        ts_cu_store<D>(gx, i, __fadd_rn(__fadd_rn(ag, bd), coef[c * 3 + 2]));
     }
 }
 
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(int dt, void *gx, const void *g, const void *x, const float *coef,
-                                           int64_t N, int64_t C, int64_t HW, cudaStream_t s) {
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(int dt, void *gx, const void *g, const void *x, const float *mean,
+                                           const float *coef, int64_t N, int64_t C, int64_t HW, cudaStream_t s) {
     const int64_t n = N * C * HW;
     if (n == 0) return cudaSuccess;
-    LAUNCH_DT_IDX(dt, n, bn_axpbyc_kernel, s, gx, g, x, coef, n, C, HW);
+    LAUNCH_DT_IDX(dt, n, bn_axpbyc_kernel, s, gx, g, x, mean, coef, n, C, HW);
     return cudaGetLastError();
 }

@@ -70,26 +70,29 @@ TS_CU_EXTERN_C cudaError_t ts_cu_chan_partials(int mode, int dt, const void *x, 
 TS_CU_EXTERN_C cudaError_t ts_cu_chan_sum_finalize(const double *part, int64_t C, int S, float *out, cudaStream_t s);
 
 /* ---- batchnorm2d ---- */
-// after SUM partials over M = N*HW elements per channel: mu: (C) doubles, mean: (C) = (float) mu
+// after SUM partials over M = N*HW elements per channel: mu: (C) doubles, mean: (C) = (float) mu,
+// mres (C) (NULL: not written) = (float) (mu - mean)
 TS_CU_EXTERN_C cudaError_t ts_cu_bn_stats_mean(const double *part, int64_t C, int S, int64_t M, double *mu,
-                                               float *mean, cudaStream_t s);
+                                               float *mean, float *mres, cudaStream_t s);
 // after SQDEV partials about mean: invstd (C) and, when given, running_mean / running_var (C) updated
 TS_CU_EXTERN_C cudaError_t ts_cu_bn_stats_var(const double *part, int64_t C, int S, int64_t M, const double *mu,
                                               const float *mean, float eps, float momentum, float *invstd,
                                               float *running_mean, float *running_var, cudaStream_t s);
 // invstd: (C) = 1 / sqrt(var + eps) in double
 TS_CU_EXTERN_C cudaError_t ts_cu_bn_invstd(const float *var, float eps, float *invstd, int64_t C, cudaStream_t s);
-// out: (N, C, HW) = x * scale[c] + shift[c]; weight, bias may be NULL; out may alias x
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(int dt, void *out, const void *x, const float *mean, const float *invstd,
-                                          const float *weight, const float *bias, int64_t N, int64_t C, int64_t HW,
-                                          cudaStream_t s);
-// part: (C, S, 2) DOTDEV partials (NULL when no sums were needed) -> gw, gb (C) when not NULL and
-// coef: (C, 3) floats (a, b, k) with gx = a g + b x + k; weight may be NULL
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_backward_coef(const double *part, int64_t C, int S, int64_t M, const float *mean,
+// out: (N, C, HW) = (x - mean[c] - mres[c]) * invstd[c] * weight[c] + bias[c]; mres, weight, bias may be
+// NULL; out may alias x
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_apply(int dt, void *out, const void *x, const float *mean, const float *mres,
+                                          const float *invstd, const float *weight, const float *bias, int64_t N,
+                                          int64_t C, int64_t HW, cudaStream_t s);
+// part: (C, S, 2) DOTDEV partials about mean (NULL when no sums were needed) -> gw, gb (C) when not NULL
+// and coef: (C, 3) floats (a, b, k) with gx = a g + b (x - mean) + k, centred on mean + mres; mres, weight
+// may be NULL
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_backward_coef(const double *part, int64_t C, int S, int64_t M, const float *mres,
                                                   const float *invstd, const float *weight, bool training, float *gw,
                                                   float *gb, float *coef, cudaStream_t s);
-// gx: (N, C, HW) = coef[c].a * g + coef[c].b * x + coef[c].k
-TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(int dt, void *gx, const void *g, const void *x, const float *coef,
-                                           int64_t N, int64_t C, int64_t HW, cudaStream_t s);
+// gx: (N, C, HW) = coef[c].a * g + coef[c].b * (x - mean[c]) + coef[c].k
+TS_CU_EXTERN_C cudaError_t ts_cu_bn_axpbyc(int dt, void *gx, const void *g, const void *x, const float *mean,
+                                           const float *coef, int64_t N, int64_t C, int64_t HW, cudaStream_t s);
 
 #endif
