@@ -49,11 +49,14 @@ void cli_print_help(const cli_command *cmd, FILE *f) {
     for (int i = 0; i < cmd->nflags; i++) {
         const cli_flag *fl = &cmd->flags[i];
         if (!fl->help) continue; /* a hidden alias (an old spelling) */
+        cli_type fl_type = fl->type;
         char head[64];
         const char *arg = fl->type == CLI_INT ? " N" : fl->type == CLI_FLOAT ? " X" : fl->type == CLI_BOOL ? "" : " S";
         snprintf(head, sizeof head, "--%s%s", fl->name, arg);
         fprintf(f, "  %-24s %s", head, fl->help);
-        switch (fl->type) {
+        /* a help text that names its default itself (e.g. "0: the model's, 224 for ResNets") gets no second one */
+        if (strstr(fl->help, "default")) fl_type = CLI_BOOL;
+        switch (fl_type) {
         case CLI_INT: fprintf(f, " (default %lld)", (long long)*(int64_t *)fl->ptr); break;
         case CLI_FLOAT: fprintf(f, " (default %g)", *(double *)fl->ptr); break;
         case CLI_STRING:

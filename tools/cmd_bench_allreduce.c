@@ -34,6 +34,7 @@
  * machine's memory), and the parent names every rank that failed or was killed
  * by a signal (e.g. SIGBUS), so a run never ends with a bare exit status 1.
  */
+#include "cli.h"
 #include "commands.h"
 #include "tessera.h"
 
@@ -55,7 +56,8 @@ typedef struct bench_opts {
     int step;
     double time_s;
     bool json;
-    const char *backend;
+    const char *backend;        /* ts_run_backend_name(backend_kind), for ts_pg_options */
+    ts_run_backend backend_kind; /* builtin, mpi or nccl */
     ts_dtype dt; /* float32 or bfloat16 */
 } bench_opts;
 
@@ -163,7 +165,7 @@ static int time_size(const bench_opts *o, ts_process_group *pg, ts_device *gpu, 
 /* --backend nccl: the rank's GPU (cuda:LOCAL_RANK), where the buffer lives; NULL for the others. */
 static int rank_gpu(const bench_opts *o, ts_process_group *pg, ts_device **gpu) {
     *gpu = NULL;
-    if (strcmp(o->backend, "nccl") != 0) return 0;
+    if (o->backend_kind != TS_RUN_BACKEND_NCCL) return 0;
     char name[32];
     snprintf(name, sizeof name, "cuda:%d", ts_pg_local_rank(pg) > 0 ? ts_pg_local_rank(pg) : 0);
     if (ts_device_get(name, gpu) == TS_OK) return 0;
@@ -220,52 +222,51 @@ static int run_rank(const bench_opts *o, int rank) {
     return rc;
 }
 
-static int usage(const char *flag) {
-    FILE *f = strcmp(flag, "--help") == 0 ? stdout : stderr;
-    if (f == stderr) fprintf(stderr, "tessera bench allreduce: unknown or incomplete flag '%s'\n", flag);
-    fprintf(f,
-            "usage: %s [-n N] [--min-bytes B] [--max-bytes B] [--step 2|4] [--time S] [--transport shm|tcp] "
-            "[--backend builtin|mpi|nccl] [--dtype float32|bfloat16] [--json]\n",
-            "tessera bench allreduce");
-    return f == stdout ? 1 : 2;
-}
+static const char *n_back(int i) { return ts_run_backend_name((ts_run_backend)i); }
 
-/* The flags into o: 0 to go on, 1 after --help, 2 after an error (printed). */
+/* The flags into o (-n is --nprocs): 0 to go on, 1 after --help, 2 after an error (printed). */
 static int parse_flags(int argc, char **argv, bench_opts *o) {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--json") == 0) o->json = true;
-        else if ((strcmp(a, "-n") == 0 || strcmp(a, "--nprocs") == 0) && v) o->nprocs = atoi(argv[++i]);
-        else if ((strcmp(a, "--min-bytes") == 0 || strcmp(a, "--max-bytes") == 0) && v) {
-            bool ok = false;
-            size_t b = parse_bytes(argv[++i], &ok);
-            if (!ok) {
-                fprintf(stderr, "tessera bench allreduce: %s '%s' is not a byte count (a number >= 1, optionally "
-                                "with a k, m or g suffix)\n", a, v);
-                return 2;
-            }
-            *(a[2] == 'm' && a[3] == 'i' ? &o->min_bytes : &o->max_bytes) = b;
-        }
-        else if (strcmp(a, "--step") == 0 && v) o->step = atoi(argv[++i]);
-        else if (strcmp(a, "--time") == 0 && v) o->time_s = atof(argv[++i]);
-        else if (strcmp(a, "--transport") == 0 && v) setenv("TS_DIST_TRANSPORT", argv[++i], 1);
-        else if (strcmp(a, "--backend") == 0 && v) {
-            o->backend = argv[++i];
-            if (!ts_pg_backend_available(o->backend)) {
-                fprintf(stderr, "tessera bench allreduce: --backend %s is not built into this Tessera (builtin%s%s)\n",
-                        o->backend, ts_pg_backend_available("mpi") ? ", mpi" : "",
-                        ts_pg_backend_available("nccl") ? ", nccl" : "");
-                return 2;
-            }
-        }
-        else if (strcmp(a, "--dtype") == 0 && v) {
-            if (ts_dtype_parse(argv[++i], &o->dt) != TS_OK || (o->dt != TS_F32 && o->dt != TS_BF16)) {
-                fprintf(stderr, "tessera bench allreduce: --dtype '%s': expected float32 or bfloat16\n", v);
-                return 2;
-            }
-        }
-        else return usage(a);
+    int64_t nprocs = o->nprocs, step = o->step;
+    const char *min_b = NULL, *max_b = NULL, *transport = NULL, *dtype = NULL;
+    int backend = TS_RUN_BACKEND_BUILTIN;
+    const cli_flag flags[] = {
+        {"nprocs", CLI_INT, &nprocs, "processes to fork on this host (-n N; under a launcher or mpirun: the job's)", 1, 256},
+        {"min-bytes", CLI_STRING, &min_b, "the smallest message, bytes with an optional k, m or g suffix (default 8)", 1, 0},
+        {"max-bytes", CLI_STRING, &max_b, "the largest message (default 256m); every rank allocates it", 1, 0},
+        {"step", CLI_INT, &step, "the factor between sizes: 2 or 4", 2, 4},
+        {"time", CLI_FLOAT, &o->time_s, "seconds of timed calls per size", 1e-6, 3600},
+        {"transport", CLI_STRING, &transport, "builtin backend on one host: shm (shared memory, the default) or tcp", 1, 0},
+        {"backend", CLI_ENUM, CLI_ENUM_OF(backend, n_back), "builtin, mpi (under mpirun) or nccl (a GPU per rank)", TS_RUN_BACKEND_BUILTIN, TS_RUN_BACKEND_NCCL},
+        {"dtype", CLI_STRING, &dtype, "float32 (the default) or bfloat16 (what --ddp-comm bf16 reduces)", 1, 0},
+        {"json", CLI_BOOL, &o->json, "print a JSON array, one object per size", 1, 0},
+    };
+    const cli_command cmd = {"bench allreduce", "tessera bench allreduce [flags]",
+                             "All-reduce bandwidth and latency in the style of nccl-tests: in-place sum over N ranks for "
+                             "each size from --min-bytes to --max-bytes, printing time, algbw and busbw (algbw x 2(n-1)/n).",
+                             flags, (int)(sizeof flags / sizeof flags[0])};
+    char *args[256];
+    if (argc > 256) return cli_usage_error(&cmd, "too many arguments (%d)", argc);
+    for (int i = 0; i < argc; i++) args[i] = strcmp(argv[i], "-n") == 0 ? (char *)"--nprocs" : argv[i];
+    int rc = cli_parse(&cmd, argc, args, NULL, 0, NULL);
+    if (rc) return rc;
+    o->nprocs = (int)nprocs;
+    o->step = (int)step;
+    o->backend_kind = (ts_run_backend)backend;
+    o->backend = ts_run_backend_name(o->backend_kind);
+    const char *sizes[2] = {min_b, max_b};
+    for (int k = 0; k < 2; k++) {
+        bool ok = true;
+        if (sizes[k]) *(k ? &o->max_bytes : &o->min_bytes) = parse_bytes(sizes[k], &ok);
+        if (!ok)
+            return cli_usage_error(&cmd, "--%s '%s' is not a byte count (a number >= 1, optionally with a k, m or g "
+                                   "suffix)", k ? "max-bytes" : "min-bytes", sizes[k]);
     }
+    if (transport) setenv("TS_DIST_TRANSPORT", transport, 1);
+    if (!ts_pg_backend_available(o->backend))
+        return cli_usage_error(&cmd, "--backend %s is not built into this Tessera (builtin%s%s)", o->backend,
+                               ts_pg_backend_available("mpi") ? ", mpi" : "", ts_pg_backend_available("nccl") ? ", nccl" : "");
+    if (dtype && (ts_dtype_parse(dtype, &o->dt) != TS_OK || (o->dt != TS_F32 && o->dt != TS_BF16)))
+        return cli_usage_error(&cmd, "--dtype '%s': expected float32 or bfloat16", dtype);
     return 0;
 }
 
@@ -275,7 +276,7 @@ static int check_opts(const bench_opts *o) {
     char msg[256];
     long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
     double mem = pages > 0 && psize > 0 ? (double)pages * (double)psize : 0;
-    int local = strcmp(o->backend, "mpi") == 0 ? 1 : o->nprocs; /* under mpirun we only know this rank */
+    int local = o->backend_kind == TS_RUN_BACKEND_MPI ? 1 : o->nprocs; /* under mpirun we only know this rank */
     if (o->nprocs < 1 || o->nprocs > 256)
         snprintf(msg, sizeof msg, "-n %d is out of range [1, 256]", o->nprocs), why = msg;
     else if (o->step != 2 && o->step != 4)
@@ -350,11 +351,11 @@ static int fork_ranks(const bench_opts *o) {
 }
 
 int ts_bench_allreduce(int argc, char **argv) {
-    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin", TS_F32};
+    bench_opts o = {2, 8, 256u << 20, 2, 0.2, false, "builtin", TS_RUN_BACKEND_BUILTIN, TS_F32};
     int rc = parse_flags(argc, argv, &o);
     if (rc) return rc == 1 ? 0 : rc;
     if ((rc = check_opts(&o)) != 0) return rc;
-    if (strcmp(o.backend, "mpi") == 0) { /* this process is one of mpirun's ranks */
+    if (o.backend_kind == TS_RUN_BACKEND_MPI) { /* this process is one of mpirun's ranks */
         const char *r = getenv("OMPI_COMM_WORLD_RANK");
         if (!r) {
             fprintf(stderr, "tessera bench allreduce: --backend mpi runs under mpirun: mpirun -n %d %s\n", o.nprocs,

@@ -103,7 +103,7 @@ static int parse(int argc, char **argv, train_args *a, char **cfg_buf) {
         {"pp-schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, n_pp), NULL, TS_PP_GPIPE, TS_PP_1F1B},
         {"timeout", CLI_FLOAT, &c->timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
         {"backend", CLI_ENUM, CLI_ENUM_OF(c->backend, n_back), "process group backend: auto, builtin (shared memory + TCP), mpi (under mpirun; --nproc starts mpirun), or nccl (CUDA devices; what auto takes with --device cuda when every rank has its own GPU)", 0, TS_RUN_BACKEND_COUNT - 1},
-        {"precision", CLI_ENUM, CLI_ENUM_OF(c->precision, n_prec), "fp32, bf16: autocast on the CPU — matmuls and convolutions take and return bfloat16 (float32 accumulation, AVX512_BF16 through oneDNN), BatchNorm/ReLU/max pooling/add keep bfloat16 activations (TS_AUTOCAST=fp32: products only, float32 between layers, as on CUDA); weights, optimizer, losses and normalisation statistics stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on this CPU float16 runs at float32 speed)", 0, TS_PRECISION_COUNT - 1},
+        {"precision", CLI_ENUM, CLI_ENUM_OF(c->precision, n_prec), "fp32, bf16: autocast — matmuls and convolutions take and return bfloat16 (float32 accumulation: AVX512_BF16 through oneDNN on the CPU, tensor cores on CUDA), BatchNorm/ReLU/max pooling/add keep bfloat16 activations (TS_AUTOCAST=fp32: products only, float32 between layers); weights, optimizer, losses and normalisation statistics stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on the CPU float16 runs at float32 speed)", 0, TS_PRECISION_COUNT - 1},
         {"loss-scale", CLI_FLOAT, &c->loss_scale, "--precision fp16: the initial loss scale (grows x2 every 2000 clean steps, halves on overflow)", 1, 1e30},
         {"ddp-comm", CLI_ENUM, CLI_ENUM_OF(c->ddp_comm, n_prec), "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", TS_PRECISION_FP32, TS_PRECISION_BF16},
         {"sync-bn", CLI_BOOL, &c->sync_bn, "with --nproc > 1: BatchNorm statistics over all ranks' batches (SyncBatchNorm)", 1, 0},
@@ -193,10 +193,12 @@ static void print_banner(ts_run *run) {
     if (c->precision == TS_PRECISION_FP16)
         printf("--precision fp16: matmul and convolution operands rounded to float16, float32 accumulation, dynamic "
                "loss scaling from %g\n", c->loss_scale);
+    ts_device *dev0 = NULL;
+    bool on_cuda = ts_strategy_devices(s, &dev0, 1) >= 1 && ts_device_type_of(dev0) == TS_DEVICE_CUDA;
     if (c->precision == TS_PRECISION_BF16)
         printf("--precision bf16: matmuls and convolutions in bfloat16 with float32 accumulation (%s)%s\n",
-               ts_cpu_gemm_library(),
-               ts_get_autocast() == TS_BF16 ? "; autocast: bfloat16 activations between layers on the CPU" : "");
+               on_cuda ? "cuBLAS, cuDNN" : ts_cpu_gemm_library(),
+               ts_get_autocast() == TS_BF16 ? "; autocast: bfloat16 activations between layers" : "");
     if (c->accum_steps > 1)
         printf("--accum-steps %lld: one optimizer step per %lld batches (%lld images%s)\n", (long long)c->accum_steps,
                (long long)c->accum_steps, (long long)(c->accum_steps * c->batch_size * world), world > 1 ? " over all ranks" : "");

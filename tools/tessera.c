@@ -21,7 +21,7 @@ static const subcommand subcommands[] = {
     {"eval", ts_cmd_eval, "accuracy, top-5, loss and confusion matrix of a checkpoint on a data set"},
     {"predict", ts_cmd_predict, "top classes of image files from a checkpoint"},
     {"bench", ts_cmd_bench, "measure training throughput (images/s)"},
-    {"ckpt", ts_cmd_ckpt, "inspect and compare checkpoints (show, diff)"},
+    {"ckpt", ts_cmd_ckpt, "inspect, compare, export and import checkpoints (show, diff, export, import)"},
     {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},
     {"data", ts_cmd_data, "export image folders, show a decoded and augmented pipeline batch"},
     {"export", ts_cmd_export, "write a model for inference runtimes (ONNX)"},

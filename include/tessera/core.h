@@ -204,13 +204,13 @@ const char *ts_conv_algo_name(ts_conv_algo a);
  * operands to bfloat16 (nearest even) and accumulates the products in float32 (exact products: 8-bit
  * mantissas), on AVX512_BF16 through oneDNN where the CPU has it. Tensors, every other op (losses,
  * softmax, normalisation statistics, optimizers) and the stored weights stay float32 (`tessera train
- * --precision bf16` sets it, and on the CPU ts_set_autocast(TS_BF16) too: bfloat16 activations). On the CPU, convolutions run oneDNN's bf16 primitives
+ * --precision bf16` sets it, and ts_set_autocast(TS_BF16) too: bfloat16 activations, on the CPU and CUDA). On the CPU, convolutions run oneDNN's bf16 primitives
  * or im2col under TS_BF16 (never Winograd: its transforms would round in bfloat16). On CUDA devices
  * matmuls multiply bfloat16 copies of the operands (cuBLAS, float32 accumulation) and convolutions run
  * cuDNN in bfloat16 with float32 compute, their outputs rounded to bfloat16 once more (as autocast). Process-wide; the environment's TS_MATMUL_PRECISION=fp32|bf16
  * sets the starting value. TS_F16 rounds the operands to float16 instead (fp16 training, with the
  * trainer's loss scaling: ts_trainer_opts.grad_scaler): on the CPU an emulation at float32 speed (im2col
- * convolutions), on CUDA cuBLAS and cuDNN float16 products (not yet run on a GPU). Other dtypes
+ * convolutions), on CUDA cuBLAS and cuDNN float16 products. Other dtypes
  * are refused (TS_ERR_INVALID_ARG). */
 ts_status ts_set_matmul_precision(ts_dtype dt);
 ts_dtype ts_get_matmul_precision(void);

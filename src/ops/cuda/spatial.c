@@ -17,8 +17,8 @@
  * bf16 convolutions, the result is rounded to bfloat16 once more on the way out (the legacy API has no
  * bfloat16-in, float32-out configuration), as under PyTorch's autocast. The bias, its gradient (from the
  * float32 gout) and every tensor the op sees stay float32. Under TS_F16 (float16 training) the same runs
- * with float16 copies and PSEUDO_HALF_CONFIG (CUDNN_DATA_HALF; not yet run on a GPU: the bfloat16 path
- * was, 2026-11-26). TS_CUDA_CONV_BF16=0 in the environment (read once) keeps convolutions in float32
+ * with float16 copies and PSEUDO_HALF_CONFIG (CUDNN_DATA_HALF; both paths ran on an H200, test_cuda and
+ * fp16/bf16 training, 2026-11-26 and 2026-11-28). TS_CUDA_CONV_BF16=0 in the environment (read once) keeps convolutions in float32
  * whatever the precision, for A/B measurements.
  *
  * Algorithms. By default (TS_CUDNN_ALGO unset or "heuristic", read once) they come from cuDNN's heuristics
