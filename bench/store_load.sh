@@ -6,7 +6,8 @@
 #   torch    PyTorch's TCPStore server (the newest torch found: .pyvenv-torch, then TS_PYTHON, .pyvenv,
 #            python3), driven by the same C clients speaking torch's protocol
 # For each client count: ops/s (set, get, add, check in turn, each client its own connection) and the
-# per-op p50 / p99 latency, best of --rounds rounds by ops/s. Then a rendezvous of --ranks simulated ranks
+# per-op p50 / p99 latency, best of --rounds rounds by ops/s, and how long all clients took to connect at
+# once (the clock starts after that). Then a rendezvous of --ranks simulated ranks
 # (threads, each its own connection, the join ts_pg_new runs) against Tessera's store.
 #
 #   bench/store_load.sh [--clients "16 64 256"] [--seconds 3] [--rounds 3] [--ranks 1024] [--build DIR]
@@ -64,18 +65,18 @@ best() { # target port clients -> the best round's line
 field() { awk -v k="$1" '{for (i=1;i<NF;i++) if ($i==k) print $(i+1)}' <<<"$2"; }
 
 echo "# store load: $(nproc) cores, $(uname -r), best of $ROUNDS x ${SECONDS_PER}s; torch: $TORCH_VER"
-printf "# %-8s %14s %14s %14s %10s %22s %22s\n" clients "echo ops/s" "tessera ops/s" "torch ops/s" "tess/torch" \
-  "tessera p50/p99 us" "torch p50/p99 us"
+printf "# %-8s %12s %14s %14s %10s %20s %20s %16s\n" clients "echo ops/s" "tessera ops/s" "torch ops/s" "tess/torch" \
+  "tessera p50/p99 us" "torch p50/p99 us" "connect tess/torch s"
 for c in $CLIENTS; do
   e=$(best echo "$(cat "$T/echo")" "$c")
   t=$(best tessera "$(cat "$T/tessera")" "$c")
   if [ -s "$T/torch" ]; then
     p=$(best torch "$(cut -d' ' -f1 "$T/torch")" "$c")
-    to=$(field ops_per_s "$p"); tl="$(field p50_us "$p")/$(field p99_us "$p")"
+    to=$(field ops_per_s "$p"); tl="$(field p50_us "$p")/$(field p99_us "$p")"; tc=$(field connect_all_s "$p")
     ratio=$(awk -v a="$(field ops_per_s "$t")" -v b="$to" 'BEGIN { printf "%.2fx", a / b }')
-  else to=-; tl=-; ratio=-; fi
-  printf "  %-8s %14s %14s %14s %10s %22s %22s\n" "$c" "$(field ops_per_s "$e")" "$(field ops_per_s "$t")" "$to" \
-    "$ratio" "$(field p50_us "$t")/$(field p99_us "$t")" "$tl"
+  else to=-; tl=-; ratio=-; tc=-; fi
+  printf "  %-8s %12s %14s %14s %10s %20s %20s %16s\n" "$c" "$(field ops_per_s "$e")" "$(field ops_per_s "$t")" "$to" \
+    "$ratio" "$(field p50_us "$t")/$(field p99_us "$t")" "$tl" "$(field connect_all_s "$t")/$tc"
 done
 r=$("$B" --rdzv "$RANKS" --port "$(cat "$T/tessera")" --rounds "$ROUNDS")
 echo "# rendezvous of $RANKS ranks (threads, one connection each, authenticated), best of $ROUNDS: $(field best_s "$r") s"
