@@ -5,6 +5,7 @@
 #define TESSERA_H
 
 #include "tessera/core.h"
+#include "tessera/env.h"
 #include "tessera/tensor.h"
 #include "tessera/ops.h"
 #include "tessera/nn.h"
