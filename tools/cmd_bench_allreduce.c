@@ -36,6 +36,7 @@
  */
 #include "cli.h"
 #include "commands.h"
+#include "core/env.h"
 #include "tessera.h"
 
 #include <arpa/inet.h>
@@ -309,8 +310,7 @@ static int fork_ranks(const bench_opts *o) {
     setenv("WORLD_SIZE", buf, 1);
     setenv("LOCAL_WORLD_SIZE", buf, 1);
     char token[TS_JOB_TOKEN_CHARS + 1]; /* the ranks' TCP store and links authenticate with it */
-    const char *have = getenv("TS_JOB_TOKEN");
-    if (!(have && *have)) {
+    if (!ts_env_is_set(TS_ENV_JOB_TOKEN)) {
         if (ts_job_token_new(token) != TS_OK) {
             fprintf(stderr, "cannot generate a job token: %s\n", ts_last_error());
             return 1;

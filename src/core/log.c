@@ -1,12 +1,12 @@
 /*
  * core/log.c — the logger: a level (TS_LOG_LEVEL) and a replaceable sink.
  */
+#include "core/env.h"
 #include "core/internal.h"
 
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <strings.h>
 #include <time.h>
 
 static ts_log_level ts_level = (ts_log_level)-1; /* unset: read the environment */
@@ -14,14 +14,8 @@ static ts_log_fn ts_sink;
 static void *ts_sink_user;
 static pthread_mutex_t ts_log_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static ts_log_level level_from_env(void) {
-    const char *e = getenv("TS_LOG_LEVEL");
-    if (!e) return TS_LOG_WARN;
-    static const char *names[] = {"debug", "info", "warn", "error", "off"};
-    for (int i = 0; i < 5; i++)
-        if (strcasecmp(e, names[i]) == 0) return (ts_log_level)i;
-    return TS_LOG_WARN;
-}
+/* TS_LOG_LEVEL (core/env.c: debug, info, warn, error, off in any case; a bad value warns and gives warn) */
+static ts_log_level level_from_env(void) { return (ts_log_level)ts_env_enum(TS_ENV_LOG_LEVEL); }
 
 void ts_log_set_level(ts_log_level level) { ts_level = level; }
 

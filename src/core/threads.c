@@ -5,6 +5,7 @@
  * src/ops/cpu/blas.c splits large products over these threads itself (see
  * there why OpenBLAS's own count is never changed).
  */
+#include "core/env.h"
 #include "core/internal.h"
 
 #include <omp.h>
@@ -106,21 +107,13 @@ ts_status ts_set_matmul_precision(ts_dtype dt) {
     return TS_OK;
 }
 
-/* A dtype setting *v, read once from environment variable env while unset (-1): fp32, bf16 or, with
- * allow_f16, fp16; another value is named on stderr and gives fp32 */
-static ts_dtype dtype_setting(_Atomic int *v, const char *env, bool allow_f16) {
+/* A dtype setting *v, read once from environment variable id while unset (-1): fp32, bf16 or fp16 (core/env.c
+ * names the values it takes; another value warns there and gives fp32) */
+static ts_dtype dtype_setting(_Atomic int *v, ts_env_id id) {
     int p = *v;
     if (p < 0) {
-        const char *e = getenv(env);
-        ts_dtype dt = TS_F32;
-        if (e && *e) {
-            bool ok = ts_dtype_parse(e, &dt) == TS_OK && (dt == TS_F32 || dt == TS_BF16 || (allow_f16 && dt == TS_F16));
-            if (!ok) {
-                ts_log(TS_LOG_WARN, "%s=%s: expected %s; using fp32", env, e,
-                       allow_f16 ? "fp32, bf16 or fp16" : "fp32 (off) or bf16");
-                dt = TS_F32;
-            }
-        }
+        static const ts_dtype dts[] = {[TS_ENV_PREC_FP32] = TS_F32, [TS_ENV_PREC_BF16] = TS_BF16, [TS_ENV_PREC_FP16] = TS_F16};
+        ts_dtype dt = dts[ts_env_enum(id)];
         int expect = -1;
         atomic_compare_exchange_strong(v, &expect, (int)dt);
         p = *v;
@@ -128,7 +121,7 @@ static ts_dtype dtype_setting(_Atomic int *v, const char *env, bool allow_f16) {
     return (ts_dtype)p;
 }
 
-ts_dtype ts_get_matmul_precision(void) { return dtype_setting(&matmul_precision, "TS_MATMUL_PRECISION", true); }
+ts_dtype ts_get_matmul_precision(void) { return dtype_setting(&matmul_precision, TS_ENV_MATMUL_PRECISION); }
 
 /* ---- autocast (read by the op layer: ops/half.c) ---- */
 static _Atomic int autocast = -1; /* -1: not yet read from TS_AUTOCAST */
@@ -139,17 +132,12 @@ ts_status ts_set_autocast(ts_dtype dt) {
     return TS_OK;
 }
 
-ts_dtype ts_get_autocast(void) { return dtype_setting(&autocast, "TS_AUTOCAST", false); }
+ts_dtype ts_get_autocast(void) { return dtype_setting(&autocast, TS_ENV_AUTOCAST); }
 
 ts_conv_algo ts_get_conv_algo(void) {
     int a = conv_algo;
-    if (a < 0) { /* a bad TS_CONV_ALGO is named once on stderr, then auto */
-        const char *e = getenv("TS_CONV_ALGO");
-        int v = e && *e ? conv_algo_index(e) : TS_CONV_AUTO;
-        if (v < 0) {
-            ts_log(TS_LOG_WARN, "TS_CONV_ALGO=%s: expected auto, im2col, winograd, winograd-f2, winograd-f4 or onednn; using auto", e);
-            v = TS_CONV_AUTO;
-        }
+    if (a < 0) { /* TS_CONV_ALGO's names are ts_conv_algo's order; a bad one warns (core/env.c), then auto */
+        int v = ts_env_enum(TS_ENV_CONV_ALGO);
         int expect = -1;
         atomic_compare_exchange_strong(&conv_algo, &expect, v);
         a = conv_algo;

@@ -13,6 +13,7 @@
  * header claims 256 GiB is refused at once, naming both sizes. Only regular
  * files are opened (a FIFO or a device is refused, not waited on).
  */
+#include "core/env.h"
 #include "data/idx_internal.h"
 #include "tensor/tensor.h"
 #include "tessera/data.h"
@@ -24,20 +25,10 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#define IDX_MAX_BYTES_DEFAULT (16ull << 30) /* TS_IDX_MAX_BYTES: the largest payload read */
 #define IDX_GZ_MAX_RATIO 1032u              /* deflate's largest expansion (258 bytes per 2 bits) */
 
-/* TS_IDX_MAX_BYTES (bytes, with an optional k/m/g suffix), else 16 GiB. */
-static uint64_t idx_max_bytes(void) {
-    const char *v = getenv("TS_IDX_MAX_BYTES");
-    if (!v || !*v) return IDX_MAX_BYTES_DEFAULT;
-    char *end = NULL;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (end == v) return IDX_MAX_BYTES_DEFAULT;
-    int sh = (*end == 'k' || *end == 'K') ? 10 : (*end == 'm' || *end == 'M') ? 20 : (*end == 'g' || *end == 'G') ? 30 : 0;
-    uint64_t b = x > ((1ull << 48) >> sh) ? 1ull << 48 : (uint64_t)x << sh; /* at most 2^48: no wrap below */
-    return b;
-}
+/* TS_IDX_MAX_BYTES (bytes, with an optional k/m/g suffix; at most 2^48: no wrap below), else 16 GiB. */
+static uint64_t idx_max_bytes(void) { return (uint64_t)ts_env_int(TS_ENV_IDX_MAX_BYTES); }
 
 /* Reads up to n bytes. Returns the count read (< n at end of data) and sets
  * *gzerr to a zlib message when the stream is corrupt (NULL otherwise). A gzip

@@ -12,6 +12,7 @@
  * This file only builds devices; the registry (device.c) registers them, so
  * calls go one way, registry to backend.
  */
+#include "core/env.h"
 #include "device/device.h"
 #include "device/k_blas.h"
 #include "device/k_ew.h"
@@ -152,8 +153,7 @@ static void cpu_device_setup(ts_device *d, const char *name, int index, cpu_cach
 #ifdef TS_SANITIZE
     cache->limit = 0;
 #else
-    const char *e = getenv("TS_CPU_CACHE_MB");
-    cache->limit = (size_t)(e ? atol(e) : 2048) << 20;
+    cache->limit = (size_t)ts_env_int(TS_ENV_CPU_CACHE_MB) << 20;
 #endif
     d->k_ew = &ts_cpu_kernels_ew;
     d->k_blas = &ts_cpu_kernels_blas;

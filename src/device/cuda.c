@@ -6,6 +6,7 @@
  * CUDA devices. Like cpu.c this file only builds devices; device.c registers them.
  */
 #include "device/cuda.h"
+#include "core/env.h"
 
 #include <stdio.h>
 
@@ -406,8 +407,8 @@ ts_status ts__cuda_device_new(int ordinal, ts_device **out) {
     memset(c->check_host, 0xff, sizeof(ts_cu_bad_rec));
     TS_CUDA_TRY(d, cudaMemsetAsync(c->check_dev, 0xff, sizeof(ts_cu_bad_rec), c->stream));
     TS_CUDA_TRY(d, cudaEventCreateWithFlags(&c->check_copied, cudaEventDisableTiming));
-    const char *e = getenv("TS_CUDA_CACHE_MB");
-    size_t limit = e && *e ? (size_t)atol(e) << 20 : SIZE_MAX;
+    int64_t mb = ts_env_int(TS_ENV_CUDA_CACHE_MB); /* -1: unbounded */
+    size_t limit = mb >= 0 ? (size_t)mb << 20 : SIZE_MAX;
     ts__cache_init(&c->cache, raw_alloc, raw_free, c, limit);
     d->stream = ts__stream_new(d->name, 1);
     if (!d->stream) return ts__error_prefix(TS_ERR_NOMEM, "%s: its worker", d->name);

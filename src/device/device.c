@@ -1,6 +1,7 @@
 /*
  * device/device.c — the device registry and allocation accounting.
  */
+#include "core/env.h"
 #include "device/device.h"
 #include "device/cuda.h"
 
@@ -48,27 +49,16 @@ static int ts_vcpu_threads = -1; /* -1: not configured (TS_CPU_DEVICE_THREADS or
 static bool ts_vcpu_created;
 static ts_device *ts_vcpu[TS_MAX_CPU_DEVICES];
 
-static int env_int(const char *name, int dflt) {
-    const char *e = getenv(name);
-    if (!e || !*e) return dflt;
-    char *end;
-    long v = strtol(e, &end, 10);
-    if (*end || v < 1 || v > 1 << 20) {
-        ts_log(TS_LOG_WARN, "ignoring %s='%s' (want a positive integer)", name, e);
-        return dflt;
-    }
-    return (int)v;
-}
-
 static int vcpu_count_locked(void) {
-    if (ts_vcpu_count < 0) ts_vcpu_count = TS_MIN(env_int("TS_CPU_DEVICES", 2), TS_MAX_CPU_DEVICES);
+    if (ts_vcpu_count < 0) ts_vcpu_count = (int)TS_MIN(ts_env_int(TS_ENV_CPU_DEVICES), TS_MAX_CPU_DEVICES);
     return ts_vcpu_count;
 }
 
 static int vcpu_threads_locked(void) {
     if (ts_vcpu_threads > 0) return ts_vcpu_threads;
+    int t = (int)ts_env_int(TS_ENV_CPU_DEVICE_THREADS); /* 0: unset */
     int cores = omp_get_num_procs();
-    return env_int("TS_CPU_DEVICE_THREADS", TS_MAX(1, cores / TS_MAX(1, vcpu_count_locked())));
+    return t > 0 ? t : TS_MAX(1, cores / TS_MAX(1, vcpu_count_locked()));
 }
 
 ts_status ts_set_cpu_device_count(int n) {

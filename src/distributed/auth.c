@@ -6,6 +6,7 @@
 #include "distributed/auth.h"
 
 #include "core/crypto.h"
+#include "core/env.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -30,7 +31,7 @@ static uint32_t get32(const uint8_t *p) {
 ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
     memset(a, 0, sizeof *a);
     bool from_env = token == NULL;
-    if (from_env) token = getenv("TS_JOB_TOKEN");
+    if (from_env) token = ts_env_str(TS_ENV_JOB_TOKEN);
     size_t n = token ? strlen(token) : 0;
     if (n > TS__AUTH_MAX_TOKEN)
         return ts_error(TS_ERR_INVALID_ARG, "%s: the job token (%s) is %zu characters long; at most %d are allowed",

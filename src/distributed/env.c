@@ -50,6 +50,7 @@
  * connects every rank to it (store_torch.c) instead of serving one itself.
  */
 #include "distributed/rendezvous.h"
+#include "core/env.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -320,7 +321,7 @@ typedef struct lpos {
 
 static ts_status read_rankvars(lpos *l) {
     *l = (lpos){"env", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", -1, -1, -1, -1, false};
-    if (env_get("TS_LAUNCHED_BY")) l->source = "tessera-run"; /* tessera train --nproc under torchrun: innermost */
+    if (ts_env_is_set(TS_ENV_LAUNCHED_BY)) l->source = "tessera-run"; /* tessera train --nproc under torchrun: innermost */
     else if (env_get("TORCHELASTIC_RUN_ID")) l->source = "torchrun";
     l->present = env_get("RANK") || env_get("WORLD_SIZE");
     if (!l->present) return TS_OK;

@@ -13,6 +13,7 @@
  * ts__flight_report fills one from the group's failure and the ring.
  */
 #include "distributed/flight.h"
+#include "core/env.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -220,7 +221,7 @@ void ts__flight_dump(ts__flight *f, const ts__fail_info *fi) {
     }
     ts_log(TS_LOG_ERROR, "%s", msg);
 
-    const char *dir = getenv("TS_FLIGHT_RECORDER_DIR");
+    const char *dir = ts_env_str(TS_ENV_FLIGHT_RECORDER_DIR);
     if (!dir || !*dir) return;
     char g[80], path[1024];
     ts__report_group_name(fi->group, g, sizeof g);
@@ -241,7 +242,7 @@ void ts__flight_dump(ts__flight *f, const ts__fail_info *fi) {
 }
 
 void ts__flight_report(ts__flight *f, const ts__fail_info *fi) {
-    const char *dir = getenv("TS_RUN_DIR");
+    const char *dir = ts_env_str(TS_ENV_RUN_DIR);
     if (!dir || !*dir) return;
     ts__fail_report *r = ts__calloc(1, sizeof *r);
     if (!r) return;

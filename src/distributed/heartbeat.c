@@ -58,6 +58,7 @@
 #include "distributed/heartbeat.h"
 
 #include "core/bytes.h"
+#include "core/env.h"
 #include "distributed/netaddr.h"
 
 #include <arpa/inet.h>
@@ -106,24 +107,11 @@ struct ts__heartbeat {
 };
 
 /* ---- configuration ------------------------------------------------------------------------------ */
-static ts_status env_seconds(const char *name, double *out, bool *set) {
-    const char *e = getenv(name);
-    *set = false;
-    if (!e || !*e) return TS_OK;
-    *set = true;
-    if (strcmp(e, "off") == 0) {
-        *out = 0;
-        return TS_OK;
-    }
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(e, &end);
-    while (end && (*end == ' ' || *end == '\n')) end++;
-    if (errno || end == e || *end || !(v >= 0) || !isfinite(v))
-        return ts_error(TS_ERR_INVALID_ARG,
-                        "environment variable %s='%.100s' is not a number of seconds >= 0 (0 or off: no heartbeats)",
-                        name, e);
-    *out = v;
+/* TS_HEARTBEAT_TIMEOUT / _INTERVAL (core/env.c: 0 or off, or seconds in range; a bad value is an error) */
+static ts_status env_seconds(ts_env_id id, double *out, bool *set) {
+    TS_TRY(ts_env_check(id));
+    *set = ts_env_is_set(id);
+    if (*set) *out = ts_env_double(id);
     return TS_OK;
 }
 
@@ -135,7 +123,7 @@ ts_status ts__heartbeat_resolve_timeout(double opt, double *out) {
     }
     bool set = false;
     double v = TS_HEARTBEAT_DEFAULT_TIMEOUT_S;
-    TS_TRY(env_seconds("TS_HEARTBEAT_TIMEOUT", &v, &set));
+    TS_TRY(env_seconds(TS_ENV_HEARTBEAT_TIMEOUT, &v, &set));
     *out = v;
     return TS_OK;
 }
@@ -385,7 +373,7 @@ ts_status ts__heartbeat_new(int rank, int world, double timeout_s, ts__flight *f
     ts_status st = TS_OK;
     bool set = false;
     double iv = fmin(fmax(timeout_s / 10, 0.05), 1.0);
-    TS_CHECK_GOTO(env_seconds("TS_HEARTBEAT_INTERVAL", &iv, &set));
+    TS_CHECK_GOTO(env_seconds(TS_ENV_HEARTBEAT_INTERVAL, &iv, &set));
     hb->interval_s = fmax(iv, 0.01);
     hb->peers = ts__calloc((size_t)world, sizeof *hb->peers);
     if (!hb->peers) {

@@ -2,6 +2,7 @@
  * distributed/netaddr.c — the job's interface (netaddr.h).
  */
 #include "distributed/netaddr.h"
+#include "core/env.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -102,7 +103,8 @@ bool ts__net_job_spans_hosts(void) {
 
 ts_status ts__net_local_addr(const char *hint, bool cross_host, struct sockaddr_storage *ss, socklen_t *sl,
                              const char **from, bool *published_only) {
-    const char *ifname = getenv("TS_SOCKET_IFNAME"), *ifaddr = getenv("TS_DIST_IFADDR"), *master = getenv("MASTER_ADDR");
+    const char *ifname = ts_env_str(TS_ENV_SOCKET_IFNAME), *ifaddr = ts_env_str(TS_ENV_DIST_IFADDR);
+    const char *master = getenv("MASTER_ADDR");
     *published_only = false;
     if (ifname && *ifname) {
         TS_TRY(ts__net_ifname_addr(ifname, ss, sl));

@@ -17,6 +17,7 @@
  *      host: local_world_size = ranks on my host, local_rank = those below me.
  */
 #include "distributed/rendezvous.h"
+#include "core/env.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -59,19 +60,8 @@ static ts_status resolve_timeout(double opt, double *out) {
         *out = opt;
         return TS_OK;
     }
-    const char *e = getenv("TS_DIST_TIMEOUT");
-    if (!e || !e[0]) {
-        *out = TS_DIST_DEFAULT_TIMEOUT_S;
-        return TS_OK;
-    }
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(e, &end);
-    while (end && (*end == ' ' || *end == '\n')) end++;
-    if (errno || end == e || *end || !(v > 0) || !isfinite(v))
-        return ts_error(TS_ERR_INVALID_ARG, "environment variable TS_DIST_TIMEOUT='%.100s' is not a positive number "
-                        "of seconds", e);
-    *out = v;
+    TS_TRY(ts_env_check(TS_ENV_DIST_TIMEOUT)); /* seconds in [0.1, 1e7]; unset: TS_DIST_DEFAULT_TIMEOUT_S */
+    *out = ts_env_double(TS_ENV_DIST_TIMEOUT);
     return TS_OK;
 }
 

@@ -75,6 +75,7 @@
  * or failed is closed, never reused. Keys and values over the limits the server announced
  * are refused locally with TS_ERR_INVALID_ARG.
  */
+#include "core/env.h"
 #include "distributed/sock.h"
 #include "distributed/store.h"
 
@@ -750,11 +751,8 @@ static bool loopback_alias(const char *host, const struct addrinfo *a) {
  * process, and only when it is a listening TCP socket bound to `port`; -1 otherwise (then we bind). */
 static int inherited_listener(int port) {
     static atomic_bool taken;
-    const char *e = getenv("TS_STORE_LISTEN_FD");
-    if (!e || !*e || port <= 0 || atomic_load(&taken)) return -1;
-    char *end = NULL;
-    long fd = strtol(e, &end, 10);
-    if (*end || fd < 3 || fd > INT_MAX) return -1;
+    int64_t fd = ts_env_int(TS_ENV_STORE_LISTEN_FD); /* >= 3; -1 when unset */
+    if (fd < 3 || port <= 0 || atomic_load(&taken)) return -1;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int acc = 0, type = 0;

@@ -5,6 +5,7 @@
  * allow), and undoes it all. See launch.h for the other files.
  */
 #include "launch/launch.h"
+#include "core/env.h"
 
 #include "distributed/report.h"
 
@@ -91,7 +92,7 @@ static ts_status check_opts(const ts_launch_opts *o, char *const argv[]) {
 
 /* TS_RUN_DIR for the ranks: the caller's (its old failure reports removed), else a new one. */
 static void make_run_dir(ts__launcher *L) {
-    const char *given = getenv("TS_RUN_DIR");
+    const char *given = ts_env_str(TS_ENV_RUN_DIR);
     if (given && *given) {
         snprintf(L->run_dir, sizeof L->run_dir, "%s", given);
         mkdir(L->run_dir, 0777);
@@ -111,8 +112,7 @@ static void make_run_dir(ts__launcher *L) {
 }
 
 static ts_status job_token(ts__launcher *L) {
-    const char *tok = getenv("TS_JOB_TOKEN");
-    if (tok && *tok) return TS_OK;
+    if (ts_env_is_set(TS_ENV_JOB_TOKEN)) return TS_OK;
     if (L->o.nnodes > 1) {
         ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_WARNING),
                          "warning: TS_JOB_TOKEN is not set; with %d nodes every node needs the same token, so this "
@@ -265,7 +265,6 @@ ts_status ts_launch_run(const ts_launch_opts *opts, char *const argv[], ts_launc
 bool ts_launch_isatty(int fd) {
     if (isatty(fd)) return true;
     if (fd != 1 && fd != 2) return false;
-    const char *v = getenv("TS_OUTPUT_TERMINAL");
-    struct stat sb;
-    return v && (atoi(v) & fd) && fstat(fd, &sb) == 0 && S_ISFIFO(sb.st_mode);
+    struct stat sb; /* TS_OUTPUT_TERMINAL: 1 stdout, 2 stderr, 3 both */
+    return (ts_env_int(TS_ENV_OUTPUT_TERMINAL) & fd) && fstat(fd, &sb) == 0 && S_ISFIFO(sb.st_mode);
 }

@@ -17,6 +17,7 @@
  * also checks that the rest of the entropy-coded data ends with an EOI marker:
  * a truncated file fails whatever window the seed draws, as a whole decode does.
  */
+#include "core/env.h"
 #include "pipeline/pipeline_internal.h"
 
 #include <errno.h>
@@ -30,16 +31,11 @@
 
 #include <jpeglib.h> /* after stdio.h; libjpeg-turbo's libjpeg API: partial (window) decoding */
 
-#define MAX_PIXELS_DEFAULT (64ll << 20) /* TS_MAX_IMAGE_PIXELS: refuse larger headers before allocating */
 #define MAX_SCANS 500                    /* progressive JPEG scans, as TurboJPEG's TJFLAG_LIMITSCANS */
 
 int64_t ts__image_max_pixels(int64_t opt) {
     if (opt > 0) return opt;
-    const char *v = getenv("TS_MAX_IMAGE_PIXELS");
-    char *end = NULL;
-    long long x = v && *v ? strtoll(v, &end, 10) : 0;
-    if (x > 0 && end && (*end == 'm' || *end == 'M')) x = x > (1ll << 40) ? 1ll << 60 : x << 20;
-    return x > 0 ? x : MAX_PIXELS_DEFAULT;
+    return ts_env_int(TS_ENV_MAX_IMAGE_PIXELS); /* refuse larger headers before allocating; 64M when unset */
 }
 
 /* libjpeg error handling: errors and warnings both end the decode (as TJFLAG_STOPONWARNING). */

@@ -14,6 +14,7 @@
  *   training   strategy, optimizer, the schedule over the run's steps (epochs x steps per epoch, or
  *              max_steps when fewer; warmup first), the trainer, the resumed position
  */
+#include "core/env.h"
 #include "core/internal.h"
 #include "tessera/run.h"
 
@@ -111,14 +112,13 @@ static ts_status open_devices(ts_run *r) {
     }
     if (!c->devices) return TS_OK; /* the strategy takes every virtual CPU device */
     /* without TS_CPU_DEVICES, the virtual CPU devices grow to cover the highest cpu:K listed */
-    const char *env = getenv("TS_CPU_DEVICES");
     int want = 0;
     for (const char *p = strstr(c->devices, "cpu:"); p; p = strstr(p + 4, "cpu:")) {
         char *end;
         long k = strtol(p + 4, &end, 10);
         if (end != p + 4 && k >= 0 && k < TS_MAX_CPU_DEVICES && k + 1 > want) want = (int)k + 1;
     }
-    if ((!env || !*env) && want > ts_cpu_device_count()) ts_set_cpu_device_count(want);
+    if (!ts_env_is_set(TS_ENV_CPU_DEVICES) && want > ts_cpu_device_count()) ts_set_cpu_device_count(want);
     ts_status st = ts_device_list_parse(c->devices, r->devs, TS_MAX_CPU_DEVICES + 1, &so->num_devices);
     if (st != TS_OK) return ts__error_prefix(st, "devices");
     so->devices = r->devs;

@@ -4,6 +4,7 @@
  * its flags, in the config's words: the fields are the flags' names), whether
  * the caller must start processes, and the precision applied in one place.
  */
+#include "core/env.h"
 #include "core/internal.h"
 #include "tessera/run.h"
 
@@ -69,8 +70,7 @@ ts_status ts_precision_apply(ts_precision p) {
     TS_ARG((int)p >= 0 && p < TS_PRECISION_COUNT, "ts_precision_apply: %d is not a precision", (int)p);
     TS_TRY(ts_set_matmul_precision(ts_precision_dtype(p)));
     /* TS_AUTOCAST in the environment is autocast's starting value (core/threads.c): when set, it decides */
-    const char *e = getenv("TS_AUTOCAST");
-    if (!(e && *e)) TS_TRY(ts_set_autocast(p == TS_PRECISION_BF16 ? TS_BF16 : TS_F32));
+    if (!ts_env_is_set(TS_ENV_AUTOCAST)) TS_TRY(ts_set_autocast(p == TS_PRECISION_BF16 ? TS_BF16 : TS_F32));
     return TS_OK;
 }
 

@@ -72,6 +72,7 @@
  * barrier: a recursive-doubling all-reduce of one float.
  * send/recv: one stream; the header carries the tag, which must match.
  */
+#include "core/env.h"
 #include "distributed/backend.h"
 #include "distributed/builtin/transport.h"
 
@@ -145,17 +146,6 @@ typedef struct builtin {
     char links[600]; /* how this rank reaches its peers (log_transports, bi_describe) */
     bool logged_algo[2]; /* TS_LOG_LEVEL=debug: all_reduce's ring [0] / recursive doubling [1] logged once */
 } builtin;
-
-static size_t env_bytes(const char *name, size_t def) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end = NULL;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (end == v) return def;
-    if (*end == 'k' || *end == 'K') x <<= 10;
-    else if (*end == 'm' || *end == 'M') x <<= 20;
-    return (size_t)x;
-}
 
 /* ---- framing -------------------------------------------------------------------------------------- */
 static void begin(builtin *b, ts_coll_kind kind, ts_dtype dt, int op, int arg, uint64_t count) {
@@ -566,7 +556,7 @@ static ts_status shm_setup(builtin *b, ts_store *store, const char *pre, bool *s
             nlocal++;
             leader = TS_MIN(leader, j);
         }
-    size_t want = TS_MAX(env_bytes("TS_DIST_SHM_BYTES", 1u << 20), (size_t)64 << 10), ring = want;
+    size_t want = (size_t)ts_env_int(TS_ENV_DIST_SHM_BYTES), ring = want; /* at least 64 KiB */
     snprintf(key, sizeof key, "%s/shmring/%d", pre, leader);
     if (leader == r) { /* one decision per host: ranks deciding on their own would see others' segments */
         ring = ts__shm_pick_ring(nlocal, want);
@@ -634,12 +624,8 @@ static ts_status connect_all(builtin *b, const ts__backend_ctx *ctx) {
     TS_CHECK_GOTO(ts_store_add(ctx->store, key, 1, &gen));
     snprintf(pre, sizeof pre, "builtin/%lld", (long long)gen);
 
-    const char *tr = getenv("TS_DIST_TRANSPORT");
-    bool force_tcp = tr && strcmp(tr, "tcp") == 0;
-    if (tr && *tr && !force_tcp && strcmp(tr, "auto") != 0 && strcmp(tr, "shm") != 0) {
-        st = ts_error(TS_ERR_INVALID_ARG, "TS_DIST_TRANSPORT='%s': expected auto, shm or tcp", tr);
-        goto fail;
-    }
+    TS_CHECK_GOTO(ts_env_check(TS_ENV_DIST_TRANSPORT)); /* auto, shm or tcp */
+    bool force_tcp = ts_env_enum(TS_ENV_DIST_TRANSPORT) == TS_ENV_TRANSPORT_TCP;
     gethostname(host, sizeof host - 1);
     snprintf(key, sizeof key, "%s/host/%d", pre, r);
     TS_CHECK_GOTO(ts_store_set(ctx->store, key, host, strlen(host)));
@@ -746,8 +732,8 @@ static ts_status bi_init(const ts__backend_ctx *ctx, void **state) {
     b->world = ctx->world_size;
     b->timeout_s = ctx->timeout_s;
     b->aborted = ctx->aborted;
-    b->ring_threshold = env_bytes("TS_DIST_RING_THRESHOLD", 256u << 10);
-    b->spin_limit = (unsigned)env_bytes("TS_DIST_SPIN", 300);
+    b->ring_threshold = (size_t)ts_env_int(TS_ENV_DIST_RING_THRESHOLD);
+    b->spin_limit = (unsigned)ts_env_int(TS_ENV_DIST_SPIN);
     b->peers = ts__calloc((size_t)b->world, sizeof *b->peers);
     b->tx_steps = ts__calloc((size_t)b->world * 2, sizeof(step));
     b->rx_steps = ts__calloc((size_t)b->world * 2, sizeof(step));

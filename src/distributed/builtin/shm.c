@@ -39,6 +39,7 @@
  * kill(pid, 0) + /proc/<pid>/stat (a zombie is gone too).
  */
 #include "distributed/builtin/transport.h"
+#include "core/env.h"
 #include "core/half.h"
 
 #include <dirent.h>
@@ -97,17 +98,6 @@ typedef struct shm_link {
     size_t rxcap, txcap, chunk;
 } shm_link;
 
-static size_t env_size(const char *name, size_t def, size_t lo, size_t hi) {
-    const char *v = getenv(name);
-    if (!v || !*v) return def;
-    char *end = NULL;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (end == v) return def;
-    if (*end == 'k' || *end == 'K') x <<= 10;
-    else if (*end == 'm' || *end == 'M') x <<= 20;
-    return TS_MAX(lo, TS_MIN(hi, (size_t)x));
-}
-
 bool ts__pid_alive(int pid) {
     if (pid <= 0) return true;
     if (kill(pid, 0) != 0 && errno == ESRCH) return false;
@@ -127,8 +117,7 @@ static ring_hdr *seg_ring(ts__shm_seg *s, int slot) { return (ring_hdr *)(s->bas
 static unsigned char *seg_data(ts__shm_seg *s, int slot) { return (unsigned char *)seg_ring(s, slot) + HDR_BYTES; }
 
 const char *ts__shm_dir(void) {
-    const char *d = getenv("TS_SHM_DIR");
-    return d && *d ? d : "/dev/shm";
+    return ts_env_str(TS_ENV_SHM_DIR); /* /dev/shm when unset */
 }
 
 size_t ts__shm_seg_bytes(int slots, size_t ring_bytes) {
@@ -571,8 +560,8 @@ ts_status ts__shm_link_new(ts__shm_seg *mine, ts__shm_seg *theirs, int my_slot, 
     k->rxcap = mine->ring_bytes; /* each ring is sized by its consumer */
     k->txcap = theirs->ring_bytes;
     /* about four segments in flight per ring, so reduction overlaps transfer also in small rings */
-    k->chunk = env_size("TS_DIST_SHM_CHUNK", TS_MIN((size_t)256u << 10, TS_MIN(k->rxcap, k->txcap) / 4), 4096,
-                        TS_MIN(k->rxcap, k->txcap));
+    size_t cap = TS_MIN(k->rxcap, k->txcap), want = (size_t)ts_env_int(TS_ENV_DIST_SHM_CHUNK); /* 0: unset */
+    k->chunk = want ? TS_MIN(cap, want) : TS_MIN((size_t)256u << 10, cap / 4);
     k->chunk &= ~(size_t)63;
     atomic_store(&k->rx->cons_pid, (int)getpid());
     atomic_store(&k->tx->prod_pid, (int)getpid());

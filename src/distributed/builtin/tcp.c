@@ -26,6 +26,7 @@
  * accept() failing with EMFILE takes the listener out of poll() for 100 ms.
  */
 #include "distributed/builtin/transport.h"
+#include "core/env.h"
 
 #include "distributed/netaddr.h"
 #include "distributed/sock.h"
@@ -150,7 +151,7 @@ ts_status ts__tcp_listen(const char *hint, bool cross_host, int *fd_out, char *a
     const char *from = NULL;
     bool published_only = false; /* TS_DIST_IFADDR: peers use that address, which may not be ours */
     TS_TRY(ts__net_local_addr(hint, cross_host, &ss, &sl, &from, &published_only));
-    const char *ifaddr = getenv("TS_DIST_IFADDR");
+    const char *ifaddr = ts_env_str(TS_ENV_DIST_IFADDR);
     ts__net_set_port(&ss, 0);
     pub = ss;
     pl = sl;

@@ -68,6 +68,7 @@
  */
 #include "distributed/backend.h"
 
+#include "core/env.h"
 #include "core/internal.h"
 
 #include <limits.h>
@@ -441,14 +442,8 @@ static ts_status mpi_init_backend(const ts__backend_ctx *ctx, void **state) {
     b->aborted = ctx->aborted;
     b->opname = "process group init";
     b->tag_ub = flag && ub ? *ub : 32767;
-    b->max_count = INT_MAX;
-    const char *mc = getenv("TS_MPI_MAX_COUNT");
-    if (mc && *mc) {
-        long long v = atoll(mc);
-        if (v >= 1 && v < INT_MAX) b->max_count = (size_t)v;
-    }
-    const char *ck = getenv("TS_MPI_CHECK");
-    b->check = ck && *ck && strcmp(ck, "0") != 0;
+    b->max_count = (size_t)ts_env_int(TS_ENV_MPI_MAX_COUNT); /* in [1, INT_MAX), INT_MAX when unset */
+    b->check = ts_env_bool(TS_ENV_MPI_CHECK);
     b->comm = b->ctl = MPI_COMM_NULL;
     b->ctl_req = MPI_REQUEST_NULL;
     b->dup_req[0] = b->dup_req[1] = MPI_REQUEST_NULL;

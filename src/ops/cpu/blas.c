@@ -38,6 +38,7 @@
  * split along M or N leaves every element's sum over K in the same order, so
  * the result is the same for any thread count.
  */
+#include "core/env.h"
 #include "tensor/tensor.h"
 #include "device/k_blas.h"
 #include "core/half.h"
@@ -67,10 +68,7 @@ static void blas_init(void) {
     openblas_set_num_threads(1);
     omp_set_num_threads(n);
 #ifdef TS_HAVE_DNNL
-    const char *e = getenv("TS_GEMM");
-    use_dnnl = !(e && strcasecmp(e, "openblas") == 0);
-    if (e && *e && strcasecmp(e, "openblas") != 0 && strcasecmp(e, "onednn") != 0)
-        ts_log(TS_LOG_WARN, "TS_GEMM=%s: expected openblas or onednn; using onednn", e);
+    use_dnnl = ts_env_enum(TS_ENV_GEMM) == TS_ENV_GEMM_ONEDNN; /* a bad value warns (core/env.c): onednn */
 #endif
 }
 

@@ -16,6 +16,7 @@
  * decode never waits for training, only the write into a slot still in use does, and the host never
  * waits: the taps are copied from pageable memory, which the copy stages before it returns.
  */
+#include "core/env.h"
 #include "ops/cuda/common.h"
 #include "device/k_image.h"
 #include "ops/cuda/image_cu.h"
@@ -39,7 +40,7 @@ static struct {
 static pthread_once_t nvj_once = PTHREAD_ONCE_INIT;
 
 static void nvj_load_once(void) {
-    const char *env = getenv("TS_NVJPEG_LIB"); /* an explicit path is the only one tried */
+    const char *env = ts_env_str(TS_ENV_NVJPEG_LIB); /* an explicit path is the only one tried */
     const char *names[2] = {env && *env ? env : "libnvjpeg.so.13", env && *env ? NULL : "libnvjpeg.so"};
     char tried[256] = "";
     for (int i = 0; i < 2 && names[i] && !nvj.so; i++) {

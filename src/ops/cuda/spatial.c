@@ -59,6 +59,7 @@
  * may differ from run to run and may be a non-deterministic algorithm), and a conv gradient for which
  * cuDNN offers no deterministic algorithm within the workspace cap (not seen for float32 NCHW).
  */
+#include "core/env.h"
 #include "ops/cuda/common.h"
 #include "ops/cuda/ew_cu.h"
 #include "ops/cuda/spatial_cu.h"
@@ -104,16 +105,10 @@ static algo_mode env_algo;   /* TS_CUDNN_ALGO */
 static bool env_bf16 = true; /* TS_CUDA_CONV_BF16 is not 0: 16-bit convolutions under TS_BF16 / TS_F16 */
 
 static void env_init(void) {
-    const char *e = getenv("TS_CUDNN_ALGO");
-    env_algo = ALGO_HEURISTIC;
-    if (e && strcasecmp(e, "find") == 0)
-        env_algo = ALGO_FIND;
-    else if (e && strcasecmp(e, "benchmark") == 0)
-        env_algo = ALGO_BENCHMARK;
-    else if (e && *e && strcasecmp(e, "heuristic") != 0)
-        ts_log(TS_LOG_WARN, "TS_CUDNN_ALGO=%s: expected heuristic, find or benchmark; using heuristic", e);
-    e = getenv("TS_CUDA_CONV_BF16");
-    env_bf16 = !(e && strcmp(e, "0") == 0);
+    static const algo_mode modes[] = {[TS_ENV_CUDNN_HEURISTIC] = ALGO_HEURISTIC, [TS_ENV_CUDNN_FIND] = ALGO_FIND,
+                                      [TS_ENV_CUDNN_BENCHMARK] = ALGO_BENCHMARK};
+    env_algo = modes[ts_env_enum(TS_ENV_CUDNN_ALGO)]; /* a bad value warns (core/env.c): heuristic */
+    env_bf16 = ts_env_bool(TS_ENV_CUDA_CONV_BF16);
 }
 
 static algo_mode algo_how(void) {
