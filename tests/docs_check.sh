@@ -116,7 +116,35 @@ if [ -z "$hist" ]; then ok; echo "ok: no history words in ${#USER_DOCS[@]} user 
 else bad "project-history words in user documents:"; echo "$hist"; fi
 
 # ---- 5. environment variables (docs/env.md) ----------------------------------------------------------------
-# To come: every TS_* variable the code reads (its declaration table) has a row in docs/env.md.
+# The registry (src/core/env.c, listed by `tessera env --json`, one variable per line) against docs/env.md:
+# every registered variable has a row in the section the registry names, docs/env.md has no row for a TS_*
+# name the registry does not know (but in "Building and testing": the scripts' and tests' own variables),
+# and no code in src/ or tools/ reads a TS_* variable except through the registry.
+ENV_MD=docs/env.md
+reg=$("$TS" env --json | sed -nE 's/^  \{"name": "(TS_[A-Z0-9_]+)", "section": "([^"]*)".*/\1|\2/p')
+nreg=$(grep -c . <<<"$reg")
+[ "$nreg" -ge 20 ] || bad "'tessera env --json' lists $nreg variables (the registry is larger)"
+# rows NAME|SECTION: the TS_* names in the first cell of each table row, with the ## heading above it
+rows=$(awk '/^```/ { fence = !fence; next }
+            !fence && /^## / { sec = substr($0, 4) }
+            !fence && /^\| *`TS_/ { split($0, cell, "|"); c = cell[2]
+                                    while (match(c, /`TS_[A-Z0-9_]+/)) { print substr(c, RSTART + 1, RLENGTH - 1) "|" sec; c = substr(c, RSTART + RLENGTH) } }' "$ENV_MD")
+nenv=0
+while IFS='|' read -r name sec; do
+  [ -n "$name" ] || continue
+  nenv=$((nenv+1))
+  row=$(grep -m1 "^$name|" <<<"$rows")
+  if [ -z "$row" ]; then bad "$ENV_MD has no row for $name (registered in src/core/env.c, section '$sec')"
+  elif [ "${row#*|}" != "$sec" ]; then bad "$ENV_MD lists $name under '${row#*|}'; the registry says '$sec'"
+  else ok; fi
+done <<<"$reg"
+while IFS='|' read -r name sec; do
+  [ -n "$name" ] && [ "$sec" != "Building and testing" ] || continue
+  if grep -q "^$name|" <<<"$reg"; then ok; else bad "$ENV_MD has a row for $name, which src/core/env.c does not register"; fi
+done <<<"$rows"
+stray=$(grep -rnE 'getenv\("TS_|env_get\("TS_' src tools --include='*.c' --include='*.h' --include='*.cu' | grep -v '^src/core/env\.[ch]:')
+if [ -z "$stray" ]; then ok; echo "ok: $nenv registered variables have their rows in $ENV_MD; none read outside src/core/env.c"
+else bad "TS_* variables read outside the registry (use core/env.h's accessors):"; echo "$stray"; fi
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

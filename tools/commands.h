@@ -21,6 +21,8 @@ int ts_cmd_predict(int argc, char **argv);
 int ts_cmd_export(int argc, char **argv);
 /* `tessera devices` (tools/cmd_devices.c). */
 int ts_cmd_devices(int argc, char **argv);
+/* `tessera env` (tools/cmd_env.c). */
+int ts_cmd_env(int argc, char **argv);
 /* `tessera trace merge` (tools/cmd_trace.c). */
 int ts_cmd_trace(int argc, char **argv);
 
