@@ -63,7 +63,8 @@ ts_status ts_env_validate(int index);
 
 /* Forgets the values read once, so that the next use reads the environment again (for tests and for programs
  * that set variables themselves before they start the library's parts again). Settings that a part keeps on
- * its own (the log level, the conv algorithm, the virtual CPU devices once created) are not reset. */
+ * its own (the log level, the conv algorithm, the virtual CPU devices once created) are not reset. Call it
+ * while no other thread uses the library. */
 void ts_env_reload(void);
 
 #ifdef __cplusplus
