@@ -98,8 +98,7 @@ cleanup() {
   local i p
   for i in 0 1; do [ "${LPID[i]}" != 0 ] && kill -KILL "${LPID[i]}" 2> /dev/null; done
   hosts_down
-  for p in $(jobs -p); do kill -KILL "$p" 2> /dev/null; done
-  wait 2> /dev/null
+  for p in $(jobs -p); do kill -KILL "$p" 2> /dev/null; wait "$p" 2> /dev/null; done
   for m in "$T/ckfs" "$T/shm0" "$T/shm1"; do mountpoint -q "$m" && umount -l "$m"; done
   if [ -n "$KEEP_LOGS" ]; then mkdir -p "$KEEP_LOGS" && cp -r "$T"/*.log "$T"/*.tsv "$T"/logs "$KEEP_LOGS"/ 2> /dev/null; fi
   rm -rf "$T"
@@ -169,10 +168,11 @@ cur_step() {
   l=$(tail -n 3 "$CSV" 2> /dev/null | grep -E '^[0-9]+,[0-9]' | tail -1)
   echo "${l%%,*}"
 }
-# rank_pid I L: the pid of node I's rank with LOCAL_RANK L (the current attempt), empty when there is none
+# rank_pid I L: the pid of node I's rank with LOCAL_RANK L, the newest when a restart overlaps two attempts,
+# empty when there is none
 rank_pid() {
   local p
-  for p in $(pgrep -P "${LPID[$1]}" 2> /dev/null); do
+  for p in $(ps --ppid "${LPID[$1]}" -o pid= --sort=-start_time 2> /dev/null); do
     tr '\0' '\n' 2> /dev/null < "/proc/$p/environ" | grep -qx "LOCAL_RANK=$2" && { echo "$p"; return; }
   done
 }
@@ -336,6 +336,8 @@ for ((i = 0; i < FAULTS; i++)); do
         detail="600 connections + garbage at the store for ${d}s, rank $r SIGKILLed 1s in"
       else detail="600 connections + garbage at the store for ${d}s"; fi ;;
   esac
+  # the step at the fault: read after it (a lookup before it can take a few steps' time on a busy machine)
+  s0=$(cur_step); s0=${s0:-0}
   say "fault $((i + 1))/$FAULTS at step $s0: $kind: $detail"
   # wait for a verdict or progress (the wait), then for MARGIN steps past s0 (the recovery)
   t_v= line= t_p= t_r= result=
