@@ -17,8 +17,11 @@
 # It then prints a table: faults injected and survived (by kind), restarts, time lost against an uninterrupted
 # run of the same seed, checkpoints lost, the final parameters against the uninterrupted run's (ckpt diff --tol
 # 0), and the longest time any rank waited without a verdict (from the fault to the first line of either
-# launcher naming it, or to the run's progress resuming). Exit status: 0 when every fault was survived, no
-# checkpoint was lost and the parameters are equal; 1 otherwise; 77 when namespaces or Fashion-MNIST are missing.
+# launcher naming it, or to the run's progress resuming). A fault is survived when the run recovered from it
+# (a new checkpoint past the fault's step, no relaunch by the harness) and no rank waited longer than the
+# heartbeat timeout + 5 s (35 s by default) for a verdict: a wait that only --timeout ended is a hang.
+# Exit status: 0 when every fault was survived, no checkpoint was lost and the parameters are equal; 1
+# otherwise; 77 when namespaces or Fashion-MNIST are missing.
 #
 #   bench/chaos.sh [--faults N] [--seed S] [--kinds k1,k2] [--heartbeat S] [--timeout S] [--json FILE]
 #                  [--in-order] [--tessera PATH] [--keep-logs DIR]
@@ -271,7 +274,8 @@ say "run under faults: --max-restarts $K, --checkpoint-every $EVERY --keep $KEEP
   "TS_HEARTBEAT_TIMEOUT=$HB, tessera train --timeout $TIMEOUT (bounds the rendezvous and every collective)"
 T_CHAOS=$(now)
 start_job
-RECOVER_LIMIT=$((HB + 2 * TIMEOUT + 60)) # seconds a fault may take to recover from before the job is relaunched
+RECOVER_LIMIT=$((HB + 2 * TIMEOUT + 60))
+GOAL=$((HB + 5)) # seconds a rank may wait for a verdict: the heartbeat timeout and a little (35 s by default) # seconds a fault may take to recover from before the job is relaunched
 last_ok=0 # the step the previous recovery was confirmed at
 for ((i = 0; i < FAULTS; i++)); do
   # wait for GAP steps of progress past the previous recovery (and a step to start from)
@@ -429,11 +433,16 @@ printf '%-3s %-8s %-14s %-72s %-9s %-9s %-8s %s\n' "#" "step" "kind" "fault" "wa
 n_inj=0 n_surv=0 worst=0 worst_f=-
 declare -A INJ SURV
 while IFS=$'\t' read -r idx kind detail tf s0 tv line tp tr result w src rec; do
+  # a recovery that needed more than the wait goal was a hang that --timeout happened to end
+  if [ "$result" = survived ] && [ "$w" != - ] && awk -v a="$w" -v g="$GOAL" 'BEGIN { exit !(a > g) }'; then
+    result="not survived: ${w}s without a verdict (goal <= ${GOAL}s); --timeout $TIMEOUT ended it"
+  fi
   nxt=$(awk -v i="$idx" 'NR == i + 1' "$T/fault_times"); nxt=${nxt:-9e18}
   rs=$(awk -v a="$tf" -v b="$nxt" '$1 >= a && $1 < b' "$T/restart_times" | wc -l)
   printf '%-3s %-8s %-14s %-72s %-9s %-9s %-8s %s\n' "$idx" "$s0" "$kind" "${detail:0:72}" "$w${src:+ }${src:0:1}" "$rec" "$rs" "$result"
   [ "$line" != - ] && printf '    verdict: %s\n' "${line:0:160}"
   n_inj=$((n_inj + 1)); INJ[$kind]=$(( ${INJ[$kind]:-0} + 1 ))
+  printf '%s\t%s\n' "$idx" "$result" >> "$T/results"
   [ "$result" = survived ] && { n_surv=$((n_surv + 1)); SURV[$kind]=$(( ${SURV[$kind]:-0} + 1 )); }
   if [ "$w" != - ] && awk -v a="$w" -v b="$worst" 'BEGIN { exit !(a > b) }'; then worst=$w; worst_f="#$idx $kind"; fi
   if [ "$w" = - ]; then worst=">$RECOVER_LIMIT"; worst_f="#$idx $kind (no verdict, no progress)"; fi
@@ -451,13 +460,13 @@ echo "time lost                                    ${LOST_TIME}s (${CHAOS_SECS}s
 echo "checkpoints lost                             $LOST (of $SAVED steps reported saved; --keep $KEEP prunes the rest by design)${LOST_WHY:+:$LOST_WHY}"
 [ -n "$STRAY" ] && echo "stray files in the checkpoint folder         $STRAY"
 echo "final parameters vs uninterrupted            $PARAMS"
-echo "longest wait without a verdict               ${worst}s ($worst_f; goal <= 35 s; bounded here by --timeout $TIMEOUT)"
+echo "longest wait without a verdict               ${worst}s ($worst_f; goal <= ${GOAL}s, the heartbeat timeout + 5 s; bounded here by --timeout $TIMEOUT)"
 if [ -n "$JSON" ]; then
   {
     printf '{"date":"%s","seed":%s,"faults":%s,"steps":%s,"heartbeat_timeout":%s,"timeout":%s,' "$(date -u +%F)" "$SEED" "$FAULTS" "$STEPS" "$HB" "$TIMEOUT"
     printf '"injected":%s,"survived":%s,"restarts":%s,"relaunches":%s,"time_lost_s":%s,"checkpoints_lost":%s,' "$n_inj" "$n_surv" "$RESTARTS" "$RELAUNCHES" "$LOST_TIME" "$LOST"
     printf '"params_equal":%s,"longest_wait_s":"%s","per_fault":[' "$([ $PARAMS_OK = 1 ] && echo true || echo false)" "$worst"
-    awk -F'\t' '{ gsub(/"/, "\\\"", $3); gsub(/"/, "\\\"", $10); printf "%s{\"kind\":\"%s\",\"fault\":\"%s\",\"wait_s\":\"%s\",\"recovered_s\":\"%s\",\"result\":\"%s\"}", (NR > 1 ? "," : ""), $2, $3, $11, $13, $10 }' "$T/faults2.tsv"
+    awk -F'\t' 'NR == FNR { r[$1] = $2; next } { $10 = r[$1]; gsub(/"/, "\\\"", $3); gsub(/"/, "\\\"", $10); printf "%s{\"kind\":\"%s\",\"fault\":\"%s\",\"wait_s\":\"%s\",\"recovered_s\":\"%s\",\"result\":\"%s\"}", (FNR > 1 ? "," : ""), $2, $3, $11, $13, $10 }' "$T/results" "$T/faults2.tsv"
     printf ']}\n'
   } > "$JSON"
 fi
