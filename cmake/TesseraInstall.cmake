@@ -8,7 +8,7 @@
 #                                                       Tessera::tessera_static
 #
 # ("lib" is CMAKE_INSTALL_LIBDIR: lib64 or lib/<multiarch> on some systems.) What a static link
-# needs is computed from what CMake found above — OpenBLAS, OpenMP, zlib, libjpeg, MPI by their
+# needs is computed from what CMake found above — OpenBLAS, OpenMP, zlib, libcrypto, libjpeg, MPI by their
 # library paths, libturbojpeg and libspng as the pkg-config modules they were found as — so the
 # installed files name the libraries of this machine's build, and nothing else. Both files are
 # relocatable: tessera.pc is written at install time with the prefix given to `cmake --install`,
@@ -102,7 +102,7 @@ if(TS_WITH_MPI)
   ts_pc_link_flags(f ${MPI_C_LIBRARIES} ${MPI_C_LINK_FLAGS})
   list(APPEND TS_PC_PRIVATE ${f})
 endif()
-ts_pc_link_flags(f ${JPEG_LIBRARIES} ${ZLIB_LIBRARIES})
+ts_pc_link_flags(f ${JPEG_LIBRARIES} ${ZLIB_LIBRARIES} ${OPENSSL_CRYPTO_LIBRARY})
 list(APPEND TS_PC_PRIVATE ${f})
 # OpenMP: the compiler flag (-fopenmp links the runtime), then its libraries (gomp, pthread).
 set(f "${OpenMP_C_FLAGS}")

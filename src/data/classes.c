@@ -182,10 +182,11 @@ ts_status ts__idx_class_names(const char *dir, const ts_tensor *images, const ts
     if (!any) return TS_OK;
     uint8_t sha[TS__SHA256_BYTES];
     ts__sha256 c;
-    ts__sha256_init(&c);
+    ts_status st = ts__sha256_init(&c);
     ts__sha256_update(&c, ts__ptr(labels), (size_t)nl);
     ts__sha256_update(&c, ts__ptr(images), (size_t)first);
-    ts__sha256_final(&c, sha);
+    TS_TRY(ts__sha256_final(&c, sha));
+    TS_TRY(st);
     for (size_t k = 0; k < nk; k++)
         if (known_sets[k].n == nl && memcmp(sha, known_sets[k].sha, sizeof sha) == 0) {
             TS_TRY(copy_names(known_sets[k].names, known_sets[k].nnames, names));

@@ -47,7 +47,7 @@ ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
     }
     a->has_token = true;
     if (n > sizeof a->key) {
-        ts__sha256_hash(token, n, a->key);
+        TS_TRY(ts__sha256_hash(token, n, a->key));
         a->keylen = TS__SHA256_BYTES;
     } else {
         memcpy(a->key, token, n);
@@ -81,10 +81,11 @@ static bool head_ok(const uint8_t *p, int kind) {
     return memcmp(p, MAGIC, 4) == 0 && p[4] == kind && (p[5] & ~1u) == 0 && p[6] == 0 && p[7] == 0;
 }
 
-static void mac(const ts__auth *a, const char *label, const uint8_t *ch, const uint8_t *resp, uint8_t out[32]) {
+/* false when libcrypto failed (out is then zero and must not be compared: every caller refuses). */
+static bool mac(const ts__auth *a, const char *label, const uint8_t *ch, const uint8_t *resp, uint8_t out[32]) {
     const void *parts[3] = {label, ch, resp};
     const size_t lens[3] = {strlen(label), TS__AUTH_CHALLENGE_BYTES, 48};
-    ts__hmac_sha256(a->key, a->keylen, 3, parts, lens, out);
+    return ts__hmac_sha256(a->key, a->keylen, 3, parts, lens, out) == TS_OK;
 }
 
 ts_status ts__auth_challenge(const ts__auth *a, int kind, uint32_t f1, uint32_t f2,
@@ -101,7 +102,7 @@ int ts__auth_respond(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHAL
     head(a, kind, f1, f2, resp);
     ts_status st = ts__random_bytes(resp + 16, 32);
     if (st != TS_OK) return st;
-    mac(a, LABEL_CLIENT, ch, resp, resp + 48);
+    if (!mac(a, LABEL_CLIENT, ch, resp, resp + 48)) return TS_ERR_NOMEM;
     return TS__AUTH_OK;
 }
 
@@ -111,8 +112,7 @@ int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLE
     *client_f1 = get32(resp + 8);
     *client_f2 = get32(resp + 12);
     uint8_t want[32];
-    mac(a, LABEL_CLIENT, ch, resp, want);
-    int same = ts__ct_equal(want, resp + 48, 32);
+    int same = mac(a, LABEL_CLIENT, ch, resp, want) && ts__ct_equal(want, resp + 48, 32);
     ts__wipe(want, sizeof want);
     bool client_token = resp[5] & 1;
     if (a->has_token && !client_token) return TS__AUTH_NEED_TOKEN;
@@ -120,11 +120,12 @@ int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLE
     return same ? TS__AUTH_OK : TS__AUTH_BAD_TOKEN;
 }
 
-void ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
+int ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
                       const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint8_t v[TS__AUTH_VERDICT_BYTES]) {
     memset(v, 0, TS__AUTH_VERDICT_BYTES);
     v[0] = (uint8_t)code;
-    if (code == TS__AUTH_OK) mac(a, LABEL_SERVER, ch, resp, v + 4);
+    if (code == TS__AUTH_OK && !mac(a, LABEL_SERVER, ch, resp, v + 4)) v[0] = TS__AUTH_BAD_TOKEN; /* refuse */
+    return v[0];
 }
 
 int ts__auth_accepted(const ts__auth *a, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
@@ -132,8 +133,7 @@ int ts__auth_accepted(const ts__auth *a, const uint8_t ch[TS__AUTH_CHALLENGE_BYT
     if (v[0] != TS__AUTH_OK) return v[0] <= TS__AUTH_MALFORMED ? v[0] : TS__AUTH_MALFORMED;
     if (v[1] || v[2] || v[3]) return TS__AUTH_MALFORMED;
     uint8_t want[32];
-    mac(a, LABEL_SERVER, ch, resp, want);
-    int same = ts__ct_equal(want, v + 4, 32);
+    int same = mac(a, LABEL_SERVER, ch, resp, want) && ts__ct_equal(want, v + 4, 32);
     ts__wipe(want, sizeof want);
     return same ? TS__AUTH_OK : TS__AUTH_UNPROVEN;
 }

@@ -83,9 +83,10 @@ int ts__auth_respond(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHAL
 /* Server: checks a response to ch; reports the client's fields. */
 int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
                    const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint32_t *client_f1, uint32_t *client_f2);
-/* Server: the verdict message for code (with mac_s when code is TS__AUTH_OK). */
-void ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
-                      const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint8_t v[TS__AUTH_VERDICT_BYTES]);
+/* Server: the verdict message for code (with mac_s when code is TS__AUTH_OK). Returns the code sent:
+ * code, or a refusal when libcrypto could not compute mac_s. */
+int ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
+                     const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint8_t v[TS__AUTH_VERDICT_BYTES]);
 /* Client: the server's verdict: TS__AUTH_OK only when it accepted and proved the token. */
 int ts__auth_accepted(const ts__auth *a, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
                       const uint8_t resp[TS__AUTH_RESPONSE_BYTES], const uint8_t v[TS__AUTH_VERDICT_BYTES]);

@@ -494,7 +494,7 @@ static void conn_read_auth(tcp_server *S, srv_conn *c) {
     uint32_t f1 = 0, f2 = 0;
     int code = ts__auth_check(&S->auth, TS__AUTH_STORE, c->ch, c->hs, &f1, &f2);
     uint8_t v[TS__AUTH_VERDICT_BYTES];
-    ts__auth_verdict(&S->auth, code, c->ch, c->hs, v);
+    code = ts__auth_verdict(&S->auth, code, c->ch, c->hs, v);
     ssize_t w = send(c->fd, v, sizeof v, MSG_NOSIGNAL | MSG_DONTWAIT); /* fits: nothing else was sent since */
     if (code != TS__AUTH_OK) {
         conn_drop(S, c, "%s", ts__auth_server_reason(code));

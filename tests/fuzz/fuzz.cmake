@@ -56,7 +56,7 @@ if(TS_FUZZ_OK)
   foreach(dir ${TS_FUZZ_INCLUDES})
     list(APPEND TS_FUZZ_CFLAGS -I${dir})
   endforeach()
-  set(TS_FUZZ_LIBS ${OPENBLAS_LIB} ${ZLIB_LIBRARIES} ${TURBOJPEG_LINK_LIBRARIES} ${SPNG_LINK_LIBRARIES}
+  set(TS_FUZZ_LIBS ${OPENBLAS_LIB} ${ZLIB_LIBRARIES} ${OPENSSL_CRYPTO_LIBRARY} ${TURBOJPEG_LINK_LIBRARIES} ${SPNG_LINK_LIBRARIES}
     ${JPEG_LIBRARIES} ${OpenMP_C_LIBRARIES})
   if(TS_WITH_MPI)
     list(APPEND TS_FUZZ_LIBS ${MPI_C_LIBRARIES})
@@ -86,7 +86,7 @@ if(TS_FUZZ_OK)
 endif()
 # The seed generator (a plain program): build/fuzz_make_seeds tests/fuzz/corpus
 add_executable(fuzz_make_seeds EXCLUDE_FROM_ALL ${PROJECT_SOURCE_DIR}/tests/fuzz/make_seeds.c)
-target_link_libraries(fuzz_make_seeds PRIVATE tessera_static PkgConfig::TURBOJPEG PkgConfig::SPNG ZLIB::ZLIB)
+target_link_libraries(fuzz_make_seeds PRIVATE tessera_static PkgConfig::TURBOJPEG PkgConfig::SPNG ZLIB::ZLIB OpenSSL::Crypto)
 
 foreach(t ${TS_FUZZ_TARGETS})
   add_test(NAME fuzz_${t} COMMAND bash ${PROJECT_SOURCE_DIR}/tests/fuzz/run.sh ${TS_FUZZ_DIR}/fuzz_${t}

@@ -382,7 +382,7 @@ static int pend_read(acceptor *A, int i, const bool *expect, ts__link **links) {
                       (cworld != (uint32_t)A->world || crank >= (uint32_t)A->world || !expect[crank] || links[crank]);
     if (unexpected) code = TS__AUTH_BAD_PEER;
     uint8_t v[TS__AUTH_VERDICT_BYTES];
-    ts__auth_verdict(A->auth, code, p->ch, p->hs, v);
+    code = ts__auth_verdict(A->auth, code, p->ch, p->hs, v);
     ssize_t w = send(p->fd, v, sizeof v, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (unexpected) {
         /* It knows the token: a rank of this job out of step (a duplicate rank, another world size). */
