@@ -383,6 +383,25 @@ static void test_configuration(void) {
     o.heartbeat_timeout_s = -1; /* the options win over the environment */
     CHECK_OK(ts_pg_new(&o, &pg));
     ts_pg_free(pg);
+    /* a timeout shorter than a few heartbeat intervals would blame healthy ranks: refused, naming
+     * the variable, its value and the minimum */
+    o.heartbeat_timeout_s = 0;
+    setenv("TS_HEARTBEAT_TIMEOUT", "0.001", 1);
+    CHECK_STATUS(ts_pg_new(&o, &pg), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("TS_HEARTBEAT_TIMEOUT='0.001'");
+    o.heartbeat_timeout_s = 0.1;
+    CHECK_STATUS(ts_pg_new(&o, &pg), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("ts_pg_options.heartbeat_timeout_s is 0.1 s, below the minimum of 0.25 s");
+    o.heartbeat_timeout_s = 0;
+    setenv("TS_HEARTBEAT_INTERVAL", "1", 1); /* 3 s with 1 s beats: under 5 intervals */
+    setenv("TS_HEARTBEAT_TIMEOUT", "3", 1);
+    CHECK_STATUS(ts_pg_new(&o, &pg), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("TS_HEARTBEAT_TIMEOUT=3 is 3 s, below the minimum of 5 s");
+    unsetenv("TS_HEARTBEAT_INTERVAL");
+    setenv("TS_HEARTBEAT_TIMEOUT", "0.5", 1); /* above 5 default intervals (0.25 s) */
+    o.group_name = "at-the-minimum";
+    CHECK_OK(ts_pg_new(&o, &pg));
+    ts_pg_free(pg);
     setenv("TS_HEARTBEAT_TIMEOUT", HB_TIMEOUT, 1);
     ts_store_release(s);
 }

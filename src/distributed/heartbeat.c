@@ -115,15 +115,39 @@ static ts_status env_seconds(ts_env_id id, double *out, bool *set) {
     return TS_OK;
 }
 
+ts_status ts__heartbeat_interval(double timeout_s, double *out) {
+    bool set = false;
+    double iv = fmin(fmax(timeout_s / 10, 0.05), 1.0);
+    TS_TRY(env_seconds(TS_ENV_HEARTBEAT_INTERVAL, &iv, &set));
+    *out = fmax(iv, 0.01);
+    return TS_OK;
+}
+
+ts_status ts__heartbeat_check_timeout(double timeout_s, const char *what) {
+    if (!(timeout_s > 0)) return TS_OK; /* off */
+    double iv = 0;
+    TS_TRY(ts__heartbeat_interval(timeout_s, &iv));
+    double min = TS__HB_MIN_INTERVALS * iv;
+    if (timeout_s < min)
+        return ts_error(TS_ERR_INVALID_ARG,
+                        "%s is %g s, below the minimum of %g s (%d heartbeat intervals of %g s: a healthy rank "
+                        "would be blamed for a beat that is merely late; 0 or off: no heartbeats)",
+                        what, timeout_s, min, TS__HB_MIN_INTERVALS, iv);
+    return TS_OK;
+}
+
 ts_status ts__heartbeat_resolve_timeout(double opt, double *out) {
     if (isnan(opt)) return ts_error(TS_ERR_INVALID_ARG, "ts_pg_options.heartbeat_timeout_s is NaN");
     if (opt != 0) {
         *out = opt > 0 ? opt : 0;
-        return TS_OK;
+        return ts__heartbeat_check_timeout(*out, "ts_pg_options.heartbeat_timeout_s");
     }
     bool set = false;
     double v = TS_HEARTBEAT_DEFAULT_TIMEOUT_S;
     TS_TRY(env_seconds(TS_ENV_HEARTBEAT_TIMEOUT, &v, &set));
+    char what[96];
+    snprintf(what, sizeof what, "environment variable TS_HEARTBEAT_TIMEOUT=%g", v);
+    TS_TRY(ts__heartbeat_check_timeout(v, what));
     *out = v;
     return TS_OK;
 }
@@ -371,10 +395,7 @@ ts_status ts__heartbeat_new(int rank, int world, double timeout_s, ts__flight *f
     atomic_init(&hb->paused, false);
     atomic_init(&hb->fired, false);
     ts_status st = TS_OK;
-    bool set = false;
-    double iv = fmin(fmax(timeout_s / 10, 0.05), 1.0);
-    TS_CHECK_GOTO(env_seconds(TS_ENV_HEARTBEAT_INTERVAL, &iv, &set));
-    hb->interval_s = fmax(iv, 0.01);
+    TS_CHECK_GOTO(ts__heartbeat_interval(timeout_s, &hb->interval_s));
     hb->peers = ts__calloc((size_t)world, sizeof *hb->peers);
     if (!hb->peers) {
         st = TS_ERR_NOMEM;

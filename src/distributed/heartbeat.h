@@ -26,8 +26,19 @@ typedef void (*ts__hb_fail_fn)(void *user, ts_status st, const char *reason, con
 
 /* The heartbeat timeout from the options' value: > 0 as is; < 0: off (0);
  * 0: TS_HEARTBEAT_TIMEOUT (seconds; 0 or "off": off), else
- * TS_HEARTBEAT_DEFAULT_TIMEOUT_S. A malformed variable is TS_ERR_INVALID_ARG. */
+ * TS_HEARTBEAT_DEFAULT_TIMEOUT_S. A malformed variable, or a timeout below
+ * ts__heartbeat_check_timeout's minimum, is TS_ERR_INVALID_ARG naming it. */
 ts_status ts__heartbeat_resolve_timeout(double opt, double *out);
+
+/* The interval between beats for a timeout: TS_HEARTBEAT_INTERVAL, else timeout / 10
+ * within [0.05, 1] s (at least 0.01 s). */
+ts_status ts__heartbeat_interval(double timeout_s, double *out);
+
+/* A timeout (> 0; 0 is off and always fine) must span TS__HB_MIN_INTERVALS intervals,
+ * or a beat that is merely late blames a healthy rank. TS_ERR_INVALID_ARG naming `what`
+ * (the variable or option and its value), the value and the minimum. */
+#define TS__HB_MIN_INTERVALS 5
+ts_status ts__heartbeat_check_timeout(double timeout_s, const char *what);
 
 /* Publishes this rank's heartbeat address in store (already the group's
  * prefix store; every rank must call this in the same order per group),
