@@ -6,7 +6,9 @@
 #      finish and are said to have ended by themselves, nobody is SIGKILLed; exit 124 (timeout's);
 #   3. --log-dir: each rank's output, unprefixed, in DIR/attempt_<A>/rank_<R>.log;
 #   4. in a terminal (script(1) gives a pty), `tessera train --nproc 2`'s progress bar redraws in
-#      place ('\r' then the rank's prefix again), and its last draw comes before the epoch summary.
+#      place ('\r' then the rank's prefix again), and its last draw comes before the epoch summary;
+#   5. a rank stopped before its heartbeats run (SIGSTOP in its first moments) ends the job after twice
+#      the heartbeat timeout, named and killed, instead of holding the others until the rendezvous timeout.
 # The library's side (a rank's line reaching the output while it runs, the redraw rules, SIGTERM's
 # grace) is tests/test_launch.c. Time checks only catch hangs.
 set -u
@@ -96,6 +98,23 @@ if command -v script >/dev/null && [ -f "$DATA/train-images-idx3-ubyte.gz" ]; th
 else
   echo "skip: the progress bar on a terminal (no script(1) or no $DATA)"
 fi
+
+# ---- 5. a rank stopped in its first moments (before any heartbeat): the launcher names it ----------
+# rank 1 stops itself at once; rank 0 waits as a rank in the rendezvous would. With a heartbeat timeout
+# of 2 s the launcher fails the job after 4 s stopped, not at the rendezvous timeout (1800 s).
+SECONDS=0
+TS_HEARTBEAT_TIMEOUT=2 timeout 120 "$TS" run -n 2 --grace 2 sh -c \
+  'if [ "$RANK" = 1 ]; then echo $$ > '"$T"'/stopped.pid; kill -STOP $$; fi; sleep '"$MARK" > "$T/st.out" 2>&1
+rc=$?; took=$SECONDS
+sp=$(cat "$T/stopped.pid" 2>/dev/null)
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qE "rank 1 \(pid $sp\) has been stopped \(SIGSTOP or job control\) for [0-9.]+ s" "$T/st.out" \
+   && grep -qF "killing rank 1 (pid $sp, SIGKILL)" "$T/st.out"; then
+  ok "a rank stopped before its heartbeats: named and killed in ${took}s (exit $rc)"
+else
+  bad "a rank stopped early: exit $rc after ${took}s: $(cat "$T/st.out")"
+fi
+[ "$took" -lt 60 ] || bad "a rank stopped early: the job took ${took}s"
+[ -n "$sp" ] && kill -0 "$sp" 2>/dev/null && { bad "the stopped rank ($sp) is still there"; kill -KILL "$sp"; }
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

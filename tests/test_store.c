@@ -704,6 +704,107 @@ static void test_rendezvous_env_fork(void) {
     env_clear();
 }
 
+/* Ranks that disagree on the world size fail together, at once, naming both values and ranks. */
+static void test_rendezvous_world_disagreement(void) {
+    env_clear();
+    ts_store *m = NULL;
+    CHECK_OK(ts_store_memory_new(&m));
+    rdv r[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].o = TS_PG_OPTIONS_INIT;
+        r[i].o.store = m;
+        r[i].o.rank = i;
+        r[i].o.world_size = i == 0 ? 3 : 2;
+        r[i].o.timeout_s = 120;
+        r[i].o.group_name = "disagree";
+    }
+    double t0 = ts_time_now();
+    rdv_threads(r, 2);
+    double dt = ts_time_now() - t0;
+    fprintf(stderr, "  WORLD_SIZE 3 against 2: both ranks failed after %.2f s (timeout 120 s)\n", dt);
+    for (int i = 0; i < 2; i++) {
+        CHECK(r[i].st != TS_OK && r[i].store == NULL);
+        CHECK(strstr(r[i].err, "disagree on the world size") && strstr(r[i].err, "WORLD_SIZE=3") &&
+              strstr(r[i].err, "WORLD_SIZE=2") && strstr(r[i].err, "rank 0") && strstr(r[i].err, "rank 1"));
+        if (!strstr(r[i].err, "WORLD_SIZE=3")) fprintf(stderr, "rank %d: %s\n", i, r[i].err);
+    }
+    CHECK(dt < 30);
+    ts_store_release(m);
+}
+
+/* A rank that joined and then went silent (stopped, dead) ends everyone's wait within about the
+ * heartbeat timeout, naming it; the long rendezvous timeout is only for ranks that never came. */
+static void test_rendezvous_silent_rank(void) {
+    env_clear();
+    ts_store *m = NULL, *p = NULL;
+    CHECK_OK(ts_store_memory_new(&m));
+    CHECK_OK(ts_store_prefix_new(m, "silent", &p));
+    /* rank 2 joins as a rank does, then never beats: what a SIGSTOP right after joining looks like */
+    int64_t n = 0;
+    CHECK_OK(ts_store_add(p, "rank/2/joined", 1, &n));
+    CHECK_OK(ts_store_set(p, "rank/2/host", "h2", 2));
+    CHECK_OK(ts_store_set(p, "rank/2/world", "4", 1));
+    CHECK_OK(ts_store_add(p, "joined", 1, &n));
+    CHECK_OK(ts_store_set(p, "slot/1", "2", 1));
+    rdv r[2];
+    for (int i = 0; i < 2; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].o = TS_PG_OPTIONS_INIT;
+        r[i].o.store = m;
+        r[i].o.rank = i;
+        r[i].o.world_size = 4; /* rank 3 never comes */
+        r[i].o.timeout_s = 300;
+        r[i].o.heartbeat_timeout_s = 1;
+        r[i].o.group_name = "silent";
+    }
+    double t0 = ts_time_now();
+    rdv_threads(r, 2);
+    double dt = ts_time_now() - t0;
+    fprintf(stderr, "  a rank silent after joining: the others failed after %.2f s (heartbeat timeout 1 s)\n", dt);
+    for (int i = 0; i < 2; i++) {
+        CHECK(r[i].st != TS_OK && strstr(r[i].err, "rank 2 (host h2) joined and then went silent"));
+        if (!strstr(r[i].err, "rank 2 (host h2)")) fprintf(stderr, "rank %d: %s\n", i, r[i].err);
+    }
+    CHECK(dt < 30);
+    ts_store_release(p);
+    ts_store_release(m);
+}
+
+/* The timeout report costs O(arrivals), not O(world size): one rank of a million over TCP. An absurd
+ * world size is refused at once, naming the limit. */
+static void test_rendezvous_huge_world(void) {
+    env_clear();
+    ts_store *srv = NULL;
+    CHECK_OK(ts_store_tcp_new_ex("127.0.0.1", 0, true, 30, NULL, &srv));
+    if (!srv) return;
+    rdv r;
+    memset(&r, 0, sizeof r);
+    r.o = TS_PG_OPTIONS_INIT;
+    r.o.store = srv;
+    r.o.rank = 5;
+    r.o.world_size = 1000000;
+    r.o.timeout_s = 1;
+    r.o.local_rank = 0;
+    r.o.local_world_size = 1;
+    double t0 = ts_time_now();
+    rdv_main(&r);
+    double dt = ts_time_now() - t0;
+    fprintf(stderr, "  1 of 1,000,000 ranks, --timeout 1: reported after %.2f s: %s\n", dt, r.err);
+    CHECK(r.st == TS_ERR_TIMEOUT);
+    CHECK(strstr(r.err, "1 of 1,000,000 ranks arrived") &&
+          strstr(r.err, "missing ranks: 0, 1, 2, 3, 4, 6, 7,") && strstr(r.err, "and 999,983 more"));
+    CHECK(dt < 10);
+    r.o.world_size = 1000000000;
+    r.o.group_name = "absurd";
+    t0 = ts_time_now();
+    rdv_main(&r);
+    CHECK(r.st == TS_ERR_INVALID_ARG && strstr(r.err, "world size 1000000000") &&
+          strstr(r.err, "over the limit of 1048576 ranks"));
+    CHECK(ts_time_now() - t0 < 5);
+    ts_store_release(srv);
+}
+
 /* ---- nothing left behind ---------------------------------------------------------------------------- */
 
 #include <dirent.h>
@@ -734,6 +835,7 @@ int main(int argc, char **argv) {
         T(test_tcp_fork),      T(test_tcp_port_in_use),   T(test_tcp_no_server),
         T(test_tcp_server_gone), T(test_env),             T(test_rendezvous_memory),
         T(test_rendezvous_options), T(test_rendezvous_file_and_tcp), T(test_rendezvous_env_fork),
+        T(test_rendezvous_world_disagreement), T(test_rendezvous_silent_rank), T(test_rendezvous_huge_world),
         T(test_no_leaked_fds_or_threads),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);

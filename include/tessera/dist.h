@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 #define TS_DIST_DEFAULT_TIMEOUT_S 1800.0
+/* The largest world size a rendezvous accepts (2^20 ranks); a larger one is an error saying so. */
+#define TS_DIST_MAX_WORLD_SIZE 1048576
 
 /* ---- rendezvous stores (gloo/torch semantics) ------------------------------------------ */
 /* A key-value store shared by all ranks: set, get (waits for the key), add (an

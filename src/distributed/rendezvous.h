@@ -6,8 +6,14 @@
  * Keys the join leaves in the returned store (already under "<group>/"):
  *     rank/<r>/host     rank r's host name (gethostname)
  *     rank/<r>/joined   "1" (a second join with the same rank is an error)
+ *     rank/<r>/world    the world size rank r was given (each compares with the first arrival's)
+ *     rank/<r>/beat     a counter rank r bumps every heartbeat interval while it waits
  *     joined            the number of ranks that arrived
- *     world_size        rank 0's world size (others compare theirs)
+ *     slot/<n>          the rank that arrived n-th (1-based): whom a waiting rank watches, and
+ *                       how a timeout names the missing ranks in O(arrivals)
+ *     world_size        rank 0's world size
+ *     failed            why the rendezvous failed, set by the rank that found out first; every
+ *                       waiting rank reads it within an interval and fails with it
  *     all_joined        set by the last rank to arrive
  */
 #ifndef TS_DIST_RENDEZVOUS_H
@@ -38,7 +44,12 @@ ts_status ts__slurm_nodelist_host(const char *var, const char *list, int index, 
  * "tessera/attempt_<TORCHELASTIC_RESTART_COUNT>"), "tcp://host:port",
  * "torch-tcp://host:port", "file:///path"), wraps it in a prefix store "<group_name or default>" whose timeout
  * is the resolved one, and joins: blocks until all world_size ranks arrived
- * (TS_ERR_TIMEOUT saying how many of how many arrived and which ranks are missing).
+ * (TS_ERR_TIMEOUT saying how many of how many arrived and which ranks are missing, at a cost of
+ * O(arrivals) store calls). World sizes over TS_DIST_MAX_WORLD_SIZE are refused. Ranks that
+ * disagree on the world size, and a rank that joined and then stopped beating for the heartbeat
+ * timeout (ts__heartbeat_resolve_timeout of opts->heartbeat_timeout_s; 0: not watched), fail every
+ * waiting rank at once through the "failed" key; so does a store that stops answering for that
+ * long.
  * local_rank/local_world_size come from opts, else the environment, else the ranks'
  * host names. On success *store is a new reference (the caller releases it); on
  * failure nothing is left allocated. Rank 0 of a TCP rendezvous hosts the server:

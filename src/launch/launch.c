@@ -7,6 +7,7 @@
 #include "launch/launch.h"
 #include "core/env.h"
 
+#include "distributed/heartbeat.h"
 #include "distributed/report.h"
 
 #include <errno.h>
@@ -131,6 +132,9 @@ static ts_status setup(ts__launcher *L) {
     if (L->auto_port && (L->port = ts__launch_listen_port(&L->listen_fd)) <= 0)
         return ts_error(TS_ERR_IO, "cannot listen on a free port of 127.0.0.1: %s (give a master port)", strerror(errno));
     TS_TRY(job_token(L));
+    double hb = 0; /* the ranks' heartbeat timeout; a variable they will refuse leaves this check off */
+    if (ts__heartbeat_resolve_timeout(0, &hb) != TS_OK) hb = 0;
+    L->stop_limit = hb > 0 ? 2 * hb : 0;
     ts__launch_threads(L);
     L->n = L->o.nproc;
     L->ranks = ts__calloc((size_t)L->n, sizeof *L->ranks);

@@ -25,6 +25,7 @@
 #define TS__LAUNCH_LINE_CAP (1 << 20)  /* a longer line is broken into pieces */
 #define TS__LAUNCH_DRAIN_AFTER_KILL_S 1.0
 #define TS__LAUNCH_SIGINT_REPEAT_S 0.1 /* a second SIGINT sooner than this is the first one again */
+#define TS__LAUNCH_STOP_CHECK_S 0.5    /* how often the ranks' /proc state is read */
 
 /* One output pipe of a rank. */
 typedef struct ts__lstream {
@@ -46,6 +47,7 @@ typedef struct ts__lrank {
     int signal; /* the signal that killed it, else 0 */
     ts__lstream out, err; /* err.fd is -1 when stdout and stderr share out's pipe */
     int log_fd;           /* log_dir's file for this attempt, -1: none */
+    double stopped_since; /* when it was first seen stopped (state T or t); 0: running */
 } ts__lrank;
 
 #define TS__LAUNCH_NSIGS 5 /* SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE */
@@ -83,6 +85,8 @@ typedef struct ts__launcher {
     double signal_at;    /* when it came */
     bool killed;         /* SIGKILL sent to everyone */
     double deadline;     /* monotonic time for SIGKILL; < 0: none */
+    double stop_limit;   /* a rank stopped this long is failed by the launcher itself; 0: never */
+    double next_stop_check;
     struct sigaction old_act[TS__LAUNCH_NSIGS];
     sigset_t old_mask;
 } ts__launcher;
@@ -132,5 +136,7 @@ void ts__launch_handle_signals(ts__launcher *L);
  * global rank, or -1 when the reports and the process table name nobody else. */
 int ts__launch_verdict(ts__launcher *L, const ts__lrank *culprit);
 ts__lrank *ts__launch_local_rank(ts__launcher *L, int rank);
+/* The scheduler state of a process ('R', 'S', 'T' stopped, 't' traced, 'Z', ...), 0 if unknown. */
+char ts__launch_proc_state(pid_t pid);
 
 #endif /* TS_LAUNCH_LAUNCH_H */

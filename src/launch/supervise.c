@@ -143,6 +143,63 @@ static void check_exits(ts__launcher *L) {
     L->deadline = ts__launch_now() + L->o.grace_s;
 }
 
+/* ---- stopped ranks -------------------------------------------------------------------------------- */
+
+/* A rank stopped (SIGSTOP, job control, a debugger) before its heartbeats run — in its first
+ * moments, or waiting in the rendezvous while rank 0's store is the one stopped — would hold every
+ * other rank until the rendezvous timeout (1800 s). Once heartbeats run, the ranks name a stopped
+ * peer themselves after the heartbeat timeout; the launcher waits twice that long (stop_limit) so
+ * that their verdict, which names the collective, comes first, and ends the job itself otherwise. */
+static void fail_stopped(ts__launcher *L, ts__lrank *r, double stopped_s) {
+    char st = ts__launch_proc_state(r->pid);
+    ts_launch_event ev = TS__LAUNCH_EV(TS_LAUNCH_EV_FAILED);
+    ev.rank = r->rank;
+    ev.pid = (int)r->pid;
+    ev.status = 128 + SIGKILL;
+    ev.blamed = r->rank;
+    ts__launch_event(L, ev,
+                     "rank %d (pid %d) has been stopped (%s) for %.1f s and no peer has named it (the launcher's "
+                     "limit is twice the heartbeat timeout: %g s)",
+                     r->rank, (int)r->pid, st == 't' ? "traced by a debugger" : "SIGSTOP or job control", stopped_s,
+                     L->stop_limit);
+    L->failed = true;
+    L->fail_status = 128 + SIGKILL;
+    L->culprit_rank = r->rank;
+    ts_launch_event kev = TS__LAUNCH_EV(TS_LAUNCH_EV_KILL_BLAMED);
+    kev.rank = r->rank;
+    kev.pid = (int)r->pid;
+    ts__launch_event(L, kev, "killing rank %d (pid %d, SIGKILL)", r->rank, (int)r->pid);
+    kill(-r->pid, SIGKILL);
+    if (L->nexited + 1 < L->n)
+        ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_STOPPING),
+                         "stopping the other ranks (SIGTERM, then SIGKILL after %gs)", L->o.grace_s);
+    ts__launch_signal_all(L, SIGTERM);
+    ts__launch_signal_all(L, SIGCONT);
+    L->deadline = ts__launch_now() + L->o.grace_s;
+}
+
+/* Reads every running rank's state (every TS__LAUNCH_STOP_CHECK_S) and fails the job on a rank
+ * stopped for stop_limit. */
+static void check_stops(ts__launcher *L) {
+    double now = ts__launch_now();
+    if (L->stop_limit <= 0 || L->failed || L->got_signal || now < L->next_stop_check) return;
+    L->next_stop_check = now + TS__LAUNCH_STOP_CHECK_S;
+    for (int i = 0; i < L->n; i++) {
+        ts__lrank *r = &L->ranks[i];
+        if (r->exited || r->pid <= 0) continue;
+        char st = ts__launch_proc_state(r->pid);
+        if (st != 'T' && st != 't') {
+            r->stopped_since = 0;
+            continue;
+        }
+        if (r->stopped_since == 0) r->stopped_since = now;
+        else if (now - r->stopped_since >= L->stop_limit) {
+            fail_stopped(L, r, now - r->stopped_since);
+            return;
+        }
+    }
+}
+
 /* ---- signals to the launcher ---------------------------------------------------------------------- */
 
 static void on_terminating_signal(ts__launcher *L, int sig) {
@@ -262,9 +319,12 @@ static void drain(ts__launcher *L) {
 }
 
 void ts__launch_supervise(ts__launcher *L) {
+    for (int i = 0; i < L->n; i++) L->ranks[i].stopped_since = 0;
+    L->next_stop_check = 0;
     while (L->nexited < L->n) {
         check_exits(L);
         if (L->nexited == L->n) break;
+        check_stops(L);
         double now = ts__launch_now();
         if (L->deadline >= 0 && now >= L->deadline) {
             ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_GRACE_OVER),
@@ -274,7 +334,10 @@ void ts__launch_supervise(ts__launcher *L) {
             L->deadline = -1;
             continue;
         }
-        poll_round(L, L->deadline < 0 ? -1.0 : L->deadline - now);
+        double wait = L->deadline < 0 ? -1.0 : L->deadline - now;
+        if (L->stop_limit > 0 && !L->failed && !L->got_signal)
+            wait = wait < 0 ? TS__LAUNCH_STOP_CHECK_S : fmin(wait, TS__LAUNCH_STOP_CHECK_S);
+        poll_round(L, wait);
     }
     drain(L);
     if (L->got_signal) report_signal_outcome(L);

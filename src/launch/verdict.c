@@ -50,7 +50,7 @@ static int read_reports(const char *dir, ts__fail_report *out, int cap) {
 }
 
 /* The scheduler state of a process ('R', 'S', 'T' stopped, 't' traced, 'Z', ...), 0 if unknown. */
-static char proc_state(pid_t pid) {
+char ts__launch_proc_state(pid_t pid) {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
@@ -83,7 +83,7 @@ static const char *local_state(verdict *v, int rank) {
         return v->state;
     }
     if (p->exited) return v->state;
-    char st = proc_state(p->pid);
+    char st = ts__launch_proc_state(p->pid);
     if (st == 'T') snprintf(v->state, sizeof v->state, "; it is stopped (SIGSTOP or job control)");
     else if (st == 't') snprintf(v->state, sizeof v->state, "; it is stopped by a debugger (traced)");
     else if (st) snprintf(v->state, sizeof v->state, "; it is still running (state %c: hung?)", st);
@@ -133,7 +133,7 @@ static int by_heartbeat(verdict *v, bool hb_only) {
 static int by_stopped(verdict *v) {
     for (int i = 0; i < v->L->n; i++) {
         const ts__lrank *p = &v->L->ranks[i];
-        char st = p->exited ? 0 : proc_state(p->pid);
+        char st = p->exited ? 0 : ts__launch_proc_state(p->pid);
         if (st != 'T' && st != 't') continue;
         const ts__fail_report *own = NULL; /* what the failing rank was in, if it said */
         for (int k = 0; k < v->nrep; k++)
