@@ -8,7 +8,9 @@
 #   4. in a terminal (script(1) gives a pty), `tessera train --nproc 2`'s progress bar redraws in
 #      place ('\r' then the rank's prefix again), and its last draw comes before the epoch summary;
 #   5. a rank stopped before its heartbeats run (SIGSTOP in its first moments) ends the job after twice
-#      the heartbeat timeout, named and killed, instead of holding the others until the rendezvous timeout.
+#      the heartbeat timeout, named and killed, instead of holding the others until the rendezvous timeout;
+#   6. a rank's `setsid` children (outside its process group) end with the launcher: normally, after a
+#      failure, after a signal.
 # The library's side (a rank's line reaching the output while it runs, the redraw rules, SIGTERM's
 # grace) is tests/test_launch.c. Time checks only catch hangs.
 set -u
@@ -115,6 +117,33 @@ else
 fi
 [ "$took" -lt 60 ] || bad "a rank stopped early: the job took ${took}s"
 [ -n "$sp" ] && kill -0 "$sp" 2>/dev/null && { bad "the stopped rank ($sp) is still there"; kill -KILL "$sp"; }
+
+# ---- 6. descendants that left their rank's process group (setsid) end with the launcher ----------------
+# each rank starts `setsid sleep &` (its own session: signals to the rank's group miss it); after a normal
+# end, a failure, and a signal to the launcher, none of them is left running
+for how in normal failure signal; do
+  rm -f "$T"/grand.*
+  script='setsid sleep '"$MARK"' < /dev/null > /dev/null 2>&1 & echo $! > '"$T"'/grand.$RANK; '
+  case $how in
+    normal) "$TS" run -n 2 sh -c "$script"' exit 0' > "$T/gc.out" 2>&1 ;;
+    failure) "$TS" run -n 2 --grace 2 sh -c "$script"' [ "$RANK" = 1 ] && exit 3; sleep '"$MARK" > "$T/gc.out" 2>&1 ;;
+    signal)
+      "$TS" run -n 2 --grace 2 sh -c "$script"' sleep '"$MARK" > "$T/gc.out" 2>&1 &
+      lp=$!
+      for _ in $(seq 100); do [ -s "$T/grand.0" ] && [ -s "$T/grand.1" ] && break; sleep 0.1; done
+      sleep 0.2; kill -TERM "$lp"; wait "$lp" ;;
+  esac
+  left=""
+  for r in 0 1; do
+    g=$(cat "$T/grand.$r" 2>/dev/null)
+    [ -n "$g" ] || { bad "setsid grandchildren ($how): rank $r did not start one: $(cat "$T/gc.out")"; continue; }
+    if kill -0 "$g" 2>/dev/null; then left+="$g "; kill -KILL "$g"; fi
+  done
+  [ -z "$left" ] && ok "setsid grandchildren ($how): none left after the launcher exits" \
+    || bad "setsid grandchildren ($how): still running: $left; $(cat "$T/gc.out")"
+  grep -q "ended 2 processes the ranks left running outside their process groups" "$T/gc.out" \
+    && ok "setsid grandchildren ($how): the launcher says it ended them" || bad "setsid grandchildren ($how): no message: $(cat "$T/gc.out")"
+done
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]

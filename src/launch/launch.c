@@ -10,6 +10,7 @@
 #include "distributed/heartbeat.h"
 #include "distributed/report.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -19,6 +20,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 static _Atomic int launcher_running; /* one launcher per process: the signal handlers are process-wide */
 
@@ -89,6 +93,87 @@ static ts_status check_opts(const ts_launch_opts *o, char *const argv[]) {
     return ts__launch_find_program(argv[0]);
 }
 
+/* ---- descendants that outlive their rank ------------------------------------------------------------- */
+
+static bool pid_in(pid_t p, const pid_t *set, int n) {
+    for (int i = 0; i < n; i++)
+        if (set[i] == p) return true;
+    return false;
+}
+
+/* The children of this process (pids whose /proc stat names us as parent), at most cap; zombies
+ * (already ended: descendants that died after we adopted them) are reaped here, not listed, unless
+ * pre is NULL (the caller's children at the start: all of them listed, none reaped). */
+static int our_children(pid_t *out, int cap, const pid_t *pre, int npre) {
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    pid_t me = getpid();
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < cap) {
+        char *end = NULL;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = 0;
+        const char *p = strrchr(buf, ')');
+        int ppid = 0;
+        char state = 0;
+        if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2 || ppid != (int)me) continue;
+        if (state == 'Z' && pre && !pid_in((pid_t)pid, pre, npre)) waitpid((pid_t)pid, NULL, WNOHANG);
+        else out[n++] = (pid_t)pid;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Ranks' descendants that left their process group (setsid, daemons) and outlived them: as the
+ * subreaper (PR_SET_CHILD_SUBREAPER, set in setup) this process adopted them when their parents
+ * died. Every child of ours that is neither a rank nor one the caller had before the launcher
+ * started gets SIGTERM, SIGKILL after a short grace, and is reaped; repeated while killing them
+ * orphans more (their own children come to us in turn). Call with the ranks reaped. */
+static void kill_adopted(ts__launcher *L) {
+    enum { CAP = 4096 };
+    pid_t *kids = malloc(CAP * sizeof *kids);
+    if (!kids) return;
+    int total = 0;
+    char list[256] = "";
+    for (int round = 0; round < 64; round++) {
+        int n = our_children(kids, CAP, L->pre_children, L->npre), k = 0;
+        for (int i = 0; i < n; i++)
+            if (!pid_in(kids[i], L->pre_children, L->npre)) kids[k++] = kids[i];
+        if (!k) break;
+        for (int i = 0; i < k; i++) {
+            size_t len = strlen(list);
+            if (total + i < 8 && len + 16 < sizeof list) snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "", (int)kids[i]);
+            kill(kids[i], round == 0 ? SIGTERM : SIGKILL);
+            kill(kids[i], SIGCONT);
+        }
+        double until = ts__launch_now() + fmin(L->o.grace_s, 2.0);
+        for (int i = 0; i < k; i++) { /* reap: those that ended by themselves at once, the others after SIGKILL */
+            while (waitpid(kids[i], NULL, WNOHANG) == 0) {
+                if (ts__launch_now() >= until) {
+                    kill(kids[i], SIGKILL);
+                    waitpid(kids[i], NULL, 0);
+                    break;
+                }
+                nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+            }
+        }
+        total += k;
+    }
+    free(kids);
+    if (total)
+        ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_WARNING),
+                         "ended %d process%s the ranks left running outside their process groups (pid%s %s%s)", total,
+                         total == 1 ? "" : "es", total == 1 ? "" : "s", list, total > 8 ? ", ..." : "");
+}
+
 /* ---- setup and teardown ------------------------------------------------------------------------- */
 
 /* TS_RUN_DIR for the ranks: the caller's (its old failure reports removed), else a new one. */
@@ -148,6 +233,11 @@ static ts_status setup(ts__launcher *L) {
         r->log_fd = -1;
     }
     L->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    L->npre = our_children(L->pre_children, TS__LAUNCH_PRE_CHILDREN, NULL, 0);
+#ifdef __linux__
+    if (prctl(PR_GET_CHILD_SUBREAPER, &L->old_subreaper) == 0 && prctl(PR_SET_CHILD_SUBREAPER, 1) == 0)
+        L->subreaper = true;
+#endif
     make_run_dir(L);
     TS_TRY(ts__launch_output_init(L));
     return ts__launch_signals_install(L);
@@ -161,7 +251,14 @@ static void teardown(ts__launcher *L) {
             if (r->out.fd >= 0) close(r->out.fd);
             if (r->err.fd >= 0) close(r->err.fd);
             if (r->pid > 0) waitpid(r->pid, NULL, 0); /* reap the zombie */
+            r->pid = 0;
         }
+    }
+    if (L->subreaper) {
+        kill_adopted(L);
+#ifdef __linux__
+        prctl(PR_SET_CHILD_SUBREAPER, L->old_subreaper);
+#endif
     }
     ts__launch_output_free(L);
     free(L->ranks);
@@ -187,6 +284,7 @@ static bool next_attempt(ts__launcher *L) {
         if (r->pid > 0) waitpid(r->pid, NULL, 0);
         r->pid = 0;
     }
+    if (L->subreaper) kill_adopted(L); /* the last attempt's leftovers hold ports and GPUs */
     ts__launch_handle_signals(L); /* one that came after the last poll round */
     if (L->got_signal || L->attempt >= L->o.max_restarts) return false;
     if (L->auto_port) { /* a fresh port: the last attempt's clients may still knock on the old one */

@@ -26,6 +26,7 @@
 #define TS__LAUNCH_DRAIN_AFTER_KILL_S 1.0
 #define TS__LAUNCH_SIGINT_REPEAT_S 0.1 /* a second SIGINT sooner than this is the first one again */
 #define TS__LAUNCH_STOP_CHECK_S 0.5    /* how often the ranks' /proc state is read */
+#define TS__LAUNCH_PRE_CHILDREN 64     /* children of the caller remembered (and spared) at the start */
 
 /* One output pipe of a rank. */
 typedef struct ts__lstream {
@@ -86,6 +87,10 @@ typedef struct ts__launcher {
     bool killed;         /* SIGKILL sent to everyone */
     double deadline;     /* monotonic time for SIGKILL; < 0: none */
     double stop_limit;   /* a rank stopped this long is failed by the launcher itself; 0: never */
+    bool subreaper;      /* PR_SET_CHILD_SUBREAPER set by us (old_subreaper restored at the end) */
+    int old_subreaper;
+    pid_t pre_children[TS__LAUNCH_PRE_CHILDREN]; /* the caller's children before we started: never ours to end */
+    int npre;
     double next_stop_check;
     struct sigaction old_act[TS__LAUNCH_NSIGS];
     sigset_t old_mask;
