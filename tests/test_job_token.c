@@ -671,6 +671,114 @@ static void test_store_connection_flood(void) {
     CHECK(stop_child(&c) == 0);
 }
 
+/* An insider (it has the token) storing value after value: refused past the per-connection and
+ * total limits with an error naming them; the client stays connected and the server keeps serving. */
+static void test_store_byte_caps(void) {
+    ts_store_tcp_options o = opts_token(TOKEN_A);
+    o.max_value_bytes = 1 << 20;
+    o.max_conn_bytes = 2u << 20;
+    o.max_total_bytes = 3u << 20;
+    child_srv c;
+    if (!start_child(&o, 0, &c)) {
+        CHECK(false);
+        return;
+    }
+    double base = status_mib(c.pid, "VmHWM");
+    size_t vn = 900u << 10;
+    char *v = calloc(1, vn);
+    ts_store *a = NULL, *b = NULL;
+    CHECK_OK(ts_store_tcp_new_ex("127.0.0.1", c.port, false, 10, &o, &a));
+    CHECK_OK(ts_store_tcp_new_ex("127.0.0.1", c.port, false, 10, &o, &b));
+    if (a && b) {
+        CHECK_OK(ts_store_set(a, "a0", v, vn));
+        CHECK_OK(ts_store_set(a, "a1", v, vn));
+        CHECK_STATUS(ts_store_set(a, "a2", v, vn), TS_ERR_INVALID_ARG);
+        CHECK_ERR_MENTIONS("past its limit of 2097152 stored bytes (ts_store_tcp_options.max_conn_bytes");
+        CHECK_OK(ts_store_set(a, "a0", v, vn / 2)); /* replacing what it stored is fine */
+        CHECK_OK(ts_store_set(b, "b0", v, vn));
+        int refused = 0;
+        for (int i = 0; i < 8; i++) { /* the tester's 8 large SETs, from another connection */
+            char key[16];
+            snprintf(key, sizeof key, "b%d", i + 1);
+            if (ts_store_set(b, key, v, vn) == TS_ERR_INVALID_ARG &&
+                strstr(ts_last_error(), "limit of 3145728 bytes in total (ts_store_tcp_options.max_total_bytes"))
+                refused++;
+        }
+        CHECK(refused == 8);
+        /* both clients still work over their connections */
+        void *got = NULL;
+        size_t gl = 0;
+        CHECK_OK(ts_store_get(b, "a1", &got, &gl));
+        CHECK(gl == vn);
+        free(got);
+        int64_t x = 0;
+        CHECK_OK(ts_store_add(a, "counter", 1, &x));
+    }
+    double peak = status_mib(c.pid, "VmHWM");
+    fprintf(stderr, "  9 x 900 KiB offered past a 3 MiB total: server peak %.1f MiB (from %.1f)\n", peak, base);
+    CHECK(peak - base < 24);
+    ts_store_release(a);
+    ts_store_release(b);
+    CHECK(stop_child(&c) == 0);
+    free(v);
+}
+
+typedef struct rank_client {
+    int port, rank, world;
+    double took;
+} rank_client;
+
+static void *rank_client_main(void *arg) {
+    rank_client *rc = arg;
+    ts_store_tcp_options o = opts_token(TOKEN_A);
+    o.rank = rc->rank;
+    o.world_size = rc->world;
+    ts_store *s = NULL;
+    double t0 = ts_time_now();
+    ts_status st = ts_store_tcp_new_ex("127.0.0.1", rc->port, false, 20, &o, &s);
+    int64_t v = 0;
+    if (st == TS_OK) st = ts_store_add(s, "joined", 1, &v);
+    rc->took = ts_time_now() - t0;
+    if (st != TS_OK) fprintf(stderr, "rank %d: %s\n", rc->rank, ts_last_error());
+    ts_store_release(s);
+    return (void *)(intptr_t)(st == TS_OK);
+}
+
+/* Insiders holding every slot with authenticated idle connections (as strangers to the job's ranks, or
+ * claiming to be rank 0 over and over): a real rank still gets in at once. */
+static void test_store_insider_flood(void) {
+    ts_store_tcp_options o = opts_token(TOKEN_A);
+    o.max_connections = 16;
+    o.world_size = 2;
+    child_srv c;
+    if (!start_child(&o, 0, &c)) {
+        CHECK(false);
+        return;
+    }
+    for (int claim = 0; claim < 2; claim++) {
+        int fds[40], authed = 0;
+        for (int i = 0; i < 40; i++) {
+            fds[i] = raw_connect(c.port);
+            struct timeval tv = {1, 0}; /* a full server closes newcomers it cannot seat */
+            setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            authed += raw_handshake(fds[i], TOKEN_A, TS__AUTH_STORE, claim ? 1 : 0, claim ? 2 : 0) == TS__AUTH_OK;
+        }
+        fprintf(stderr, "  %s: %d of 40 authenticated idle connections seated at a cap of 16\n",
+                claim ? "claiming rank 0" : "not a rank", authed);
+        CHECK(authed >= 16);
+        rank_client rc = {c.port, 1, 2, 0};
+        pthread_t th;
+        pthread_create(&th, NULL, rank_client_main, &rc);
+        void *r = NULL;
+        pthread_join(th, &r);
+        fprintf(stderr, "  rank 1 got in after %.2f s\n", rc.took);
+        CHECK(r == (void *)1 && rc.took < 10);
+        for (int i = 0; i < 40; i++) close(fds[i]);
+        usleep(200 * 1000);
+    }
+    CHECK(stop_child(&c) == 0);
+}
+
 /* Out of file descriptors with every connection authenticated: the listener backs off (no busy
  * loop) and accepts again once descriptors free up. */
 static void test_store_emfile(void) {
@@ -1153,6 +1261,6 @@ static void test_job_processes(void) {
 }
 
 TU_MAIN(T(test_sha256_fips180), T(test_hmac_rfc4231), T(test_store_tokens), T(test_store_stranger_server),
-        T(test_store_size_limits), T(test_store_connection_flood), T(test_store_emfile), T(test_store_reaps_silent),
+        T(test_store_size_limits), T(test_store_connection_flood), T(test_store_byte_caps), T(test_store_insider_flood), T(test_store_emfile), T(test_store_reaps_silent),
         T(test_link_strangers), T(test_link_stranger_listener), T(test_listen_address), T(test_job_threads_tcp),
         T(test_job_processes))

@@ -63,14 +63,23 @@ typedef struct ts_store_tcp_options {
     int max_connections;    /* open connections; default 16384, or 3/4 of RLIMIT_NOFILE when lower; >= 2 */
     size_t max_key_bytes;   /* default 64 KiB */
     size_t max_value_bytes; /* default 64 MiB; key + value limits at most 1 GiB together */
-    double auth_timeout_s;  /* a connection that has not authenticated by then is closed; default 10 */
+    double auth_timeout_s;  /* a connection that has not authenticated by then is closed; default 3 */
+    /* Version 2. Stored bytes (keys + values): a SET or ADD that would pass a limit is refused with an
+     * error naming it (the client stays connected; the server keeps running). */
+    size_t max_total_bytes; /* everything the store holds; default 512 MiB + 1 MiB per rank of world_size */
+    size_t max_conn_bytes;  /* what one connection may add; default 2 x max_value_bytes (at most the total) */
+    /* Both sides: the job's world size (0: unknown). A client with a rank identifies itself as it
+     * authenticates; when the server is full, connections that are not a rank's (or beyond 8 per
+     * rank) are closed first, so a flood of authenticated idle connections cannot lock ranks out. */
+    int world_size;
+    int rank; /* client: this process's rank, -1: none */
 } ts_store_tcp_options;
 
 #define TS_STORE_TCP_OPTIONS_MAGIC 0x7e5a9002u
-#define TS_STORE_TCP_OPTIONS_VERSION 1u
+#define TS_STORE_TCP_OPTIONS_VERSION 2u /* version 1 (without the fields from max_total_bytes on) is still accepted */
 #define TS_STORE_TCP_OPTIONS_INIT                                                                        \
     ((ts_store_tcp_options){sizeof(ts_store_tcp_options), TS_STORE_TCP_OPTIONS_MAGIC,                    \
-                            TS_STORE_TCP_OPTIONS_VERSION, NULL, 0, 0, 0, 0.0})
+                            TS_STORE_TCP_OPTIONS_VERSION, NULL, 0, 0, 0, 0.0, 0, 0, 0, -1})
 
 /* ts_store_tcp_new with options (NULL: the defaults, as ts_store_tcp_new). */
 ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double timeout_s,

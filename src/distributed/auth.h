@@ -18,7 +18,8 @@
  *                                         | mac_c[32]
  *   server -> client  VERDICT   36 bytes: u8 code | 3 x 0 | mac_s[32]   (mac_s zero unless code is OK)
  * kind: 1 store, 2 link. flags bit 0: the sender has a token. The fields:
- *   store: challenge f1, f2 = the server's max key and max value bytes; response 0, 0
+ *   store: challenge f1, f2 = the server's max key and max value bytes; response f1 = the client's
+ *          rank + 1 and f2 = its world size (0, 0: not a rank's; the server seats ranks first)
  *   link:  challenge f1 = the listening rank, f2 = world; response f1 = the connecting rank, f2 = world
  * With T = CHALLENGE || RESPONSE[0..48) (the transcript, both nonces fresh from
  * the kernel's CSPRNG):

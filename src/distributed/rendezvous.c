@@ -125,6 +125,21 @@ static ts_status agent_store(const ts_dist_env *env, double timeout, ts_store **
     return st;
 }
 
+static ts_status check_world_cap(int w) {
+    if (w <= TS_DIST_MAX_WORLD_SIZE) return TS_OK;
+    return ts_error(TS_ERR_INVALID_ARG, "world size %d (WORLD_SIZE or ts_pg_options.world_size) is over the limit of %d ranks",
+                    w, TS_DIST_MAX_WORLD_SIZE);
+}
+
+/* Rank r's TCP store (rank 0 serves it): the server sizes its limits for w ranks and keeps slots
+ * for them; every connection identifies as rank r. */
+static ts_status tcp_store_as_rank(const char *host, int port, int r, int w, double timeout, ts_store **out) {
+    ts_store_tcp_options so = TS_STORE_TCP_OPTIONS_INIT;
+    so.world_size = w;
+    so.rank = r;
+    return ts_store_tcp_new_ex(host, port, r == 0, timeout, &so, out);
+}
+
 /* Builds the base store from the options (and environment); fills in what the environment knows. */
 static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **base, int *r, int *w, int *lr,
                             int *lw) {
@@ -137,6 +152,7 @@ static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **b
         if (*r < 0 || *w < 0)
             return ts_error(TS_ERR_INVALID_ARG,
                             "ts_pg_options.rank and ts_pg_options.world_size must be given with ts_pg_options.store");
+        TS_TRY(check_world_cap(*w));
         *base = ts_store_retain(o->store);
         return TS_OK;
     }
@@ -167,13 +183,14 @@ static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **b
                         "WORLD_SIZE",
                         im);
     if (*r >= *w) return ts_error(TS_ERR_INVALID_ARG, "rank %d is not less than world size %d", *r, *w);
+    TS_TRY(check_world_cap(*w));
     if (strncmp(im, "env://", 6) == 0 && env.torch_agent_store) {
         TS_TRY(agent_store(&env, timeout, base));
     } else if (strncmp(im, "env://", 6) == 0) {
         ts_log(TS_LOG_INFO, "rendezvous: rank %d of %d, store at %s:%d (address from %s)%s", *r, *w,
                env.master_addr, env.master_port, env.master_addr_from && *env.master_addr_from ? env.master_addr_from : "options",
                *r == 0 ? ", served by this rank" : "");
-        TS_TRY(ts_store_tcp_new(env.master_addr, env.master_port, *r == 0, timeout, base));
+        TS_TRY(tcp_store_as_rank(env.master_addr, env.master_port, *r, *w, timeout, base));
     } else if (strncmp(im, "torch-tcp://", 12) == 0) {
         char host[256];
         int port = 0;
@@ -183,7 +200,7 @@ static ts_status make_store(const ts_pg_options *o, double timeout, ts_store **b
         char host[256];
         int port = 0;
         TS_TRY(parse_tcp(im, host, sizeof host, &port));
-        TS_TRY(ts_store_tcp_new(host, port, *r == 0, timeout, base));
+        TS_TRY(tcp_store_as_rank(host, port, *r, *w, timeout, base));
     } else {
         const char *path = im + 7;
         if (!path[0]) return ts_error(TS_ERR_INVALID_ARG, "init_method '%s' names no file (use file:///path)", im);
@@ -472,12 +489,6 @@ ts_status ts__rendezvous(const ts_pg_options *opts, ts_store **store, int *rank,
     double hb = 0;
     TS_TRY(ts__heartbeat_resolve_timeout(o.heartbeat_timeout_s, &hb));
     TS_TRY(make_store(&o, timeout, &base, &r, &w, &lr, &lw));
-    if (w > TS_DIST_MAX_WORLD_SIZE) {
-        ts_store_release(base);
-        return ts_error(TS_ERR_INVALID_ARG,
-                        "world size %d (WORLD_SIZE or ts_pg_options.world_size) is over the limit of %d ranks",
-                        w, TS_DIST_MAX_WORLD_SIZE);
-    }
     ts_status st = ts_store_prefix_new(base, group, &s);
     ts_store_release(base);
     TS_TRY(st);

@@ -5,8 +5,8 @@
  * ---- wire protocol ------------------------------------------------------------------------------
  * Every connection opens with the job-token handshake of distributed/auth.h
  * (kind 1, store): the server sends a challenge carrying its key and value
- * limits, the client answers with its HMAC, the server's verdict carries its
- * own. Only then, and only once the client has checked the server's proof,
+ * limits, the client answers with its HMAC (and its rank + 1 and the world
+ * size, or 0, 0), the server's verdict carries its own. Only then, and only once the client has checked the server's proof,
  * does the protocol below start; a client refused, or a server that fails its
  * proof, gets TS_ERR_REMOTE naming host:port and the reason.
  *
@@ -37,14 +37,22 @@
  * the thread.
  *
  * Limits (ts_store_tcp_options), so that no client can exhaust the server:
- *  - a connection must finish the handshake within auth_timeout_s (10 s) and
+ *  - a connection must finish the handshake within auth_timeout_s (3 s) and
  *    may send no more than the 80-byte answer before its verdict; strangers,
  *    wrong tokens and silent connections are closed and logged (ts_log WARN
  *    with their address, at most 20 lines per 10 s, the rest counted);
  *  - at most max_connections connections: when full, a new one evicts the
  *    oldest unauthenticated one (a genuine client authenticates in one round
- *    trip, so a flood of idle connections cannot lock ranks out), or is closed
- *    at once when every slot is authenticated (its client retries). A pending
+ *    trip, so a flood of idle connections cannot lock ranks out), else the
+ *    authenticated one idle longest that is surplus — not a rank's (a client
+ *    says which rank it is in its handshake answer: f1 = rank + 1, f2 = world,
+ *    checked against the server's world_size) or past RANK_QUOTA of one rank's
+ *    — so insiders holding idle connections cannot lock ranks out either; it is
+ *    closed at once only when every slot is a rank's (its client retries);
+ *  - stored bytes (key + value + 16 per entry): a SET, or an ADD that creates a
+ *    counter, that would take the store past max_total_bytes or its connection
+ *    past max_conn_bytes (bytes it added) gets an ERROR reply naming the limit;
+ *    the connection stays and the server keeps serving; A pending
  *    connection is only evicted once it has had 100 ms to answer; until then
  *    newcomers wait in the kernel's backlog (the listener leaves poll());
  *  - accept() failing with EMFILE/ENFILE (or ENOBUFS/ENOMEM) while someone
@@ -92,6 +100,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -112,6 +121,11 @@ enum { ST_OK = 0, ST_ERROR = 1 };
 #define ACCEPT_PAUSE_S 0.1                   /* listener off poll() after EMFILE with nothing to evict */
 #define EVICT_MIN_AGE_S 0.1                  /* a pending connection has this long to answer before eviction */
 #define CLIENT_HANDSHAKE_S 30.0              /* a client waits this long for the server's challenge */
+#define DEFAULT_AUTH_TIMEOUT_S 3.0           /* a store client authenticates in one round trip */
+#define DEFAULT_TOTAL_BASE ((size_t)512 << 20) /* max_total_bytes: this much ... */
+#define DEFAULT_TOTAL_PER_RANK ((size_t)1 << 20) /* ... plus this much per rank of the world */
+#define RANK_QUOTA 8                         /* connections per rank that are never evicted for newcomers */
+#define ENTRY_OVERHEAD 16u                   /* bytes a stored key costs besides its key and value */
 
 /* ---- byte helpers (framing over sock.h's buffer) ----------------------------------------------------- */
 
@@ -187,6 +201,10 @@ typedef struct srv_conn {
     uint8_t parked; /* 0, OP_GET or OP_WAIT */
     char **keys;    /* the parked request's keys */
     int nkeys;
+    int rank;       /* the rank it identified as (authenticated), -1: none */
+    bool surplus;   /* not a rank's, or beyond RANK_QUOTA of its rank's: evicted first when full */
+    size_t added;   /* stored bytes this connection added (max_conn_bytes) */
+    double active;  /* its last request */
 } srv_conn;
 
 typedef struct tcp_server {
@@ -207,6 +225,9 @@ typedef struct tcp_server {
     double accept_resume; /* the listener is left out of poll() until then */
     bool accept_failing;  /* logged once per episode */
     ts__refusal_log rlog;
+    size_t max_total, max_conn_bytes, stored; /* stored: key + value + ENTRY_OVERHEAD of every entry */
+    int world;      /* ranks expected (0: unknown) */
+    int *per_rank;  /* authenticated connections per rank (world entries) */
 } tcp_server;
 
 static void unauth_unlink(tcp_server *S, srv_conn *c) {
@@ -231,6 +252,7 @@ static void conn_kill(tcp_server *S, srv_conn *c) {
     if (c->dead) return;
     c->dead = true;
     if (!c->authed) unauth_unlink(S, c);
+    else if (c->rank >= 0 && S->per_rank) S->per_rank[c->rank]--;
     close(c->fd);
     c->fd = -1;
     S->nlive--;
@@ -282,6 +304,45 @@ static void reply_status(srv_conn *c, uint8_t st) {
     wb_frame_end(&c->out, start);
 }
 
+static void reply_error(srv_conn *c, const char *msg) {
+    size_t start = c->out.n;
+    uint8_t err = ST_ERROR;
+    ts__wbuf_be(&c->out, 0, 4);
+    ts__wbuf_put(&c->out, &err, 1);
+    wb_str(&c->out, msg, strlen(msg));
+    wb_frame_end(&c->out, start);
+}
+
+/* The bytes an entry costs the store. */
+static size_t entry_bytes(const char *key, size_t vlen) { return strlen(key) + vlen + ENTRY_OVERHEAD; }
+
+/* Whether a change that grows the store by `grow` bytes fits both limits; else the error reply
+ * (the request is refused, the connection stays) and false. */
+static bool room_for(tcp_server *S, srv_conn *c, const char *what, const char *key, size_t grow) {
+    char msg[512];
+    if (S->stored + grow > S->max_total)
+        snprintf(msg, sizeof msg,
+                 "%s key '%.100s' would take the store past its limit of %zu bytes in total "
+                 "(ts_store_tcp_options.max_total_bytes; it holds %zu)", what, key, S->max_total, S->stored);
+    else if (c->added + grow > S->max_conn_bytes)
+        snprintf(msg, sizeof msg,
+                 "%s key '%.100s' would take this connection past its limit of %zu stored bytes "
+                 "(ts_store_tcp_options.max_conn_bytes; it added %zu)", what, key, S->max_conn_bytes, c->added);
+    else
+        return true;
+    ts__refusal(&S->rlog, "tcp store %s: refused a request from %s: %s", S->hp, c->addr, msg);
+    reply_error(c, msg);
+    return false;
+}
+
+/* Accounts an entry that went from old_bytes (0: new) to what it holds now. */
+static void account(tcp_server *S, srv_conn *c, const char *key, size_t old_bytes) {
+    const ts__kv_entry *e = ts__kv_find(&S->kv, key);
+    size_t now = e ? entry_bytes(key, e->len) : 0;
+    S->stored = S->stored - old_bytes + now;
+    if (now > old_bytes) c->added += now - old_bytes;
+}
+
 /* Answers a parked request if its keys exist now. Returns true if it did. */
 static bool conn_try_answer(tcp_server *S, srv_conn *c) {
     for (int i = 0; i < c->nkeys; i++)
@@ -304,6 +365,7 @@ static const char *conn_request(tcp_server *S, srv_conn *c, const uint8_t *body,
     rbuf r = {body, n, 0, false};
     uint8_t op = (uint8_t)rb_int(&r, 1);
     size_t vl = 0, too_long = 0;
+    c->active = ts_time_now();
 #define KEY_FAIL()                                                                                               \
     (too_long ? (snprintf(why, wn, "a key of %zu bytes is over the limit of %zu", too_long, S->max_key), why)    \
               : "a malformed request")
@@ -316,9 +378,20 @@ static const char *conn_request(tcp_server *S, srv_conn *c, const uint8_t *body,
             snprintf(why, wn, "a value of %zu bytes is over the limit of %zu", vl, S->max_value);
             return why;
         }
-        bool ok = key && !r.bad && ts__kv_set(&S->kv, key, v, vl) == TS_OK;
+        if (!key || r.bad) {
+            free(key);
+            return KEY_FAIL();
+        }
+        const ts__kv_entry *old = ts__kv_find(&S->kv, key);
+        size_t ob = old ? entry_bytes(key, old->len) : 0, nb = entry_bytes(key, vl);
+        if (nb > ob && !room_for(S, c, "setting", key, nb - ob)) {
+            free(key);
+            return NULL;
+        }
+        bool ok = ts__kv_set(&S->kv, key, v, vl) == TS_OK;
+        if (ok) account(S, c, key, ob);
         free(key);
-        if (!ok) return KEY_FAIL();
+        if (!ok) return "out of memory";
         S->changed = true;
         reply_status(c, ST_OK);
         return NULL;
@@ -330,7 +403,14 @@ static const char *conn_request(tcp_server *S, srv_conn *c, const uint8_t *body,
             free(key);
             return KEY_FAIL();
         }
+        const ts__kv_entry *old = ts__kv_find(&S->kv, key);
+        size_t ob = old ? entry_bytes(key, old->len) : 0;
+        if (!old && !room_for(S, c, "adding to", key, entry_bytes(key, 20))) { /* a counter: <= 20 digits */
+            free(key);
+            return NULL;
+        }
         ts_status st = ts__kv_add(&S->kv, key, delta, &result);
+        if (st == TS_OK) account(S, c, key, ob);
         free(key);
         size_t start = c->out.n;
         if (st == TS_OK) {
@@ -506,6 +586,10 @@ static void conn_read_auth(tcp_server *S, srv_conn *c) {
     }
     unauth_unlink(S, c);
     c->authed = true;
+    c->active = ts_time_now();
+    /* who it is: a rank of the job (f1 = rank + 1), within its quota, or surplus */
+    c->rank = f1 >= 1 && S->world > 0 && f1 - 1 < (uint32_t)S->world ? (int)(f1 - 1) : -1;
+    c->surplus = c->rank < 0 || S->per_rank[c->rank]++ >= RANK_QUOTA;
     int one = 1, idle = 60, intvl = 10, cnt = 6; /* a vanished peer is dropped after about two minutes */
     (void)setsockopt(c->fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     (void)setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
@@ -520,6 +604,20 @@ static void reap_unauthed(tcp_server *S, double now) {
 }
 
 enum { EVICTED, NONE_PENDING, TOO_YOUNG };
+
+/* Makes room among authenticated connections: the surplus one (not a rank's, or past its rank's
+ * quota) idle longest goes. false when there is none: every slot belongs to a rank. */
+static bool evict_surplus(tcp_server *S) {
+    srv_conn *victim = NULL;
+    for (int i = 0; i < S->nconns; i++) {
+        srv_conn *c = S->conns[i];
+        if (!c->dead && c->authed && c->surplus && (!victim || c->active < victim->active)) victim = c;
+    }
+    if (!victim) return false;
+    conn_drop(S, victim, "all %d connections are in use: the longest idle one that is not a rank's makes room",
+              S->max_conns);
+    return true;
+}
 
 /* Makes room by dropping the oldest unauthenticated connection, once it has had
  * EVICT_MIN_AGE_S to answer (so a genuine client is never evicted by the flood
@@ -553,7 +651,8 @@ static void srv_accept(tcp_server *S) {
                 pause_listener(S, ready, "all connections are in use");
                 return;
             }
-            if (ev == NONE_PENDING) { /* every slot is authenticated: turn the newcomer away (it retries) */
+            if (ev == NONE_PENDING && evict_surplus(S)) continue;
+            if (ev == NONE_PENDING) { /* every slot is a rank's: turn the newcomer away (it retries) */
                 int fd = accept4(S->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0) return;
                 char addr[64];
@@ -608,6 +707,7 @@ static void srv_accept(tcp_server *S) {
             continue;
         }
         c->fd = fd;
+        c->rank = -1;
         snprintf(c->addr, sizeof c->addr, "%s", addr);
         c->since = ts_time_now();
         c->deadline = c->since + S->auth_timeout;
@@ -707,6 +807,7 @@ static void *srv_main(void *arg) {
 static void srv_free(tcp_server *S) {
     if (!S) return;
     free(S->conns);
+    free(S->per_rank);
     ts__kv_free(&S->kv);
     ts__auth_wipe(&S->auth);
     if (S->lfd >= 0) close(S->lfd);
@@ -847,6 +948,14 @@ static ts_status srv_start(const char *host, int port, const ts__auth *auth, con
     S->max_value = o->max_value_bytes;
     S->max_frame = S->max_key + S->max_value + FRAME_OVERHEAD;
     S->auth_timeout = o->auth_timeout_s;
+    S->max_total = o->max_total_bytes;
+    S->max_conn_bytes = o->max_conn_bytes;
+    S->world = o->world_size;
+    S->wake[0] = S->wake[1] = -1;
+    if (S->world > 0 && !(S->per_rank = calloc((size_t)S->world, sizeof *S->per_rank))) {
+        srv_free(S);
+        return ts_error(TS_ERR_NOMEM, "tcp store: out of memory");
+    }
     if (pipe2(S->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
         err = errno;
         S->wake[0] = S->wake[1] = -1;
@@ -880,6 +989,7 @@ typedef struct tcp_store {
     size_t srv_max_key, srv_max_value; /* the limits the server announced (set by the first connection) */
     ts__sock_pool pool; /* idle connections */
     tcp_server *server; /* rank 0 only */
+    int ident_rank, ident_world; /* who this client says it is in its handshakes (-1, 0: nobody) */
 } tcp_store;
 
 /* The client's side of the handshake on a fresh connection. TS_OK; *retry set (and why[]
@@ -894,7 +1004,8 @@ static ts_status client_handshake(tcp_store *t, int fd, double deadline, bool fi
     ts__io r = ts__sock_recv(fd, ch, sizeof ch, hs_deadline);
     if (r == TS__IO_OK) {
         uint32_t mk = 0, mv = 0;
-        int code = ts__auth_respond(&t->auth, TS__AUTH_STORE, ch, 0, 0, &mk, &mv, resp);
+        uint32_t f1 = t->ident_rank >= 0 ? (uint32_t)t->ident_rank + 1 : 0, f2 = (uint32_t)t->ident_world;
+        int code = ts__auth_respond(&t->auth, TS__AUTH_STORE, ch, f1, f2, &mk, &mv, resp);
         if (code < 0) return (ts_status)code; /* no random bytes: the error is set */
         if (code != TS__AUTH_OK)
             return ts_error(TS_ERR_REMOTE, "tcp store %s: the server's handshake is not understood: %s", t->hp,
@@ -939,8 +1050,15 @@ static void note_local_ip(tcp_store *t, int fd) {
     if (!inet_ntop(ss.ss_family, a, t->local_ip, sizeof t->local_ip)) t->local_ip[0] = 0;
 }
 
+/* Whether an idle pooled connection was closed by the server meanwhile (evicted, or the server
+ * restarted): anything readable on an idle connection is its end. */
+static bool idle_gone(int fd) {
+    struct pollfd p = {fd, POLLIN, 0};
+    return poll(&p, 1, 0) != 0;
+}
+
 static ts_status pool_take(tcp_store *t, double deadline, int *fd) {
-    *fd = ts__sock_pool_take(&t->pool);
+    while ((*fd = ts__sock_pool_take(&t->pool)) >= 0 && idle_gone(*fd)) close(*fd);
     if (*fd >= 0) return TS_OK;
     /* A new connection, retried with backoff while the server closes it during the handshake. */
     double backoff = 0.01;
@@ -1175,17 +1293,26 @@ static ts_status tcp_first_connect(tcp_store *t, double timeout_s) {
 /* Checks the options and fills in the defaults. */
 static ts_status resolve_options(const ts_store_tcp_options *in, ts_store_tcp_options *o) {
     *o = TS_STORE_TCP_OPTIONS_INIT;
+    const size_t v1 = offsetof(ts_store_tcp_options, max_total_bytes);
     if (in) {
-        if (in->size != sizeof *o || in->magic != TS_STORE_TCP_OPTIONS_MAGIC)
+        bool is_v1 = in->size == v1 && in->version == 1;
+        if ((in->size != sizeof *o && !is_v1) || in->magic != TS_STORE_TCP_OPTIONS_MAGIC)
             return ts_error(TS_ERR_INVALID_ARG,
                             "ts_store_tcp_options: size %zu / magic 0x%08x do not match (initialise the options with "
                             "TS_STORE_TCP_OPTIONS_INIT)",
                             in->size, in->magic);
-        if (in->version != TS_STORE_TCP_OPTIONS_VERSION)
-            return ts_error(TS_ERR_INVALID_ARG, "ts_store_tcp_options.version is %u; this library supports version %u",
-                            in->version, TS_STORE_TCP_OPTIONS_VERSION);
-        *o = *in;
+        if (!is_v1 && in->version != TS_STORE_TCP_OPTIONS_VERSION)
+            return ts_error(TS_ERR_INVALID_ARG, "ts_store_tcp_options.version is %u; this library supports versions 1 "
+                            "and %u", in->version, TS_STORE_TCP_OPTIONS_VERSION);
+        memcpy(o, in, is_v1 ? v1 : sizeof *o);
+        o->size = sizeof *o;
+        o->version = TS_STORE_TCP_OPTIONS_VERSION;
     }
+    TS_ARG(o->world_size >= 0 && o->world_size <= TS_DIST_MAX_WORLD_SIZE,
+           "ts_store_tcp_options.world_size is %d (expected 0 for unknown, or 1..%d)", o->world_size,
+           TS_DIST_MAX_WORLD_SIZE);
+    TS_ARG(o->rank >= -1 && (o->world_size == 0 || o->rank < o->world_size),
+           "ts_store_tcp_options.rank is %d (expected -1, or 0..world_size-1 = %d)", o->rank, o->world_size - 1);
     TS_ARG(o->max_connections == 0 || o->max_connections >= 2,
            "ts_store_tcp_options.max_connections is %d (expected 0 for the default, or >= 2)", o->max_connections);
     TS_ARG(!isnan(o->auth_timeout_s) && o->auth_timeout_s >= 0,
@@ -1193,7 +1320,9 @@ static ts_status resolve_options(const ts_store_tcp_options *in, ts_store_tcp_op
     if (o->max_connections == 0) o->max_connections = default_max_conns();
     if (o->max_key_bytes == 0) o->max_key_bytes = DEFAULT_MAX_KEY;
     if (o->max_value_bytes == 0) o->max_value_bytes = DEFAULT_MAX_VALUE;
-    if (o->auth_timeout_s == 0) o->auth_timeout_s = TS__AUTH_DEFAULT_TIMEOUT_S;
+    if (o->auth_timeout_s == 0) o->auth_timeout_s = DEFAULT_AUTH_TIMEOUT_S;
+    if (o->max_total_bytes == 0) o->max_total_bytes = DEFAULT_TOTAL_BASE + DEFAULT_TOTAL_PER_RANK * (size_t)o->world_size;
+    if (o->max_conn_bytes == 0) o->max_conn_bytes = TS_MIN(2 * o->max_value_bytes, o->max_total_bytes);
     TS_ARG(o->max_key_bytes <= MAX_FRAME && o->max_value_bytes <= MAX_FRAME &&
                o->max_key_bytes + o->max_value_bytes + FRAME_OVERHEAD <= MAX_FRAME,
            "ts_store_tcp_options: max_key_bytes %zu + max_value_bytes %zu is over the 1 GiB frame limit",
@@ -1229,6 +1358,8 @@ ts_status ts_store_tcp_new_ex(const char *host, int port, bool is_server, double
     snprintf(t->host, sizeof t->host, "%s", host);
     t->port = port;
     t->auth = auth;
+    t->ident_rank = o.rank;
+    t->ident_world = o.world_size;
     ts__auth_wipe(&auth);
     ts__sock_pool_init(&t->pool);
     ts__store_init(&t->base, &tcp_vtable, timeout_s);
