@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli_launchers.sh — `tessera train` started by other launchers joins their
 # job (ts_dist_env_detect) instead of running N independent copies:
-#   1. plain `mpirun -n 2 tessera train` (builtin backend over OMPI_COMM_WORLD_*)
+#   1. plain `mpirun -n 2 tessera train` (builtin backend over OMPI_COMM_WORLD_*), with TS_JOB_TOKEN
+#      and without (a token derived from mpirun's per-job key: no warning)
 #   2. an srun-style environment (SLURM_* per rank, as srun sets them, two
 #      processes started here; MASTER_ADDR from SLURM_JOB_NODELIST, MASTER_PORT
 #      from SLURM_JOB_ID)
@@ -51,6 +52,11 @@ if command -v mpirun >/dev/null; then
   rc=$?
   [ $rc -eq 0 ] && ok "mpirun -n 2 tessera train" || bad "mpirun -n 2 train (exit $rc): $(cat "$T/mpi.log")"
   same_job "mpirun" "$T/mpi.log" "$T/mpi.ckpt"
+  # without TS_JOB_TOKEN: the ranks derive one from mpirun's per-job key (no warning, same job)
+  timeout 300 env -u TS_JOB_TOKEN "${MPIRUN[@]}" "$TS" "${common[@]}" --checkpoint "$T/mpi2.ckpt" > "$T/mpi2.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && ! grep -q "no job token" "$T/mpi2.log" && ok "mpirun without TS_JOB_TOKEN: authenticated, no warning" \
+    || bad "mpirun without TS_JOB_TOKEN (exit $rc): $(cat "$T/mpi2.log")"
 else
   echo "skip: no mpirun (apt-get install openmpi-bin): the mpirun part did not run"
 fi

@@ -513,6 +513,52 @@ static bool fake_start(fake_server *f, pthread_t *th) {
     return pthread_create(th, NULL, fake_server_main, f) == 0;
 }
 
+/* Under Open MPI's mpirun without TS_JOB_TOKEN: a token derived from the random per-job key mpirun gives
+ * every process; another job's key, or no token, is refused; TS_JOB_TOKEN wins; job ids are not keys. */
+static void test_mpirun_token(void) {
+    const char *key_var = "OMPI_MCA_orte_precondition_transports";
+    unsetenv("TS_JOB_TOKEN");
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv(key_var, "7b0d3b66322b721b-732eb6421471e8a9", 1);
+    ts__auth a;
+    CHECK_OK(ts__auth_init(&a, NULL, "test"));
+    /* HMAC-SHA256(key, label) in hex (Python's hmac module) */
+    const char *want = "314e85eab6c53f67ce34df8f931349172a0ddbcf1d26e786d149bcdbb146cda3";
+    CHECK(a.has_token && a.keylen == 64 && memcmp(a.key, want, 64) == 0);
+    ts__auth_wipe(&a);
+    ts_store *srv = NULL, *cli = NULL;
+    CHECK_OK(ts_store_tcp_new_ex("127.0.0.1", 0, true, 10, NULL, &srv));
+    if (srv) {
+        int port = ts_store_tcp_port(srv);
+        CHECK_OK(ts_store_tcp_new_ex("127.0.0.1", port, false, 10, NULL, &cli)); /* the same job */
+        ts_store_release(cli);
+        cli = NULL;
+        ts_store_tcp_options none = opts_token("");
+        CHECK_STATUS(ts_store_tcp_new_ex("127.0.0.1", port, false, 5, &none, &cli), TS_ERR_REMOTE);
+        CHECK_ERR_MENTIONS("requires a job token");
+        setenv(key_var, "0123456789abcdef-0123456789abcdef", 1); /* another mpirun's job */
+        CHECK_STATUS(ts_store_tcp_new_ex("127.0.0.1", port, false, 5, NULL, &cli), TS_ERR_REMOTE);
+        CHECK_ERR_MENTIONS("wrong job token");
+        ts_store_release(srv);
+    }
+    setenv("TS_JOB_TOKEN", TOKEN_A, 1); /* an explicit token wins */
+    CHECK_OK(ts__auth_init(&a, NULL, "test"));
+    CHECK(a.keylen == strlen(TOKEN_A) && memcmp(a.key, TOKEN_A, a.keylen) == 0);
+    unsetenv("TS_JOB_TOKEN");
+    unsetenv("OMPI_COMM_WORLD_SIZE"); /* not an mpirun rank: the key alone is not used */
+    CHECK_OK(ts__auth_init(&a, NULL, "test"));
+    CHECK(!a.has_token);
+    unsetenv(key_var);
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    setenv("SLURM_JOB_ID", "4242", 1); /* job ids are not secrets: no token from them */
+    setenv("TORCHELASTIC_RUN_ID", "run-1", 1);
+    CHECK_OK(ts__auth_init(&a, NULL, "test"));
+    CHECK(!a.has_token);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    unsetenv("SLURM_JOB_ID");
+    unsetenv("TORCHELASTIC_RUN_ID");
+}
+
 static void test_store_stranger_server(void) {
     fake_server f = {.kind = TS__AUTH_STORE, .f1 = 1 << 16, .f2 = 1 << 20};
     pthread_t th;
@@ -1260,7 +1306,7 @@ static void test_job_processes(void) {
     unlink(path);
 }
 
-TU_MAIN(T(test_sha256_fips180), T(test_hmac_rfc4231), T(test_store_tokens), T(test_store_stranger_server),
+TU_MAIN(T(test_sha256_fips180), T(test_hmac_rfc4231), T(test_store_tokens), T(test_mpirun_token), T(test_store_stranger_server),
         T(test_store_size_limits), T(test_store_connection_flood), T(test_store_byte_caps), T(test_store_insider_flood), T(test_store_emfile), T(test_store_reaps_silent),
         T(test_link_strangers), T(test_link_stranger_listener), T(test_listen_address), T(test_job_threads_tcp),
         T(test_job_processes))

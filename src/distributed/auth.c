@@ -28,10 +28,50 @@ static uint32_t get32(const uint8_t *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* Open MPI's mpirun gives every process of a job the same 128 random bits from /dev/urandom
+ * (orte_pre_condition_transports: "<16 hex>-<16 hex>", meant as a job key for PSM-style fabrics),
+ * readable, like any environment, only by the job's user and root. Under mpirun without
+ * TS_JOB_TOKEN the token is derived from it: HMAC-SHA256(key, DERIVE_LABEL) in hex, so the key
+ * itself never goes on the wire and the token is Tessera's alone. Job ids (Slurm's, torchrun's
+ * run id, PMIx namespaces) are no secrets and are never used. Returns the token in out (65
+ * bytes), or "" when there is no such key. */
+static const char DERIVE_LABEL[] = "tessera-job-token-v1 open-mpi precondition_transports";
+static ts_status derived_token(char out[2 * TS__SHA256_BYTES + 1], const char **from) {
+    static const char *const vars[] = {"OMPI_MCA_orte_precondition_transports", "OMPI_MCA_opal_precondition_transports"};
+    out[0] = 0;
+    const char *size = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!size || !*size) return TS_OK;
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *k = getenv(vars[i]);
+        if (!k || strlen(k) < 16) continue; /* not the key we know: 2 x 64 bits in hex */
+        uint8_t mac[TS__SHA256_BYTES];
+        const void *parts[1] = {DERIVE_LABEL};
+        const size_t lens[1] = {sizeof DERIVE_LABEL - 1};
+        TS_TRY(ts__hmac_sha256(k, strlen(k), 1, parts, lens, mac));
+        ts__hex(mac, sizeof mac, out);
+        ts__wipe(mac, sizeof mac);
+        *from = vars[i];
+        return TS_OK;
+    }
+    return TS_OK;
+}
+
 ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
     memset(a, 0, sizeof *a);
     bool from_env = token == NULL;
+    char derived[2 * TS__SHA256_BYTES + 1] = "";
     if (from_env) token = ts_env_str(TS_ENV_JOB_TOKEN);
+    if (from_env && !(token && *token)) {
+        const char *src = NULL;
+        TS_TRY(derived_token(derived, &src));
+        if (derived[0]) {
+            token = derived;
+            static atomic_int told;
+            if (!atomic_exchange(&told, 1))
+                ts_log(TS_LOG_INFO, "%s: job token derived from Open MPI's per-job key (%s); TS_JOB_TOKEN overrides it",
+                       what, src);
+        }
+    }
     size_t n = token ? strlen(token) : 0;
     if (n > TS__AUTH_MAX_TOKEN)
         return ts_error(TS_ERR_INVALID_ARG, "%s: the job token (%s) is %zu characters long; at most %d are allowed",
@@ -40,7 +80,7 @@ ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
         if (!atomic_exchange(&warned_no_token, 1))
             ts_log(TS_LOG_WARN,
                    "%s: no job token (TS_JOB_TOKEN is not set): this job's TCP store and TCP links accept any process "
-                   "that can reach them. `tessera run` sets a token for its ranks; with other launchers export "
+                   "that can reach them. `tessera run` and mpirun give their ranks one; with other launchers export "
                    "the same secret TS_JOB_TOKEN to every rank (e.g. 32 random bytes in hex)",
                    what);
         return TS_OK;
@@ -53,6 +93,7 @@ ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
         memcpy(a->key, token, n);
         a->keylen = n;
     }
+    ts__wipe(derived, sizeof derived);
     return TS_OK;
 }
 

@@ -6,7 +6,9 @@
  * ---- the job token ------------------------------------------------------------------------------
  * A secret shared by every rank of a job: TS_JOB_TOKEN in the environment
  * (`tessera run` generates 32 random bytes in hex for its ranks unless the
- * variable is already set), or an explicit token (ts_store_tcp_options.token).
+ * variable is already set), an explicit token (ts_store_tcp_options.token), or
+ * under Open MPI's mpirun, one derived from the random per-job key it gives
+ * every process (OMPI_MCA_orte_precondition_transports).
  * The HMAC key is the token's bytes. Without a token the same handshake runs
  * with an empty key: it proves nothing, so the process logs one warning, but it
  * keeps one protocol, still makes half-open and non-speaking connections
@@ -66,8 +68,10 @@ typedef struct ts__auth {
     uint8_t key[64]; /* the token's bytes, or SHA-256 of a token longer than 64 bytes (HMAC's own rule) */
 } ts__auth;
 
-/* token NULL: TS_JOB_TOKEN from the environment; "" or unset: no token (one
- * warning per process naming `what`, e.g. "tcp store 10.0.0.1:29500").
+/* token NULL: TS_JOB_TOKEN from the environment, else under Open MPI's mpirun one
+ * derived from the job key mpirun gives every process (auth.c, derived_token); ""
+ * or none of those: no token (one warning per process naming `what`, e.g. "tcp
+ * store 10.0.0.1:29500").
  * TS_ERR_INVALID_ARG for a token over TS__AUTH_MAX_TOKEN characters. */
 ts_status ts__auth_init(ts__auth *a, const char *token, const char *what);
 void ts__auth_wipe(ts__auth *a);
