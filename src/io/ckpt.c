@@ -744,8 +744,9 @@ static ts_status check_duplicates(const ts_ckpt *ck, const char *path) {
     return TS_OK;
 }
 
-/* Reads a checkpoint of `size` bytes from f (positioned at its start); path names it in messages. */
-static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt **out) {
+/* Reads a checkpoint of `size` bytes from f (positioned at its start); path names it in messages.
+ * meta: tensor sections are skipped by their length (seek) and the whole-file CRC is not compared. */
+static ts_status load_stream(FILE *f, uint64_t size, const char *path, bool meta, ts_ckpt **out) {
     ts_status st = TS_OK;
     ts_ckpt *ck = NULL;
     unsigned char hdr[CK_HEADER_BYTES];
@@ -769,11 +770,16 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
                       get32(hdr + 28), hcrc);
         goto fail;
     }
-    uint32_t version = get32(hdr + 8), nsec = get32(hdr + 24);
+    uint32_t version = get32(hdr + 8), flags = get32(hdr + 12), nsec = get32(hdr + 24);
     uint64_t want = get64(hdr + 16);
     if (version > TS_CKPT_VERSION || version == 0) {
         st = ts_error(TS_ERR_UNSUPPORTED, "%s: checkpoint format version %u, but this build reads versions 1 to %d",
                       path, version, TS_CKPT_VERSION);
+        goto fail;
+    }
+    if (flags & ~(uint32_t)TS_CKPT_KNOWN_FLAGS) { /* a flag changes how the file reads: never guess */
+        st = ts_error(TS_ERR_UNSUPPORTED, "%s: unknown header flag bits 0x%08x (flags 0x%08x; this build knows 0x%08x)",
+                      path, flags & ~(uint32_t)TS_CKPT_KNOWN_FLAGS, flags, (uint32_t)TS_CKPT_KNOWN_FLAGS);
         goto fail;
     }
     if (size < want) {
@@ -813,6 +819,15 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
             TS_CHECK_GOTO(rd_skip(&r, bytes));
             continue;
         }
+        if (meta && kind == TS_CKPT_TENSOR) { /* the size is within the file (checked above) */
+            if (fseeko(f, (off_t)bytes, SEEK_CUR) != 0) {
+                st = ts_error(TS_ERR_IO, "%s: seek failed at offset %llu: %s", path, (unsigned long long)r.pos,
+                              strerror(errno));
+                goto fail;
+            }
+            r.pos += bytes;
+            continue;
+        }
         uint64_t start = r.pos;
         for (uint32_t i = 0; i < count; i++) TS_CHECK_GOTO(rd_record(&r, ck, (ts_ckpt_kind)kind));
         if (r.pos - start != bytes) {
@@ -829,6 +844,7 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
         goto fail;
     }
     unsigned char tb[4];
+    if (meta) goto done;
     if (fread(tb, 1, 4, f) != 4) {
         st = ts_error(TS_ERR_IO, "%s: cannot read the checksum: %s", path, strerror(errno));
         goto fail;
@@ -838,11 +854,12 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
                       (uint32_t)r.crc);
         goto fail;
     }
+done:
     TS_CHECK_GOTO(check_duplicates(ck, path));
     *out = ck;
     return TS_OK;
 fail:
-    if (st == TS_ERR_FORMAT && ck) {
+    if (st == TS_ERR_FORMAT && ck && !meta) {
         /* A malformed record: if the bytes do not match their checksum, say so. */
         uLong c = 0;
         unsigned char tb2[4];
@@ -854,8 +871,7 @@ fail:
     return st;
 }
 
-ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
-    TS_ARG(path && out, "ts_ckpt_load: NULL argument");
+static ts_status load_file(const char *path, bool meta, ts_ckpt **out) {
     *out = NULL;
     int fd = -1;
     uint64_t size = 0;
@@ -866,9 +882,19 @@ ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
         close(fd);
         return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
     }
-    ts_status st = load_stream(f, size, path, out);
+    ts_status st = load_stream(f, size, path, meta, out);
     fclose(f);
     return st;
+}
+
+ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
+    TS_ARG(path && out, "ts_ckpt_load: NULL argument");
+    return load_file(path, false, out);
+}
+
+ts_status ts_ckpt_load_meta(const char *path, ts_ckpt **out) {
+    TS_ARG(path && out, "ts_ckpt_load_meta: NULL argument");
+    return load_file(path, true, out);
 }
 
 ts_status ts__ckpt_load_mem(const void *buf, size_t n, const char *name, ts_ckpt **out) {
@@ -877,7 +903,7 @@ ts_status ts__ckpt_load_mem(const void *buf, size_t n, const char *name, ts_ckpt
     static unsigned char none[1];
     FILE *f = fmemopen(n ? (void *)buf : none, n ? n : 1, "rb");
     if (!f) return ts_error(TS_ERR_NOMEM, "%s: fmemopen: %s", name ? name : "<buffer>", strerror(errno));
-    ts_status st = load_stream(f, n, name ? name : "<buffer>", out);
+    ts_status st = load_stream(f, n, name ? name : "<buffer>", false, out);
     fclose(f);
     return st;
 }
