@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hostile inputs from the command line (issue 10): checkpoint paths that are devices, FIFOs or in
 # missing folders fail at once with exit 2 (and /dev/full stays a device); FIFOs given as checkpoint or
-# IDX file never hang; `ckpt show/diff` print names with escape sequences escaped; empty data sets and
+# IDX file never hang; output files (metrics, traces, images, JSON) refuse FIFOs and devices; `ckpt show/diff` print names with escape sequences escaped; empty data sets and
 # test labels outside the training classes are errors naming the set; `bench allreduce` explains bad
 # sizes. (Run by ctest as: bash cli_hardening.sh /path/to/tessera.)
 set -u
@@ -93,6 +93,21 @@ idx(f"{t}/labels/t10k-labels-idx1-ubyte.gz", 0x801, (3,), [0, 2, 7])
 PY
 expect_exit 2 "the training set (train-images-idx3-ubyte) is empty: 0 samples" "${TRAIN[@]}" --data "$T/empty"
 expect_exit 2 "t10k-labels-idx1-ubyte: sample 2 has label 7, but the training set has 3 classes" "${TRAIN[@]}" --data "$T/labels"
+
+# every output file refuses FIFOs and devices, at once and naming the path (never blocks, never writes a device)
+mkfifo "$T/out.fifo"
+expect_exit 2 "--metrics-json: $T/out.fifo: is a FIFO" "${TRAIN[@]}" --metrics-json "$T/out.fifo"
+if [ -c /dev/full ]; then
+  expect_exit 2 "--metrics-json: /dev/full: is a character device" "${TRAIN[@]}" --metrics-json /dev/full
+fi
+expect_exit 1 "$T/out.fifo: is a FIFO" "${TRAIN[@]}" --metrics-csv "$T/out.fifo"
+expect_exit 1 "$T/out.fifo: is a FIFO" "${TRAIN[@]}" --trace "$T/out.fifo"
+"$TS" data export fashion-mnist --limit 4 --split train --out "$T/img" > /dev/null 2>&1 || bad "data export"
+expect_exit 1 "--out: $T/out.fifo: is a FIFO" "$TS" data show "$T/img" --batch-size 4 --out "$T/out.fifo"
+[ -p "$T/out.fifo" ] && ok "the FIFO is still a FIFO" || bad "the FIFO was replaced"
+"${TRAIN[@]}" --trace "$T/t.json" --checkpoint "$T/ev.ckpt" > /dev/null 2>&1 || bad "train --trace"
+expect_exit 1 "$T/out.fifo: is a FIFO" "$TS" trace merge "$T/out.fifo" "$T/t.json"
+expect_exit 2 "--json: $T/out.fifo: is a FIFO" "$TS" eval --checkpoint "$T/ev.ckpt" --json "$T/out.fifo"
 
 # a training run that works still works, and its checkpoint shows
 expect_exit 0 "done: 2 steps" "${TRAIN[@]}" --checkpoint "$T/ok.ckpt"

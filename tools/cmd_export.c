@@ -53,22 +53,27 @@ static int write_npy(const char *path, ts_tensor *t) {
         fprintf(stderr, "tessera export: %s: cannot read the tensor: %s\n", path, ts_last_error());
         return 1;
     }
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    ts_outfile *o = NULL;
+    if (ts_outfile_open(path, "a NumPy file", &o) != TS_OK) {
         free(data);
-        fprintf(stderr, "tessera export: cannot write %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "tessera export: %s\n", ts_last_error());
         return 1;
     }
+    FILE *f = ts_outfile_stream(o);
     uint16_t hlen = (uint16_t)((size_t)hl + pad + 1);
     unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
                                (unsigned char)(hlen >> 8)};
     bool ok = fwrite(magic, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)hl, f) == (size_t)hl;
     for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF && fwrite(data, 1, nb, f) == nb;
-    ok = (fclose(f) == 0) && ok;
     free(data);
     if (!ok) {
+        ts_outfile_discard(o);
         fprintf(stderr, "tessera export: writing %s failed: %s\n", path, strerror(errno));
+        return 1;
+    }
+    if (ts_outfile_close(o) != TS_OK) {
+        fprintf(stderr, "tessera export: %s\n", ts_last_error());
         return 1;
     }
     return 0;

@@ -221,11 +221,12 @@ static int cmd_merge(int argc, char **argv) {
             }
         if (in[k].zero_us < zero) zero = in[k].zero_us;
     }
-    FILE *f = fopen(pos[0], "w");
-    if (!f) {
-        fprintf(stderr, "tessera trace merge: %s: %s\n", pos[0], strerror(errno));
+    ts_outfile *o = NULL;
+    if (ts_outfile_open(pos[0], "a merged trace", &o) != TS_OK) {
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         goto done;
     }
+    FILE *f = ts_outfile_stream(o);
     fputs("{\"traceEvents\":[\n", f);
     bool first = true, bad = false;
     int64_t events = 0;
@@ -239,13 +240,12 @@ static int cmd_merge(int argc, char **argv) {
         fprintf(f, ",\"shift_us\":%.3f}", in[k].zero_us - zero);
     }
     fputs("]}}\n", f);
-    bool werr = ferror(f) != 0;
-    if (fclose(f) != 0 || werr) {
-        fprintf(stderr, "tessera trace merge: writing %s: %s\n", pos[0], strerror(errno));
-        bad = true;
+    if (bad) { /* no half-written output */
+        ts_outfile_discard(o);
+        goto done;
     }
-    if (bad) {
-        remove(pos[0]); /* no half-written output */
+    if (ts_outfile_close(o) != TS_OK) {
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         goto done;
     }
     printf("merged %d traces (%lld events) into %s\n", n, (long long)events, pos[0]);

@@ -14,9 +14,10 @@
  * left before anything is allocated (a tensor's non-zero dimensions multiply to
  * at most the bytes left, so shapes and strides cannot overflow); duplicate names
  * are found by sorting once the records are read (not a quadratic scan); names
- * are printed through ts__printable. Saving replaces only a regular file (a
- * device such as /dev/full, a FIFO or a socket at the path is refused) and first
- * removes "<name>.tmp.<pid>" files that writers killed mid-save left next to it.
+ * are printed through ts__printable. Saving goes through the library's one atomic
+ * writer (core/file.c, ts__atomic_open/close): only a regular file is replaced (a
+ * device such as /dev/full, a FIFO or a socket at the path is refused), and
+ * "<name>.tmp.<pid>" files that writers killed mid-save left next to it go first.
  */
 #include "tensor/tensor.h"
 #include "tessera/ckpt.h"
@@ -342,135 +343,9 @@ static ts_status wr_tensor_data(ck_writer *w, const ts_tensor *t) {
     return st;
 }
 
-static void sync_dir(const char *path) {
-    char *copy = ts__strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd); /* best effort: some filesystems refuse fsync on directories */
-        close(fd);
-    }
-    free(copy);
-}
-
-/* Splits path into its directory and file name (both malloc'ed; NULL when out of memory). */
-static bool split_path(const char *path, char **dir, char **base) {
-    char *a = ts__strdup(path), *b = ts__strdup(path);
-    *dir = *base = NULL;
-    if (a && b) {
-        *dir = ts__strdup(dirname(a));
-        *base = ts__strdup(basename(b));
-    }
-    free(a);
-    free(b);
-    if (*dir && *base) return true;
-    free(*dir);
-    free(*base);
-    *dir = *base = NULL;
-    return false;
-}
-
-/* Removes "<base>.tmp.<pid>" regular files next to path whose writer is gone (a save killed
- * with SIGKILL cannot clean up): pid is not ours and kill(pid, 0) says no such process. A pid
- * reused by a live process keeps its file (harmless: the next save after it dies removes it). */
-static void remove_stale_temps(const char *path) {
-    char *dir = NULL, *base = NULL;
-    if (!split_path(path, &dir, &base)) return;
-    size_t bl = strlen(base);
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));) {
-        const char *n = e->d_name;
-        if (strncmp(n, base, bl) != 0 || strncmp(n + bl, ".tmp.", 5) != 0) continue;
-        const char *digits = n + bl + 5;
-        char *end = NULL;
-        errno = 0;
-        long pid = strtol(digits, &end, 10);
-        if (digits[0] < '1' || digits[0] > '9' || *end || errno || pid <= 0 || pid > INT32_MAX) continue;
-        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        struct stat sb;
-        if (fstatat(dirfd(d), n, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode)) continue;
-        if (unlinkat(dirfd(d), n, 0) == 0)
-            ts_log(TS_LOG_INFO, "checkpoint: removed %s/%s, left by process %ld that died while saving", dir, n, pid);
-    }
-    if (d) closedir(d);
-    free(dir);
-    free(base);
-}
-
-static ts_status temp_name(const char *path, char *tmp, size_t cap) {
-    if ((size_t)snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid()) >= cap)
-        return ts_error(TS_ERR_INVALID_ARG, "%.200s...: checkpoint path is too long (%zu bytes)", path, strlen(path));
-    return TS_OK;
-}
-
-/* Creates the temporary file exclusively (never through a symbolic link or into an existing file). */
-static int create_temp(const char *tmp) {
-    (void)unlink(tmp); /* ours from an earlier failed attempt, or a dead process's with our pid */
-    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-}
-
 ts_status ts_ckpt_check_writable(const char *path) {
     TS_ARG(path && path[0], "ts_ckpt_check_writable: empty path");
-    char tmp[4096];
-    TS_TRY(temp_name(path, tmp, sizeof tmp));
-    TS_TRY(ts__check_write_target(path, "a checkpoint"));
-    char *dir = NULL, *base = NULL;
-    if (!split_path(path, &dir, &base)) return TS_ERR_NOMEM;
-    struct stat sb;
-    ts_status st = TS_OK;
-    if (stat(dir, &sb) != 0)
-        st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: directory %s: %s", path, dir, strerror(errno));
-    else if (!S_ISDIR(sb.st_mode))
-        st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: %s is a %s, not a directory", path, dir,
-                      ts__file_type_name((unsigned)sb.st_mode));
-    if (st == TS_OK) {
-        int fd = create_temp(tmp);
-        if (fd < 0)
-            st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: creating %s failed: %s", path, tmp,
-                          strerror(errno));
-        else {
-            close(fd);
-            unlink(tmp);
-        }
-    }
-    free(dir);
-    free(base);
-    return st;
-}
-
-/* Atomic writing (io/ckpt_internal.h), shared with ts_safetensors_save. */
-ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t cap, FILE **f) {
-    TS_ARG(path && path[0] && tmp && f, "ts__atomic_open: NULL argument");
-    *f = NULL;
-    TS_TRY(temp_name(path, tmp, cap));
-    TS_TRY(ts__check_write_target(path, what));
-    remove_stale_temps(path);
-    errno = 0;
-    int fd = create_temp(tmp);
-    if (fd >= 0 && !(*f = fdopen(fd, "wb"))) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        errno = e;
-    }
-    if (!*f) return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
-    return TS_OK;
-}
-
-ts_status ts__atomic_close(const char *path, const char *tmp, FILE *f, ts_status st, int werr) {
-    if (st == TS_OK && !werr && fflush(f) != 0) werr = errno ? errno : EIO;
-    if (st == TS_OK && !werr && fsync(fileno(f)) != 0) werr = errno;
-    int cerr = fclose(f) != 0 ? errno : 0;
-    if (!werr && cerr) werr = cerr;
-    if (st == TS_OK && werr) st = ts_error(TS_ERR_IO, "%s: writing %s failed: %s", path, tmp, strerror(werr));
-    if (st == TS_OK && rename(tmp, path) != 0)
-        st = ts_error(TS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st != TS_OK) {
-        unlink(tmp);
-        return st;
-    }
-    sync_dir(path);
-    return TS_OK;
+    return ts_outfile_check(path, "a checkpoint");
 }
 
 ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {

@@ -481,14 +481,16 @@ fail:
 static ts_status csv_open(ts_trainer *t) {
     TS_TRY(ts__check_write_target(t->metrics_csv, "a metrics CSV file"));
     bool append = false;
-    FILE *f = t->step > 0 ? fopen(t->metrics_csv, "r") : NULL;
-    if (f) {
-        char line[128];
-        append = fgets(line, sizeof line, f) && strcmp(line, CSV_HEADER "\n") == 0;
-        fclose(f);
+    int fd = -1;
+    if (t->step > 0 && ts__open_regular(t->metrics_csv, "a metrics CSV file", &fd, NULL) == TS_OK) {
+        char line[sizeof CSV_HEADER + 1] = "";
+        ssize_t k = read(fd, line, sizeof line - 1);
+        append = k == (ssize_t)sizeof CSV_HEADER && memcmp(line, CSV_HEADER "\n", sizeof CSV_HEADER) == 0;
+        close(fd);
     }
-    if (!(t->csv = fopen(t->metrics_csv, append ? "a" : "w")))
-        return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
+    ts_clear_error();
+    ts_status st = ts__open_output_stream(t->metrics_csv, "a metrics CSV file", append, &t->csv);
+    if (st != TS_OK) return ts__error_prefix(st, "metrics CSV");
     if (!append && (fputs(CSV_HEADER "\n", t->csv) < 0 || fflush(t->csv) != 0))
         return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
     return TS_OK;
