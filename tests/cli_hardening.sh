@@ -105,6 +105,13 @@ expect_exit 1 "$T/out.fifo: is a FIFO" "${TRAIN[@]}" --trace "$T/out.fifo"
 "$TS" data export fashion-mnist --limit 4 --split train --out "$T/img" > /dev/null 2>&1 || bad "data export"
 expect_exit 1 "--out: $T/out.fifo: is a FIFO" "$TS" data show "$T/img" --batch-size 4 --out "$T/out.fifo"
 [ -p "$T/out.fifo" ] && ok "the FIFO is still a FIFO" || bad "the FIFO was replaced"
+# bench loader: a list naming a directory or a FIFO is refused by name (no 2^63-byte allocation, no hang)
+img=$(find "$T/img" -name '*.png' | head -1)
+mkdir "$T/adir"
+printf '%s 0\n%s 1\n' "$img" "$T/adir" > "$T/dirlist.txt"
+printf '%s 0\n%s 1\n' "$img" "$T/out.fifo" > "$T/fifolist.txt"
+expect_exit 1 "$T/adir: is a directory, expected an image file" "$TS" bench loader "$T/dirlist.txt" --seconds 0.1
+expect_exit 1 "$T/out.fifo: is a FIFO (named pipe), expected an image file" "$TS" bench loader "$T/fifolist.txt" --seconds 0.1
 "${TRAIN[@]}" --trace "$T/t.json" --checkpoint "$T/ev.ckpt" > /dev/null 2>&1 || bad "train --trace"
 expect_exit 1 "$T/out.fifo: is a FIFO" "$TS" trace merge "$T/out.fifo" "$T/t.json"
 expect_exit 2 "--json: $T/out.fifo: is a FIFO" "$TS" eval --checkpoint "$T/ev.ckpt" --json "$T/out.fifo"

@@ -257,6 +257,13 @@ void ts_rng_shuffle_i64(ts_rng *r, int64_t *idx, int64_t n);
 ts_rng *ts_rng_default(void);
 void ts_manual_seed(uint64_t seed);
 
+/* ---- input files --------------------------------------------------------------------------- */
+/* Reads a whole input file: only a regular file — a FIFO, device, socket or directory is TS_ERR_IO naming
+ * path, its type and `what` ("an image file"), refused without waiting on it — of at most max_bytes
+ * (TS_ERR_FORMAT naming both sizes otherwise, before anything is allocated). *buf is malloc'd with a NUL
+ * after the *n bytes (free it). */
+ts_status ts_read_file(const char *path, const char *what, uint64_t max_bytes, char **buf, size_t *n);
+
 /* ---- output files ------------------------------------------------------------------------- */
 /* Every file the library and the command write follows one set of rules: the path must be a regular file
  * or absent — a directory, a device (/dev/full), a FIFO or a socket is TS_ERR_IO naming the path, its type

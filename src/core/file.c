@@ -115,6 +115,46 @@ const char *ts__printable(const char *s, char *buf, size_t cap) {
     return buf;
 }
 
+ts_status ts_read_file(const char *path, const char *what, uint64_t max_bytes, char **buf, size_t *n) {
+    TS_ARG(path && buf && n, "ts_read_file: NULL argument");
+    *buf = NULL;
+    *n = 0;
+    if (!what) what = "a regular file";
+    int fd = -1;
+    uint64_t size = 0;
+    char esc[4200];
+    ts__printable(path, esc, sizeof esc);
+    TS_TRY(ts__open_regular(path, what, &fd, &size));
+    if (size > max_bytes || size >= SIZE_MAX) {
+        close(fd);
+        return ts_error(TS_ERR_FORMAT, "%s: %llu bytes, more than the %llu %s may have", esc, (unsigned long long)size,
+                        (unsigned long long)max_bytes, what);
+    }
+    char *b = ts__malloc((size_t)size + 1);
+    if (!b) {
+        close(fd);
+        return ts_error(TS_ERR_NOMEM, "%s: out of memory for %llu bytes", esc, (unsigned long long)size);
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, b + got, (size_t)size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            free(b);
+            return ts_error(TS_ERR_IO, "%s: read error: %s", esc, strerror(e));
+        }
+        if (r == 0) break; /* shrank while reading: what is there */
+        got += (size_t)r;
+    }
+    close(fd);
+    b[got] = '\0';
+    *buf = b;
+    *n = got;
+    return TS_OK;
+}
+
 /* ---- writing: one set of rules for every output file ------------------------------------------------ */
 /* fsyncs the directory holding path (best effort: some filesystems refuse it). */
 static void sync_parent_dir(const char *path) {
