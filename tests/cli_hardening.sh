@@ -112,6 +112,11 @@ printf '%s 0\n%s 1\n' "$img" "$T/adir" > "$T/dirlist.txt"
 printf '%s 0\n%s 1\n' "$img" "$T/out.fifo" > "$T/fifolist.txt"
 expect_exit 1 "$T/adir: is a directory, expected an image file" "$TS" bench loader "$T/dirlist.txt" --seconds 0.1
 expect_exit 1 "$T/out.fifo: is a FIFO (named pipe), expected an image file" "$TS" bench loader "$T/fifolist.txt" --seconds 0.1
+# a list's labels are bounded as --num-classes is (label 2^31 - 1 would build a 2 TiB classifier)
+printf '%s 0\n%s 2147483647\n' "$img" "$img" > "$T/biglabel.txt"
+expect_exit 2 "biglabel.txt:2: label 2147483647 is too large: labels are below 1048576" "$TS" train --data "$T/biglabel.txt" \
+  --model cnn --max-steps 1 --batch-size 2 --quiet
+expect_exit 2 "biglabel.txt:2: label 2147483647 is too large" "$TS" data show "$T/biglabel.txt" --batch-size 2 --out "$T/g.png"
 "${TRAIN[@]}" --trace "$T/t.json" --checkpoint "$T/ev.ckpt" > /dev/null 2>&1 || bad "train --trace"
 expect_exit 1 "$T/out.fifo: is a FIFO" "$TS" trace merge "$T/out.fifo" "$T/t.json"
 expect_exit 2 "--json: $T/out.fifo: is a FIFO" "$TS" eval --checkpoint "$T/ev.ckpt" --json "$T/out.fifo"
