@@ -11,7 +11,8 @@
  *
  * Checkpoint layout: train/ckpt_keys.h (the keys `tessera train` always wrote).
  *
- * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
+ * Resume trusts nothing in the file: the keys it needs are present (a missing one is an error naming
+ * it, never a silent default), the generator state is not all zeros, positions are in [0, TS_TRAIN_MAX_COUNT]
  * (so the loop's additions cannot overflow), every floating-point tensor is
  * finite, the optimizer state is complete for the optimizer
  * (ts_optimizer_check_state), and names from the file are printed escaped —
@@ -408,6 +409,32 @@ static ts_status check_finite(const ts_ckpt *ck, const char *path) {
     return TS_OK;
 }
 
+/* What a resumed run cannot do without: every key the trainer always writes that resume uses (a file
+ * with one removed would resume with a fresh value without a word), and a generator state that is one. */
+static ts_status check_resume_keys(const ts_trainer *t, const ts_ckpt *ck, const char *path) {
+    static const struct { const char *key; ts_ckpt_kind kind; } need[] = {
+        {CK_WORLD, TS_CKPT_I64}, {CK_OPTIM_PREFIX "step", TS_CKPT_TENSOR}, {CK_OPTIM_PREFIX "lr", TS_CKPT_TENSOR},
+        {CK_RNG, TS_CKPT_BYTES}};
+    for (size_t i = 0; i < TS_ARRAY_LEN(need); i++) {
+        if (need[i].kind == TS_CKPT_BYTES && !t->o.rng) continue; /* a trainer without a generator */
+        if (!ts_ckpt_has(ck, need[i].kind, need[i].key))
+            return ts_error(TS_ERR_FORMAT, "%s: no %s: a training checkpoint always has it, so resuming without it "
+                            "would silently start it afresh", path, need[i].key);
+    }
+    const void *rb = NULL;
+    size_t rn = 0;
+    if (!t->o.rng) return TS_OK;
+    TS_TRY(ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn));
+    if (rn != sizeof *t->o.rng)
+        return ts_error(TS_ERR_FORMAT, "%s: %s holds %zu bytes, not a generator state (%zu)", path, CK_RNG, rn,
+                        sizeof *t->o.rng);
+    bool zero = true;
+    for (size_t i = 0; i < rn && zero; i++) zero = ((const unsigned char *)rb)[i] == 0;
+    if (zero) /* xoshiro's one fixed point: every later draw would be 0 */
+        return ts_error(TS_ERR_FORMAT, "%s: %s is all zeros, not a generator state", path, CK_RNG);
+    return TS_OK;
+}
+
 ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
     TS_ARG(t && path, "ts_trainer_resume: NULL argument");
     ts_ckpt *ck = NULL;
@@ -420,14 +447,12 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
     ts_status st;
     TS_CHECK_GOTO(ts_ckpt_load(path, &ck));
     TS_CHECK_GOTO(read_info(ck, path, &in));
+    TS_CHECK_GOTO(check_resume_keys(t, ck, path));
     TS_CHECK_GOTO(check_same_run(t, &in, path));
     TS_CHECK_GOTO(ts__lineage_read(ck, path, &parent, &has_parent));
     const ts__lineage_seg *self = &t->lineage.seg[t->lineage.n - 1]; /* this session goes on from the file's */
     TS_CHECK_GOTO(ts__lineage_extend(&lin, has_parent ? &parent : NULL, self->id, in.step, self->start_ns));
-    if (t->o.rng && ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn) == TS_OK && rn != sizeof *t->o.rng) {
-        st = ts_error(TS_ERR_FORMAT, "%s: %s holds %zu bytes, not a generator state", path, CK_RNG, rn);
-        goto fail;
-    }
+    if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn)); /* checked above */
     TS_CHECK_GOTO(check_finite(ck, path));
     TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, CK_MODEL_PREFIX, &sd));
     TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, CK_OPTIM_PREFIX, &os));
