@@ -90,6 +90,11 @@ idx(f"{t}/labels/train-images-idx3-ubyte.gz", 0x803, (4, 28, 28), [9] * 3136)
 idx(f"{t}/labels/train-labels-idx1-ubyte.gz", 0x801, (4,), [0, 1, 2, 1])
 idx(f"{t}/labels/t10k-images-idx3-ubyte.gz", 0x803, (3, 28, 28), [5] * 2352)
 idx(f"{t}/labels/t10k-labels-idx1-ubyte.gz", 0x801, (3,), [0, 2, 7])
+os.mkdir(f"{t}/small")  # a consistent set of 10x10 images
+idx(f"{t}/small/train-images-idx3-ubyte.gz", 0x803, (8, 10, 10), [i % 251 for i in range(800)])
+idx(f"{t}/small/train-labels-idx1-ubyte.gz", 0x801, (8,), [i % 2 for i in range(8)])
+idx(f"{t}/small/t10k-images-idx3-ubyte.gz", 0x803, (2, 10, 10), [3] * 200)
+idx(f"{t}/small/t10k-labels-idx1-ubyte.gz", 0x801, (2,), [0, 1])
 PY
 expect_exit 2 "the training set (train-images-idx3-ubyte) is empty: 0 samples" "${TRAIN[@]}" --data "$T/empty"
 expect_exit 2 "t10k-labels-idx1-ubyte: sample 2 has label 7, but the training set has 3 classes" "${TRAIN[@]}" --data "$T/labels"
@@ -120,6 +125,11 @@ expect_exit 2 "biglabel.txt:2: label 2147483647 is too large" "$TS" data show "$
 "${TRAIN[@]}" --trace "$T/t.json" --checkpoint "$T/ev.ckpt" > /dev/null 2>&1 || bad "train --trace"
 expect_exit 1 "$T/out.fifo: is a FIFO" "$TS" trace merge "$T/out.fifo" "$T/t.json"
 expect_exit 2 "--json: $T/out.fifo: is a FIFO" "$TS" eval --checkpoint "$T/ev.ckpt" --json "$T/out.fifo"
+
+# a fixed-size model on data of another shape is refused up front, naming both shapes
+expect_exit 2 "its samples are 1x10x10 (channels x height x width), but model mlp takes 1x28x28 only" \
+  "${TRAIN[@]}" --data "$T/small" --batch-size 4
+expect_exit 2 "but model cnn takes 1x28x28 only" "${TRAIN[@]}" --data "$T/small" --batch-size 4 --model cnn
 
 # a training run that works still works, and its checkpoint shows
 expect_exit 0 "done: 2 steps" "${TRAIN[@]}" --checkpoint "$T/ok.ckpt"
