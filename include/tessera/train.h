@@ -516,6 +516,14 @@ ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_modul
  * width; 0: the zoo's input for info->model and image_size) and class names (NULL: none), atomically:
  * what ts_checkpoint_model_load, `tessera eval/predict/export` and `train --init-from` read. */
 ts_status ts_checkpoint_model_save(const char *path, ts_module *model, const ts_checkpoint_model_info *info);
+/* `tessera ckpt import`: builds the zoo model `model` with num_classes outputs — 0: as many as the file's
+ * output layer has rows (fc.weight for the ResNets, the last Linear's weight for cnn and mlp), else the
+ * model's default —, loads the weights at path into it strictly (ts_weights_load: a safetensors file or a
+ * checkpoint) and writes them with ts_checkpoint_model_save to out, recording image_size (0: the model's
+ * default). written (may be NULL) gets what was recorded (no class names: nothing to clear), *ntensors (may
+ * be NULL) the tensors written. Nothing is written unless every tensor fits. */
+ts_status ts_checkpoint_import(const char *path, const char *model, int64_t num_classes, int image_size,
+                               const char *out, ts_checkpoint_model_info *written, int *ntensors);
 
 /* The newest complete training checkpoint in dir (a checkpoint_dir: step-<step>.ckpt files) into path
  * (n bytes), for restarts (`tessera train --checkpoint-dir`): of the checkpoints whose metadata reads, the
