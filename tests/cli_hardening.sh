@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Hostile inputs from the command line (issue 10): checkpoint paths that are devices, FIFOs or in
 # missing folders fail at once with exit 2 (and /dev/full stays a device); FIFOs given as checkpoint or
-# IDX file never hang; output files (metrics, traces, images, JSON) refuse FIFOs and devices; `ckpt show/diff` print names with escape sequences escaped; empty data sets and
+# IDX file never hang; output files (metrics, traces, images, JSON) refuse FIFOs and devices; paths with
+# terminal escapes are printed escaped; `ckpt show/diff` print names with escape sequences escaped; empty data sets and
 # test labels outside the training classes are errors naming the set; `bench allreduce` explains bad
 # sizes. (Run by ctest as: bash cli_hardening.sh /path/to/tessera.)
 set -u
@@ -130,6 +131,25 @@ expect_exit 2 "--json: $T/out.fifo: is a FIFO" "$TS" eval --checkpoint "$T/ev.ck
 expect_exit 2 "its samples are 1x10x10 (channels x height x width), but model mlp takes 1x28x28 only" \
   "${TRAIN[@]}" --data "$T/small" --batch-size 4
 expect_exit 2 "but model cnn takes 1x28x28 only" "${TRAIN[@]}" --data "$T/small" --batch-size 4 --model cnn
+
+# paths holding terminal escapes are printed escaped (\x1b), never raw: the "saved"/"wrote" lines and errors
+E=$'\e[31m'
+expect_escaped() { # expect_escaped NEEDLE CMD...: the output has NEEDLE and no raw ESC byte
+  local needle=$1; shift
+  local out
+  out=$(timeout 60 "$@" 2>&1)
+  if grep -q $'\x1b' <<<"$out"; then bad "'$*' printed a raw ESC: $(cat -v <<<"$out")"
+  elif ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $(cat -v <<<"$out")"
+  else ok "escaped: $needle"; fi
+}
+expect_escaped 'saved checkpoint to '"$T"'/e\x1b[31m.ckpt' "${TRAIN[@]}" --checkpoint "$T/e$E.ckpt"
+expect_escaped 'resumed from '"$T"'/e\x1b[31m.ckpt' "${TRAIN[@]}" --max-steps 3 --resume "$T/e$E.ckpt"
+expect_escaped "$T"'/none\x1b[31m.ckpt: cannot open' "$TS" ckpt show "$T/none$E.ckpt"
+expect_escaped "$T"'/none\x1b[31m.ckpt: cannot open' "${TRAIN[@]}" --resume "$T/none$E.ckpt"
+expect_escaped 'to '"$T"'/e\x1b[31m.safetensors' "$TS" ckpt export "$T/e$E.ckpt" --out "$T/e$E.safetensors"
+mkfifo "$T/f$E.json"
+expect_escaped "$T"'/f\x1b[31m.json: is a FIFO' "${TRAIN[@]}" --metrics-json "$T/f$E.json"
+expect_escaped 'wrote '"$T"'/g\x1b[31m.png' "$TS" data show "$T/img" --batch-size 4 --out "$T/g$E.png"
 
 # a training run that works still works, and its checkpoint shows
 expect_exit 0 "done: 2 steps" "${TRAIN[@]}" --checkpoint "$T/ok.ckpt"

@@ -149,11 +149,12 @@ static ts_ckpt *load_as(const char *path, bool state_dict) {
                                                 : ts_ckpt_load(path, &ck);
     if (st != TS_OK) {
         const char *msg = ts_last_error();
-        /* library messages already start with the path */
-        if (strncmp(msg, path, strlen(path)) == 0)
+        char e[ESC_MAX];
+        esc(path, e); /* library messages already start with the path, escaped */
+        if (strncmp(msg, e, strlen(e)) == 0)
             fprintf(stderr, "tessera ckpt: %s\n", msg);
         else
-            fprintf(stderr, "tessera ckpt: %s: %s\n", path, msg);
+            fprintf(stderr, "tessera ckpt: %s: %s\n", e, msg);
         return NULL;
     }
     return ck;
@@ -399,10 +400,12 @@ static int cmd_diff(int argc, char **argv) {
 /* Prints a library error; messages that start with the path already name the file. */
 static int complain(const char *cmd, const char *path) {
     const char *msg = ts_last_error();
-    if (path && strncmp(msg, path, strlen(path)) == 0)
+    char e[ESC_MAX];
+    if (path) esc(path, e);
+    if (path && strncmp(msg, e, strlen(e)) == 0)
         fprintf(stderr, "tessera ckpt %s: %s\n", cmd, msg);
     else
-        fprintf(stderr, "tessera ckpt %s: %s%s%s\n", cmd, path ? path : "", path ? ": " : "", msg);
+        fprintf(stderr, "tessera ckpt %s: %s%s%s\n", cmd, path ? e : "", path ? ": " : "", msg);
     return CLI_EXIT_USAGE;
 }
 
@@ -428,7 +431,8 @@ static int cmd_export(int argc, char **argv) {
     if (!out) return cli_usage_error(&cmd, "--out FILE is required");
     int n = 0;
     if (ts_safetensors_export_ckpt(pos[0], out, &n) != TS_OK) return complain("export", pos[0]);
-    printf("wrote %d tensors of %s to %s\n", n, pos[0], out);
+    char e1[ESC_MAX], e2[ESC_MAX];
+    printf("wrote %d tensors of %s to %s\n", n, esc(pos[0], e1), esc(out, e2));
     return 0;
 }
 
@@ -462,7 +466,7 @@ static int cmd_import(int argc, char **argv) {
         return ts_model_info(model_name, NULL) ? complain("import", pos[0])
                                                : cli_usage_error(&cmd, "--model: %s", ts_last_error());
     char e1[ESC_MAX], e2[ESC_MAX];
-    printf("imported %d tensors of %s into %s (%s, %lld classes%s)\n", n, esc(pos[0], e1), cli_printable(out, e2, ESC_MAX),
+    printf("imported %d tensors of %s into %s (%s, %lld classes%s)\n", n, esc(pos[0], e1), esc(out, e2),
            model_name, (long long)info.num_classes, classes ? "" : ", from the file's output layer");
     return 0;
 }

@@ -188,7 +188,9 @@ int ts_cmd_export(int argc, char **argv) {
     if (rc == 0) {
         struct stat sb;
         long long bytes = stat(a.out, &sb) == 0 ? (long long)sb.st_size : -1;
-        printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", a.out, a.model, a.shape, bytes);
+        char esc[1024];
+        printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", cli_printable(a.out, esc, sizeof esc),
+               a.model, a.shape, bytes);
     }
     ts_tensor_release(x);
     ts_module_free(m);

@@ -143,8 +143,9 @@ static ts_status on_event(const ts_train_event *ev, void *user) {
                    100.0 * ev->eval->top5_accuracy, ev->eval->loss, (long long)ev->eval->samples, ev->epoch_seconds,
                    ips);
     } else if (ev->kind == TS_TRAIN_CHECKPOINT) {
-        printf("saved checkpoint to %s (epoch %lld, step %lld)\n", ev->checkpoint, (long long)ev->epoch + 1,
-               (long long)ev->step);
+        char esc[1024];
+        printf("saved checkpoint to %s (epoch %lld, step %lld)\n", cli_printable(ev->checkpoint, esc, sizeof esc),
+               (long long)ev->epoch + 1, (long long)ev->step);
     }
     fflush(stdout);
     return TS_OK;
@@ -178,9 +179,10 @@ static void print_banner(ts_run *run) {
     if (ts_run_initialised(run))
         printf("initialised %s from %s%s%s\n", c->model, c->init_from, c->init_exclude ? " except " : "",
                c->init_exclude ? c->init_exclude : "");
+    char esc[1024];
     if (resumed)
-        printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", resumed, (long long)ck.epoch + 1,
-               (long long)ck.batch, (long long)ck.step);
+        printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", cli_printable(resumed, esc, sizeof esc),
+               (long long)ck.epoch + 1, (long long)ck.batch, (long long)ck.step);
     printf("training %s on %s: %lld images, %lld batches of %lld per epoch", c->model, c->data,
            (long long)ts_batch_source_num_samples(train), (long long)ts_batch_source_num_batches(train, 0),
            (long long)c->batch_size);

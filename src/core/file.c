@@ -43,17 +43,18 @@ ts_status ts__open_regular(const char *path, const char *what, int *fd_out, uint
     TS_ARG(path && fd_out, "ts__open_regular: NULL argument");
     *fd_out = -1;
     if (!what) what = "a regular file";
+    char esc[TS__PATH_ESC];
     struct stat sb;
-    if (stat(path, &sb) != 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", ts__path(path, esc), strerror(errno));
     if (!S_ISREG(sb.st_mode))
-        return ts_error(TS_ERR_IO, "%s: is a %s, expected %s (only regular files are read)", path,
+        return ts_error(TS_ERR_IO, "%s: is a %s, expected %s (only regular files are read)", ts__path(path, esc),
                         ts__file_type_name((unsigned)sb.st_mode), what);
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot open: %s", ts__path(path, esc), strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) { /* replaced between stat and open */
         int e = errno;
         close(fd);
-        return ts_error(TS_ERR_IO, "%s: %s, expected %s", path,
+        return ts_error(TS_ERR_IO, "%s: %s, expected %s", ts__path(path, esc),
                         e ? strerror(e) : "changed into something other than a regular file", what);
     }
     int fl = fcntl(fd, F_GETFL);
@@ -79,10 +80,11 @@ ts_status ts__open_listed_regular(const char *path, const char *what, int *fd_ou
 
 ts_status ts__check_write_target(const char *path, const char *what) {
     struct stat sb;
+    char esc[TS__PATH_ESC];
     if (stat(path, &sb) != 0) return TS_OK; /* nothing there (or unreachable: creating it will say why) */
     if (!S_ISREG(sb.st_mode))
         return ts_error(TS_ERR_IO, "%s: is a %s; refusing to replace it with %s (give the path of a regular file)",
-                        path, ts__file_type_name((unsigned)sb.st_mode), what ? what : "a file");
+                        ts__path(path, esc), ts__file_type_name((unsigned)sb.st_mode), what ? what : "a file");
     return TS_OK;
 }
 
@@ -122,7 +124,7 @@ ts_status ts_read_file(const char *path, const char *what, uint64_t max_bytes, c
     if (!what) what = "a regular file";
     int fd = -1;
     uint64_t size = 0;
-    char esc[4200];
+    char esc[TS__PATH_ESC];
     ts__printable(path, esc, sizeof esc);
     TS_TRY(ts__open_regular(path, what, &fd, &size));
     if (size > max_bytes || size >= SIZE_MAX) {
@@ -188,7 +190,7 @@ static bool split_path(const char *path, char **dir, char **base) {
  * with SIGKILL cannot clean up): pid is not ours and kill(pid, 0) says no such process. A pid
  * reused by a live process keeps its file (harmless: the next save after it dies removes it). */
 static void remove_stale_temps(const char *path) {
-    char *dir = NULL, *base = NULL, esc[4200];
+    char *dir = NULL, *base = NULL, esc[TS__PATH_ESC];
     if (!split_path(path, &dir, &base)) return;
     size_t bl = strlen(base);
     DIR *d = opendir(dir);
@@ -227,7 +229,7 @@ static int create_temp(const char *tmp) {
 ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t cap, FILE **f) {
     TS_ARG(path && path[0] && tmp && f, "ts__atomic_open: NULL argument");
     *f = NULL;
-    char esc[4200];
+    char esc[TS__PATH_ESC];
     TS_TRY(temp_name(path, tmp, cap));
     TS_TRY(ts__check_write_target(path, what));
     remove_stale_temps(path);
@@ -241,7 +243,7 @@ ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t 
     }
     if (!*f) {
         int e = errno;
-        char esc2[4200];
+        char esc2[TS__PATH_ESC];
         return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", ts__printable(path, esc, sizeof esc),
                         ts__printable(tmp, esc2, sizeof esc2), strerror(e));
     }
@@ -249,7 +251,7 @@ ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t 
 }
 
 ts_status ts__atomic_close(const char *path, const char *tmp, FILE *f, ts_status st, int werr) {
-    char esc[4200];
+    char esc[TS__PATH_ESC];
     if (st == TS_OK && !werr && fflush(f) != 0) werr = errno ? errno : EIO;
     if (st == TS_OK && !werr && fsync(fileno(f)) != 0) werr = errno;
     int cerr = fclose(f) != 0 ? errno : 0;
@@ -279,7 +281,7 @@ ts_status ts__write_file_atomic(const char *path, const char *what, const void *
 ts_status ts__open_output_fd(const char *path, const char *what, bool append, int *out) {
     TS_ARG(path && path[0] && out, "ts__open_output_fd: NULL argument");
     *out = -1;
-    char esc[4200];
+    char esc[TS__PATH_ESC];
     TS_TRY(ts__check_write_target(path, what));
     /* O_NONBLOCK: a FIFO put there since the check fails (ENXIO) instead of waiting for a reader */
     int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (append ? O_APPEND : 0), 0666);
@@ -303,7 +305,7 @@ ts_status ts__open_output_stream(const char *path, const char *what, bool append
     TS_ARG(out, "ts__open_output_stream: NULL argument");
     *out = NULL;
     int fd = -1;
-    char esc[4200];
+    char esc[TS__PATH_ESC];
     TS_TRY(ts__open_output_fd(path, what, append, &fd));
     if (!(*out = fdopen(fd, append ? "a" : "w"))) {
         int e = errno;
@@ -322,7 +324,7 @@ struct ts_outfile {
 ts_status ts_outfile_check(const char *path, const char *what) {
     TS_ARG(path && path[0], "ts_outfile_check: empty path");
     if (!what) what = "a file";
-    char tmp[4096], esc[4200], esc2[4200];
+    char tmp[4096], esc[TS__PATH_ESC], esc2[TS__PATH_ESC];
     TS_TRY(temp_name(path, tmp, sizeof tmp));
     TS_TRY(ts__check_write_target(path, what));
     char *dir = NULL, *base = NULL;

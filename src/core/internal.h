@@ -134,6 +134,13 @@ ts_status ts__open_listed_regular(const char *path, const char *what, int *fd, u
 ts_status ts__check_write_target(const char *path, const char *what);
 const char *ts__file_type_name(unsigned mode);
 const char *ts__printable(const char *s, char *buf, size_t cap);
+/* A user-given path for a message: ts__printable into buf (TS__PATH_ESC bytes), so a name holding terminal
+ * escapes (ESC [ 2 J) or line breaks reaches logs and terminals as \x1b[2J. The library's file-open, read and
+ * write errors (core/file.c, checkpoints, IDX files) and the command's "saved"/"wrote" lines use it. */
+#define TS__PATH_ESC 1024
+static inline const char *ts__path(const char *path, char buf[TS__PATH_ESC]) {
+    return ts__printable(path, buf, TS__PATH_ESC);
+}
 /* ts__write_file_atomic: writes n bytes of data to "<path>.tmp.<pid>" (created exclusively, never
  * through a symbolic link), fsyncs it, renames it over path and fsyncs the directory, so a crash
  * leaves the old file or the new one. Only a regular file (or nothing) at path is replaced. On

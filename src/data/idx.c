@@ -84,7 +84,8 @@ ts_status ts_idx_read(const char *path, int expect_ndim, ts_tensor **out) {
     int fd = -1;
     uint64_t size = 0;
     TS_TRY(ts__open_regular(path, "an IDX file", &fd, &size));
-    return ts__idx_read_fd(fd, size, path, expect_ndim, out);
+    char esc[TS__PATH_ESC]; /* the reader names the file in messages only */
+    return ts__idx_read_fd(fd, size, ts__path(path, esc), expect_ndim, out);
 }
 
 ts_status ts__idx_read_fd(int fd, uint64_t size, const char *path, int expect_ndim, ts_tensor **out) {

@@ -751,13 +751,14 @@ static ts_status load_file(const char *path, bool meta, ts_ckpt **out) {
     int fd = -1;
     uint64_t size = 0;
     TS_TRY(ts__open_regular(path, "a checkpoint file", &fd, &size));
+    char esc[TS__PATH_ESC]; /* load_stream names the file in messages only */
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         int e = errno;
         close(fd);
-        return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+        return ts_error(TS_ERR_IO, "%s: cannot open: %s", ts__path(path, esc), strerror(e));
     }
-    ts_status st = load_stream(f, size, path, meta, out);
+    ts_status st = load_stream(f, size, ts__path(path, esc), meta, out);
     fclose(f);
     return st;
 }

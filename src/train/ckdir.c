@@ -138,7 +138,7 @@ static void cands_free(cand *c, int n) {
 /* Reads what c's file says about itself; false (and, when warn, a one-line warning naming it) when it is
  * not a checkpoint this folder can use. */
 static bool cand_read(const char *dir, cand *c, bool warn) {
-    char path[4096], esc[4200];
+    char path[4096], esc[TS__PATH_ESC];
     snprintf(path, sizeof path, "%s/%s", dir, c->name);
     struct stat sb;
     int gone = lstat(path, &sb) != 0 ? errno : 0;
@@ -154,10 +154,10 @@ static bool cand_read(const char *dir, cand *c, bool warn) {
     int64_t rec = -1;
     ts_status st = ts_ckpt_load_meta(path, &ck);
     if (st == TS_OK && ts_ckpt_get_i64(ck, CK_STEP, &rec) != TS_OK)
-        st = ts_error(TS_ERR_FORMAT, "%s is not a training checkpoint (no " CK_STEP ")", path);
+        st = ts_error(TS_ERR_FORMAT, "%s is not a training checkpoint (no " CK_STEP ")", ts__path(path, esc));
     if (st == TS_OK && rec != c->step)
         st = ts_error(TS_ERR_FORMAT, "%s: its name says step %lld, the file records step %lld (renamed or copied?)",
-                      path, (long long)c->step, (long long)rec);
+                      ts__path(path, esc), (long long)c->step, (long long)rec);
     if (st == TS_OK) st = ts__lineage_read(ck, path, &c->lin, &c->has_lin);
     ts_ckpt_free(ck);
     if (st != TS_OK) {
@@ -174,7 +174,7 @@ static ts_status list_cands(const char *dir, bool warn, cand **out, int *n) {
     *out = NULL;
     *n = 0;
     DIR *d = opendir(dir);
-    char esc[4200];
+    char esc[TS__PATH_ESC];
     if (!d)
         return errno == ENOENT ? TS_OK
                                : ts_error(TS_ERR_IO, "checkpoint folder %s: %s", ts__printable(dir, esc, sizeof esc),
@@ -243,7 +243,7 @@ ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool
     TS_TRY(list_cands(dir, true, &c, &count));
     *found = pick(dir, c, count, path, n, &others);
     if (*found && others > 0) {
-        char esc[4200];
+        char esc[TS__PATH_ESC];
         ts_log(TS_LOG_WARN, "checkpoint folder %s holds %d checkpoint%s of another run or branch (not ancestors of "
                "%s, the newest checkpoint of the run that saved last): left alone", ts__printable(dir, esc, sizeof esc),
                others, others == 1 ? "" : "s", path);
@@ -292,7 +292,7 @@ void ts__ckdir_scan(ts__ckdir *d, const char *dir, const ts__lineage *cur) {
     d->scanned = true;
     cand *c = NULL;
     int count = 0, others = 0;
-    char names[200] = "", esc[4200];
+    char names[200] = "", esc[TS__PATH_ESC];
     if (list_cands(dir, false, &c, &count) != TS_OK) {
         ts_log(TS_LOG_WARN, "%s: --keep removes only this run's new checkpoints", ts_last_error());
         return;
@@ -322,7 +322,7 @@ ts_status ts__ckdir_prepare(ts__ckdir *d, const char *dir, int64_t step, char *p
     int i = find_step(d, step);
     if (i >= 0 && S_ISREG(sb.st_mode) && d->f[i].dev == (uint64_t)sb.st_dev && d->f[i].ino == (uint64_t)sb.st_ino)
         return TS_OK; /* this run's (or its ancestor's): replaced by the new save */
-    char aside[4200], e1[4200], e2[4400];
+    char aside[4200], e1[TS__PATH_ESC], e2[TS__PATH_ESC];
     for (int k = 1; k < 1000; k++) {
         snprintf(aside, sizeof aside, "%s.other-%d", path, k);
         if (lstat(aside, &sb) == 0 || errno != ENOENT) continue;
@@ -339,7 +339,7 @@ ts_status ts__ckdir_prepare(ts__ckdir *d, const char *dir, int64_t step, char *p
 void ts__ckdir_saved(ts__ckdir *d, const char *dir, int64_t step, const char *path, int keep) {
     struct stat sb;
     if (lstat(path, &sb) == 0 && S_ISREG(sb.st_mode)) record(d, step, (uint64_t)sb.st_dev, (uint64_t)sb.st_ino);
-    char old[4096], esc[4200];
+    char old[4096], esc[TS__PATH_ESC];
     while (keep > 0 && d->n > keep && d->f[0].step < step) { /* the oldest first; never the one just written */
         ts__ckdir_file f = d->f[0];
         memmove(d->f, d->f + 1, sizeof *d->f * (size_t)--d->n);

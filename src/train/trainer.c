@@ -337,8 +337,9 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpo
 ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out) {
     TS_ARG(path && out, "ts_train_checkpoint_read: NULL argument");
     ts_ckpt *ck = NULL;
+    char esc[TS__PATH_ESC];
     TS_TRY(ts_ckpt_load(path, &ck));
-    ts_status st = read_info(ck, path, out);
+    ts_status st = read_info(ck, ts__path(path, esc), out);
     ts_ckpt_free(ck);
     return st;
 }
@@ -435,8 +436,10 @@ static ts_status check_resume_keys(const ts_trainer *t, const ts_ckpt *ck, const
     return TS_OK;
 }
 
-ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
-    TS_ARG(t && path, "ts_trainer_resume: NULL argument");
+ts_status ts_trainer_resume(ts_trainer *t, const char *file) {
+    TS_ARG(t && file, "ts_trainer_resume: NULL argument");
+    char esc[TS__PATH_ESC];
+    const char *path = ts__path(file, esc); /* what messages name */
     ts_ckpt *ck = NULL;
     ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
     ts_train_checkpoint_info in;
@@ -445,7 +448,7 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
     const void *rb = NULL;
     size_t rn = 0;
     ts_status st;
-    TS_CHECK_GOTO(ts_ckpt_load(path, &ck));
+    TS_CHECK_GOTO(ts_ckpt_load(file, &ck));
     TS_CHECK_GOTO(read_info(ck, path, &in));
     TS_CHECK_GOTO(check_resume_keys(t, ck, path));
     TS_CHECK_GOTO(check_same_run(t, &in, path));
