@@ -702,13 +702,59 @@ static void test_hostile_records(void) {
     ts_ckpt_free(ck);
 }
 
+/* The library's output writer and input reader for any file (tessera/core.h). */
+static void test_outfile_and_read_file(void) {
+    const char *p = tpath("out.txt"), *fifo = tpath("out.fifo");
+    ts_outfile *o = NULL;
+    CHECK_OK(ts_outfile_check(p, "a report"));
+    CHECK_OK(ts_outfile_open(p, "a report", &o));
+    if (o) fprintf(ts_outfile_stream(o), "hello %d\n", 42);
+    if (o) CHECK_OK(ts_outfile_close(o));
+    char *buf = NULL;
+    size_t n = 0;
+    CHECK_OK(ts_read_file(p, "a report", 100, &buf, &n));
+    CHECK(buf && n == 9 && strcmp(buf, "hello 42\n") == 0);
+    free(buf);
+    CHECK_STATUS(ts_read_file(p, "a report", 4, &buf, &n), TS_ERR_FORMAT); /* over the bound: nothing allocated */
+    CHECK_ERR_MENTIONS("9 bytes, more than the 4");
+    CHECK(buf == NULL);
+    /* discarded: the old file stays, no temporary file is left */
+    o = NULL;
+    CHECK_OK(ts_outfile_open(p, "a report", &o));
+    if (o) fputs("half", ts_outfile_stream(o));
+    ts_outfile_discard(o);
+    CHECK_OK(ts_read_file(p, NULL, 100, &buf, &n));
+    CHECK(buf && strcmp(buf, "hello 42\n") == 0);
+    free(buf);
+    CHECK(count_entries("out.txt.tmp.") == 0);
+    CHECK_OK(ts_write_file(p, "a report", "bytes", 5));
+    CHECK_OK(ts_read_file(p, NULL, 100, &buf, &n));
+    CHECK(buf && n == 5 && memcmp(buf, "bytes", 5) == 0);
+    free(buf);
+    /* FIFOs and devices: refused by name, never opened */
+    CHECK(mkfifo(fifo, 0600) == 0);
+    o = NULL;
+    CHECK_STATUS(ts_outfile_open(fifo, "a report", &o), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("is a FIFO");
+    CHECK_ERR_MENTIONS("a report");
+    CHECK(o == NULL);
+    CHECK_STATUS(ts_outfile_check(fifo, "a report"), TS_ERR_IO);
+    CHECK_STATUS(ts_write_file("/dev/full", "a report", "x", 1), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("/dev/full: is a character device");
+    CHECK_STATUS(ts_read_file(fifo, "a report", 100, &buf, &n), TS_ERR_IO); /* no writer: would block */
+    CHECK_ERR_MENTIONS("is a FIFO (named pipe), expected a report");
+    CHECK_STATUS(ts_read_file(tu_tmpdir(), NULL, 100, &buf, &n), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("is a directory");
+}
+
 int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_round_trip),          T(test_api_errors),
                                     T(test_truncation),          T(test_corruption),
                                     T(test_versions_and_sections), T(test_failed_save_keeps_old_file),
                                     T(test_special_files),       T(test_stale_temps_removed),
                                     T(test_kill9_during_saves),  T(test_hostile_records),
-                                    T(test_unknown_flags),       T(test_load_meta)};
+                                    T(test_unknown_flags),       T(test_load_meta),
+                                    T(test_outfile_and_read_file)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();
     return rc;

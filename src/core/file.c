@@ -285,7 +285,7 @@ ts_status ts__open_output_fd(const char *path, const char *what, bool append, in
     TS_TRY(ts__check_write_target(path, what));
     /* O_NONBLOCK: a FIFO put there since the check fails (ENXIO) instead of waiting for a reader */
     int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (append ? O_APPEND : 0), 0666);
-    struct stat sb;
+    struct stat sb = {0};
     if (fd < 0) return ts_error(TS_ERR_IO, "%s: cannot write: %s", ts__printable(path, esc, sizeof esc), strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (!append && ftruncate(fd, 0) != 0)) {
         int e = errno;
