@@ -169,29 +169,23 @@ static void sync_parent_dir(const char *path) {
     }
 }
 
-/* Splits path into its directory and file name (both malloc'ed; false when out of memory). */
-static bool split_path(const char *path, char **dir, char **base) {
-    char *a = ts__strdup(path), *b = ts__strdup(path);
-    *dir = *base = NULL;
-    if (a && b) {
-        *dir = ts__strdup(dirname(a));
-        *base = ts__strdup(basename(b));
-    }
-    free(a);
-    free(b);
-    if (*dir && *base) return true;
-    free(*dir);
-    free(*base);
-    *dir = *base = NULL;
-    return false;
+/* Splits path into its directory and file name (dir and base: 4096 bytes each; no heap, so the best-effort
+ * parts of writing cannot fail for memory); false when path is too long. */
+static bool split_path(const char *path, char *dir, char *base) {
+    char a[4096], b[4096];
+    if ((size_t)snprintf(a, sizeof a, "%s", path) >= sizeof a) return false;
+    memcpy(b, a, sizeof b);
+    snprintf(dir, 4096, "%s", dirname(a));
+    snprintf(base, 4096, "%s", basename(b));
+    return true;
 }
 
 /* Removes "<base>.tmp.<pid>" regular files next to path whose writer is gone (a save killed
  * with SIGKILL cannot clean up): pid is not ours and kill(pid, 0) says no such process. A pid
  * reused by a live process keeps its file (harmless: the next save after it dies removes it). */
 static void remove_stale_temps(const char *path) {
-    char *dir = NULL, *base = NULL, esc[TS__PATH_ESC];
-    if (!split_path(path, &dir, &base)) return;
+    char dir[4096], base[4096], esc[TS__PATH_ESC];
+    if (!split_path(path, dir, base)) return;
     size_t bl = strlen(base);
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
@@ -210,8 +204,6 @@ static void remove_stale_temps(const char *path) {
                    ts__printable(dir, esc, sizeof esc), n, pid);
     }
     if (d) closedir(d);
-    free(dir);
-    free(base);
 }
 
 static ts_status temp_name(const char *path, char *tmp, size_t cap) {
@@ -324,11 +316,10 @@ struct ts_outfile {
 ts_status ts_outfile_check(const char *path, const char *what) {
     TS_ARG(path && path[0], "ts_outfile_check: empty path");
     if (!what) what = "a file";
-    char tmp[4096], esc[TS__PATH_ESC], esc2[TS__PATH_ESC];
+    char tmp[4096], esc[TS__PATH_ESC], esc2[TS__PATH_ESC], dir[4096], base[4096];
     TS_TRY(temp_name(path, tmp, sizeof tmp));
     TS_TRY(ts__check_write_target(path, what));
-    char *dir = NULL, *base = NULL;
-    if (!split_path(path, &dir, &base)) return TS_ERR_NOMEM;
+    if (!split_path(path, dir, base)) return ts_error(TS_ERR_INVALID_ARG, "%.200s...: path is too long", path);
     struct stat sb;
     ts_status st = TS_OK;
     ts__printable(path, esc, sizeof esc);
@@ -348,8 +339,6 @@ ts_status ts_outfile_check(const char *path, const char *what) {
             unlink(tmp);
         }
     }
-    free(dir);
-    free(base);
     return st;
 }
 
