@@ -302,9 +302,9 @@ void ts__ckdir_scan(ts__ckdir *d, const char *dir, const ts__lineage *cur) {
             record(d, c[i].step, c[i].dev, c[i].ino);
             continue;
         }
-        if (others++ < 3) {
+        if (others++ < 3) { /* names[] holds three step-<N>.ckpt names of any length up to 60 */
             size_t k = strlen(names);
-            snprintf(names + k, sizeof names - k, "%s%s", k ? ", " : "", c[i].name);
+            if (k + 64 < sizeof names) snprintf(names + k, sizeof names - k, "%s%.60s", k ? ", " : "", c[i].name);
         }
     }
     if (others > 0)
