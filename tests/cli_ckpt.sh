@@ -71,6 +71,43 @@ check "different: final line" grep -q "^max abs difference: " out
 "$BIN" ckpt diff s1.ckpt s2.ckpt --tol 1e30 >out 2>err; expect_rc 0 $? "diff with a huge tolerance"
 "$BIN" ckpt diff --tol=1e30 s1.ckpt s2.ckpt >out 2>err; expect_rc 0 $? "diff --tol=X before the files"
 
+# ---- a safetensors file against a checkpoint; files with no tensor name in common --------------
+"$BIN" ckpt export s1.ckpt --out s1.safetensors >out 2>err; expect_rc 0 $? "ckpt export"
+"$BIN" ckpt diff s1.safetensors s1.ckpt >out 2>err; expect_rc 0 $? "diff of an export with its checkpoint"
+check "the model. prefix is matched as export writes it" grep -Eq "^max abs difference: 0 over [1-9][0-9]* tensors; 0 over tolerance 0; 0 only" out
+python3 - <<'PY' || { echo "FAIL: python3 could not write files" >&2; fail=1; }
+import gzip, json, os, struct
+h = json.dumps({"other.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+h += b" " * ((8 - len(h) % 8) % 8)
+open("other.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + bytes(8))
+def idx(path, magic, dims, data):
+    with gzip.open(path, "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + bytes(data))
+for d, side in (("c3", 28), ("c3s", 12)):  # three classes: 28x28 for mlp, 12x12 for resnet18
+    os.mkdir(d)
+    idx(f"{d}/train-images-idx3-ubyte.gz", 0x803, (6, side, side), [(i * 37) % 256 for i in range(6 * side * side)])
+    idx(f"{d}/train-labels-idx1-ubyte.gz", 0x801, (6,), [i % 3 for i in range(6)])
+    idx(f"{d}/t10k-images-idx3-ubyte.gz", 0x803, (3, side, side), [7] * (3 * side * side))
+    idx(f"{d}/t10k-labels-idx1-ubyte.gz", 0x801, (3,), [0, 1, 2])
+PY
+"$BIN" ckpt diff other.safetensors s1.ckpt >out 2>err; expect_rc 1 $? "diff of files with no tensor name in common"
+check "no common names reported" grep -q "share no tensor names (1 and [0-9]* tensors): nothing was compared" err
+
+# ---- import: the class count from the file's output layer ----------------------------------------
+for m in mlp:c3 resnet18:c3s; do
+    model=${m%%:*} data=${m#*:}
+    "$BIN" train --model "$model" --data "$data" --max-steps 1 --epochs 1 --batch-size 3 --quiet --checkpoint "$model.ckpt" >out 2>&1 ||
+        { echo "FAIL: train $model: $(cat out)" >&2; fail=1; }
+    "$BIN" ckpt export "$model.ckpt" --out "$model.safetensors" >out 2>err; expect_rc 0 $? "export $model"
+    "$BIN" ckpt import "$model.safetensors" --model "$model" --out "$model.imported.ckpt" >out 2>err
+    expect_rc 0 $? "import of a 3-class $model without --num-classes"
+    check "$model: 3 classes from the output layer" grep -q "($model, 3 classes, from the file's output layer)" out
+    "$BIN" ckpt diff "$model.safetensors" "$model.imported.ckpt" >out 2>err; expect_rc 0 $? "$model: import equals export"
+done
+"$BIN" ckpt import mlp.safetensors --model mlp --num-classes 10 --out x.ckpt >out 2>err
+expect_rc 2 $? "--num-classes that disagrees with the file"
+check "the misfit is named" grep -q "size mismatch" err
+
 # ---- unreadable and corrupt files ---------------------------------------------------------------
 "$BIN" ckpt show missing.ckpt >out 2>err; expect_rc 2 $? "show of a missing file"
 check "missing file named" grep -q "missing.ckpt" err

@@ -43,7 +43,7 @@ printf '# a comment\n\nmodel = mlp\nlearning_rate = 0.1\n' > "$T/bad2.conf"
 expect_exit 2 "$T/bad2.conf:4: unknown key 'learning_rate'" "$TS" train --config "$T/bad2.conf"
 printf 'quiet = maybe\n' > "$T/bad3.conf"
 expect_exit 2 "$T/bad3.conf:1: quiet takes true or false, got 'maybe'" "$TS" train --config "$T/bad3.conf"
-expect_exit 2 "--config $T/none.conf: No such file" "$TS" train --config "$T/none.conf"
+expect_exit 2 "--config: $T/none.conf: cannot open: No such file" "$TS" train --config "$T/none.conf"
 printf 'model = resnet9000\n' > "$T/bad4.conf"
 expect_exit 2 "unknown model 'resnet9000'" "$TS" train --config "$T/bad4.conf"
 

@@ -138,7 +138,7 @@ EOF
 expect_rc 0 $? "torch writes safetensors files (py2.log)"
 "$BIN" ckpt import t.safetensors --model cnn --out t.ckpt >import.log 2>&1
 expect_rc 0 $? "tessera ckpt import"
-expect_in import.log "imported 18 tensors of t.safetensors into t.ckpt (cnn)" "import's report"
+expect_in import.log "imported 18 tensors of t.safetensors into t.ckpt (cnn, 10 classes, from the file's output layer)" "import's report"
 "$BIN" ckpt export t.ckpt --out t2.safetensors >/dev/null 2>&1
 "$BIN" ckpt diff t.safetensors t2.safetensors --tol 0 >diff.log 2>&1
 expect_rc 0 $? "import then export gives torch's tensors back exactly"

@@ -352,6 +352,59 @@ static void test_versions_and_sections(void) {
     CHECK_ERR_MENTIONS("bad magic");
 }
 
+/* A flag bit this build does not know makes the file unreadable, naming the bits. */
+static void test_unknown_flags(void) {
+    unsigned char buf[256];
+    const char *p = tpath("flags.ckpt");
+    size_t n = craft(buf, 1, 0);
+    uint32_t flags = 0x10004;
+    memcpy(buf + 12, &flags, 4);
+    uint32_t hc = (uint32_t)crc32(0, buf, 28);
+    memcpy(buf + 28, &hc, 4);
+    uint32_t fc = (uint32_t)crc32(0, buf, (uInt)(n - 4));
+    memcpy(buf + n - 4, &fc, 4);
+    write_file(p, buf, n);
+    ts_ckpt *ck = NULL;
+    CHECK_STATUS(ts_ckpt_load(p, &ck), TS_ERR_UNSUPPORTED);
+    CHECK_ERR_MENTIONS("unknown header flag bits 0x00010004");
+    CHECK_ERR_MENTIONS(p);
+    CHECK(ck == NULL);
+    CHECK_STATUS(ts_ckpt_load_meta(p, &ck), TS_ERR_UNSUPPORTED);
+}
+
+/* ts_ckpt_load_meta: the metadata without the tensors, and no whole-file CRC. */
+static void test_load_meta(void) {
+    ts_tensor_list model = TS_TENSOR_LIST_INIT, optim = TS_TENSOR_LIST_INIT;
+    ts_ckpt *ck = build(&model, &optim);
+    const char *path = tpath("meta.ckpt");
+    CHECK_OK(ts_ckpt_save(ck, path));
+    int ni = ts_ckpt_count(ck, TS_CKPT_I64), nb = ts_ckpt_count(ck, TS_CKPT_BYTES);
+    ts_ckpt_free(ck);
+    ts_ckpt *m = NULL;
+    CHECK_OK(ts_ckpt_load_meta(path, &m));
+    CHECK(m && ts_ckpt_count(m, TS_CKPT_TENSOR) == 0 && ts_ckpt_count(m, TS_CKPT_I64) == ni &&
+          ts_ckpt_count(m, TS_CKPT_BYTES) == nb && ni > 0);
+    ts_ckpt_free(m);
+    /* a flipped byte in the tensor data: ts_ckpt_load says so, the metadata still reads */
+    size_t n = 0;
+    unsigned char *b = read_file(path, &n);
+    if (b && n > 200) {
+        b[100] ^= 1; /* inside the first section, the tensors' */
+        write_file(path, b, n);
+        m = NULL;
+        CHECK_STATUS(ts_ckpt_load(path, &m), TS_ERR_FORMAT);
+        CHECK_OK(ts_ckpt_load_meta(path, &m));
+        ts_ckpt_free(m);
+        m = NULL;
+        write_file(path, b, n / 2); /* truncated: the header's length is still checked */
+        CHECK_STATUS(ts_ckpt_load_meta(path, &m), TS_ERR_FORMAT);
+        CHECK_ERR_MENTIONS("truncated");
+    }
+    free(b);
+    ts_tensor_list_clear(&model);
+    ts_tensor_list_clear(&optim);
+}
+
 /* Names in the temp dir that start with prefix. */
 static int count_entries(const char *prefix) {
     DIR *d = opendir(tu_tmpdir());
@@ -649,12 +702,59 @@ static void test_hostile_records(void) {
     ts_ckpt_free(ck);
 }
 
+/* The library's output writer and input reader for any file (tessera/core.h). */
+static void test_outfile_and_read_file(void) {
+    const char *p = tpath("out.txt"), *fifo = tpath("out.fifo");
+    ts_outfile *o = NULL;
+    CHECK_OK(ts_outfile_check(p, "a report"));
+    CHECK_OK(ts_outfile_open(p, "a report", &o));
+    if (o) fprintf(ts_outfile_stream(o), "hello %d\n", 42);
+    if (o) CHECK_OK(ts_outfile_close(o));
+    char *buf = NULL;
+    size_t n = 0;
+    CHECK_OK(ts_read_file(p, "a report", 100, &buf, &n));
+    CHECK(buf && n == 9 && strcmp(buf, "hello 42\n") == 0);
+    free(buf);
+    CHECK_STATUS(ts_read_file(p, "a report", 4, &buf, &n), TS_ERR_FORMAT); /* over the bound: nothing allocated */
+    CHECK_ERR_MENTIONS("9 bytes, more than the 4");
+    CHECK(buf == NULL);
+    /* discarded: the old file stays, no temporary file is left */
+    o = NULL;
+    CHECK_OK(ts_outfile_open(p, "a report", &o));
+    if (o) fputs("half", ts_outfile_stream(o));
+    ts_outfile_discard(o);
+    CHECK_OK(ts_read_file(p, NULL, 100, &buf, &n));
+    CHECK(buf && strcmp(buf, "hello 42\n") == 0);
+    free(buf);
+    CHECK(count_entries("out.txt.tmp.") == 0);
+    CHECK_OK(ts_write_file(p, "a report", "bytes", 5));
+    CHECK_OK(ts_read_file(p, NULL, 100, &buf, &n));
+    CHECK(buf && n == 5 && memcmp(buf, "bytes", 5) == 0);
+    free(buf);
+    /* FIFOs and devices: refused by name, never opened */
+    CHECK(mkfifo(fifo, 0600) == 0);
+    o = NULL;
+    CHECK_STATUS(ts_outfile_open(fifo, "a report", &o), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("is a FIFO");
+    CHECK_ERR_MENTIONS("a report");
+    CHECK(o == NULL);
+    CHECK_STATUS(ts_outfile_check(fifo, "a report"), TS_ERR_IO);
+    CHECK_STATUS(ts_write_file("/dev/full", "a report", "x", 1), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("/dev/full: is a character device");
+    CHECK_STATUS(ts_read_file(fifo, "a report", 100, &buf, &n), TS_ERR_IO); /* no writer: would block */
+    CHECK_ERR_MENTIONS("is a FIFO (named pipe), expected a report");
+    CHECK_STATUS(ts_read_file(tu_tmpdir(), NULL, 100, &buf, &n), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("is a directory");
+}
+
 int main(int argc, char **argv) {
     static const tu_test tests[] = {T(test_round_trip),          T(test_api_errors),
                                     T(test_truncation),          T(test_corruption),
                                     T(test_versions_and_sections), T(test_failed_save_keeps_old_file),
                                     T(test_special_files),       T(test_stale_temps_removed),
-                                    T(test_kill9_during_saves),  T(test_hostile_records)};
+                                    T(test_kill9_during_saves),  T(test_hostile_records),
+                                    T(test_unknown_flags),       T(test_load_meta),
+                                    T(test_outfile_and_read_file)};
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();
     return rc;

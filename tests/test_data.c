@@ -213,6 +213,32 @@ static void test_idx_errors(void) {
     CHECK(stat(p, &sb) == 0);
     CHECK(truncate(p, sb.st_size / 2) == 0);
     expect_idx_error(p, 3, TS_ERR_FORMAT, "truncated");
+    /* a whole deflate stream without the gzip trailer (CRC-32 + length): unverified, so refused; a wrong
+     * CRC-32 in the trailer is corrupt data */
+    snprintf(p, sizeof p, "%s/notrailer-idx3-ubyte.gz", d);
+    write_idx(p, 1, 0x803, 3, bd, big, sizeof big);
+    CHECK(stat(p, &sb) == 0);
+    CHECK(truncate(p, sb.st_size - 8) == 0);
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "without the gzip trailer (CRC-32 and length)");
+    CHECK_ERR_MENTIONS("notrailer-idx3-ubyte.gz");
+    write_idx(p, 1, 0x803, 3, bd, big, sizeof big);
+    CHECK(truncate(p, sb.st_size - 4) == 0); /* the CRC-32 without the length */
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "without the gzip trailer");
+    snprintf(p, sizeof p, "%s/badcrc-idx3-ubyte.gz", d);
+    write_idx(p, 1, 0x803, 3, bd, big, sizeof big);
+    CHECK(stat(p, &sb) == 0);
+    {
+        FILE *f = fopen(p, "r+b");
+        unsigned char c = 0;
+        CHECK(f && fseek(f, sb.st_size - 8, SEEK_SET) == 0 && fread(&c, 1, 1, f) == 1);
+        if (f) {
+            c ^= 1;
+            fseek(f, sb.st_size - 8, SEEK_SET);
+            fwrite(&c, 1, 1, f);
+            fclose(f);
+        }
+    }
+    expect_idx_error(p, 3, TS_ERR_FORMAT, "corrupt gzip data");
     /* a gzip header followed by garbage */
     unsigned char junk[40] = {0x1f, 0x8b, 0x08, 0, 0, 0, 0, 0, 0, 0x03};
     for (size_t i = 10; i < sizeof junk; i++) junk[i] = (unsigned char)(0xff - 7 * i);

@@ -387,6 +387,7 @@ typedef struct run {
     ts_tensor_list params;
     counts c;
     ts_device *dev; /* where the model trains (TS_TEST_DEVICE) */
+    ts_rng rng;     /* the trainer's generator (saved as train.rng) */
 } run;
 
 static void run_open(run *r, ts_dataset *ds, ts_dataset *test, const char *ckpt, int64_t max_steps,
@@ -414,6 +415,8 @@ static void run_open(run *r, ts_dataset *ds, ts_dataset *test, const char *ckpt,
     to.optimizer_name = "sgd";
     to.seed = 11;
     to.batch_size = 8;
+    ts_rng_seed(&r->rng, 11);
+    to.rng = &r->rng;
     CHECK_OK(ts_trainer_new(r->s, r->opt, r->train, &to, &r->t));
 }
 
@@ -617,6 +620,12 @@ static void mod_step_max(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_i64(ck, "train.step
 static void mod_epoch_neg(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_i64(ck, "train.epoch", -1)); }
 static void mod_world(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_i64(ck, "train.world_size", 0)); }
 static void mod_model_name(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_bytes(ck, "train.model", "ti\x1b[2Jny", 8)); }
+static void mod_rng_zero(ts_ckpt *ck) {
+    ts_rng z;
+    memset(&z, 0, sizeof z);
+    CHECK_OK(ts_ckpt_set_bytes(ck, "train.rng", &z, sizeof z));
+}
+static void mod_lineage(ts_ckpt *ck) { CHECK_OK(ts_ckpt_set_bytes(ck, "train.lineage", "short", 5)); }
 static void mod_optim_step(ts_ckpt *ck) { /* the optimizer's step count as a float with a fraction */
     ts_tensor *t = ts_ckpt_find_tensor(ck, "optim.step");
     ((int64_t *)ts_tensor_data(t))[0] = -5;
@@ -646,6 +655,12 @@ static void test_resume_refuses_forged_checkpoints(void) {
         {NULL, mod_model_name, TS_ERR_INVALID_ARG, "written with model ti\\x1b[2Jny, this run has model tiny"},
         {NULL, mod_optim_step, TS_ERR_FORMAT, "'step' is -5, not a step count"},
         {"train.step", NULL, TS_ERR_FORMAT, "is not a training checkpoint (no train.step)"},
+        {"train.rng", NULL, TS_ERR_FORMAT, "no train.rng: a training checkpoint always has it"},
+        {"optim.lr", NULL, TS_ERR_FORMAT, "no optim.lr: a training checkpoint always has it"},
+        {"optim.step", NULL, TS_ERR_FORMAT, "no optim.step"},
+        {"train.world_size", NULL, TS_ERR_FORMAT, "no train.world_size"},
+        {NULL, mod_rng_zero, TS_ERR_FORMAT, "train.rng is all zeros, not a generator state"},
+        {NULL, mod_lineage, TS_ERR_FORMAT, "train.lineage holds 5 bytes"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         copy_ckpt(ckpt, bad, cases[k].skip, cases[k].mod);

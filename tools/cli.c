@@ -195,17 +195,10 @@ static int config_line(const cli_command *cmd, const char *path, int line, char 
 
 int cli_load_config(const cli_command *cmd, const char *path, char **buf) {
     *buf = NULL;
-    FILE *f = fopen(path, "r");
-    if (!f) return cli_usage_error(cmd, "--config %s: %s", path, strerror(errno));
-    char *b = malloc(CLI_CONFIG_MAX + 1);
-    size_t n = b ? fread(b, 1, CLI_CONFIG_MAX + 1, f) : 0;
-    fclose(f);
-    if (!b) return cli_usage_error(cmd, "--config %s: out of memory", path);
-    if (n > CLI_CONFIG_MAX) {
-        free(b);
-        return cli_usage_error(cmd, "--config %s: larger than %d bytes", path, CLI_CONFIG_MAX);
-    }
-    b[n] = '\0';
+    char *b = NULL;
+    size_t n = 0;
+    if (ts_read_file(path, "a config file", CLI_CONFIG_MAX, &b, &n) != TS_OK) /* never a FIFO; bounded */
+        return cli_usage_error(cmd, "--config: %s", ts_last_error());
     *buf = b;
     int line = 0, rc = 0;
     for (char *p = b, *nl; rc == 0 && p && *p; p = nl ? nl + 1 : NULL) {

@@ -10,7 +10,11 @@
 
 #include "tessera.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,9 +52,13 @@ static void *raw_decode(void *arg) {
         const uint8_t *b = j->bufs[k];
         size_t len = j->lens[k];
         if (j->with_read) { /* open, read, close: what any loader pays per file */
-            FILE *f = fopen(ts_reader_path(j->reader, k), "rb");
-            if (!f) {
-                snprintf(j->err, sizeof j->err, "cannot open %s", ts_reader_path(j->reader, k));
+            /* O_NONBLOCK + fstat: a file replaced by a FIFO since it was read fails instead of blocking */
+            int fd = open(ts_reader_path(j->reader, k), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+            struct stat sb;
+            if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+                snprintf(j->err, sizeof j->err, "cannot open %s: %s", ts_reader_path(j->reader, k),
+                         fd < 0 ? strerror(errno) : "no longer a regular file");
+                if (fd >= 0) close(fd);
                 j->failed = 1;
                 break;
             }
@@ -59,8 +67,9 @@ static void *raw_decode(void *arg) {
                 fcap = 2 * j->lens[k] + 1;
                 fbuf = malloc(fcap);
             }
-            len = fbuf ? fread(fbuf, 1, fcap, f) : 0;
-            fclose(f);
+            ssize_t got = fbuf ? read(fd, fbuf, fcap) : 0;
+            len = got > 0 ? (size_t)got : 0;
+            close(fd);
             b = fbuf;
         }
         if (len >= 3 && b[0] == 0xff && b[1] == 0xd8) {
@@ -116,16 +125,12 @@ static double cpu_seconds(void) {
            1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
+/* A listed image file, whole: the library's checked reader (regular files only, never a FIFO, at most 1 GiB). */
 static int read_all(const char *path, uint8_t **buf, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *buf = malloc(len > 0 ? (size_t)len : 1);
-    *n = *buf && len > 0 ? fread(*buf, 1, (size_t)len, f) : 0;
-    fclose(f);
-    return *buf ? 0 : -1;
+    char *b = NULL;
+    if (ts_read_file(path, "an image file", (uint64_t)1 << 30, &b, n) != TS_OK) return -1;
+    *buf = (uint8_t *)b;
+    return 0;
 }
 
 typedef struct loader_args {
@@ -201,7 +206,7 @@ static int time_raw(const loader_args *a, ts_reader *r, double *rates) {
     int ok = bufs && lens && jobs && tids;
     for (int64_t i = 0; ok && i < nraw; i++)
         if (read_all(ts_reader_path(r, i), &bufs[i], &lens[i]) != 0) {
-            fprintf(stderr, "tessera bench loader: cannot read %s\n", ts_reader_path(r, i));
+            fprintf(stderr, "tessera bench loader: %s\n", ts_last_error());
             ok = 0;
         }
     if (ok) {

@@ -63,8 +63,10 @@
     "names tensors found in only one file or with different shapes or dtypes, reports\n"        \
     "differing int64/float64 metadata (informational), and ends with the overall maximum.\n"    \
     "  --tol X   allowed absolute difference (default 0)\n"                                     \
-    "Exit status: 0 no tensor differs by more than X and both files hold the same tensors,\n"   \
-    "1 otherwise, 2 bad usage or unreadable/corrupt file.\n"
+    "A safetensors file is compared with a checkpoint's model state dict under the names\n"   \
+    "`tessera ckpt export` writes. Exit status: 0 no tensor differs by more than X and both\n"  \
+    "files hold the same tensors, 1 otherwise (also when they share no tensor name),\n"        \
+    "2 bad usage or unreadable/corrupt file.\n"
 
 /* name with bytes outside printable ASCII (and '\') as \xNN / \\, cut with "..." to fit buf. */
 #define ESC_MAX 1024
@@ -123,19 +125,42 @@ static ts_status load_safetensors(const char *path, ts_ckpt **out) {
     return TS_OK;
 }
 
-static ts_ckpt *load_or_complain(const char *path) {
+/* A file's model state dict under the names `ckpt export` writes (a checkpoint's model tensors with their
+ * prefix stripped), as a ts_ckpt of tensors: what a safetensors file is compared with. */
+static ts_status load_state_dict(const char *path, ts_ckpt **out) {
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    ts_ckpt *ck = ts_ckpt_new();
+    ts_status st = ck ? ts_weights_read(path, &l, NULL) : TS_ERR_NOMEM;
+    if (st == TS_OK) st = ts_ckpt_add_tensors(ck, NULL, &l);
+    ts_tensor_list_clear(&l);
+    if (st != TS_OK) {
+        ts_ckpt_free(ck);
+        return st;
+    }
+    *out = ck;
+    return TS_OK;
+}
+
+/* state_dict: only the model's state dict, named as `ckpt export` writes it (load_state_dict). */
+static ts_ckpt *load_as(const char *path, bool state_dict) {
     ts_ckpt *ck = NULL;
-    if ((ts_safetensors_probe(path) ? load_safetensors(path, &ck) : ts_ckpt_load(path, &ck)) != TS_OK) {
+    ts_status st = state_dict               ? load_state_dict(path, &ck)
+                   : ts_safetensors_probe(path) ? load_safetensors(path, &ck)
+                                                : ts_ckpt_load(path, &ck);
+    if (st != TS_OK) {
         const char *msg = ts_last_error();
-        /* library messages already start with the path */
-        if (strncmp(msg, path, strlen(path)) == 0)
+        char e[ESC_MAX];
+        esc(path, e); /* library messages already start with the path, escaped */
+        if (strncmp(msg, e, strlen(e)) == 0)
             fprintf(stderr, "tessera ckpt: %s\n", msg);
         else
-            fprintf(stderr, "tessera ckpt: %s: %s\n", path, msg);
+            fprintf(stderr, "tessera ckpt: %s: %s\n", e, msg);
         return NULL;
     }
     return ck;
 }
+
+static ts_ckpt *load_or_complain(const char *path) { return load_as(path, false); }
 
 static int width_of(const ts_ckpt *ck, ts_ckpt_kind k, int minw) {
     int w = minw;
@@ -313,18 +338,22 @@ static int cmd_diff(int argc, char **argv) {
         fprintf(stderr, "tessera ckpt diff: expected two checkpoint files\n%s", DIFF_USAGE);
         return 2;
     }
-    ts_ckpt *a = load_or_complain(files[0]);
+    /* a safetensors file against a checkpoint: the checkpoint's state dict, as `ckpt export` names it */
+    bool mixed = ts_safetensors_probe(files[0]) != ts_safetensors_probe(files[1]);
+    ts_ckpt *a = load_as(files[0], mixed);
     if (!a) return 2;
-    ts_ckpt *b = load_or_complain(files[1]);
+    ts_ckpt *b = load_as(files[1], mixed);
     if (!b) {
         ts_ckpt_free(a);
         return 2;
     }
     int wn = CK_MAX(width_of(a, TS_CKPT_TENSOR, 4), width_of(b, TS_CKPT_TENSOR, 4));
-    printf("comparing %s (A) with %s (B), tolerance %g\n", files[0], files[1], tol);
+    char ea[ESC_MAX], eb[ESC_MAX];
+    printf("comparing %s (A) with %s (B), tolerance %g%s\n", esc(files[0], ea), esc(files[1], eb), tol,
+           mixed ? "; the checkpoint's model state dict, named as ckpt export writes it" : "");
     printf("  %-*s  %s\n", wn, "name", "max abs diff");
     double overall = 0;
-    int compared = 0, over = 0, mismatched = 0;
+    int compared = 0, over = 0, mismatched = 0, shape_mismatched = 0;
     char e[ESC_MAX];
     char sa[128], sb[128];
     for (int i = 0; i < ts_ckpt_count(a, TS_CKPT_TENSOR); i++) {
@@ -334,6 +363,7 @@ static int cmd_diff(int argc, char **argv) {
             printf("  %-*s  only in A\n", wn, esc(name, e));
             mismatched++;
         } else if (!same_shape(ta, tb) || ts_tensor_dtype(ta) != ts_tensor_dtype(tb)) {
+            shape_mismatched++;
             printf("  %-*s  differs: %s %s in A, %s %s in B\n", wn, esc(name, e), ts_dtype_name(ts_tensor_dtype(ta)),
                    ts_shape_str(ts_tensor_ndim(ta), ts_tensor_shape(ta), sa, sizeof sa),
                    ts_dtype_name(ts_tensor_dtype(tb)),
@@ -357,18 +387,25 @@ static int cmd_diff(int argc, char **argv) {
     diff_metadata(a, b);
     printf("max abs difference: %.6g over %d tensors; %d over tolerance %g; %d only in one file or mismatched\n",
            overall, compared, over, tol, mismatched);
+    int na = ts_ckpt_count(a, TS_CKPT_TENSOR), nb = ts_ckpt_count(b, TS_CKPT_TENSOR);
+    bool disjoint = (na || nb) && compared + shape_mismatched == 0; /* nothing was compared: not a success */
+    if (disjoint)
+        fprintf(stderr, "tessera ckpt diff: %s and %s share no tensor names (%d and %d tensors): nothing was compared\n",
+                esc(files[0], ea), esc(files[1], eb), na, nb);
     ts_ckpt_free(a);
     ts_ckpt_free(b);
-    return (over || mismatched) ? 1 : 0;
+    return (over || mismatched || disjoint) ? 1 : 0;
 }
 
 /* Prints a library error; messages that start with the path already name the file. */
 static int complain(const char *cmd, const char *path) {
     const char *msg = ts_last_error();
-    if (path && strncmp(msg, path, strlen(path)) == 0)
+    char e[ESC_MAX];
+    if (path) esc(path, e);
+    if (path && strncmp(msg, e, strlen(e)) == 0)
         fprintf(stderr, "tessera ckpt %s: %s\n", cmd, msg);
     else
-        fprintf(stderr, "tessera ckpt %s: %s%s%s\n", cmd, path ? path : "", path ? ": " : "", msg);
+        fprintf(stderr, "tessera ckpt %s: %s%s%s\n", cmd, path ? e : "", path ? ": " : "", msg);
     return CLI_EXIT_USAGE;
 }
 
@@ -394,7 +431,8 @@ static int cmd_export(int argc, char **argv) {
     if (!out) return cli_usage_error(&cmd, "--out FILE is required");
     int n = 0;
     if (ts_safetensors_export_ckpt(pos[0], out, &n) != TS_OK) return complain("export", pos[0]);
-    printf("wrote %d tensors of %s to %s\n", n, pos[0], out);
+    char e1[ESC_MAX], e2[ESC_MAX];
+    printf("wrote %d tensors of %s to %s\n", n, esc(pos[0], e1), esc(out, e2));
     return 0;
 }
 
@@ -405,7 +443,7 @@ static int cmd_import(int argc, char **argv) {
     const cli_flag flags[] = {
         {"model", CLI_STRING, &model_name, "the model the weights are for (as tessera train --model)", 1, 0},
         {"out", CLI_STRING, &out, "the checkpoint to write (replaced atomically)", 1, 0},
-        {"num-classes", CLI_INT, &classes, "the model's classes (0: its default, 1000 for ResNets)", 0, 1 << 24},
+        {"num-classes", CLI_INT, &classes, "the model's classes (0: the rows of the file's output layer, fc.weight for ResNets, the last Linear's for cnn and mlp)", 0, 1 << 20},
         {"image-size", CLI_INT, &image_size, "the input side recorded for tessera eval/predict (0: the model's default)", 0, 4096},
     };
     const cli_command cmd = {
@@ -414,40 +452,23 @@ static int cmd_import(int argc, char **argv) {
         "safetensors.torch.save_file(model.state_dict(), FILE), or a checkpoint) and writes its state dict\n"
         "as a Tessera checkpoint for tessera train --init-from, eval, predict, export, ckpt show and diff.\n"
         "Loading is strict: every missing, unexpected or wrongly shaped tensor is named, and nothing is\n"
-        "written unless all fit. F16, BF16 and F64 tensors are read as float32.\n"
+        "written unless all fit. F16, BF16 and F64 tensors are read as float32. The class count is the\n"
+        "file's: the rows of its output layer (fc.weight for ResNets), unless --num-classes says otherwise.\n"
         "Exit status: 0 written, 2 bad usage, an unreadable file or weights that do not fit the model.",
         flags, (int)(sizeof flags / sizeof flags[0])};
     int rc = cli_parse(&cmd, argc, argv, pos, 2, &npos);
     if (rc) return rc == 1 ? 0 : rc;
     if (npos != 1) return cli_usage_error(&cmd, "expected one weights file, got %d", npos);
     if (!model_name || !out) return cli_usage_error(&cmd, "--model NAME and --out CKPT are required");
-    ts_module *m = NULL;
-    ts_rng rng;
-    ts_rng_seed(&rng, 0);
-    ts_model_desc md;
-    if (ts_model_new(model_name, classes, &rng, &m) != TS_OK || !ts_model_info(model_name, &md)) {
-        rc = cli_usage_error(&cmd, "--model: %s", ts_last_error());
-        goto done;
-    }
-    if (ts_weights_load(m, pos[0]) != TS_OK) {
-        rc = complain("import", pos[0]);
-        goto done;
-    }
-    ts_checkpoint_model_info info = {0}; /* the input tessera eval/predict/export will feed it */
-    snprintf(info.model, sizeof info.model, "%s", model_name);
-    info.num_classes = classes ? classes : md.num_classes;
-    info.image_size = md.fixed_size ? 0 : (int)image_size;
-    if (ts_checkpoint_model_save(out, m, &info) != TS_OK) {
-        rc = complain("import", NULL);
-        goto done;
-    }
-    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
-    int n = ts_module_state_dict(m, &sd) == TS_OK ? sd.n : 0;
-    ts_tensor_list_clear(&sd);
-    printf("imported %d tensors of %s into %s (%s)\n", n, pos[0], out, model_name);
-done:
-    ts_module_free(m);
-    return rc;
+    ts_checkpoint_model_info info;
+    int n = 0;
+    if (ts_checkpoint_import(pos[0], model_name, classes, (int)image_size, out, &info, &n) != TS_OK)
+        return ts_model_info(model_name, NULL) ? complain("import", pos[0])
+                                               : cli_usage_error(&cmd, "--model: %s", ts_last_error());
+    char e1[ESC_MAX], e2[ESC_MAX];
+    printf("imported %d tensors of %s into %s (%s, %lld classes%s)\n", n, esc(pos[0], e1), esc(out, e2),
+           model_name, (long long)info.num_classes, classes ? "" : ", from the file's output layer");
+    return 0;
 }
 
 int ts_cmd_ckpt(int argc, char **argv) {

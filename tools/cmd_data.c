@@ -299,9 +299,10 @@ static int data_show(int argc, char **argv) {
         fprintf(stderr, "tessera data show: --out: %s\n", ts_last_error());
         goto done;
     }
-    printf("wrote %s: %d images of %dx%d (epoch %lld, batch %lld) from %s, %lld samples in %lld classes\n", out, n, S,
-           S, (long long)bi.epoch, (long long)bi.batch, pos[0], (long long)ts_reader_size(r),
-           (long long)ts_reader_num_classes(r));
+    char e1[1024], e2[1024];
+    printf("wrote %s: %d images of %dx%d (epoch %lld, batch %lld) from %s, %lld samples in %lld classes\n",
+           cli_printable(out, e1, sizeof e1), n, S, S, (long long)bi.epoch, (long long)bi.batch,
+           cli_printable(pos[0], e2, sizeof e2), (long long)ts_reader_size(r), (long long)ts_reader_num_classes(r));
     status = 0;
 done:
     ts_image_free(&grid);

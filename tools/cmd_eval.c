@@ -86,11 +86,12 @@ static int check_classes(const char *data, const loaded_model *lm, const ts_batc
 
 static int write_json(const char *path, const loaded_model *lm, const char *split, const ts_eval_result *r,
                       const int64_t *cm) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "tessera eval: --json %s: cannot write\n", path);
+    ts_outfile *o = NULL;
+    if (ts_outfile_open(path, "a JSON file", &o) != TS_OK) {
+        fprintf(stderr, "tessera eval: --json: %s\n", ts_last_error());
         return 1;
     }
+    FILE *f = ts_outfile_stream(o);
     int64_t C = lm->info.num_classes;
     fprintf(f, "{\n  \"model\": \"%s\",\n  \"split\": \"%s\",\n  \"samples\": %lld,\n  \"accuracy\": %.6f,\n  \"top5_accuracy\": %.6f,\n"
                "  \"loss\": %.6f,\n  \"confusion\": [",
@@ -101,7 +102,11 @@ static int write_json(const char *path, const loaded_model *lm, const char *spli
         fprintf(f, "]");
     }
     fprintf(f, "]\n}\n");
-    return fclose(f) != 0;
+    if (ts_outfile_close(o) != TS_OK) {
+        fprintf(stderr, "tessera eval: --json: %s\n", ts_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 typedef struct eval_args {
@@ -160,6 +165,10 @@ int ts_cmd_eval(int argc, char **argv) {
     if (strcmp(a.split, "test") != 0 && strcmp(a.split, "train") != 0)
         return cli_usage_error(&cmd, "unknown --split '%s' (expected test or train)", a.split);
     if (a.threads > 0) ts_set_num_threads((int)a.threads);
+    if (a.json && ts_outfile_check(a.json, "a JSON file") != TS_OK) { /* before the evaluation */
+        fprintf(stderr, "tessera eval: --json: %s\n", ts_last_error());
+        return CLI_EXIT_USAGE;
+    }
     loaded_model lm;
     if ((rc = load_model("eval", a.checkpoint, a.model, &lm)) != 0) return rc;
     int64_t *cm = NULL;

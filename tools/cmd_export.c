@@ -53,22 +53,27 @@ static int write_npy(const char *path, ts_tensor *t) {
         fprintf(stderr, "tessera export: %s: cannot read the tensor: %s\n", path, ts_last_error());
         return 1;
     }
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    ts_outfile *o = NULL;
+    if (ts_outfile_open(path, "a NumPy file", &o) != TS_OK) {
         free(data);
-        fprintf(stderr, "tessera export: cannot write %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "tessera export: %s\n", ts_last_error());
         return 1;
     }
+    FILE *f = ts_outfile_stream(o);
     uint16_t hlen = (uint16_t)((size_t)hl + pad + 1);
     unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
                                (unsigned char)(hlen >> 8)};
     bool ok = fwrite(magic, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)hl, f) == (size_t)hl;
     for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF && fwrite(data, 1, nb, f) == nb;
-    ok = (fclose(f) == 0) && ok;
     free(data);
     if (!ok) {
+        ts_outfile_discard(o);
         fprintf(stderr, "tessera export: writing %s failed: %s\n", path, strerror(errno));
+        return 1;
+    }
+    if (ts_outfile_close(o) != TS_OK) {
+        fprintf(stderr, "tessera export: %s\n", ts_last_error());
         return 1;
     }
     return 0;
@@ -183,7 +188,9 @@ int ts_cmd_export(int argc, char **argv) {
     if (rc == 0) {
         struct stat sb;
         long long bytes = stat(a.out, &sb) == 0 ? (long long)sb.st_size : -1;
-        printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", a.out, a.model, a.shape, bytes);
+        char esc[1024];
+        printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", cli_printable(a.out, esc, sizeof esc),
+               a.model, a.shape, bytes);
     }
     ts_tensor_release(x);
     ts_module_free(m);

@@ -93,26 +93,10 @@ static ts_status read_top(ts__json *j, trace_in *t) {
 
 /* Reads and checks one input; returns 0 or prints the error and returns 1. */
 static int trace_read(trace_in *t) {
-    struct stat sb;
-    if (stat(t->file, &sb) != 0) {
-        fprintf(stderr, "tessera trace merge: %s: %s\n", t->file, strerror(errno));
+    if (ts_read_file(t->file, "a trace", TRACE_MAX_BYTES, &t->text, &t->size) != TS_OK) { /* never a FIFO */
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         return 1;
     }
-    if (!S_ISREG(sb.st_mode) || (size_t)sb.st_size > TRACE_MAX_BYTES) {
-        fprintf(stderr, "tessera trace merge: %s: %s\n", t->file,
-                S_ISREG(sb.st_mode) ? "larger than 4 GiB" : "not a regular file");
-        return 1;
-    }
-    FILE *f = fopen(t->file, "rb");
-    t->size = (size_t)sb.st_size;
-    t->text = malloc(t->size + 1);
-    if (!f || !t->text || fread(t->text, 1, t->size, f) != t->size) {
-        fprintf(stderr, "tessera trace merge: %s: %s\n", t->file, f && t->text ? "read error" : strerror(errno));
-        if (f) fclose(f);
-        return 1;
-    }
-    fclose(f);
-    t->text[t->size] = '\0';
     ts__json j;
     ts__json_init(&j, t->text, t->size, t->file, "not a trace", TRACE_MAX_DEPTH);
     if (read_top(&j, t) != TS_OK) {
@@ -221,11 +205,12 @@ static int cmd_merge(int argc, char **argv) {
             }
         if (in[k].zero_us < zero) zero = in[k].zero_us;
     }
-    FILE *f = fopen(pos[0], "w");
-    if (!f) {
-        fprintf(stderr, "tessera trace merge: %s: %s\n", pos[0], strerror(errno));
+    ts_outfile *o = NULL;
+    if (ts_outfile_open(pos[0], "a merged trace", &o) != TS_OK) {
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         goto done;
     }
+    FILE *f = ts_outfile_stream(o);
     fputs("{\"traceEvents\":[\n", f);
     bool first = true, bad = false;
     int64_t events = 0;
@@ -239,13 +224,12 @@ static int cmd_merge(int argc, char **argv) {
         fprintf(f, ",\"shift_us\":%.3f}", in[k].zero_us - zero);
     }
     fputs("]}}\n", f);
-    bool werr = ferror(f) != 0;
-    if (fclose(f) != 0 || werr) {
-        fprintf(stderr, "tessera trace merge: writing %s: %s\n", pos[0], strerror(errno));
-        bad = true;
+    if (bad) { /* no half-written output */
+        ts_outfile_discard(o);
+        goto done;
     }
-    if (bad) {
-        remove(pos[0]); /* no half-written output */
+    if (ts_outfile_close(o) != TS_OK) {
+        fprintf(stderr, "tessera trace merge: %s\n", ts_last_error());
         goto done;
     }
     printf("merged %d traces (%lld events) into %s\n", n, (long long)events, pos[0]);

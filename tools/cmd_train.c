@@ -143,8 +143,9 @@ static ts_status on_event(const ts_train_event *ev, void *user) {
                    100.0 * ev->eval->top5_accuracy, ev->eval->loss, (long long)ev->eval->samples, ev->epoch_seconds,
                    ips);
     } else if (ev->kind == TS_TRAIN_CHECKPOINT) {
-        printf("saved checkpoint to %s (epoch %lld, step %lld)\n", ev->checkpoint, (long long)ev->epoch + 1,
-               (long long)ev->step);
+        char esc[1024];
+        printf("saved checkpoint to %s (epoch %lld, step %lld)\n", cli_printable(ev->checkpoint, esc, sizeof esc),
+               (long long)ev->epoch + 1, (long long)ev->step);
     }
     fflush(stdout);
     return TS_OK;
@@ -178,9 +179,10 @@ static void print_banner(ts_run *run) {
     if (ts_run_initialised(run))
         printf("initialised %s from %s%s%s\n", c->model, c->init_from, c->init_exclude ? " except " : "",
                c->init_exclude ? c->init_exclude : "");
+    char esc[1024];
     if (resumed)
-        printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", resumed, (long long)ck.epoch + 1,
-               (long long)ck.batch, (long long)ck.step);
+        printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", cli_printable(resumed, esc, sizeof esc),
+               (long long)ck.epoch + 1, (long long)ck.batch, (long long)ck.step);
     printf("training %s on %s: %lld images, %lld batches of %lld per epoch", c->model, c->data,
            (long long)ts_batch_source_num_samples(train), (long long)ts_batch_source_num_batches(train, 0),
            (long long)c->batch_size);
@@ -207,11 +209,12 @@ static void print_banner(ts_run *run) {
 
 static int write_metrics(const char *path, ts_run *run, const ts_train_result *r) {
     const ts_run_config *c = ts_run_config_of(run);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "tessera train: --metrics-json %s: %s\n", path, strerror(errno));
+    ts_outfile *o = NULL;
+    if (ts_outfile_open(path, "a metrics file", &o) != TS_OK) {
+        fprintf(stderr, "tessera train: --metrics-json: %s\n", ts_last_error());
         return 1;
     }
+    FILE *f = ts_outfile_stream(o);
     const char *base = strrchr(c->data, '/');
     fprintf(f,
             "{\n  \"model\": \"%s\",\n  \"test_accuracy\": %.6f,\n  \"images_per_second\": %.1f,\n"
@@ -223,8 +226,8 @@ static int write_metrics(const char *path, ts_run *run, const ts_train_result *r
             (long long)c->batch_size, ts_run_world_size(run), base ? base + 1 : c->data,
             ts_dtype_name(ts_precision_dtype(c->precision)), (long long)c->accum_steps,
             ts_dtype_name(ts_precision_dtype(c->ddp_comm)), (long long)r->skipped_samples);
-    if (fclose(f) != 0) {
-        fprintf(stderr, "tessera train: --metrics-json %s: %s\n", path, strerror(errno));
+    if (ts_outfile_close(o) != TS_OK) {
+        fprintf(stderr, "tessera train: --metrics-json: %s\n", ts_last_error());
         return 1;
     }
     return 0;
@@ -299,7 +302,13 @@ int ts_cmd_train(int argc, char **argv) {
     }
     cli_progress_init(&a.bar);
     ts_run *run = NULL;
-    ts_status st = ts_run_open(&a.c, &run);
+    ts_status st = a.metrics_json ? ts_outfile_check(a.metrics_json, "a metrics file") : TS_OK; /* before training */
+    if (st != TS_OK) {
+        fprintf(stderr, "tessera train: --metrics-json: %s\n", ts_last_error());
+        free(cfg_buf);
+        return CLI_EXIT_USAGE;
+    }
+    st = ts_run_open(&a.c, &run);
     if (st != TS_OK) {
         fprintf(stderr, "tessera train: %s\n", ts_last_error());
         free(cfg_buf);

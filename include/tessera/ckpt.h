@@ -11,7 +11,7 @@
  *   header, 32 bytes:
  *     u8  magic[8] = "TSCKPT\0\1"
  *     u32 version  (TS_CKPT_VERSION)
- *     u32 flags    (0)
+ *     u32 flags    (0; readers refuse a file with bits they do not know: TS_CKPT_KNOWN_FLAGS)
  *     u64 file_size (bytes, including header and trailer)
  *     u32 nsections
  *     u32 header_crc (zlib crc32 of the 28 bytes before it)
@@ -35,6 +35,7 @@ extern "C" {
 #endif
 
 #define TS_CKPT_VERSION 1
+#define TS_CKPT_KNOWN_FLAGS 0u /* header flag bits this build reads (none is defined yet) */
 
 typedef struct ts_ckpt ts_ckpt;
 
@@ -101,11 +102,17 @@ ts_status ts_ckpt_check_writable(const char *path);
  * refused without waiting on them), TS_ERR_FORMAT ("truncated", "bad magic",
  * "checksum mismatch", "trailing data", malformed records naming the offset and
  * the sizes, duplicate names), TS_ERR_UNSUPPORTED (a format version newer than
- * TS_CKPT_VERSION; the message names both). Every size in the file is checked
+ * TS_CKPT_VERSION; the message names both; header flag bits outside
+ * TS_CKPT_KNOWN_FLAGS, named in hex). Every size in the file is checked
  * against the bytes left before anything is allocated. Names are any bytes but
  * NUL: print them escaped. The file format version read is available from
  * ts_ckpt_version. */
 ts_status ts_ckpt_load(const char *path, ts_ckpt **out);
+/* ts_ckpt_load without the tensors' data, for looking at many files quickly (a checkpoint folder):
+ * the header (its CRC, version, flags and length) and every int64, double and blob entry are read and
+ * checked as ts_ckpt_load does; tensor sections are skipped by their length, so the result holds no
+ * tensors, and the whole-file CRC is not compared (a damaged file can read here and fail ts_ckpt_load). */
+ts_status ts_ckpt_load_meta(const char *path, ts_ckpt **out);
 /* Format version of a loaded checkpoint (TS_CKPT_VERSION for new ones). */
 uint32_t ts_ckpt_version(const ts_ckpt *ck);
 

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -255,6 +256,34 @@ void ts_rng_shuffle_i64(ts_rng *r, int64_t *idx, int64_t n);
 /* The process-wide default generator (used by initialisers when none is given). */
 ts_rng *ts_rng_default(void);
 void ts_manual_seed(uint64_t seed);
+
+/* ---- input files --------------------------------------------------------------------------- */
+/* Reads a whole input file: only a regular file — a FIFO, device, socket or directory is TS_ERR_IO naming
+ * path, its type and `what` ("an image file"), refused without waiting on it — of at most max_bytes
+ * (TS_ERR_FORMAT naming both sizes otherwise, before anything is allocated). *buf is malloc'd with a NUL
+ * after the *n bytes (free it). */
+ts_status ts_read_file(const char *path, const char *what, uint64_t max_bytes, char **buf, size_t *n);
+
+/* ---- output files ------------------------------------------------------------------------- */
+/* Every file the library and the command write follows one set of rules: the path must be a regular file
+ * or absent — a directory, a device (/dev/full), a FIFO or a socket is TS_ERR_IO naming the path, its type
+ * and `what` ("a metrics file"), and is never opened (nothing blocks, no device is written); the bytes go
+ * to "<path>.tmp.<pid>" beside it (created exclusively, never through a symbolic link), which is flushed,
+ * fsync'ed and renamed over path, so a reader sees the old file or the whole new one, never half of it.
+ * ts_outfile_check: whether path could be written now (its directory exists and takes a new file), to check
+ *   an output path before long work.
+ * ts_outfile_open: *out is a new output file; write to ts_outfile_stream(*out) (stdio).
+ * ts_outfile_close: puts the file in place and frees it; a write error seen on the stream, or a failed
+ *   flush, fsync or rename, is TS_ERR_IO naming path (the temporary file is removed, an old file stays).
+ * ts_outfile_discard: removes the temporary file and frees it (NULL is fine).
+ * ts_write_file: n bytes of data as a whole file, by the same rules. */
+typedef struct ts_outfile ts_outfile;
+ts_status ts_outfile_check(const char *path, const char *what);
+ts_status ts_outfile_open(const char *path, const char *what, ts_outfile **out);
+FILE *ts_outfile_stream(ts_outfile *o);
+ts_status ts_outfile_close(ts_outfile *o);
+void ts_outfile_discard(ts_outfile *o);
+ts_status ts_write_file(const char *path, const char *what, const void *data, size_t n);
 
 /* ---- wall clock --------------------------------------------------------------------------- */
 double ts_time_now(void); /* seconds, monotonic */

@@ -121,15 +121,17 @@ ts_status ts_image_crop_mirror_normalize(const ts_image *src, int x, int y, int 
                                          const float *mean, const float *std, float *out);
 
 /* ---- reader ----------------------------------------------------------------------------------- */
+#define TS_MAX_CLASSES (1 << 20) /* the most classes a data set may have (labels 0 .. 2^20 - 1), as --num-classes */
+
 /* The sample source and its order. Exactly one of file_root (alone), file_list
  * (with or without file_root) and idx_dir. */
 typedef struct ts_reader_opts {
     const char *file_root; /* one sub-folder per class: classes are the folders in byte order (label =
                               position), files in each are those ending .jpg .jpeg .png (any case), in
                               byte order (DALI's traverse_directories) */
-    const char *file_list; /* text file, one "path label" per line (the label is the trailing integer, the
-                              path may hold spaces; blank lines skipped); paths relative to file_root when
-                              given, else to the list's folder */
+    const char *file_list; /* text file, one "path label" per line (the label is the trailing integer below
+                              TS_MAX_CLASSES, the path may hold spaces; blank lines skipped); paths relative
+                              to file_root when given, else to the list's folder */
     const char *idx_dir;   /* MNIST-style IDX files (ts_dataset_load_mnist's names) behind the same reader */
     const char *idx_split; /* "train" or "test" (NULL: "train") */
     int shard_id, num_shards;   /* this reader's shard of num_shards (0, 1) */

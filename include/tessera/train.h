@@ -399,7 +399,9 @@ typedef struct ts_trainer_opts {
     ts_batch_source *eval;     /* borrowed; evaluated by rank 0 after every epoch (NULL: never) */
     const char *checkpoint;    /* rank 0 saves here after every epoch and at the end (NULL: never); copied */
     const char *checkpoint_dir; /* ...and/or a new file per save in this folder, step-<step>.ckpt (NULL: none) */
-    int keep;                  /* checkpoint_dir: the newest `keep` files stay, older ones are removed (0: all) */
+    int keep;                  /* checkpoint_dir: the newest `keep` files of this run's lineage stay, older ones of
+                                * it are removed (0: all); never the file just written, never a file it cannot verify
+                                * as its own or its resumed checkpoint's ancestor (src/train/ckdir.h) */
     int64_t checkpoint_every;  /* also save every this many steps (0: only at epoch ends) */
     ts_train_callback callback;
     void *user;
@@ -514,11 +516,21 @@ ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_modul
  * width; 0: the zoo's input for info->model and image_size) and class names (NULL: none), atomically:
  * what ts_checkpoint_model_load, `tessera eval/predict/export` and `train --init-from` read. */
 ts_status ts_checkpoint_model_save(const char *path, ts_module *model, const ts_checkpoint_model_info *info);
+/* `tessera ckpt import`: builds the zoo model `model` with num_classes outputs — 0: as many as the file's
+ * output layer has rows (fc.weight for the ResNets, the last Linear's weight for cnn and mlp), else the
+ * model's default —, loads the weights at path into it strictly (ts_weights_load: a safetensors file or a
+ * checkpoint) and writes them with ts_checkpoint_model_save to out, recording image_size (0: the model's
+ * default). written (may be NULL) gets what was recorded (no class names: nothing to clear), *ntensors (may
+ * be NULL) the tensors written. Nothing is written unless every tensor fits. */
+ts_status ts_checkpoint_import(const char *path, const char *model, int64_t num_classes, int image_size,
+                               const char *out, ts_checkpoint_model_info *written, int *ntensors);
 
 /* The newest complete training checkpoint in dir (a checkpoint_dir: step-<step>.ckpt files) into path
- * (n bytes): the highest step whose file loads (whole-file CRC) and is a training checkpoint; damaged
- * or partial ones are skipped with a warning. *found false (and TS_OK) when there is none or dir does
- * not exist. For restarts: a restarted job resumes from it (`tessera train --checkpoint-dir`). */
+ * (n bytes), for restarts (`tessera train --checkpoint-dir`): of the checkpoints whose metadata reads, the
+ * lineage (train.lineage) of the session that started last, and its highest step whose file loads whole
+ * (whole-file CRC) and is a training checkpoint — not the highest number in a name. Damaged files, FIFOs,
+ * links and other non-files are skipped with a warning naming them; checkpoints of other runs or branches
+ * are counted in one warning. *found false (and TS_OK) when there is none or dir does not exist. */
 ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool *found);
 
 /* Continues the run saved at path: loads the model's state dict, the

@@ -134,11 +134,34 @@ ts_status ts__open_listed_regular(const char *path, const char *what, int *fd, u
 ts_status ts__check_write_target(const char *path, const char *what);
 const char *ts__file_type_name(unsigned mode);
 const char *ts__printable(const char *s, char *buf, size_t cap);
+/* A user-given path for a message: ts__printable into buf (TS__PATH_ESC bytes), so a name holding terminal
+ * escapes (ESC [ 2 J) or line breaks reaches logs and terminals as \x1b[2J. The library's file-open, read and
+ * write errors (core/file.c, checkpoints, IDX files) and the command's "saved"/"wrote" lines use it. */
+#define TS__PATH_ESC 1024
+static inline const char *ts__path(const char *path, char buf[TS__PATH_ESC]) {
+    return ts__printable(path, buf, TS__PATH_ESC);
+}
 /* ts__write_file_atomic: writes n bytes of data to "<path>.tmp.<pid>" (created exclusively, never
  * through a symbolic link), fsyncs it, renames it over path and fsyncs the directory, so a crash
  * leaves the old file or the new one. Only a regular file (or nothing) at path is replaced. On
  * failure the temporary file is removed and TS_ERR_IO names path, `what` ("an ONNX model") and the
  * errno text. */
 ts_status ts__write_file_atomic(const char *path, const char *what, const void *data, size_t n);
+/* Atomic replacement of path, the one writer of every output file (checkpoints, safetensors, ONNX,
+ * traces, the public ts_outfile_*). ts__atomic_open: path must be a regular file or absent
+ * (ts__check_write_target; `what` names the kind of file in messages), "<path>.tmp.<pid>" files of dead
+ * writers are removed, and tmp (cap bytes) gets "<path>.tmp.<pid>", created exclusively (never through a
+ * symbolic link) and opened as *f. ts__atomic_close: when st is TS_OK and werr (the errno of a failed
+ * write, or 0) is 0, flushes, fsyncs and closes f, renames tmp over path and fsyncs the directory;
+ * otherwise (or when any of that fails) closes f and removes tmp. Returns st, or TS_ERR_IO naming path
+ * and the errno text. */
+ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t cap, FILE **f);
+ts_status ts__atomic_close(const char *path, const char *tmp, FILE *f, ts_status st, int werr);
+/* A file written as a run goes (appended rows, a rank's log): path must be a regular file or absent; it is
+ * opened with O_NONBLOCK and checked with fstat, so a FIFO or a device put there is refused without
+ * blocking or writing into it; append false truncates it. *out: a stdio stream (fclose it), or a
+ * descriptor (close it). */
+ts_status ts__open_output_stream(const char *path, const char *what, bool append, FILE **out);
+ts_status ts__open_output_fd(const char *path, const char *what, bool append, int *out);
 
 #endif /* TS_CORE_INTERNAL_H */

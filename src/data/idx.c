@@ -10,7 +10,9 @@
  * exactly header + prod(dims) bytes; a gzip file cannot expand more than
  * deflate's 1032:1, so prod(dims) may be at most 1032 times its size; and either
  * must stay under TS_IDX_MAX_BYTES (default 16 GiB). So a 40-byte .gz whose
- * header claims 256 GiB is refused at once, naming both sizes. Only regular
+ * header claims 256 GiB is refused at once, naming both sizes. A gzip member
+ * must end with its trailer (CRC-32 and length, which zlib verifies): one cut
+ * off after the payload is refused as truncated. Only regular
  * files are opened (a FIFO or a device is refused, not waited on).
  */
 #include "core/env.h"
@@ -32,10 +34,14 @@ static uint64_t idx_max_bytes(void) { return (uint64_t)ts_env_int(TS_ENV_IDX_MAX
 
 /* Reads up to n bytes. Returns the count read (< n at end of data) and sets
  * *gzerr to a zlib message when the stream is corrupt (NULL otherwise). A gzip
- * stream that simply ends early counts as end of data, not corruption. */
-static uint64_t read_full(gzFile gz, void *buf, uint64_t n, const char **gzerr) {
+ * stream that simply ends early counts as end of data, not corruption, and sets
+ * *cut (when given): the caller decides (the payload's length says whether data
+ * is missing; after the payload it means the member lacks its CRC-32 + length
+ * trailer, so nothing was verified). */
+static uint64_t read_full_cut(gzFile gz, void *buf, uint64_t n, const char **gzerr, bool *cut) {
     uint64_t got = 0;
     *gzerr = NULL;
+    if (cut) *cut = false;
     while (got < n) {
         unsigned chunk = (unsigned)TS_MIN(n - got, (uint64_t)1 << 30);
         int r = gzread(gz, (char *)buf + got, chunk);
@@ -45,13 +51,24 @@ static uint64_t read_full(gzFile gz, void *buf, uint64_t n, const char **gzerr) 
             if (errnum != Z_BUF_ERROR) { /* Z_BUF_ERROR: unexpected end of file */
                 const char *sep = strstr(msg, ": ");
                 *gzerr = (strncmp(msg, "<fd:", 4) == 0 && sep) ? sep + 2 : msg; /* drop zlib's "<fd:3>: " */
+            } else if (cut) {
+                *cut = true;
             }
             break;
         }
-        if (r == 0) break;
+        if (r == 0) { /* zlib >= 1.2.9 reports a stream cut short as end of data plus Z_BUF_ERROR */
+            int errnum = 0;
+            (void)gzerror(gz, &errnum);
+            if (cut && errnum == Z_BUF_ERROR) *cut = true;
+            break;
+        }
         got += (uint64_t)r;
     }
     return got;
+}
+
+static uint64_t read_full(gzFile gz, void *buf, uint64_t n, const char **gzerr) {
+    return read_full_cut(gz, buf, n, gzerr, NULL);
 }
 
 static uint32_t be32(const unsigned char *p) {
@@ -67,7 +84,8 @@ ts_status ts_idx_read(const char *path, int expect_ndim, ts_tensor **out) {
     int fd = -1;
     uint64_t size = 0;
     TS_TRY(ts__open_regular(path, "an IDX file", &fd, &size));
-    return ts__idx_read_fd(fd, size, path, expect_ndim, out);
+    char esc[TS__PATH_ESC]; /* the reader names the file in messages only */
+    return ts__idx_read_fd(fd, size, ts__path(path, esc), expect_ndim, out);
 }
 
 ts_status ts__idx_read_fd(int fd, uint64_t size, const char *path, int expect_ndim, ts_tensor **out) {
@@ -173,9 +191,15 @@ ts_status ts__idx_read_fd(int fd, uint64_t size, const char *path, int expect_nd
         goto fail;
     }
     unsigned char extra[256];
-    got = read_full(gz, extra, sizeof extra, &zerr);
+    bool cut = false;
+    got = read_full_cut(gz, extra, sizeof extra, &zerr, &cut);
     if (zerr) {
         st = ts_error(TS_ERR_FORMAT, "%s: corrupt gzip data at the end: %s", path, zerr);
+        goto fail;
+    }
+    if (cut && got == 0) { /* zlib checks CRC-32 and length only when the trailer is there */
+        st = ts_error(TS_ERR_FORMAT, "%s: truncated gzip file: the data ends without the gzip trailer (CRC-32 and "
+                      "length), so it cannot be verified", path);
         goto fail;
     }
     if (got > 0) {

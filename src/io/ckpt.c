@@ -14,9 +14,10 @@
  * left before anything is allocated (a tensor's non-zero dimensions multiply to
  * at most the bytes left, so shapes and strides cannot overflow); duplicate names
  * are found by sorting once the records are read (not a quadratic scan); names
- * are printed through ts__printable. Saving replaces only a regular file (a
- * device such as /dev/full, a FIFO or a socket at the path is refused) and first
- * removes "<name>.tmp.<pid>" files that writers killed mid-save left next to it.
+ * are printed through ts__printable. Saving goes through the library's one atomic
+ * writer (core/file.c, ts__atomic_open/close): only a regular file is replaced (a
+ * device such as /dev/full, a FIFO or a socket at the path is refused), and
+ * "<name>.tmp.<pid>" files that writers killed mid-save left next to it go first.
  */
 #include "tensor/tensor.h"
 #include "tessera/ckpt.h"
@@ -342,135 +343,9 @@ static ts_status wr_tensor_data(ck_writer *w, const ts_tensor *t) {
     return st;
 }
 
-static void sync_dir(const char *path) {
-    char *copy = ts__strdup(path);
-    if (!copy) return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd); /* best effort: some filesystems refuse fsync on directories */
-        close(fd);
-    }
-    free(copy);
-}
-
-/* Splits path into its directory and file name (both malloc'ed; NULL when out of memory). */
-static bool split_path(const char *path, char **dir, char **base) {
-    char *a = ts__strdup(path), *b = ts__strdup(path);
-    *dir = *base = NULL;
-    if (a && b) {
-        *dir = ts__strdup(dirname(a));
-        *base = ts__strdup(basename(b));
-    }
-    free(a);
-    free(b);
-    if (*dir && *base) return true;
-    free(*dir);
-    free(*base);
-    *dir = *base = NULL;
-    return false;
-}
-
-/* Removes "<base>.tmp.<pid>" regular files next to path whose writer is gone (a save killed
- * with SIGKILL cannot clean up): pid is not ours and kill(pid, 0) says no such process. A pid
- * reused by a live process keeps its file (harmless: the next save after it dies removes it). */
-static void remove_stale_temps(const char *path) {
-    char *dir = NULL, *base = NULL;
-    if (!split_path(path, &dir, &base)) return;
-    size_t bl = strlen(base);
-    DIR *d = opendir(dir);
-    for (struct dirent *e; d && (e = readdir(d));) {
-        const char *n = e->d_name;
-        if (strncmp(n, base, bl) != 0 || strncmp(n + bl, ".tmp.", 5) != 0) continue;
-        const char *digits = n + bl + 5;
-        char *end = NULL;
-        errno = 0;
-        long pid = strtol(digits, &end, 10);
-        if (digits[0] < '1' || digits[0] > '9' || *end || errno || pid <= 0 || pid > INT32_MAX) continue;
-        if (pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        struct stat sb;
-        if (fstatat(dirfd(d), n, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode)) continue;
-        if (unlinkat(dirfd(d), n, 0) == 0)
-            ts_log(TS_LOG_INFO, "checkpoint: removed %s/%s, left by process %ld that died while saving", dir, n, pid);
-    }
-    if (d) closedir(d);
-    free(dir);
-    free(base);
-}
-
-static ts_status temp_name(const char *path, char *tmp, size_t cap) {
-    if ((size_t)snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid()) >= cap)
-        return ts_error(TS_ERR_INVALID_ARG, "%.200s...: checkpoint path is too long (%zu bytes)", path, strlen(path));
-    return TS_OK;
-}
-
-/* Creates the temporary file exclusively (never through a symbolic link or into an existing file). */
-static int create_temp(const char *tmp) {
-    (void)unlink(tmp); /* ours from an earlier failed attempt, or a dead process's with our pid */
-    return open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-}
-
 ts_status ts_ckpt_check_writable(const char *path) {
     TS_ARG(path && path[0], "ts_ckpt_check_writable: empty path");
-    char tmp[4096];
-    TS_TRY(temp_name(path, tmp, sizeof tmp));
-    TS_TRY(ts__check_write_target(path, "a checkpoint"));
-    char *dir = NULL, *base = NULL;
-    if (!split_path(path, &dir, &base)) return TS_ERR_NOMEM;
-    struct stat sb;
-    ts_status st = TS_OK;
-    if (stat(dir, &sb) != 0)
-        st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: directory %s: %s", path, dir, strerror(errno));
-    else if (!S_ISDIR(sb.st_mode))
-        st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: %s is a %s, not a directory", path, dir,
-                      ts__file_type_name((unsigned)sb.st_mode));
-    if (st == TS_OK) {
-        int fd = create_temp(tmp);
-        if (fd < 0)
-            st = ts_error(TS_ERR_IO, "%s: cannot save a checkpoint there: creating %s failed: %s", path, tmp,
-                          strerror(errno));
-        else {
-            close(fd);
-            unlink(tmp);
-        }
-    }
-    free(dir);
-    free(base);
-    return st;
-}
-
-/* Atomic writing (io/ckpt_internal.h), shared with ts_safetensors_save. */
-ts_status ts__atomic_open(const char *path, const char *what, char *tmp, size_t cap, FILE **f) {
-    TS_ARG(path && path[0] && tmp && f, "ts__atomic_open: NULL argument");
-    *f = NULL;
-    TS_TRY(temp_name(path, tmp, cap));
-    TS_TRY(ts__check_write_target(path, what));
-    remove_stale_temps(path);
-    errno = 0;
-    int fd = create_temp(tmp);
-    if (fd >= 0 && !(*f = fdopen(fd, "wb"))) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        errno = e;
-    }
-    if (!*f) return ts_error(TS_ERR_IO, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
-    return TS_OK;
-}
-
-ts_status ts__atomic_close(const char *path, const char *tmp, FILE *f, ts_status st, int werr) {
-    if (st == TS_OK && !werr && fflush(f) != 0) werr = errno ? errno : EIO;
-    if (st == TS_OK && !werr && fsync(fileno(f)) != 0) werr = errno;
-    int cerr = fclose(f) != 0 ? errno : 0;
-    if (!werr && cerr) werr = cerr;
-    if (st == TS_OK && werr) st = ts_error(TS_ERR_IO, "%s: writing %s failed: %s", path, tmp, strerror(werr));
-    if (st == TS_OK && rename(tmp, path) != 0)
-        st = ts_error(TS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st != TS_OK) {
-        unlink(tmp);
-        return st;
-    }
-    sync_dir(path);
-    return TS_OK;
+    return ts_outfile_check(path, "a checkpoint");
 }
 
 ts_status ts_ckpt_save(const ts_ckpt *ck, const char *path) {
@@ -744,8 +619,9 @@ static ts_status check_duplicates(const ts_ckpt *ck, const char *path) {
     return TS_OK;
 }
 
-/* Reads a checkpoint of `size` bytes from f (positioned at its start); path names it in messages. */
-static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt **out) {
+/* Reads a checkpoint of `size` bytes from f (positioned at its start); path names it in messages.
+ * meta: tensor sections are skipped by their length (seek) and the whole-file CRC is not compared. */
+static ts_status load_stream(FILE *f, uint64_t size, const char *path, bool meta, ts_ckpt **out) {
     ts_status st = TS_OK;
     ts_ckpt *ck = NULL;
     unsigned char hdr[CK_HEADER_BYTES];
@@ -769,11 +645,16 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
                       get32(hdr + 28), hcrc);
         goto fail;
     }
-    uint32_t version = get32(hdr + 8), nsec = get32(hdr + 24);
+    uint32_t version = get32(hdr + 8), flags = get32(hdr + 12), nsec = get32(hdr + 24);
     uint64_t want = get64(hdr + 16);
     if (version > TS_CKPT_VERSION || version == 0) {
         st = ts_error(TS_ERR_UNSUPPORTED, "%s: checkpoint format version %u, but this build reads versions 1 to %d",
                       path, version, TS_CKPT_VERSION);
+        goto fail;
+    }
+    if (flags & ~(uint32_t)TS_CKPT_KNOWN_FLAGS) { /* a flag changes how the file reads: never guess */
+        st = ts_error(TS_ERR_UNSUPPORTED, "%s: unknown header flag bits 0x%08x (flags 0x%08x; this build knows 0x%08x)",
+                      path, flags & ~(uint32_t)TS_CKPT_KNOWN_FLAGS, flags, (uint32_t)TS_CKPT_KNOWN_FLAGS);
         goto fail;
     }
     if (size < want) {
@@ -813,6 +694,15 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
             TS_CHECK_GOTO(rd_skip(&r, bytes));
             continue;
         }
+        if (meta && kind == TS_CKPT_TENSOR) { /* the size is within the file (checked above) */
+            if (fseeko(f, (off_t)bytes, SEEK_CUR) != 0) {
+                st = ts_error(TS_ERR_IO, "%s: seek failed at offset %llu: %s", path, (unsigned long long)r.pos,
+                              strerror(errno));
+                goto fail;
+            }
+            r.pos += bytes;
+            continue;
+        }
         uint64_t start = r.pos;
         for (uint32_t i = 0; i < count; i++) TS_CHECK_GOTO(rd_record(&r, ck, (ts_ckpt_kind)kind));
         if (r.pos - start != bytes) {
@@ -829,6 +719,7 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
         goto fail;
     }
     unsigned char tb[4];
+    if (meta) goto done;
     if (fread(tb, 1, 4, f) != 4) {
         st = ts_error(TS_ERR_IO, "%s: cannot read the checksum: %s", path, strerror(errno));
         goto fail;
@@ -838,11 +729,12 @@ static ts_status load_stream(FILE *f, uint64_t size, const char *path, ts_ckpt *
                       (uint32_t)r.crc);
         goto fail;
     }
+done:
     TS_CHECK_GOTO(check_duplicates(ck, path));
     *out = ck;
     return TS_OK;
 fail:
-    if (st == TS_ERR_FORMAT && ck) {
+    if (st == TS_ERR_FORMAT && ck && !meta) {
         /* A malformed record: if the bytes do not match their checksum, say so. */
         uLong c = 0;
         unsigned char tb2[4];
@@ -854,21 +746,31 @@ fail:
     return st;
 }
 
-ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
-    TS_ARG(path && out, "ts_ckpt_load: NULL argument");
+static ts_status load_file(const char *path, bool meta, ts_ckpt **out) {
     *out = NULL;
     int fd = -1;
     uint64_t size = 0;
     TS_TRY(ts__open_regular(path, "a checkpoint file", &fd, &size));
+    char esc[TS__PATH_ESC]; /* load_stream names the file in messages only */
     FILE *f = fdopen(fd, "rb");
     if (!f) {
         int e = errno;
         close(fd);
-        return ts_error(TS_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+        return ts_error(TS_ERR_IO, "%s: cannot open: %s", ts__path(path, esc), strerror(e));
     }
-    ts_status st = load_stream(f, size, path, out);
+    ts_status st = load_stream(f, size, ts__path(path, esc), meta, out);
     fclose(f);
     return st;
+}
+
+ts_status ts_ckpt_load(const char *path, ts_ckpt **out) {
+    TS_ARG(path && out, "ts_ckpt_load: NULL argument");
+    return load_file(path, false, out);
+}
+
+ts_status ts_ckpt_load_meta(const char *path, ts_ckpt **out) {
+    TS_ARG(path && out, "ts_ckpt_load_meta: NULL argument");
+    return load_file(path, true, out);
 }
 
 ts_status ts__ckpt_load_mem(const void *buf, size_t n, const char *name, ts_ckpt **out) {
@@ -877,7 +779,7 @@ ts_status ts__ckpt_load_mem(const void *buf, size_t n, const char *name, ts_ckpt
     static unsigned char none[1];
     FILE *f = fmemopen(n ? (void *)buf : none, n ? n : 1, "rb");
     if (!f) return ts_error(TS_ERR_NOMEM, "%s: fmemopen: %s", name ? name : "<buffer>", strerror(errno));
-    ts_status st = load_stream(f, n, name ? name : "<buffer>", out);
+    ts_status st = load_stream(f, n, name ? name : "<buffer>", false, out);
     fclose(f);
     return st;
 }

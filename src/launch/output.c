@@ -275,9 +275,8 @@ void ts__launch_logs_open(ts__launcher *L) {
     for (int i = 0; i < L->n; i++) {
         ts__lrank *r = &L->ranks[i];
         snprintf(path, sizeof path, "%s/rank_%d.log", dir, r->rank);
-        r->log_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (r->log_fd < 0)
-            ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_WARNING), "cannot write %s: %s", path, strerror(errno));
+        if (ts__open_output_fd(path, "a rank's log", false, &r->log_fd) != TS_OK) /* never a FIFO or a device */
+            ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_WARNING), "%s", ts_last_error());
     }
 }
 

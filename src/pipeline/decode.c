@@ -461,15 +461,6 @@ ts_status ts_image_read(const char *path, ts_color color, ts_image *out) {
     return st;
 }
 
-static ts_status write_all(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return ts_error(TS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    size_t w = fwrite(p, 1, n, f);
-    int e = errno;
-    if (fclose(f) != 0 || w != n) return ts_error(TS_ERR_IO, "%s: write error: %s", path, strerror(e ? e : errno));
-    return TS_OK;
-}
-
 ts_status ts_image_write_png(const ts_image *im, const char *path) {
     TS_ARG(im && im->data && path && (im->channels == 1 || im->channels == 3), "ts_image_write_png: bad argument");
     spng_ctx *enc = spng_ctx_new(SPNG_CTX_ENCODER);
@@ -486,7 +477,7 @@ ts_status ts_image_write_png(const ts_image *im, const char *path) {
         free(png);
         return ts_error(TS_ERR_INTERNAL, "%s: PNG encoding failed: %s", path, spng_strerror(e));
     }
-    ts_status st = write_all(path, png, pn);
+    ts_status st = ts__write_file_atomic(path, "an image", png, pn);
     free(png);
     return st;
 }
@@ -503,7 +494,7 @@ ts_status ts_image_write_jpeg(const ts_image *im, const char *path, int quality)
     if (tjCompress2(tj, im->data, im->width, 0, im->height, pf, &jb, &jn, sub, quality, 0) != 0)
         st = ts_error(TS_ERR_INTERNAL, "%s: JPEG encoding failed: %s", path, tjGetErrorStr2(tj));
     else
-        st = write_all(path, jb, jn);
+        st = ts__write_file_atomic(path, "an image", jb, jn);
     tjFree(jb);
     tjDestroy(tj);
     return st;

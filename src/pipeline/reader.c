@@ -287,8 +287,9 @@ static ts_status list_file_list(ts_reader *r) {
         line[name_end] = '\0';
         errno = 0;
         long long lab = strtoll(line + label_start, NULL, 10);
-        if (errno || lab > INT32_MAX) {
-            st = ts_error(TS_ERR_FORMAT, "%s:%ld: label %s is out of range", path, lineno, line + label_start);
+        if (errno || lab >= TS_MAX_CLASSES) { /* the model gets label + 1 outputs: 2^31 would be 2 TiB */
+            st = ts_error(TS_ERR_FORMAT, "%s:%ld: label %s is too large: labels are below %d (at most %d classes)",
+                          path, lineno, line + label_start, TS_MAX_CLASSES, TS_MAX_CLASSES);
             break;
         }
         st = add_sample(r, &cap, join_path(root, line), lab, false); /* never listed: stat before opening */

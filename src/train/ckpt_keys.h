@@ -14,6 +14,8 @@
  *   train.num_classes   the model's outputs, when set apart from the data's (opts.num_classes)
  *   train.accum_steps   batches per optimizer step, when more than one (opts.accum_steps)
  *   train.loss_scale, train.loss_scale_tracker   the loss scaler's state (float16 training)
+ *   train.lineage       the sessions the run went through (bytes; train/ckdir.h): which files of a
+ *                       checkpoint folder are this run's
  */
 #ifndef TS_TRAIN_CKPT_KEYS_H
 #define TS_TRAIN_CKPT_KEYS_H
@@ -39,5 +41,6 @@
 #define CK_ACCUM "train.accum_steps"
 #define CK_SCALE "train.loss_scale"
 #define CK_SCALE_TRACKER "train.loss_scale_tracker"
+#define CK_LINEAGE "train.lineage"
 
 #endif

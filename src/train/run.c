@@ -147,6 +147,20 @@ static ts_status open_group(ts_run *r) {
 }
 
 /* ---- data and model ------------------------------------------------------------------------------------------ */
+/* A model with a fixed input (cnn, mlp: 1 x 28 x 28) must get samples of that shape: said up front, naming both
+ * shapes, rather than as a shape error from inside the model's first Linear layer. */
+static ts_status check_sample_shape(const ts_run *r, const ts_model_desc *md) {
+    int64_t sh[TS_MAX_DIMS];
+    int nd = ts_batch_source_sample_shape(r->train, sh);
+    if (!md->fixed_size || nd != 3 ||
+        (sh[0] == md->in_channels && sh[1] == md->image_size && sh[2] == md->image_size))
+        return TS_OK;
+    return ts_error(TS_ERR_INVALID_ARG, "data %s: its samples are %lldx%lldx%lld (channels x height x width), but model "
+                    "%s takes %dx%dx%d only (the reference cnn and mlp have fixed input sizes; the ResNets take any "
+                    "image size)", r->c.data, (long long)sh[0], (long long)sh[1], (long long)sh[2], r->c.model,
+                    md->in_channels, md->image_size, md->image_size);
+}
+
 static ts_status open_data(ts_run *r) {
     const ts_run_config *c = &r->c;
     ts_model_desc md;
@@ -166,6 +180,7 @@ static ts_status open_data(ts_run *r) {
     st = ts_data_open(&d, &r->train, d.rank == 0 ? &r->eval : NULL);
     if (st != TS_OK) return ts__error_prefix(st, "data %s", c->data);
     r->c.image_size = d.image_size;
+    TS_TRY(check_sample_shape(r, &md));
     /* the output layer follows the data's classes (an image folder's sub-folders), or num_classes */
     r->data_classes = ts_batch_source_num_classes(r->train);
     if (c->num_classes && c->num_classes < r->data_classes)

@@ -85,7 +85,7 @@ typedef struct field_range {
 #define RI(f, lo, hi) {#f, offsetof(ts_run_config, f), false, lo, hi}
 #define RD(f, lo, hi) {#f, offsetof(ts_run_config, f), true, lo, hi}
 static const field_range ranges[] = {
-    RI(num_classes, 0, 1 << 20), RI(image_size, 0, 4096), RI(data_threads, 1, 256), RI(batch_size, 1, 1 << 20),
+    RI(num_classes, 0, TS_MAX_CLASSES), RI(image_size, 0, 4096), RI(data_threads, 1, 256), RI(batch_size, 1, 1 << 20),
     RI(seed, 0, 9.2e18), RD(lr, 0, 1e3), RD(momentum, 0, 1), RD(weight_decay, 0, 1), RD(label_smoothing, 0, 1),
     RI(warmup_steps, 0, 1e12), RI(epochs, 1, 1e6), RI(max_steps, 0, 1e12), RI(accum_steps, 1, 1 << 20),
     RD(clip_grad_norm, 0, 1e12), RD(loss_scale, 1, 1e30), RI(threads, 0, 4096), RI(micro_batches, 1, 1 << 20),

@@ -11,7 +11,8 @@
  *
  * Checkpoint layout: train/ckpt_keys.h (the keys `tessera train` always wrote).
  *
- * Resume trusts nothing in the file: positions are in [0, TS_TRAIN_MAX_COUNT]
+ * Resume trusts nothing in the file: the keys it needs are present (a missing one is an error naming
+ * it, never a silent default), the generator state is not all zeros, positions are in [0, TS_TRAIN_MAX_COUNT]
  * (so the loop's additions cannot overflow), every floating-point tensor is
  * finite, the optimizer state is complete for the optimizer
  * (ts_optimizer_check_state), and names from the file are printed escaped —
@@ -27,12 +28,15 @@
 #include "train/strategy.h"
 #include "core/timeline.h"
 #include "train/ckpt_keys.h"
+#include "train/ckdir.h"
+#include "core/crypto.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ts_trainer {
@@ -54,59 +58,11 @@ struct ts_trainer {
     bool scaling;                   /* o.grad_scaler given: dynamic loss scaling */
     ts_grad_scaler gs;              /* its state */
     int64_t skipped;                /* steps skipped for inf/NaN gradients in this run call */
+    ts__lineage lineage;            /* this run's sessions, this one last (train/ckdir.h) */
+    ts__ckdir ckdir;                /* rank 0: the checkpoint_dir files of that lineage (--keep) */
 };
 
-/* ---- checkpoint folders: step-<step>.ckpt, the newest `keep` kept ------------------------------------ */
-#define CKDIR_PREFIX "step-"
-#define CKDIR_SUFFIX ".ckpt"
-
-/* The step of a checkpoint folder's file name, or -1 for other names. */
-static int64_t ckdir_step(const char *name) {
-    size_t n = strlen(name), p = sizeof CKDIR_PREFIX - 1, q = sizeof CKDIR_SUFFIX - 1;
-    if (n <= p + q || strncmp(name, CKDIR_PREFIX, p) != 0 || strcmp(name + n - q, CKDIR_SUFFIX) != 0) return -1;
-    int64_t v = 0;
-    for (size_t i = p; i < n - q; i++) {
-        if (name[i] < '0' || name[i] > '9' || v > (INT64_MAX - 9) / 10) return -1;
-        v = v * 10 + (name[i] - '0');
-    }
-    return v;
-}
-
-/* The steps of dir's checkpoints, newest first, into *steps (malloc'd; *n of them). */
-static ts_status ckdir_list(const char *dir, int64_t **steps, int *n) {
-    *steps = NULL;
-    *n = 0;
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? TS_OK : ts_error(TS_ERR_IO, "checkpoint folder %s: %s", dir, strerror(errno));
-    int cap = 0;
-    ts_status st = TS_OK;
-    for (struct dirent *e; st == TS_OK && (e = readdir(d));) {
-        int64_t v = ckdir_step(e->d_name);
-        if (v < 0) continue;
-        if (*n == cap) {
-            int64_t *g = ts__realloc(*steps, sizeof *g * (size_t)(cap = cap ? 2 * cap : 16));
-            if (!g) {
-                st = TS_ERR_NOMEM;
-                break;
-            }
-            *steps = g;
-        }
-        (*steps)[(*n)++] = v;
-    }
-    closedir(d);
-    for (int i = 1; i < *n; i++) /* newest first (insertion sort: folders hold a handful) */
-        for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
-            int64_t tmp = (*steps)[j];
-            (*steps)[j] = (*steps)[j - 1];
-            (*steps)[j - 1] = tmp;
-        }
-    return st;
-}
-
-static void ckdir_path(const char *dir, int64_t step, char *buf, size_t n) {
-    snprintf(buf, n, "%s/" CKDIR_PREFIX "%012lld" CKDIR_SUFFIX, dir, (long long)step);
-}
-
+/* ---- checkpoint folders (train/ckdir.c) --------------------------------------------------------------- */
 /* The folder exists (created when its parent does) and is a folder. */
 static ts_status make_checkpoint_dir(const char *dir) {
     struct stat sb;
@@ -116,38 +72,6 @@ static ts_status make_checkpoint_dir(const char *dir) {
         return ts_error(TS_ERR_IO, "checkpoint folder %s is not a folder", dir);
     if (access(dir, W_OK | X_OK) != 0)
         return ts_error(TS_ERR_IO, "checkpoint folder %s: %s", dir, strerror(errno));
-    return TS_OK;
-}
-
-/* Removes all but the newest `keep` checkpoints (the one just written is the newest). */
-static void ckdir_prune(const char *dir, int keep) {
-    int64_t *steps = NULL;
-    int n = 0;
-    if (keep <= 0 || ckdir_list(dir, &steps, &n) != TS_OK) return;
-    for (int i = keep; i < n; i++) {
-        char path[4096];
-        ckdir_path(dir, steps[i], path, sizeof path);
-        if (unlink(path) != 0 && errno != ENOENT) ts_log(TS_LOG_WARN, "removing old checkpoint %s: %s", path, strerror(errno));
-    }
-    free(steps);
-}
-
-ts_status ts_train_checkpoint_latest(const char *dir, char *path, size_t n, bool *found) {
-    TS_ARG(dir && path && n && found, "ts_train_checkpoint_latest: NULL argument");
-    *found = false;
-    int64_t *steps = NULL;
-    int count = 0;
-    TS_TRY(ckdir_list(dir, &steps, &count));
-    for (int i = 0; i < count && !*found; i++) {
-        ts_train_checkpoint_info info;
-        ckdir_path(dir, steps[i], path, n);
-        if (ts_train_checkpoint_read(path, &info) == TS_OK)
-            *found = true;
-        else
-            ts_log(TS_LOG_WARN, "skipping checkpoint %s: %s", path, ts_last_error());
-    }
-    free(steps);
-    if (!*found) path[0] = '\0';
     return TS_OK;
 }
 
@@ -180,6 +104,15 @@ static void trace_identity(const ts_strategy *s, int *rank, int *world) {
         *rank = env.rank;
         *world = env.world_size;
     }
+}
+
+/* This trainer's session: a random id and the wall-clock start, the only segment of a fresh run's lineage. */
+static ts_status start_session(ts_trainer *t) {
+    uint64_t id = 0;
+    struct timespec ts;
+    TS_TRY(ts__random_bytes(&id, sizeof id));
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts__lineage_extend(&t->lineage, NULL, id, 0, (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec);
 }
 
 ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *train, const ts_trainer_opts *o,
@@ -241,7 +174,8 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     t->o.metrics_csv = t->metrics_csv;
     trace_identity(s, &t->trace_rank, &t->trace_world);
     t->accum = o->accum_steps > 1 ? o->accum_steps : 1;
-    ts_status st = ts_module_parameters(ts_strategy_model(s), &t->params);
+    ts_status st = start_session(t);
+    if (st == TS_OK) st = ts_module_parameters(ts_strategy_model(s), &t->params);
     if (st == TS_OK && o->grad_scaler) { /* loss scaling: checked now, not at the first step */
         t->scaling = true;
         t->gs = *o->grad_scaler;
@@ -267,6 +201,8 @@ void ts_trainer_free(ts_trainer *t) {
     free(t->metrics_csv);
     if (t->csv) fclose(t->csv);
     ts_tensor_list_clear(&t->params);
+    ts__lineage_clear(&t->lineage);
+    ts__ckdir_clear(&t->ckdir);
     free(t);
 }
 
@@ -340,6 +276,7 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
         TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_OPTIM, t->optimizer_name, strlen(t->optimizer_name)));
     if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_RNG, t->o.rng, sizeof *t->o.rng));
     TS_CHECK_GOTO(save_data_info(ck, t->train));
+    TS_CHECK_GOTO(ts__lineage_write(ck, &t->lineage));
     TS_CHECK_GOTO(ts_ckpt_save(ck, path));
 fail:
     ts_tensor_list_clear(&sd);
@@ -400,8 +337,9 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, ts_train_checkpo
 ts_status ts_train_checkpoint_read(const char *path, ts_train_checkpoint_info *out) {
     TS_ARG(path && out, "ts_train_checkpoint_read: NULL argument");
     ts_ckpt *ck = NULL;
+    char esc[TS__PATH_ESC];
     TS_TRY(ts_ckpt_load(path, &ck));
-    ts_status st = read_info(ck, path, out);
+    ts_status st = read_info(ck, ts__path(path, esc), out);
     ts_ckpt_free(ck);
     return st;
 }
@@ -472,21 +410,52 @@ static ts_status check_finite(const ts_ckpt *ck, const char *path) {
     return TS_OK;
 }
 
-ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
-    TS_ARG(t && path, "ts_trainer_resume: NULL argument");
+/* What a resumed run cannot do without: every key the trainer always writes that resume uses (a file
+ * with one removed would resume with a fresh value without a word), and a generator state that is one. */
+static ts_status check_resume_keys(const ts_trainer *t, const ts_ckpt *ck, const char *path) {
+    static const struct { const char *key; ts_ckpt_kind kind; } need[] = {
+        {CK_WORLD, TS_CKPT_I64}, {CK_OPTIM_PREFIX "step", TS_CKPT_TENSOR}, {CK_OPTIM_PREFIX "lr", TS_CKPT_TENSOR},
+        {CK_RNG, TS_CKPT_BYTES}};
+    for (size_t i = 0; i < TS_ARRAY_LEN(need); i++) {
+        if (need[i].kind == TS_CKPT_BYTES && !t->o.rng) continue; /* a trainer without a generator */
+        if (!ts_ckpt_has(ck, need[i].kind, need[i].key))
+            return ts_error(TS_ERR_FORMAT, "%s: no %s: a training checkpoint always has it, so resuming without it "
+                            "would silently start it afresh", path, need[i].key);
+    }
+    const void *rb = NULL;
+    size_t rn = 0;
+    if (!t->o.rng) return TS_OK;
+    TS_TRY(ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn));
+    if (rn != sizeof *t->o.rng)
+        return ts_error(TS_ERR_FORMAT, "%s: %s holds %zu bytes, not a generator state (%zu)", path, CK_RNG, rn,
+                        sizeof *t->o.rng);
+    bool zero = true;
+    for (size_t i = 0; i < rn && zero; i++) zero = ((const unsigned char *)rb)[i] == 0;
+    if (zero) /* xoshiro's one fixed point: every later draw would be 0 */
+        return ts_error(TS_ERR_FORMAT, "%s: %s is all zeros, not a generator state", path, CK_RNG);
+    return TS_OK;
+}
+
+ts_status ts_trainer_resume(ts_trainer *t, const char *file) {
+    TS_ARG(t && file, "ts_trainer_resume: NULL argument");
+    char esc[TS__PATH_ESC];
+    const char *path = ts__path(file, esc); /* what messages name */
     ts_ckpt *ck = NULL;
     ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
     ts_train_checkpoint_info in;
+    ts__lineage parent = {0}, lin = {0};
+    bool has_parent = false;
     const void *rb = NULL;
     size_t rn = 0;
     ts_status st;
-    TS_CHECK_GOTO(ts_ckpt_load(path, &ck));
+    TS_CHECK_GOTO(ts_ckpt_load(file, &ck));
     TS_CHECK_GOTO(read_info(ck, path, &in));
+    TS_CHECK_GOTO(check_resume_keys(t, ck, path));
     TS_CHECK_GOTO(check_same_run(t, &in, path));
-    if (t->o.rng && ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn) == TS_OK && rn != sizeof *t->o.rng) {
-        st = ts_error(TS_ERR_FORMAT, "%s: %s holds %zu bytes, not a generator state", path, CK_RNG, rn);
-        goto fail;
-    }
+    TS_CHECK_GOTO(ts__lineage_read(ck, path, &parent, &has_parent));
+    const ts__lineage_seg *self = &t->lineage.seg[t->lineage.n - 1]; /* this session goes on from the file's */
+    TS_CHECK_GOTO(ts__lineage_extend(&lin, has_parent ? &parent : NULL, self->id, in.step, self->start_ns));
+    if (t->o.rng) TS_CHECK_GOTO(ts_ckpt_get_bytes(ck, CK_RNG, &rb, &rn)); /* checked above */
     TS_CHECK_GOTO(check_finite(ck, path));
     TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, CK_MODEL_PREFIX, &sd));
     TS_CHECK_GOTO(ts_ckpt_get_tensors(ck, CK_OPTIM_PREFIX, &os));
@@ -519,7 +488,13 @@ ts_status ts_trainer_resume(ts_trainer *t, const char *path) {
     t->batch = in.batch;
     t->step = in.step;
     t->last_loss = in.loss;
+    ts__lineage_clear(&t->lineage);
+    t->lineage = lin;
+    lin = (ts__lineage){0};
+    t->ckdir.scanned = false; /* which files are this run's changed */
 fail:
+    ts__lineage_clear(&parent);
+    ts__lineage_clear(&lin);
     ts_tensor_list_clear(&sd);
     ts_tensor_list_clear(&os);
     ts_ckpt_free(ck);
@@ -534,14 +509,16 @@ fail:
 static ts_status csv_open(ts_trainer *t) {
     TS_TRY(ts__check_write_target(t->metrics_csv, "a metrics CSV file"));
     bool append = false;
-    FILE *f = t->step > 0 ? fopen(t->metrics_csv, "r") : NULL;
-    if (f) {
-        char line[128];
-        append = fgets(line, sizeof line, f) && strcmp(line, CSV_HEADER "\n") == 0;
-        fclose(f);
+    int fd = -1;
+    if (t->step > 0 && ts__open_regular(t->metrics_csv, "a metrics CSV file", &fd, NULL) == TS_OK) {
+        char line[sizeof CSV_HEADER + 1] = "";
+        ssize_t k = read(fd, line, sizeof line - 1);
+        append = k == (ssize_t)sizeof CSV_HEADER && memcmp(line, CSV_HEADER "\n", sizeof CSV_HEADER) == 0;
+        close(fd);
     }
-    if (!(t->csv = fopen(t->metrics_csv, append ? "a" : "w")))
-        return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
+    ts_clear_error();
+    ts_status st = ts__open_output_stream(t->metrics_csv, "a metrics CSV file", append, &t->csv);
+    if (st != TS_OK) return ts__error_prefix(st, "metrics CSV");
     if (!append && (fputs(CSV_HEADER "\n", t->csv) < 0 || fflush(t->csv) != 0))
         return ts_error(TS_ERR_IO, "metrics CSV %s: %s", t->metrics_csv, strerror(errno));
     return TS_OK;
@@ -646,9 +623,10 @@ static ts_status save_and_notify(ts_trainer *t, epoch_state *e) {
     if (t->checkpoint) TS_TRY(save_one(t, e, t->checkpoint));
     if (!t->checkpoint_dir) return TS_OK;
     char path[4096];
-    ckdir_path(t->checkpoint_dir, t->step, path, sizeof path);
+    if (!t->ckdir.scanned) ts__ckdir_scan(&t->ckdir, t->checkpoint_dir, &t->lineage);
+    TS_TRY(ts__ckdir_prepare(&t->ckdir, t->checkpoint_dir, t->step, path, sizeof path));
     TS_TRY(save_one(t, e, path));
-    ckdir_prune(t->checkpoint_dir, t->o.keep);
+    ts__ckdir_saved(&t->ckdir, t->checkpoint_dir, t->step, path, t->o.keep);
     return TS_OK;
 }
 
@@ -760,6 +738,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     const bool leader = rank == 0 && !t->follower;
     bool stopped = false, evaluated = false, recording = false;
     ts_status st = observe_start(t, leader, &recording);
+    if (leader && t->checkpoint_dir && !t->ckdir.scanned) ts__ckdir_scan(&t->ckdir, t->checkpoint_dir, &t->lineage);
     while (st == TS_OK && !stopped && t->epoch < t->o.epochs) {
         epoch_state e = {.t0 = ts_time_now()};
         e.ev.rank = rank;

@@ -83,3 +83,76 @@ ts_status ts_weights_load_except(ts_module *model, const char *path, const char 
     ts_tensor_list_clear(&own);
     return st;
 }
+
+/* ---- `tessera ckpt import` ------------------------------------------------------------------------------ */
+/* The name of model's output layer weight: its last 2-D tensor named "...weight" (fc.weight for the ResNets,
+ * the last Linear's for cnn and mlp), or NULL. Borrowed from sd. */
+static const char *output_weight(const ts_tensor_list *sd) {
+    const char *name = NULL;
+    for (int i = 0; i < sd->n; i++) {
+        size_t n = strlen(sd->names[i]);
+        if (ts_tensor_ndim(sd->tensors[i]) == 2 && n >= 6 && strcmp(sd->names[i] + n - 6, "weight") == 0)
+            name = sd->names[i];
+    }
+    return name;
+}
+
+/* The classes the weights at path were trained for: the rows of the file's tensor named as model's output
+ * weight; 0 when the file has none (the strict load then names what does not fit). */
+static ts_status infer_classes(const char *path, const char *model, int64_t *classes) {
+    ts_module *m = NULL;
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT, file = TS_TENSOR_LIST_INIT;
+    ts_rng rng;
+    ts_rng_seed(&rng, 0);
+    *classes = 0;
+    ts_status st;
+    TS_CHECK_GOTO(ts_model_new(model, 0, &rng, &m));
+    TS_CHECK_GOTO(ts_module_state_dict(m, &sd));
+    TS_CHECK_GOTO(ts_weights_read(path, &file, NULL));
+    const char *out = output_weight(&sd);
+    for (int i = 0; out && i < file.n; i++)
+        if (strcmp(file.names[i], out) == 0 && ts_tensor_ndim(file.tensors[i]) == 2)
+            *classes = ts_tensor_shape(file.tensors[i])[0];
+    if (*classes > TS_MAX_CLASSES) {
+        char nb[160];
+        st = ts_error(TS_ERR_FORMAT, "%s: '%s' has %lld rows: more than the %d classes a model may have", path,
+                      ts__printable(out, nb, sizeof nb), (long long)*classes, TS_MAX_CLASSES);
+    }
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_tensor_list_clear(&file);
+    ts_module_free(m);
+    return st;
+}
+
+ts_status ts_checkpoint_import(const char *path, const char *model, int64_t num_classes, int image_size,
+                               const char *out, ts_checkpoint_model_info *written, int *ntensors) {
+    TS_ARG(path && model && out, "ts_checkpoint_import: NULL argument");
+    TS_ARG(num_classes >= 0 && num_classes <= TS_MAX_CLASSES && image_size >= 0 && image_size <= 4096,
+           "ts_checkpoint_import: num_classes %lld or image_size %d out of range", (long long)num_classes, image_size);
+    ts_model_desc md;
+    ts_module *m = NULL;
+    if (!ts_model_info(model, &md)) return ts_model_new(model, 0, NULL, &m); /* fails: the zoo's message */
+    if (written) memset(written, 0, sizeof *written);
+    int64_t classes = num_classes;
+    if (!classes) TS_TRY(infer_classes(path, model, &classes));
+    if (!classes) classes = md.num_classes;
+    ts_rng rng;
+    ts_rng_seed(&rng, 0);
+    ts_checkpoint_model_info info = {0}; /* the input tessera eval/predict/export will feed it */
+    snprintf(info.model, sizeof info.model, "%s", model);
+    info.num_classes = classes;
+    info.image_size = md.fixed_size ? 0 : image_size;
+    ts_tensor_list sd = TS_TENSOR_LIST_INIT;
+    ts_status st;
+    TS_CHECK_GOTO(ts_model_new(model, classes, &rng, &m));
+    TS_CHECK_GOTO(ts_weights_load(m, path));
+    TS_CHECK_GOTO(ts_checkpoint_model_save(out, m, &info));
+    TS_CHECK_GOTO(ts_module_state_dict(m, &sd));
+    if (ntensors) *ntensors = sd.n;
+    if (written) *written = info;
+fail:
+    ts_tensor_list_clear(&sd);
+    ts_module_free(m);
+    return st;
+}
