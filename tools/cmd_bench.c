@@ -22,8 +22,6 @@ typedef struct bench_args {
     bool json;
 } bench_args;
 
-static const char *n_prec(int i) { return ts_precision_name((ts_precision)i); }
-static const char *n_conv(int i) { return ts_conv_algo_name((ts_conv_algo)i); }
 
 static int bench_train_flags(int argc, char **argv, bench_args *a) {
     const cli_flag flags[] = {
@@ -31,8 +29,8 @@ static int bench_train_flags(int argc, char **argv, bench_args *a) {
         {"image-size", CLI_INT, &a->image_size, "ResNets: the input's side (default 224)", 0, 4096},
         {"num-classes", CLI_INT, &a->classes, "output classes (0: the model's default: 10, or 1000 for ResNets)", 0, 1 << 20},
         {"threads", CLI_INT, &a->threads, "CPU threads (0: all)", 0, 4096},
-        {"conv-algo", CLI_ENUM, CLI_ENUM_OF(a->algo, n_conv), "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", TS_CONV_AUTO, TS_CONV_ONEDNN},
-        {"precision", CLI_ENUM, CLI_ENUM_OF(a->prec, n_prec), "fp32 or bf16: bfloat16 autocast where the device's kernels take bfloat16 activations (the CPU: as tessera train --precision bf16), else bfloat16 products with float32 accumulation", TS_PRECISION_FP32, TS_PRECISION_BF16},
+        {"conv-algo", CLI_ENUM, CLI_ENUM_OF(a->algo, cli_name_conv), "convolutions: auto, im2col, winograd, winograd-f2, winograd-f4 or onednn", TS_CONV_AUTO, TS_CONV_ONEDNN},
+        {"precision", CLI_ENUM, CLI_ENUM_OF(a->prec, cli_name_prec), "fp32 or bf16: bfloat16 autocast where the device's kernels take bfloat16 activations (the CPU: as tessera train --precision bf16), else bfloat16 products with float32 accumulation", TS_PRECISION_FP32, TS_PRECISION_BF16},
         {"device", CLI_STRING, &a->device, "where the model and the batches live: cpu or cuda:N", 1, 0},
         {"steps", CLI_INT, &a->steps, "timed steps", 1, 1e9},
         {"warmup", CLI_INT, &a->warmup, "untimed steps first", 0, 1e9},

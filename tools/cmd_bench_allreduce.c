@@ -223,7 +223,6 @@ static int run_rank(const bench_opts *o, int rank) {
     return rc;
 }
 
-static const char *n_back(int i) { return ts_run_backend_name((ts_run_backend)i); }
 
 /* The flags into o (-n is --nprocs): 0 to go on, 1 after --help, 2 after an error (printed). */
 static int parse_flags(int argc, char **argv, bench_opts *o) {
@@ -237,7 +236,7 @@ static int parse_flags(int argc, char **argv, bench_opts *o) {
         {"step", CLI_INT, &step, "the factor between sizes: 2 or 4", 2, 4},
         {"time", CLI_FLOAT, &o->time_s, "seconds of timed calls per size", 1e-6, 3600},
         {"transport", CLI_STRING, &transport, "builtin backend on one host: shm (shared memory, the default) or tcp", 1, 0},
-        {"backend", CLI_ENUM, CLI_ENUM_OF(backend, n_back), "builtin, mpi (under mpirun) or nccl (a GPU per rank)", TS_RUN_BACKEND_BUILTIN, TS_RUN_BACKEND_NCCL},
+        {"backend", CLI_ENUM, CLI_ENUM_OF(backend, cli_name_back), "builtin, mpi (under mpirun) or nccl (a GPU per rank)", TS_RUN_BACKEND_BUILTIN, TS_RUN_BACKEND_NCCL},
         {"dtype", CLI_STRING, &dtype, "float32 (the default) or bfloat16 (what --ddp-comm bf16 reduces)", 1, 0},
         {"json", CLI_BOOL, &o->json, "print a JSON array, one object per size", 1, 0},
     };

@@ -36,14 +36,6 @@ typedef struct train_args {
     cli_progress bar; /* what the trainer's callback draws */
 } train_args;
 
-static const char *n_opt(int i) { return ts_optimizer_kind_name((ts_optimizer_kind)i); }
-static const char *n_lr(int i) { return ts_lr_kind_name((ts_lr_kind)i); }
-static const char *n_prec(int i) { return ts_precision_name((ts_precision)i); }
-static const char *n_conv(int i) { return ts_conv_algo_name((ts_conv_algo)i); }
-static const char *n_strat(int i) { return ts_strategy_kind_name((ts_strategy_kind)i); }
-static const char *n_pp(int i) { return ts_pp_schedule_name((ts_pp_schedule)i); }
-static const char *n_dec(int i) { return ts_decode_device_name((ts_decode_device)i); }
-static const char *n_back(int i) { return ts_run_backend_name((ts_run_backend)i); }
 
 #define SUMMARY                                                                                                     \
     "Trains a model on Fashion-MNIST (or any MNIST-format IDX data set, or an image folder), prints\n"             \
@@ -62,7 +54,7 @@ static int parse(int argc, char **argv, train_args *a, char **cfg_buf) {
         {"print-config", CLI_BOOL, &a->print_config, "print the configuration as `field = value` lines (what --config reads) and exit", 1, 0},
         {"data", CLI_STRING, &c->data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
         {"data-threads", CLI_INT, &c->data_threads, "worker threads decoding images (image --data only)", 1, 256},
-        {"decode", CLI_ENUM, CLI_ENUM_OF(c->decode, n_dec), "where the training images' JPEGs are decoded: cpu (the worker threads) or mixed (read and cropped on the workers, decoded by nvJPEG and resized on the --device GPU, DALI's device=\"mixed\"; PNGs and evaluation on the workers)", TS_DECODE_CPU, TS_DECODE_MIXED},
+        {"decode", CLI_ENUM, CLI_ENUM_OF(c->decode, cli_name_dec), "where the training images' JPEGs are decoded: cpu (the worker threads) or mixed (read and cropped on the workers, decoded by nvJPEG and resized on the --device GPU, DALI's device=\"mixed\"; PNGs and evaluation on the workers)", TS_DECODE_CPU, TS_DECODE_MIXED},
         {"skip-corrupt", CLI_BOOL, &c->skip_corrupt, "image --data: leave out files that do not decode (each named in a warning, counted in the summary) instead of stopping", 1, 0},
         {"model", CLI_STRING, &c->model, "cnn (the reference CNN; the default, or with --resume the checkpoint's), mlp, resnet18, resnet34, resnet50, resnet101 or resnet152 (torchvision's)", 1, 0},
         {"image-size", CLI_INT, &c->image_size, "ResNets: train on RGB crops of this side (64, 112, 224: the default); cnn and mlp take 28", 0, 4096},
@@ -73,15 +65,15 @@ static int parse(int argc, char **argv, train_args *a, char **cfg_buf) {
         {"lr", CLI_FLOAT, &c->lr, "peak learning rate", 0, 1e3},
         {"momentum", CLI_FLOAT, &c->momentum, "SGD momentum", 0, 1},
         {"weight-decay", CLI_FLOAT, &c->weight_decay, "weight decay (SGD: L2; AdamW: decoupled)", 0, 1},
-        {"optimizer", CLI_ENUM, CLI_ENUM_OF(c->optimizer, n_opt), "sgd or adamw", 0, TS_OPTIMIZER_COUNT - 1},
-        {"lr-schedule", CLI_ENUM, CLI_ENUM_OF(c->lr_schedule, n_lr), "none, step (x0.1 every epoch) or cosine (to 0 over the run's steps)", TS_LR_CONSTANT, TS_LR_COSINE},
+        {"optimizer", CLI_ENUM, CLI_ENUM_OF(c->optimizer, cli_name_opt), "sgd or adamw", 0, TS_OPTIMIZER_COUNT - 1},
+        {"lr-schedule", CLI_ENUM, CLI_ENUM_OF(c->lr_schedule, cli_name_lr), "none, step (x0.1 every epoch) or cosine (to 0 over the run's steps)", TS_LR_CONSTANT, TS_LR_COSINE},
         {"label-smoothing", CLI_FLOAT, &c->label_smoothing, "cross-entropy label smoothing", 0, 1},
         {"warmup-steps", CLI_INT, &c->warmup_steps, "linear learning-rate warmup over the first N steps, from lr/3 (torch's LinearLR), then --lr-schedule over the rest", 0, 1e12},
         {"accum-steps", CLI_INT, &c->accum_steps, "gradient accumulation: one optimizer step per K batches of --batch-size (DDP all-reduces on the K-th only)", 1, 1 << 20},
         {"clip-grad-norm", CLI_FLOAT, &c->clip_grad_norm, "clip the gradients' global L2 norm to this before each step (0: off)", 0, 1e12},
         {"seed", CLI_INT, &c->seed, "seed for initialisation and shuffling", 0, 9.2e18},
         {"threads", CLI_INT, &c->threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
-        {"conv-algo", CLI_ENUM, CLI_ENUM_OF(c->conv_algo, n_conv), "convolutions: auto (oneDNN's primitives where built, else Winograd F(2x2) for 3x3 stride-1 ones from 16 channels), winograd (adds F(4x4): faster, rounds more), im2col, winograd-f2, winograd-f4 or onednn", TS_CONV_AUTO, TS_CONV_ONEDNN},
+        {"conv-algo", CLI_ENUM, CLI_ENUM_OF(c->conv_algo, cli_name_conv), "convolutions: auto (oneDNN's primitives where built, else Winograd F(2x2) for 3x3 stride-1 ones from 16 channels), winograd (adds F(4x4): faster, rounds more), im2col, winograd-f2, winograd-f4 or onednn", TS_CONV_AUTO, TS_CONV_ONEDNN},
         {"checkpoint", CLI_STRING, &c->checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
         {"checkpoint-dir", CLI_STRING, &c->checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
         {"keep", CLI_INT, &c->keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
@@ -94,18 +86,18 @@ static int parse(int argc, char **argv, train_args *a, char **cfg_buf) {
         {"metrics-csv", CLI_STRING, &c->metrics_csv, "rank 0: one CSV row per optimizer step (step, epoch, loss, lr, images_per_second, data_wait_share, allreduce_seconds), flushed as written", 1, 0},
         {"quiet", CLI_BOOL, &a->quiet, "no progress bar", 1, 0},
         {"nproc", CLI_INT, &c->nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
-        {"strategy", CLI_ENUM, CLI_ENUM_OF(c->strategy, n_strat), "one process, many devices: data, model, pipeline or tile (see --devices); ddp is implied by --nproc or a launcher", 0, TS_STRATEGY_COUNT - 1},
+        {"strategy", CLI_ENUM, CLI_ENUM_OF(c->strategy, cli_name_strat), "one process, many devices: data, model, pipeline or tile (see --devices); ddp is implied by --nproc or a launcher", 0, TS_STRATEGY_COUNT - 1},
         {"devices", CLI_STRING, &c->devices, "devices for --strategy, e.g. cpu:0,cpu:1 (default: every virtual CPU device)", 1, 0},
         {"device", CLI_STRING, &c->device, "the device the model trains on, one per process: cpu (default), cpu:K, cuda:N, or cuda (DDP: cuda:LOCAL_RANK, wrapping around the GPUs); `tessera devices` lists them", 1, 0},
         {"micro-batches", CLI_INT, &c->micro_batches, "--strategy pipeline: micro-batches per batch", 1, 1 << 20},
-        {"schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, n_pp), "--strategy pipeline: gpipe or 1f1b", TS_PP_GPIPE, TS_PP_1F1B},
+        {"schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, cli_name_pp), "--strategy pipeline: gpipe or 1f1b", TS_PP_GPIPE, TS_PP_1F1B},
         /* the config's name of --schedule (what --print-config writes), not listed */
-        {"pp-schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, n_pp), NULL, TS_PP_GPIPE, TS_PP_1F1B},
+        {"pp-schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, cli_name_pp), NULL, TS_PP_GPIPE, TS_PP_1F1B},
         {"timeout", CLI_FLOAT, &c->timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
-        {"backend", CLI_ENUM, CLI_ENUM_OF(c->backend, n_back), "process group backend: auto, builtin (shared memory + TCP), mpi (under mpirun; --nproc starts mpirun), or nccl (CUDA devices; what auto takes with --device cuda when every rank has its own GPU)", 0, TS_RUN_BACKEND_COUNT - 1},
-        {"precision", CLI_ENUM, CLI_ENUM_OF(c->precision, n_prec), "fp32, bf16: autocast — matmuls and convolutions take and return bfloat16 (float32 accumulation: AVX512_BF16 through oneDNN on the CPU, tensor cores on CUDA), BatchNorm/ReLU/max pooling/add keep bfloat16 activations (TS_AUTOCAST=fp32: products only, float32 between layers); weights, optimizer, losses and normalisation statistics stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on the CPU float16 runs at float32 speed)", 0, TS_PRECISION_COUNT - 1},
+        {"backend", CLI_ENUM, CLI_ENUM_OF(c->backend, cli_name_back), "process group backend: auto, builtin (shared memory + TCP), mpi (under mpirun; --nproc starts mpirun), or nccl (CUDA devices; what auto takes with --device cuda when every rank has its own GPU)", 0, TS_RUN_BACKEND_COUNT - 1},
+        {"precision", CLI_ENUM, CLI_ENUM_OF(c->precision, cli_name_prec), "fp32, bf16: autocast — matmuls and convolutions take and return bfloat16 (float32 accumulation: AVX512_BF16 through oneDNN on the CPU, tensor cores on CUDA), BatchNorm/ReLU/max pooling/add keep bfloat16 activations (TS_AUTOCAST=fp32: products only, float32 between layers); weights, optimizer, losses and normalisation statistics stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on the CPU float16 runs at float32 speed)", 0, TS_PRECISION_COUNT - 1},
         {"loss-scale", CLI_FLOAT, &c->loss_scale, "--precision fp16: the initial loss scale (grows x2 every 2000 clean steps, halves on overflow)", 1, 1e30},
-        {"ddp-comm", CLI_ENUM, CLI_ENUM_OF(c->ddp_comm, n_prec), "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", TS_PRECISION_FP32, TS_PRECISION_BF16},
+        {"ddp-comm", CLI_ENUM, CLI_ENUM_OF(c->ddp_comm, cli_name_prec), "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", TS_PRECISION_FP32, TS_PRECISION_BF16},
         {"sync-bn", CLI_BOOL, &c->sync_bn, "with --nproc > 1: BatchNorm statistics over all ranks' batches (SyncBatchNorm)", 1, 0},
     };
     const cli_command cmd = {"train", "tessera train [flags]", SUMMARY, flags, (int)(sizeof flags / sizeof flags[0])};
