@@ -101,10 +101,11 @@ static bool pid_in(pid_t p, const pid_t *set, int n) {
     return false;
 }
 
-/* The children of this process (pids whose /proc stat names us as parent), at most cap; zombies
- * (already ended: descendants that died after we adopted them) are reaped here, not listed, unless
- * pre is NULL (the caller's children at the start: all of them listed, none reaped). */
-static int our_children(pid_t *out, int cap, const pid_t *pre, int npre) {
+/* The children of this process (pids whose /proc stat names us as parent), at most cap, with their
+ * process groups in pgid (may be NULL); zombies (already ended: descendants that died after we
+ * adopted them) are reaped here, not listed, unless pre is NULL (the caller's children at the start:
+ * all of them listed, none reaped). */
+static int our_children(pid_t *out, pid_t *pgid, int cap, const pid_t *pre, int npre) {
     DIR *d = opendir("/proc");
     if (!d) return 0;
     pid_t me = getpid();
@@ -122,35 +123,54 @@ static int our_children(pid_t *out, int cap, const pid_t *pre, int npre) {
         fclose(f);
         buf[len] = 0;
         const char *p = strrchr(buf, ')');
-        int ppid = 0;
+        int ppid = 0, pgrp = 0;
         char state = 0;
-        if (!p || sscanf(p + 1, " %c %d", &state, &ppid) != 2 || ppid != (int)me) continue;
-        if (state == 'Z' && pre && !pid_in((pid_t)pid, pre, npre)) waitpid((pid_t)pid, NULL, WNOHANG);
-        else out[n++] = (pid_t)pid;
+        if (!p || sscanf(p + 1, " %c %d %d", &state, &ppid, &pgrp) != 3 || ppid != (int)me) continue;
+        if (state == 'Z' && pre && !pid_in((pid_t)pid, pre, npre)) {
+            waitpid((pid_t)pid, NULL, WNOHANG);
+            continue;
+        }
+        if (pgid) pgid[n] = (pid_t)pgrp;
+        out[n++] = (pid_t)pid;
     }
     closedir(d);
     return n;
 }
 
-/* Ranks' descendants that left their process group (setsid, daemons) and outlived them: as the
- * subreaper (PR_SET_CHILD_SUBREAPER, set in setup) this process adopted them when their parents
- * died. Every child of ours that is neither a rank nor one the caller had before the launcher
- * started gets SIGTERM, SIGKILL after a short grace, and is reaped; repeated while killing them
- * orphans more (their own children come to us in turn). Call with the ranks reaped. */
+static bool in_rank_group(const ts__launcher *L, pid_t pgid) {
+    for (int i = 0; L->ranks && i < L->n; i++)
+        if (L->ranks[i].pgid > 0 && L->ranks[i].pgid == pgid) return true;
+    return false;
+}
+
+/* Ranks' descendants that outlived them: as the subreaper (PR_SET_CHILD_SUBREAPER, set in setup)
+ * this process adopted them when their parents died. Every child of ours that is neither a rank nor
+ * one the caller had before the launcher started gets SIGTERM, SIGKILL after a short grace, and is
+ * reaped; repeated while killing them orphans more (their own children come to us in turn). Those
+ * still in a rank's process group already had the group's signal and are only finishing: they are
+ * ended without a word; those that left it (setsid, daemons) are named. Call with the ranks reaped. */
 static void kill_adopted(ts__launcher *L) {
     enum { CAP = 4096 };
-    pid_t *kids = malloc(CAP * sizeof *kids);
+    pid_t *kids = malloc(2 * CAP * sizeof *kids);
     if (!kids) return;
+    pid_t *groups = kids + CAP;
     int total = 0;
     char list[256] = "";
     for (int round = 0; round < 64; round++) {
-        int n = our_children(kids, CAP, L->pre_children, L->npre), k = 0;
+        int n = our_children(kids, groups, CAP, L->pre_children, L->npre), k = 0;
         for (int i = 0; i < n; i++)
-            if (!pid_in(kids[i], L->pre_children, L->npre)) kids[k++] = kids[i];
+            if (!pid_in(kids[i], L->pre_children, L->npre)) {
+                groups[k] = groups[i];
+                kids[k++] = kids[i];
+            }
         if (!k) break;
         for (int i = 0; i < k; i++) {
-            size_t len = strlen(list);
-            if (total + i < 8 && len + 16 < sizeof list) snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "", (int)kids[i]);
+            if (!in_rank_group(L, groups[i])) {
+                size_t len = strlen(list);
+                if (total < 8 && len + 16 < sizeof list)
+                    snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "", (int)kids[i]);
+                total++;
+            }
             kill(kids[i], round == 0 ? SIGTERM : SIGKILL);
             kill(kids[i], SIGCONT);
         }
@@ -165,7 +185,6 @@ static void kill_adopted(ts__launcher *L) {
                 nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
             }
         }
-        total += k;
     }
     free(kids);
     if (total)
@@ -233,7 +252,7 @@ static ts_status setup(ts__launcher *L) {
         r->log_fd = -1;
     }
     L->devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    L->npre = our_children(L->pre_children, TS__LAUNCH_PRE_CHILDREN, NULL, 0);
+    L->npre = our_children(L->pre_children, NULL, TS__LAUNCH_PRE_CHILDREN, NULL, 0);
 #ifdef __linux__
     if (prctl(PR_GET_CHILD_SUBREAPER, &L->old_subreaper) == 0 && prctl(PR_SET_CHILD_SUBREAPER, 1) == 0)
         L->subreaper = true;

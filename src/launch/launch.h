@@ -41,7 +41,8 @@ typedef struct ts__lstream {
 } ts__lstream;
 
 typedef struct ts__lrank {
-    pid_t pid; /* also its process group id; 0: not running */
+    pid_t pid;  /* also its process group id; 0: not running */
+    pid_t pgid; /* its process group of this attempt, kept after it is reaped (0: never started) */
     int rank;  /* global rank */
     bool exited;
     int status; /* exit status, or 128 + signal */

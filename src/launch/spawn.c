@@ -259,7 +259,7 @@ static int spawn_rank(ts__launcher *L, int i) {
         errno = e;
         return -1;
     }
-    r->pid = pid;
+    r->pid = r->pgid = pid;
     r->out.fd = op[0];
     r->err.fd = ep[0];
     return 0;
