@@ -7,8 +7,8 @@
 #   3. --log-dir: each rank's output, unprefixed, in DIR/attempt_<A>/rank_<R>.log;
 #   4. in a terminal (script(1) gives a pty), `tessera train --nproc 2`'s progress bar redraws in
 #      place ('\r' then the rank's prefix again), and its last draw comes before the epoch summary;
-#   5. a rank stopped before its heartbeats run (SIGSTOP in its first moments) ends the job after twice
-#      the heartbeat timeout, named and killed, instead of holding the others until the rendezvous timeout;
+#   5. a rank stopped before its heartbeats run (SIGSTOP in its first moments) ends the job after the heartbeat
+#      timeout + 3 s, named and killed, instead of holding the others until the rendezvous timeout;
 #   6. a rank's `setsid` children (outside its process group) end with the launcher: normally, after a
 #      failure, after a signal.
 # The library's side (a rank's line reaching the output while it runs, the redraw rules, SIGTERM's
@@ -103,7 +103,7 @@ fi
 
 # ---- 5. a rank stopped in its first moments (before any heartbeat): the launcher names it ----------
 # rank 1 stops itself at once; rank 0 waits as a rank in the rendezvous would. With a heartbeat timeout
-# of 2 s the launcher fails the job after 4 s stopped, not at the rendezvous timeout (1800 s).
+# of 2 s the launcher fails the job after 5 s stopped (2 s + 3 s), not at the rendezvous timeout (1800 s).
 SECONDS=0
 TS_HEARTBEAT_TIMEOUT=2 timeout 120 "$TS" run -n 2 --grace 2 sh -c \
   'if [ "$RANK" = 1 ]; then echo $$ > '"$T"'/stopped.pid; kill -STOP $$; fi; sleep '"$MARK" > "$T/st.out" 2>&1

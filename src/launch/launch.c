@@ -238,7 +238,7 @@ static ts_status setup(ts__launcher *L) {
     TS_TRY(job_token(L));
     double hb = 0; /* the ranks' heartbeat timeout; a variable they will refuse leaves this check off */
     if (ts__heartbeat_resolve_timeout(0, &hb) != TS_OK) hb = 0;
-    L->stop_limit = hb > 0 ? 2 * hb : 0;
+    L->stop_limit = hb > 0 ? hb + TS__LAUNCH_STOP_MARGIN_S : 0;
     ts__launch_threads(L);
     L->n = L->o.nproc;
     L->ranks = ts__calloc((size_t)L->n, sizeof *L->ranks);

@@ -26,6 +26,7 @@
 #define TS__LAUNCH_DRAIN_AFTER_KILL_S 1.0
 #define TS__LAUNCH_SIGINT_REPEAT_S 0.1 /* a second SIGINT sooner than this is the first one again */
 #define TS__LAUNCH_STOP_CHECK_S 0.5    /* how often the ranks' /proc state is read */
+#define TS__LAUNCH_STOP_MARGIN_S 3.0   /* a rank stopped for the heartbeat timeout + this is failed by the launcher */
 #define TS__LAUNCH_PRE_CHILDREN 64     /* children of the caller remembered (and spared) at the start */
 
 /* One output pipe of a rank. */

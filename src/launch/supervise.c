@@ -148,8 +148,9 @@ static void check_exits(ts__launcher *L) {
 /* A rank stopped (SIGSTOP, job control, a debugger) before its heartbeats run — in its first
  * moments, or waiting in the rendezvous while rank 0's store is the one stopped — would hold every
  * other rank until the rendezvous timeout (1800 s). Once heartbeats run, the ranks name a stopped
- * peer themselves after the heartbeat timeout; the launcher waits twice that long (stop_limit) so
- * that their verdict, which names the collective, comes first, and ends the job itself otherwise. */
+ * peer themselves after the heartbeat timeout (checked every heartbeat interval, at most 1 s); the
+ * launcher waits TS__LAUNCH_STOP_MARGIN_S longer (stop_limit) so that their verdict, which names the
+ * collective, comes first, and ends the job itself otherwise. */
 static void fail_stopped(ts__launcher *L, ts__lrank *r, double stopped_s) {
     char st = ts__launch_proc_state(r->pid);
     ts_launch_event ev = TS__LAUNCH_EV(TS_LAUNCH_EV_FAILED);
@@ -159,9 +160,9 @@ static void fail_stopped(ts__launcher *L, ts__lrank *r, double stopped_s) {
     ev.blamed = r->rank;
     ts__launch_event(L, ev,
                      "rank %d (pid %d) has been stopped (%s) for %.1f s and no peer has named it (the launcher's "
-                     "limit is twice the heartbeat timeout: %g s)",
+                     "limit is the heartbeat timeout + %g s: %g s)",
                      r->rank, (int)r->pid, st == 't' ? "traced by a debugger" : "SIGSTOP or job control", stopped_s,
-                     L->stop_limit);
+                     TS__LAUNCH_STOP_MARGIN_S, L->stop_limit);
     L->failed = true;
     L->fail_status = 128 + SIGKILL;
     L->culprit_rank = r->rank;
