@@ -353,6 +353,33 @@ static void test_tcp_port_in_use(void) {
     ts_store_release(a);
 }
 
+/* A port held for a moment longer (the last attempt's server, still dying) is tried again: the store
+ * comes up once it is free. */
+static void *release_after(void *arg) {
+    nanosleep(&(struct timespec){0, 600 * 1000 * 1000}, NULL);
+    close(*(int *)arg);
+    return NULL;
+}
+
+static void test_tcp_port_freed_soon(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 4) == 0);
+    CHECK(getsockname(fd, (struct sockaddr *)&sa, &sl) == 0);
+    int port = ntohs(sa.sin_port);
+    pthread_t th;
+    pthread_create(&th, NULL, release_after, &fd);
+    ts_store *s = NULL;
+    double t0 = ts_time_now();
+    CHECK_OK(ts_store_tcp_new("127.0.0.1", port, true, 5, &s));
+    double took = ts_time_now() - t0;
+    CHECK(took >= 0.5 && took < 4.5);
+    pthread_join(th, NULL);
+    if (s) CHECK_OK(ts_store_set(s, "k", "v", 1));
+    ts_store_release(s);
+}
+
 static void test_tcp_no_server(void) {
     int port = free_port();
     ts_store *c = NULL;
@@ -832,7 +859,7 @@ int main(int argc, char **argv) {
     static const tu_test tests[] = {
         T(test_memory_store),  T(test_prefix_store),      T(test_file_store),
         T(test_file_store_fork), T(test_tcp_store),       T(test_tcp_ipv6),
-        T(test_tcp_fork),      T(test_tcp_port_in_use),   T(test_tcp_no_server),
+        T(test_tcp_fork),      T(test_tcp_port_in_use),   T(test_tcp_port_freed_soon), T(test_tcp_no_server),
         T(test_tcp_server_gone), T(test_env),             T(test_rendezvous_memory),
         T(test_rendezvous_options), T(test_rendezvous_file_and_tcp), T(test_rendezvous_env_fork),
         T(test_rendezvous_world_disagreement), T(test_rendezvous_silent_rank), T(test_rendezvous_huge_world),

@@ -126,6 +126,7 @@ enum { ST_OK = 0, ST_ERROR = 1 };
 #define DEFAULT_TOTAL_PER_RANK ((size_t)1 << 20) /* ... plus this much per rank of the world */
 #define RANK_QUOTA 8                         /* connections per rank that are never evicted for newcomers */
 #define ENTRY_OVERHEAD 16u                   /* bytes a stored key costs besides its key and value */
+#define TS__STORE_BIND_RETRY_S 5.0           /* a port in use is tried again this long (a restart's old server) */
 
 /* ---- byte helpers (framing over sock.h's buffer) ----------------------------------------------------- */
 
@@ -871,7 +872,40 @@ static int inherited_listener(int port) {
     return (int)fd;
 }
 
-/* The listening socket for host:port: bound here, unless a launcher handed one down (inherited_listener). */
+/* One try at binding host:port (resolved in res) and listening: the socket, or -1 with *err set. */
+static int bind_listen(const struct addrinfo *res, const char *host, int *err) {
+    int lfd = -1;
+    for (const struct addrinfo *ai = res; ai && lfd < 0; ai = ai->ai_next) {
+        lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (lfd < 0) {
+            *err = errno;
+            continue;
+        }
+        int one = 1;
+        (void)setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_storage any;
+        const struct sockaddr *at = ai->ai_addr;
+        if (loopback_alias(host, ai)) {
+            memset(&any, 0, sizeof any);
+            memcpy(&any, ai->ai_addr, ai->ai_addrlen); /* family and port; the address zeroed below */
+            if (ai->ai_family == AF_INET) ((struct sockaddr_in *)&any)->sin_addr.s_addr = htonl(INADDR_ANY);
+            else ((struct sockaddr_in6 *)&any)->sin6_addr = in6addr_any;
+            at = (const struct sockaddr *)&any;
+            ts_log(TS_LOG_INFO, "tcp store: %s resolves to a loopback address here (/etc/hosts' 127.0.1.1 line?): "
+                   "listening on every interface so other hosts reach it", host);
+        }
+        if (bind(lfd, at, ai->ai_addrlen) != 0 || listen(lfd, SOMAXCONN) != 0) {
+            *err = errno;
+            close(lfd);
+            lfd = -1;
+        }
+    }
+    return lfd;
+}
+
+/* The listening socket for host:port: bound here, unless a launcher handed one down (inherited_listener).
+ * A port in use is tried again for TS__STORE_BIND_RETRY_S: after a restart, the last attempt's server
+ * (a rank killed with its launcher) may hold it for a moment longer. */
 static ts_status srv_listen(const char *host, int port, const char *hp, int *out) {
     int lfd = inherited_listener(port), err = 0;
     if (lfd >= 0) {
@@ -889,33 +923,19 @@ static ts_status srv_listen(const char *host, int port, const char *hp, int *out
     int g = getaddrinfo(host, ps, &hints, &res);
     if (g != 0) return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: cannot resolve '%s': %s", hp, host,
                                 gai_strerror(g));
-    for (struct addrinfo *ai = res; ai && lfd < 0; ai = ai->ai_next) {
-        lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (lfd < 0) {
-            err = errno;
-            continue;
-        }
-        int one = 1;
-        (void)setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        struct sockaddr_storage any;
-        const struct sockaddr *at = ai->ai_addr;
-        if (loopback_alias(host, ai)) {
-            memset(&any, 0, sizeof any);
-            memcpy(&any, ai->ai_addr, ai->ai_addrlen); /* family and port; the address zeroed below */
-            if (ai->ai_family == AF_INET) ((struct sockaddr_in *)&any)->sin_addr.s_addr = htonl(INADDR_ANY);
-            else ((struct sockaddr_in6 *)&any)->sin6_addr = in6addr_any;
-            at = (const struct sockaddr *)&any;
-            ts_log(TS_LOG_INFO, "tcp store: %s resolves to a loopback address here (/etc/hosts' 127.0.1.1 line?): "
-                   "listening on every interface so other hosts reach it", host);
-        }
-        if (bind(lfd, at, ai->ai_addrlen) != 0 || listen(lfd, SOMAXCONN) != 0) {
-            err = errno;
-            close(lfd);
-            lfd = -1;
-        }
+    double until = ts_time_now() + TS__STORE_BIND_RETRY_S;
+    bool told = false;
+    while ((lfd = bind_listen(res, host, &err)) < 0 && err == EADDRINUSE && port > 0 && ts_time_now() < until) {
+        if (!told) ts_log(TS_LOG_INFO, "tcp store: %s is in use; trying again for %g s", hp, TS__STORE_BIND_RETRY_S);
+        told = true;
+        nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
     }
     freeaddrinfo(res);
+    if (lfd < 0 && err == EADDRINUSE)
+        return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: %s (for %g s: another job on this port? give "
+                        "another master port)", hp, strerror(err), TS__STORE_BIND_RETRY_S);
     if (lfd < 0) return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: %s", hp, strerror(err));
+    if (told) ts_log(TS_LOG_INFO, "tcp store: %s is free again", hp);
     *out = lfd;
     return TS_OK;
 }
