@@ -7,7 +7,8 @@
 # to 127.0.1.1 on its own host (Debian's /etc/hosts) still works. Faults: host1's cable cut, host1's
 # ranks killed, 100% packet loss (tc netem): every survivor exits within the heartbeat window naming lost
 # ranks, and nothing is left running; delay + 1% loss (netem) or a 200 Mbit/s link (tbf) only slow the
-# run: the same checkpoint. Kernels without sch_netem (this project's build machines) skip the netem
+# run: the same checkpoint. Without a job token host1's ranks are refused by host0's store unless
+# TS_ALLOW_UNAUTHENTICATED=1. Kernels without sch_netem (this project's build machines) skip the netem
 # parts, saying so.
 # Skips (77) where namespaces cannot be made (not root) or Fashion-MNIST is missing.
 set -u
@@ -151,6 +152,25 @@ if host_qdisc_ok 1 tbf rate 200mbit burst 64kb latency 200ms; then
 else
   echo "skip: tc tbf is not available in this kernel"
 fi
+
+# ---- no job token: other hosts are refused unless TS_ALLOW_UNAUTHENTICATED says otherwise -----------------
+# host0's launcher is allowed (it would refuse up front otherwise) but its ranks are not: rank 0's store
+# turns host1's ranks away, and they fail saying why; with the variable on every rank the job runs
+token=$TS_JOB_TOKEN; unset TS_JOB_TOKEN
+HOST_ENV0=(TS_ALLOW_UNAUTHENTICATED=1); HOST_ENV1=(TS_ALLOW_UNAUTHENTICATED=1)
+launch notoken "$A0" 2 env -u TS_ALLOW_UNAUTHENTICATED "$TS" "${TRAIN[@]}" --max-steps 5 --timeout 20
+finish 90
+if [ $rc1 != 0 ] && grep -q "it runs without a job token and so accepts no other host" "$T/notoken.h1"; then
+  ok "no token: host1's ranks refused by host0's store, saying why (exit $rc0 / $rc1, ${secs}s)"
+else bad "no token across hosts: exit $rc0 / $rc1: $(tail -3 "$T/notoken.h1")"; fi
+grep -q "another host's process and this job has no job token" "$T/notoken.h0" &&
+  ok "no token: host0's store logs the refusal" || bad "no refusal logged on host0: $(tail -5 "$T/notoken.h0")"
+launch allowed "$A0" 2 "$TS" "${TRAIN[@]}" --max-steps 5 --timeout 60
+finish 90
+[ $rc0 = 0 ] && [ $rc1 = 0 ] && grep -q "runs unauthenticated" "$T/allowed.h0" &&
+  ok "no token, TS_ALLOW_UNAUTHENTICATED=1 everywhere: the job runs, warned (${secs}s)" ||
+  bad "TS_ALLOW_UNAUTHENTICATED=1: exit $rc0 / $rc1: $(tail -3 "$T/allowed.h0") | $(tail -3 "$T/allowed.h1")"
+HOST_ENV0=(); HOST_ENV1=(); export TS_JOB_TOKEN=$token
 
 echo "$passes passed, $fails failed"
 [ $fails = 0 ]

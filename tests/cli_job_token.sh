@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/cli_job_token.sh — the job token at the command line: `tessera run` gives its ranks a
 # fresh TS_JOB_TOKEN (64 hex digits, the same for every rank, new for every run), keeps one the
-# user set, warns that a multi-node job without one runs unauthenticated; a two-rank DDP run over
+# user set, refuses a multi-node job without one unless TS_ALLOW_UNAUTHENTICATED=1 (then warns); a two-rank DDP run over
 # TCP authenticates without a warning, and a rank with another token is refused with an error
 # that says so (and the launcher reports the failure, no hang).
 set -u
@@ -25,10 +25,18 @@ out=$(TS_JOB_TOKEN=users-own-secret "$TS" run -n 2 sh -c 'echo "$TS_JOB_TOKEN"' 
 [ "$(grep -c '^\[rank [01]\] users-own-secret$' <<<"$out")" = 2 ] && ok "a token the user set is kept" \
   || bad "user token not kept: $out"
 out=$("$TS" run --nnodes 2 --node-rank 1 --master-port 29999 -n 1 sh -c 'echo "[${TS_JOB_TOKEN:-none}]"' 2>&1)
-if grep -q "runs unauthenticated" <<<"$out" && grep -q '^\[rank 1\] \[none\]$' <<<"$out"; then
-  ok "multi-node without TS_JOB_TOKEN: warned, no per-node token"
+rc=$?
+if [ $rc = 2 ] && grep -q "TS_JOB_TOKEN is not set: with 2 nodes every node needs the same token" <<<"$out" \
+   && grep -q "TS_ALLOW_UNAUTHENTICATED=1" <<<"$out" && ! grep -q '^\[rank' <<<"$out"; then
+  ok "multi-node without TS_JOB_TOKEN: refused up front (exit 2), naming both ways on"
 else
-  bad "multi-node without a token: $out"
+  bad "multi-node without a token: exit $rc: $out"
+fi
+out=$(TS_ALLOW_UNAUTHENTICATED=1 "$TS" run --nnodes 2 --node-rank 1 --master-port 29999 -n 1 sh -c 'echo "[${TS_JOB_TOKEN:-none}]"' 2>&1)
+if grep -q "runs unauthenticated" <<<"$out" && grep -q '^\[rank 1\] \[none\]$' <<<"$out"; then
+  ok "multi-node with TS_ALLOW_UNAUTHENTICATED=1: warned, no per-node token"
+else
+  bad "multi-node, TS_ALLOW_UNAUTHENTICATED=1: $out"
 fi
 
 # ---- a real job over TCP -----------------------------------------------------------------------

@@ -6,7 +6,8 @@
  * unauthenticated connections reaped), the TCP transport's handshake (strangers
  * at a data listener refused, a rank never talking to a listener that cannot
  * prove the token), its listening address (never 0.0.0.0, TS_SOCKET_IFNAME),
- * and whole jobs over TCP with strangers knocking, as threads and processes.
+ * and whole jobs over TCP with strangers knocking, as threads and processes; without a token,
+ * peers of other hosts refused (the handshake's rule; tests/cli_hosts.sh runs it across hosts).
  * 127.0.0.1 only. CPU and memory bounds are generous: they catch a busy loop or
  * unbounded buffering, they are not benchmarks. */
 #include "test_util.h"
@@ -557,6 +558,66 @@ static void test_mpirun_token(void) {
     unsetenv("OMPI_COMM_WORLD_SIZE");
     unsetenv("SLURM_JOB_ID");
     unsetenv("TORCHELASTIC_RUN_ID");
+}
+
+/* Without a token a server takes peers of its own host only: loopback, or the address the peer
+ * reached it on (a local connection's source); another host's peer gets TS__AUTH_REMOTE_NO_TOKEN,
+ * which the client reads as that refusal (not as a malformed answer) — unless
+ * TS_ALLOW_UNAUTHENTICATED is set. A token makes the host irrelevant. */
+static struct sockaddr_in v4(const char *ip) {
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(4242)};
+    inet_pton(AF_INET, ip, &a.sin_addr);
+    return a;
+}
+
+static struct sockaddr_in6 v6(const char *ip) {
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(4242)};
+    inet_pton(AF_INET6, ip, &a.sin6_addr);
+    return a;
+}
+
+static int handshake_verdict(const char *token, bool peer_local, int *client_sees) {
+    ts__auth srv, cli;
+    if (ts__auth_init(&srv, token, "test server") != TS_OK || ts__auth_init(&cli, token, "test client") != TS_OK)
+        return -2;
+    uint8_t ch[TS__AUTH_CHALLENGE_BYTES], resp[TS__AUTH_RESPONSE_BYTES], v[TS__AUTH_VERDICT_BYTES];
+    uint32_t a, b;
+    if (ts__auth_challenge(&srv, TS__AUTH_STORE, 1, 2, ch) != TS_OK) return -2;
+    if (ts__auth_respond(&cli, TS__AUTH_STORE, ch, 1, 2, &a, &b, resp) != TS__AUTH_OK) return -3;
+    int code = ts__auth_verdict(&srv, ts__auth_check(&srv, TS__AUTH_STORE, ch, resp, peer_local, &a, &b), ch, resp, v);
+    *client_sees = ts__auth_accepted(&cli, ch, resp, v);
+    return code;
+}
+
+static void test_remote_needs_token(void) {
+    struct sockaddr_in lo = v4("127.0.0.1"), lo2 = v4("127.3.4.5"), me = v4("10.1.2.3"), other = v4("10.1.2.4");
+    struct sockaddr_in6 lo6 = v6("::1"), mapped = v6("::ffff:127.0.0.9"), me6 = v6("fd00::1"), other6 = v6("fd00::2");
+    const struct sockaddr *L = (const struct sockaddr *)&lo, *M = (const struct sockaddr *)&me;
+    CHECK(ts__addr_is_local((const struct sockaddr *)&lo2, M));    /* any of 127/8 */
+    CHECK(ts__addr_is_local(L, M));
+    CHECK(ts__addr_is_local((const struct sockaddr *)&lo6, M));
+    CHECK(ts__addr_is_local((const struct sockaddr *)&mapped, (const struct sockaddr *)&me6));
+    CHECK(ts__addr_is_local(M, M));                                /* a local connection to 10.1.2.3 */
+    CHECK(!ts__addr_is_local((const struct sockaddr *)&other, M)); /* another host */
+    CHECK(!ts__addr_is_local((const struct sockaddr *)&other, L));
+    CHECK(ts__addr_is_local((const struct sockaddr *)&me6, (const struct sockaddr *)&me6));
+    CHECK(!ts__addr_is_local((const struct sockaddr *)&other6, (const struct sockaddr *)&me6));
+    CHECK(!ts__addr_is_local((const struct sockaddr *)&me6, M)); /* families differ, neither loopback */
+
+    int seen = -9;
+    unsetenv("TS_ALLOW_UNAUTHENTICATED");
+    CHECK(handshake_verdict("", true, &seen) == TS__AUTH_OK);
+    CHECK(seen == TS__AUTH_OK);
+    CHECK(handshake_verdict("", false, &seen) == TS__AUTH_REMOTE_NO_TOKEN);
+    CHECK(seen == TS__AUTH_REMOTE_NO_TOKEN);
+    CHECK(strstr(ts__auth_client_reason(seen), "accepts no other host") != NULL);
+    CHECK(strstr(ts__auth_server_reason(TS__AUTH_REMOTE_NO_TOKEN), "another host") != NULL);
+    CHECK(handshake_verdict(TOKEN_A, false, &seen) == TS__AUTH_OK); /* a token: any host */
+    CHECK(seen == TS__AUTH_OK);
+    setenv("TS_ALLOW_UNAUTHENTICATED", "1", 1);
+    CHECK(handshake_verdict("", false, &seen) == TS__AUTH_OK);
+    CHECK(seen == TS__AUTH_OK);
+    unsetenv("TS_ALLOW_UNAUTHENTICATED");
 }
 
 static void test_store_stranger_server(void) {
@@ -1306,7 +1367,7 @@ static void test_job_processes(void) {
     unlink(path);
 }
 
-TU_MAIN(T(test_sha256_fips180), T(test_hmac_rfc4231), T(test_store_tokens), T(test_mpirun_token), T(test_store_stranger_server),
+TU_MAIN(T(test_sha256_fips180), T(test_hmac_rfc4231), T(test_store_tokens), T(test_mpirun_token), T(test_remote_needs_token), T(test_store_stranger_server),
         T(test_store_size_limits), T(test_store_connection_flood), T(test_store_byte_caps), T(test_store_insider_flood), T(test_store_emfile), T(test_store_reaps_silent),
         T(test_link_strangers), T(test_link_stranger_listener), T(test_listen_address), T(test_job_threads_tcp),
         T(test_job_processes))

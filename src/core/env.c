@@ -89,6 +89,8 @@ static const knob table[TS_ENV_COUNT] = {
     /* ---- Distributed ---- */
     STR(JOB_TOKEN, TS_ENV_TYPE_STRING, DIST, NULL, "none; tessera run makes one", "a secret", KF_LIVE | KF_SECRET,
         "authenticates every TCP connection of a job"),
+    KBOOL(ALLOW_UNAUTHENTICATED, DIST, 0, "off: without a token, this host's processes only", KF_LIVE,
+          "without a job token, accept TCP connections from other hosts too"),
     NUM(DIST_TIMEOUT, TS_ENV_TYPE_DOUBLE, DIST, 0.1, 1e7, 1800, "1800", NULL, KF_LIVE | KF_STRICT,
         "seconds a rank waits for the others (--timeout)"),
     NUM(HEARTBEAT_TIMEOUT, TS_ENV_TYPE_DOUBLE, DIST, 0.5, 1e7, 30, "30", NULL,

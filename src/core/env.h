@@ -42,6 +42,7 @@ typedef enum ts_env_id {
     TS_ENV_IDX_MAX_BYTES,
     /* Distributed */
     TS_ENV_JOB_TOKEN,
+    TS_ENV_ALLOW_UNAUTHENTICATED,
     TS_ENV_DIST_TIMEOUT,
     TS_ENV_HEARTBEAT_TIMEOUT,
     TS_ENV_HEARTBEAT_INTERVAL,

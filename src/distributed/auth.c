@@ -77,12 +77,17 @@ ts_status ts__auth_init(ts__auth *a, const char *token, const char *what) {
         return ts_error(TS_ERR_INVALID_ARG, "%s: the job token (%s) is %zu characters long; at most %d are allowed",
                         what, from_env ? "TS_JOB_TOKEN" : "ts_store_tcp_options.token", n, TS__AUTH_MAX_TOKEN);
     if (n == 0) {
+        a->remote_ok = ts_env_bool(TS_ENV_ALLOW_UNAUTHENTICATED);
         if (!atomic_exchange(&warned_no_token, 1))
             ts_log(TS_LOG_WARN,
-                   "%s: no job token (TS_JOB_TOKEN is not set): this job's TCP store and TCP links accept any process "
-                   "that can reach them. `tessera run` and mpirun give their ranks one; with other launchers export "
-                   "the same secret TS_JOB_TOKEN to every rank (e.g. 32 random bytes in hex)",
-                   what);
+                   "%s: no job token (TS_JOB_TOKEN is not set): %s. `tessera run` and mpirun give their ranks one; "
+                   "with other launchers export the same secret TS_JOB_TOKEN to every rank (e.g. 32 random bytes "
+                   "in hex)",
+                   what,
+                   a->remote_ok ? "this job's TCP store and TCP links accept any process that can reach them "
+                                  "(TS_ALLOW_UNAUTHENTICATED is set)"
+                                : "this job's TCP store and TCP links accept any process of this host and none of "
+                                  "another (TS_ALLOW_UNAUTHENTICATED=1 would let other hosts in unauthenticated)");
         return TS_OK;
     }
     a->has_token = true;
@@ -148,7 +153,8 @@ int ts__auth_respond(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHAL
 }
 
 int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
-                   const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint32_t *client_f1, uint32_t *client_f2) {
+                   const uint8_t resp[TS__AUTH_RESPONSE_BYTES], bool peer_local, uint32_t *client_f1,
+                   uint32_t *client_f2) {
     if (!head_ok(resp, kind)) return TS__AUTH_MALFORMED;
     *client_f1 = get32(resp + 8);
     *client_f2 = get32(resp + 12);
@@ -158,6 +164,7 @@ int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLE
     bool client_token = resp[5] & 1;
     if (a->has_token && !client_token) return TS__AUTH_NEED_TOKEN;
     if (!a->has_token && client_token) return TS__AUTH_NO_TOKEN;
+    if (!a->has_token && !peer_local && !a->remote_ok) return TS__AUTH_REMOTE_NO_TOKEN;
     return same ? TS__AUTH_OK : TS__AUTH_BAD_TOKEN;
 }
 
@@ -171,7 +178,8 @@ int ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHAL
 
 int ts__auth_accepted(const ts__auth *a, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
                       const uint8_t resp[TS__AUTH_RESPONSE_BYTES], const uint8_t v[TS__AUTH_VERDICT_BYTES]) {
-    if (v[0] != TS__AUTH_OK) return v[0] <= TS__AUTH_MALFORMED ? v[0] : TS__AUTH_MALFORMED;
+    if (v[0] != TS__AUTH_OK)
+        return v[0] <= TS__AUTH_MALFORMED || v[0] == TS__AUTH_REMOTE_NO_TOKEN ? v[0] : TS__AUTH_MALFORMED;
     if (v[1] || v[2] || v[3]) return TS__AUTH_MALFORMED;
     uint8_t want[32];
     int same = mac(a, LABEL_SERVER, ch, resp, want) && ts__ct_equal(want, v + 4, 32);
@@ -190,6 +198,9 @@ const char *ts__auth_client_reason(int code) {
     case TS__AUTH_NO_TOKEN:
         return "it runs without a job token but this process has one (give every rank the same TS_JOB_TOKEN)";
     case TS__AUTH_BAD_PEER: return "it does not expect a connection from this rank";
+    case TS__AUTH_REMOTE_NO_TOKEN:
+        return "it runs without a job token and so accepts no other host (give every rank the same TS_JOB_TOKEN; "
+               "TS_ALLOW_UNAUTHENTICATED=1 where it runs lets other hosts in without one)";
     case TS__AUTH_UNPROVEN:
         return "it accepted this process but could not prove it knows the job token (it is not the job's "
                "endpoint: a stranger's listener, or a different job)";
@@ -204,6 +215,9 @@ const char *ts__auth_server_reason(int code) {
     case TS__AUTH_NEED_TOKEN: return "no job token";
     case TS__AUTH_NO_TOKEN: return "it has a job token and this endpoint has none";
     case TS__AUTH_BAD_PEER: return "not a rank this listener expects";
+    case TS__AUTH_REMOTE_NO_TOKEN:
+        return "another host's process and this job has no job token (TS_JOB_TOKEN; TS_ALLOW_UNAUTHENTICATED=1 "
+               "accepts other hosts without one)";
     default: return "malformed handshake";
     }
 }
@@ -231,6 +245,32 @@ void ts__peer_str(int fd, char *out, size_t cap) {
         return;
     }
     ts__sockaddr_str((struct sockaddr *)&ss, sl, out, cap);
+}
+
+static bool loopback(const struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET) return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+    if (sa->sa_family != AF_INET6) return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+bool ts__addr_is_local(const struct sockaddr *peer, const struct sockaddr *local) {
+    if (loopback(peer)) return true;
+    if (peer->sa_family != local->sa_family) return false;
+    if (peer->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)peer)->sin_addr.s_addr == ((const struct sockaddr_in *)local)->sin_addr.s_addr;
+    if (peer->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)peer)->sin6_addr, &((const struct sockaddr_in6 *)local)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+bool ts__peer_is_local(int fd) {
+    struct sockaddr_storage p, l;
+    socklen_t pl = sizeof p, ll = sizeof l;
+    if (getpeername(fd, (struct sockaddr *)&p, &pl) != 0 || getsockname(fd, (struct sockaddr *)&l, &ll) != 0)
+        return false;
+    return ts__addr_is_local((const struct sockaddr *)&p, (const struct sockaddr *)&l);
 }
 
 void ts__refusal(ts__refusal_log *l, const char *fmt, ...) {

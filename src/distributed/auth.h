@@ -13,6 +13,9 @@
  * with an empty key: it proves nothing, so the process logs one warning, but it
  * keeps one protocol, still makes half-open and non-speaking connections
  * evictable, and lets each side say clearly when only one of them has a token.
+ * A server without a token accepts only peers of its own host (a loopback
+ * address, or the address the peer reached it on: a local connection's source)
+ * unless TS_ALLOW_UNAUTHENTICATED is set; others get TS__AUTH_REMOTE_NO_TOKEN.
  *
  * ---- handshake (all integers big-endian) ----------------------------------------------------------
  *   server -> client  CHALLENGE 48 bytes: "TSA1" | u8 kind | u8 flags | u16 0 | u32 f1 | u32 f2 | nonce_s[32]
@@ -60,10 +63,12 @@ enum {
     TS__AUTH_BAD_PEER = 4,   /* link: the connecting rank is not one the listener expects */
     TS__AUTH_MALFORMED = 5,  /* not this protocol (wrong magic, kind or size) */
     TS__AUTH_UNPROVEN = 6,   /* client side only: the server accepted but mac_s did not verify */
+    TS__AUTH_REMOTE_NO_TOKEN = 7, /* neither has a token and the client is on another host */
 };
 
 typedef struct ts__auth {
     bool has_token;
+    bool remote_ok; /* without a token: other hosts' peers accepted too (TS_ALLOW_UNAUTHENTICATED) */
     size_t keylen;
     uint8_t key[64]; /* the token's bytes, or SHA-256 of a token longer than 64 bytes (HMAC's own rule) */
 } ts__auth;
@@ -85,9 +90,11 @@ ts_status ts__auth_challenge(const ts__auth *a, int kind, uint32_t f1, uint32_t 
  * negative status when no nonce could be drawn. */
 int ts__auth_respond(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES], uint32_t f1,
                      uint32_t f2, uint32_t *server_f1, uint32_t *server_f2, uint8_t resp[TS__AUTH_RESPONSE_BYTES]);
-/* Server: checks a response to ch; reports the client's fields. */
+/* Server: checks a response to ch from a peer of this host (peer_local: ts__peer_is_local) or
+ * another; reports the client's fields. */
 int ts__auth_check(const ts__auth *a, int kind, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
-                   const uint8_t resp[TS__AUTH_RESPONSE_BYTES], uint32_t *client_f1, uint32_t *client_f2);
+                   const uint8_t resp[TS__AUTH_RESPONSE_BYTES], bool peer_local, uint32_t *client_f1,
+                   uint32_t *client_f2);
 /* Server: the verdict message for code (with mac_s when code is TS__AUTH_OK). Returns the code sent:
  * code, or a refusal when libcrypto could not compute mac_s. */
 int ts__auth_verdict(const ts__auth *a, int code, const uint8_t ch[TS__AUTH_CHALLENGE_BYTES],
@@ -106,6 +113,12 @@ const char *ts__auth_server_reason(int code);
 void ts__sockaddr_str(const struct sockaddr *sa, socklen_t len, char *out, size_t cap);
 /* The peer address of a connected socket, as above ("?" when unknown). */
 void ts__peer_str(int fd, char *out, size_t cap);
+/* Whether peer is on this host, seen from a connection whose local end is local: a loopback
+ * address (127/8, ::1, their v4-mapped forms), or local's own address (a connection to one of
+ * this host's addresses comes from that address). */
+bool ts__addr_is_local(const struct sockaddr *peer, const struct sockaddr *local);
+/* ts__addr_is_local for an accepted socket (false when either end is unknown). */
+bool ts__peer_is_local(int fd);
 
 /* ---- rate-limited refusal log --------------------------------------------------------------------
  * Strangers are logged (TS_LOG_WARN) with their address, at most

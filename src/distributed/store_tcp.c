@@ -573,7 +573,8 @@ static void conn_read_auth(tcp_server *S, srv_conn *c) {
     c->hs_n += (size_t)r;
     if (c->hs_n < sizeof c->hs) return;
     uint32_t f1 = 0, f2 = 0;
-    int code = ts__auth_check(&S->auth, TS__AUTH_STORE, c->ch, c->hs, &f1, &f2);
+    bool local = S->auth.has_token || ts__peer_is_local(c->fd); /* only asked without a token */
+    int code = ts__auth_check(&S->auth, TS__AUTH_STORE, c->ch, c->hs, local, &f1, &f2);
     uint8_t v[TS__AUTH_VERDICT_BYTES];
     code = ts__auth_verdict(&S->auth, code, c->ch, c->hs, v);
     ssize_t w = send(c->fd, v, sizeof v, MSG_NOSIGNAL | MSG_DONTWAIT); /* fits: nothing else was sent since */

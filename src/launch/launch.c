@@ -219,10 +219,15 @@ static void make_run_dir(ts__launcher *L) {
 static ts_status job_token(ts__launcher *L) {
     if (ts_env_is_set(TS_ENV_JOB_TOKEN)) return TS_OK;
     if (L->o.nnodes > 1) {
+        if (!ts_env_bool(TS_ENV_ALLOW_UNAUTHENTICATED))
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "TS_JOB_TOKEN is not set: with %d nodes every node needs the same token (export "
+                            "TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n') on every node), or "
+                            "TS_ALLOW_UNAUTHENTICATED=1 on every node to run without one",
+                            L->o.nnodes);
         ts__launch_event(L, TS__LAUNCH_EV(TS_LAUNCH_EV_WARNING),
-                         "warning: TS_JOB_TOKEN is not set; with %d nodes every node needs the same token, so this "
-                         "job runs unauthenticated (export TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n') "
-                         "on every node)",
+                         "warning: TS_JOB_TOKEN is not set and TS_ALLOW_UNAUTHENTICATED is: this %d-node job runs "
+                         "unauthenticated (any process that reaches its ports can join it)",
                          L->o.nnodes);
         return TS_OK;
     }

@@ -377,7 +377,8 @@ static int pend_read(acceptor *A, int i, const bool *expect, ts__link **links) {
     p->n += (size_t)r;
     if (p->n < sizeof p->hs) return 0;
     uint32_t crank = 0, cworld = 0;
-    int code = ts__auth_check(A->auth, TS__AUTH_LINK, p->ch, p->hs, &crank, &cworld);
+    bool local = A->auth->has_token || ts__peer_is_local(p->fd); /* only asked without a token */
+    int code = ts__auth_check(A->auth, TS__AUTH_LINK, p->ch, p->hs, local, &crank, &cworld);
     bool unexpected = code == TS__AUTH_OK &&
                       (cworld != (uint32_t)A->world || crank >= (uint32_t)A->world || !expect[crank] || links[crank]);
     if (unexpected) code = TS__AUTH_BAD_PEER;
