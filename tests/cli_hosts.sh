@@ -127,6 +127,9 @@ fault() {
   host_link 1 up; host_netem 1 ""
 }
 fault cut 'host_link 1 down'
+# a cut is told from a hang: host0's ranks find host1 does not answer a connection either
+grep -q "its host does not answer either: a network partition, or the host is down" "$T/cut.h0" &&
+  ok "cut: named as a partition, not a hang" || bad "cut: not named a partition: $(grep -h 'heard from' "$T/cut.h0" | head -2)"
 fault kill 'for p in $(host_pids 1); do kill -KILL $p; done'
 if host_qdisc_ok 1 netem delay 1ms; then
   fault loss 'host_netem 1 "loss 100%"'

@@ -79,6 +79,7 @@
 #define HB_BEAT 1u
 #define HB_BYE 2u
 #define HB_BYTES 48
+#define HB_PROBE_S 2.0 /* how long a silent peer's host has to answer a connection attempt */
 
 typedef struct hb_peer {
     struct sockaddr_in addr;
@@ -255,6 +256,33 @@ static void position(const ts__hb_blame *b, char *pos, size_t n) {
         snprintf(pos + k, n - (size_t)k, "was in collective #%llu", (unsigned long long)b->started);
 }
 
+/* Whether a silent peer's host still answers: a TCP connection attempt to its heartbeat port
+ * (nothing listens there over TCP, so a host that is up answers at once with a reset, or accepts).
+ * A stopped or hung process leaves its kernel answering; a cut link or a host that is down does not. */
+typedef enum { HOST_ANSWERS, HOST_SILENT, HOST_UNKNOWN } host_probe;
+
+static host_probe probe_host(const struct sockaddr_in *udp_addr, double timeout_s) {
+    struct sockaddr_in a = *udp_addr;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return HOST_UNKNOWN;
+    host_probe r = HOST_UNKNOWN;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) r = HOST_ANSWERS;
+    else if (errno == ECONNREFUSED) r = HOST_ANSWERS;
+    else if (errno == EHOSTUNREACH || errno == ENETUNREACH || errno == ETIMEDOUT) r = HOST_SILENT;
+    else if (errno == EINPROGRESS) {
+        struct pollfd pf = {fd, POLLOUT, 0};
+        int n = poll(&pf, 1, (int)(timeout_s * 1000));
+        int err = 0;
+        socklen_t el = sizeof err;
+        if (n == 0) r = HOST_SILENT;
+        else if (n > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0)
+            r = err == 0 || err == ECONNREFUSED ? HOST_ANSWERS
+                : err == EHOSTUNREACH || err == ENETUNREACH || err == ETIMEDOUT ? HOST_SILENT : HOST_UNKNOWN;
+    }
+    close(fd);
+    return r;
+}
+
 static void check(ts__heartbeat *hb, double now) {
     if (atomic_load(&hb->fired)) return;
     ts_pg_op_record op;
@@ -263,10 +291,17 @@ static void check(ts__heartbeat *hb, double now) {
     char what[200], pos[200], reason[900];
     ts__flight_describe(&op, what, sizeof what);
     position(&b, pos, sizeof pos);
+    pthread_mutex_lock(&hb->mu);
+    struct sockaddr_in at = hb->peers[b.rank].addr;
+    pthread_mutex_unlock(&hb->mu);
+    host_probe hp = probe_host(&at, HB_PROBE_S);
+    const char *why = hp == HOST_ANSWERS ? "stopped or hung: its host answers"
+                      : hp == HOST_SILENT ? "its host does not answer either: a network partition, or the host is down"
+                                          : "stopped or hung?";
     snprintf(reason, sizeof reason,
-             "rank %d (host %s, pid %d) has not been heard from for %.1f s (stopped or hung?) while this rank (%d) "
+             "rank %d (host %s, pid %d) has not been heard from for %.1f s (%s) while this rank (%d) "
              "was waiting in %s for %.1f s%s (heartbeat timeout %g s: TS_HEARTBEAT_TIMEOUT)",
-             b.rank, b.host, b.pid, b.silent_s, hb->rank, what, op.started_s > 0 ? now - op.started_s : 0.0, pos,
+             b.rank, b.host, b.pid, b.silent_s, why, hb->rank, what, op.started_s > 0 ? now - op.started_s : 0.0, pos,
              hb->timeout_s);
     atomic_store(&hb->fired, true);
     hb->fail(hb->user, TS_ERR_TIMEOUT, reason, &b);
