@@ -106,8 +106,19 @@ expect_exit 2 "--metrics-json: $T/out.fifo: is a FIFO" "${TRAIN[@]}" --metrics-j
 if [ -c /dev/full ]; then
   expect_exit 2 "--metrics-json: /dev/full: is a character device" "${TRAIN[@]}" --metrics-json /dev/full
 fi
-expect_exit 1 "$T/out.fifo: is a FIFO" "${TRAIN[@]}" --metrics-csv "$T/out.fifo"
-expect_exit 1 "$T/out.fifo: is a FIFO" "${TRAIN[@]}" --trace "$T/out.fifo"
+expect_exit 2 "metrics_csv: $T/out.fifo: is a FIFO" "${TRAIN[@]}" --metrics-csv "$T/out.fifo"
+expect_exit 2 "trace: $T/out.fifo: is a FIFO" "${TRAIN[@]}" --trace "$T/out.fifo"
+mkfifo "$T/tr.rank1.json"
+expect_exit 2 "trace: $T/tr.rank1.json: is a FIFO" env WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 \
+  MASTER_PORT=1 "${TRAIN[@]}" --trace "$T/tr.json"
+# names that JSON must escape (a quote, a backslash, a newline, a byte that is not UTF-8) make valid JSON
+if [ -f "$DATA/train-images-idx3-ubyte.gz" ]; then
+  odd="$T/fa\"sh"$'\\\n\xff'"ion"
+  ln -s "$DATA" "$odd"
+  expect_exit 0 "" "${TRAIN[@]}" --data "$odd" --metrics-json "$T/odd.json"
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["data"] == "fa\"sh\\\n\ufffdion", d["data"]' \
+    "$T/odd.json" && ok "metrics JSON escapes the data set's name" || bad "metrics JSON: $(cat -v "$T/odd.json")"
+fi
 "$TS" data export fashion-mnist --limit 4 --split train --out "$T/img" > /dev/null 2>&1 || bad "data export"
 expect_exit 1 "--out: $T/out.fifo: is a FIFO" "$TS" data show "$T/img" --batch-size 4 --out "$T/out.fifo"
 [ -p "$T/out.fifo" ] && ok "the FIFO is still a FIFO" || bad "the FIFO was replaced"

@@ -5,6 +5,7 @@
  */
 #include "cli.h"
 #include "commands.h"
+#include "core/json.h"
 
 #include "tessera.h"
 
@@ -12,17 +13,8 @@
 
 static void json_str(const char *key, const char *s, bool comma) {
     printf("\"%s\": ", key);
-    if (!s) {
-        printf("null%s", comma ? ", " : "");
-        return;
-    }
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') printf("\\%c", *p);
-        else if (*p < 0x20) printf("\\u%04x", *p);
-        else putchar(*p);
-    }
-    printf("\"%s", comma ? ", " : "");
+    ts__json_put_string(stdout, s);
+    printf("%s", comma ? ", " : "");
 }
 
 /* One object per line: {"name": ..., "section": ..., "value": ... or null, "accepted": ..., ...} */

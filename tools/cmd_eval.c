@@ -6,6 +6,7 @@
  */
 #include "cli.h"
 #include "commands.h"
+#include "core/json.h"
 
 #include "tessera.h"
 
@@ -93,9 +94,13 @@ static int write_json(const char *path, const loaded_model *lm, const char *spli
     }
     FILE *f = ts_outfile_stream(o);
     int64_t C = lm->info.num_classes;
-    fprintf(f, "{\n  \"model\": \"%s\",\n  \"split\": \"%s\",\n  \"samples\": %lld,\n  \"accuracy\": %.6f,\n  \"top5_accuracy\": %.6f,\n"
+    fputs("{\n  \"model\": ", f);
+    ts__json_put_string(f, lm->info.model);
+    fputs(",\n  \"split\": ", f);
+    ts__json_put_string(f, split);
+    fprintf(f, ",\n  \"samples\": %lld,\n  \"accuracy\": %.6f,\n  \"top5_accuracy\": %.6f,\n"
                "  \"loss\": %.6f,\n  \"confusion\": [",
-            lm->info.model, split, (long long)r->samples, r->accuracy, r->top5_accuracy, r->loss);
+            (long long)r->samples, r->accuracy, r->top5_accuracy, r->loss);
     for (int64_t i = 0; i < C; i++) {
         fprintf(f, "%s[", i ? ", " : "");
         for (int64_t j = 0; j < C; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)cm[i * C + j]);

@@ -160,19 +160,6 @@ static int write_events(FILE *f, trace_in *t, double shift_us, bool *first, int6
     return 0;
 }
 
-static void put_json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(f, "\\%c", *c);
-        else if (*c < 0x20)
-            fprintf(f, "\\u%04x", *c);
-        else
-            fputc(*c, f);
-    }
-    fputc('"', f);
-}
-
 static int cmd_merge(int argc, char **argv) {
     const char *pos[1024];
     int npos = 0;
@@ -219,7 +206,7 @@ static int cmd_merge(int argc, char **argv) {
                "\"clock\":\"CLOCK_REALTIME-aligned\",\"wall_clock_zero_us\":%.3f,\"sources\":[", zero);
     for (int k = 0; k < n; k++) {
         fprintf(f, "%s{\"file\":", k ? "," : "");
-        put_json_string(f, in[k].file);
+        ts__json_put_string(f, in[k].file);
         if (in[k].has_rank) fprintf(f, ",\"rank\":%lld", (long long)in[k].rank);
         fprintf(f, ",\"shift_us\":%.3f}", in[k].zero_us - zero);
     }

@@ -15,6 +15,7 @@
  */
 #include "cli.h"
 #include "commands.h"
+#include "core/json.h"
 
 #include "tessera.h"
 
@@ -208,14 +209,17 @@ static int write_metrics(const char *path, ts_run *run, const ts_train_result *r
     }
     FILE *f = ts_outfile_stream(o);
     const char *base = strrchr(c->data, '/');
+    fputs("{\n  \"model\": ", f);
+    ts__json_put_string(f, c->model);
     fprintf(f,
-            "{\n  \"model\": \"%s\",\n  \"test_accuracy\": %.6f,\n  \"images_per_second\": %.1f,\n"
+            ",\n  \"test_accuracy\": %.6f,\n  \"images_per_second\": %.1f,\n"
             "  \"epochs\": %lld,\n  \"steps\": %lld,\n  \"final_loss\": %.6f,\n  \"train_seconds\": %.3f,\n"
-            "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"processes\": %d,\n  \"data\": \"%s\",\n"
-            "  \"precision\": \"%s\",\n  \"accum_steps\": %lld,\n  \"ddp_comm\": \"%s\",\n  \"skipped_samples\": %lld\n}\n",
-            c->model, r->eval.accuracy, r->images_per_second, (long long)r->epochs, (long long)r->steps,
+            "  \"threads\": %d,\n  \"batch_size\": %lld,\n  \"processes\": %d,\n  \"data\": ",
+            r->eval.accuracy, r->images_per_second, (long long)r->epochs, (long long)r->steps,
             isfinite(r->final_loss) ? r->final_loss : -1.0, r->train_seconds, ts_get_num_threads(),
-            (long long)c->batch_size, ts_run_world_size(run), base ? base + 1 : c->data,
+            (long long)c->batch_size, ts_run_world_size(run));
+    ts__json_put_string(f, base ? base + 1 : c->data);
+    fprintf(f, ",\n  \"precision\": \"%s\",\n  \"accum_steps\": %lld,\n  \"ddp_comm\": \"%s\",\n  \"skipped_samples\": %lld\n}\n",
             ts_dtype_name(ts_precision_dtype(c->precision)), (long long)c->accum_steps,
             ts_dtype_name(ts_precision_dtype(c->ddp_comm)), (long long)r->skipped_samples);
     if (ts_outfile_close(o) != TS_OK) {

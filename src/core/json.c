@@ -378,3 +378,28 @@ ts_status ts__json_end(ts__json *j, const char *what_value) {
     if (j->pos != j->n) return ts__json_error(j, "trailing characters after %s", what_value);
     return TS_OK;
 }
+
+void ts__json_put_string(FILE *f, const char *s) {
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n = strlen(s);
+    while (n) {
+        size_t bad = 0;
+        ts__utf8_valid(p, n, &bad); /* [p, p + bad) is valid */
+        for (size_t i = 0; i < bad; i++) {
+            unsigned char c = p[i];
+            if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+            else if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+        }
+        if (bad == n) break;
+        fputs("\\ufffd", f); /* one invalid byte */
+        p += bad + 1;
+        n -= bad + 1;
+    }
+    fputc('"', f);
+}

@@ -89,4 +89,9 @@ ts_status ts__json_end(ts__json *j, const char *what_value);
  * *bad (may be NULL) gets the offset of the first invalid byte, or n. */
 bool ts__utf8_valid(const unsigned char *s, size_t n, size_t *bad);
 
+/* The one JSON string writer: s (NULL: null) between quotes on f, with '"', '\\' and control
+ * characters escaped and every byte that is not part of valid UTF-8 as \ufffd, so that any C
+ * string (a file name, a user's model name) makes valid JSON. */
+void ts__json_put_string(FILE *f, const char *s);
+
 #endif /* TS_CORE_JSON_H */

@@ -6,6 +6,7 @@
  */
 #include "core/env.h"
 #include "core/internal.h"
+#include "core/timeline.h"
 #include "tessera/run.h"
 
 #include <errno.h>
@@ -202,6 +203,22 @@ static ts_status check_backend(const ts_run_config *c) {
     return TS_OK;
 }
 
+/* The files a run writes besides checkpoints (a FIFO or a device there would block or be written into
+ * after the banner): this process's trace (its rank's name in a job; rank 0's for a run that starts its
+ * own processes) and the metrics CSV (rank 0 writes it). */
+static ts_status check_outputs(const ts_run_config *c, const ts_dist_env *env) {
+    if (c->trace) {
+        int world = env->world_size > 1 ? env->world_size : c->nproc > 1 ? (int)c->nproc : 1;
+        char path[4096];
+        if (!ts__tl_rank_path(c->trace, env->world_size > 1 ? env->rank : 0, world, path, sizeof path))
+            return ts_error(TS_ERR_INVALID_ARG, "trace %s: path too long", c->trace);
+        TS_TRY(ts__error_prefix(ts_outfile_check(path, "a trace"), "trace"));
+    }
+    if (c->metrics_csv && (env->world_size <= 1 || env->rank == 0))
+        TS_TRY(ts__error_prefix(ts_outfile_check(c->metrics_csv, "a metrics CSV file"), "metrics_csv"));
+    return TS_OK;
+}
+
 ts_status ts_run_config_check(const ts_run_config *c) {
     TS_ARG(c, "ts_run_config_check: NULL config");
     TS_ARG(c->size == sizeof *c && c->magic == TS_RUN_CONFIG_MAGIC && c->version == TS_RUN_CONFIG_VERSION,
@@ -216,7 +233,7 @@ ts_status ts_run_config_check(const ts_run_config *c) {
     TS_TRY(ts_dist_env_detect(&env, &in_job));
     TS_TRY(check_placement(c, in_job || c->nproc > 1));
     if (access(c->data, R_OK) != 0) return ts_error(TS_ERR_IO, "data %s: %s", c->data, strerror(errno));
-    return TS_OK;
+    return check_outputs(c, &env);
 }
 
 int ts_run_processes_to_start(const ts_run_config *c) {
