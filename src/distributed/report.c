@@ -86,22 +86,15 @@ void ts__report_group_name(const char *s, char *out, size_t n) {
 
 ts_status ts__fail_report_write(const char *dir, const ts__fail_report *r) {
     TS_ARG(dir && *dir && r, "ts__fail_report_write: no directory or report");
-    char g[80], path[PATH_MAX], tmp[PATH_MAX + 32];
+    char g[80], path[PATH_MAX];
     ts__report_group_name(r->group, g, sizeof g);
     if ((size_t)snprintf(path, sizeof path, "%s/failure-%s-rank%d.txt", dir, g, r->rank) >= sizeof path)
         return ts_error(TS_ERR_IO, "failure report: the path under '%.200s' is too long", dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *fp = fopen(tmp, "w");
-    if (!fp) return ts_error(TS_ERR_IO, "failure report: cannot write %s: %s", tmp, strerror(errno));
+    ts_outfile *o = NULL; /* a temporary file renamed into place: readers see a whole report or none */
+    TS_TRY(ts__error_prefix(ts_outfile_open(path, "a failure report", &o), "failure report"));
+    FILE *fp = ts_outfile_stream(o);
     for (size_t i = 0; i < NFIELDS; i++) put_field(fp, r, &fields[i]);
-    bool ok = fflush(fp) == 0;
-    ok &= fclose(fp) == 0;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return ts_error(TS_ERR_IO, "failure report: cannot write %s: %s", path, strerror(e));
-    }
-    return TS_OK;
+    return ts__error_prefix(ts_outfile_close(o), "failure report");
 }
 
 static void get_field(ts__fail_report *r, const field *f, const char *v) {
@@ -128,9 +121,15 @@ static void get_field(ts__fail_report *r, const field *f, const char *v) {
 ts_status ts__fail_report_read(const char *path, ts__fail_report *r) {
     ts__fail_report_init(r);
     r->version = 0;
-    FILE *fp = fopen(path, "r");
-    if (!fp) return ts_error(TS_ERR_IO, "failure report %s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t n = 0;
+    TS_TRY(ts__error_prefix(ts_read_file(path, "a failure report", 1 << 20, &text, &n), "failure report"));
     char line[1400];
+    FILE *fp = fmemopen(text, n, "r");
+    if (!fp) {
+        free(text);
+        return ts_error(TS_ERR_NOMEM, "failure report %s: out of memory", path);
+    }
     while (fgets(line, sizeof line, fp)) {
         line[strcspn(line, "\n")] = 0;
         char *v = strchr(line, '=');
@@ -140,6 +139,7 @@ ts_status ts__fail_report_read(const char *path, ts__fail_report *r) {
             if (strcmp(line, fields[i].key) == 0) get_field(r, &fields[i], v);
     }
     fclose(fp);
+    free(text);
     if (r->version != TS__REPORT_VERSION)
         return ts_error(TS_ERR_FORMAT, "failure report %s: version %d, expected %d", path, r->version,
                         TS__REPORT_VERSION);
