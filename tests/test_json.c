@@ -3,7 +3,8 @@
  * `tessera trace merge` read through: values walked and decoded (escapes, surrogate pairs, UTF-8),
  * exact integers, numbers with their text's span, and every error naming the text, the problem and
  * its byte: bad syntax, bad escapes and UTF-8, leading zeros, depth and size limits, trailing text.
- * (tests/fuzz/fuzz_json.c fuzzes the same reader.)
+ * (tests/fuzz/fuzz_json.c fuzzes the same reader.) The writer: any C string read back as itself
+ * (invalid UTF-8 as U+FFFD). And the escaping every error message and log line gets.
  */
 #include "test_util.h"
 
@@ -165,4 +166,54 @@ static void test_large(void) {
     free(s);
 }
 
-TU_MAIN(T(test_walk_and_decode), T(test_integers), T(test_errors_name_the_byte), T(test_utf8), T(test_large))
+/* Writes s with ts__json_put_string and reads it back. */
+static char *round_trip(const char *s) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ts__json_put_string(f, s);
+    fclose(f);
+    ts__json j = reader(buf, 4);
+    char *out = NULL;
+    CHECK_OK(ts__json_string(&j, &out));
+    CHECK_OK(ts__json_end(&j, "the string"));
+    free(buf);
+    return out;
+}
+
+static void test_writer(void) {
+    const char *same[] = {"", "plain", "q\"uote and back\\slash", "tab\tnew\nline\x1b[31m del\x7f",
+                          "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+        char *o = round_trip(same[i]);
+        CHECK(o && strcmp(o, same[i]) == 0);
+        free(o);
+    }
+    char *o = round_trip("a\xff" "b\xc3"); /* a stray byte and a cut sequence */
+    CHECK(o && strcmp(o, "a\xef\xbf\xbd" "b\xef\xbf\xbd") == 0);
+    free(o);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ts__json_put_string(f, NULL);
+    fclose(f);
+    CHECK(strcmp(buf, "null") == 0);
+    free(buf);
+}
+
+static void test_message_escapes(void) {
+    ts_error(TS_ERR_IO, "%s: cannot open", "/tmp/e\x1b[2J\nforged line\t.ckpt");
+    CHECK(strcmp(ts_last_error(), "/tmp/e\\x1b[2J\\x0aforged line\\x09.ckpt: cannot open") == 0);
+    ts__error_prefix(TS_ERR_IO, "reading\r%s", "x");
+    CHECK(strcmp(ts_last_error(), "reading\\x0dx: /tmp/e\\x1b[2J\\x0aforged line\\x09.ckpt: cannot open") == 0);
+    char m[12] = "ab\x01\x02\x03";
+    ts__escape_controls(m, sizeof m); /* "ab\x01\x02\x03" needs 14 bytes and a NUL: cut at 11 */
+    CHECK(strcmp(m, "ab\\x01\\x02\\") == 0);
+    char big[3000];
+    memset(big, '\n', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    ts_error(TS_ERR_IO, "%s", big); /* four times longer escaped than the message's room: cut, terminated */
+    CHECK(strlen(ts_last_error()) < TS_ERRMSG_MAX && strncmp(ts_last_error(), "\\x0a\\x0a", 8) == 0);
+}
+
+TU_MAIN(T(test_writer), T(test_message_escapes), T(test_walk_and_decode), T(test_integers), T(test_errors_name_the_byte), T(test_utf8), T(test_large))
