@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include "tessera/dist.h"
+#include "distributed/heartbeat.h"
 #include "distributed/rendezvous.h"
 
 #include <arpa/inet.h>
@@ -614,6 +615,75 @@ static void test_rendezvous_memory(void) {
     ts_store_release(m);
 }
 
+/* A restarted attempt's rank that finds its earlier self in the round: the round is void (its members
+ * learn it through "failed"), and the rank waits for the round's store to go — here a TCP server
+ * released 0.6 s in — rather than failing at once, so that its launcher's next attempt meets a new
+ * store. Without a restart it fails at once, as before. Members waiting for heartbeat addresses see
+ * the verdict at once, not at the store's timeout. */
+static void *release_server_soon(void *arg) {
+    nanosleep(&(struct timespec){0, 600 * 1000 * 1000}, NULL);
+    ts_store_release(arg);
+    return NULL;
+}
+
+static void test_rendezvous_void_round(void) {
+    env_clear();
+    ts_store *srv = NULL, *cli = NULL;
+    CHECK_OK(ts_store_tcp_new("127.0.0.1", 0, true, 10, &srv));
+    if (!srv) return;
+    CHECK_OK(ts_store_tcp_new("127.0.0.1", ts_store_tcp_port(srv), false, 10, &cli));
+    CHECK_OK(ts_store_set(srv, "default/rank/1/joined", "1", 1)); /* the earlier self */
+    rdv r;
+    memset(&r, 0, sizeof r);
+    r.o = TS_PG_OPTIONS_INIT;
+    r.o.store = cli;
+    r.o.rank = 1;
+    r.o.world_size = 2;
+    r.o.timeout_s = 10;
+    r.o.heartbeat_timeout_s = 0;
+    setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
+    pthread_t th;
+    pthread_create(&th, NULL, release_server_soon, srv);
+    double t0 = ts_time_now();
+    rdv_main(&r);
+    double took = ts_time_now() - t0;
+    pthread_join(th, NULL);
+    CHECK(r.st == TS_ERR_STATE && strstr(r.err, "rank 1 joined twice (this is a restarted attempt"));
+    CHECK(took >= 0.5 && took < 6);
+    ts_store_release(cli);
+    unsetenv("TORCHELASTIC_RESTART_COUNT");
+
+    ts_store *m = NULL;
+    CHECK_OK(ts_store_memory_new(&m));
+    CHECK_OK(ts_store_set(m, "default/rank/1/joined", "1", 1));
+    memset(&r, 0, sizeof r);
+    r.o = TS_PG_OPTIONS_INIT;
+    r.o.store = m;
+    r.o.rank = 1;
+    r.o.world_size = 2;
+    r.o.timeout_s = 10;
+    t0 = ts_time_now();
+    rdv_main(&r);
+    CHECK(r.st == TS_ERR_STATE && strstr(r.err, "two processes with the same rank") && ts_time_now() - t0 < 2);
+    ts_store_release(m);
+}
+
+static void test_heartbeat_addresses_see_failed(void) {
+    ts_store *m = NULL;
+    CHECK_OK(ts_store_memory_new(&m));
+    ts__heartbeat *hb = NULL;
+    CHECK_OK(ts__heartbeat_new(0, 2, 2.0, NULL, NULL, NULL, &hb));
+    if (!hb) return;
+    const char *why = "rank 1 joined twice (this is a restarted attempt ...)";
+    CHECK_OK(ts_store_set(m, "failed", why, strlen(why)));
+    double t0 = ts_time_now();
+    CHECK_STATUS(ts__heartbeat_peers_from_store(hb, m), TS_ERR_REMOTE); /* rank 1's address never comes */
+    CHECK(ts_time_now() - t0 < 3);
+    CHECK_ERR_MENTIONS("waiting for rank 1's heartbeat address: the round failed: rank 1 joined twice");
+    ts__heartbeat_stop(hb);
+    ts_store_release(m);
+}
+
 static void test_rendezvous_options(void) {
     env_clear();
     ts_store *s = NULL;
@@ -860,7 +930,7 @@ int main(int argc, char **argv) {
         T(test_memory_store),  T(test_prefix_store),      T(test_file_store),
         T(test_file_store_fork), T(test_tcp_store),       T(test_tcp_ipv6),
         T(test_tcp_fork),      T(test_tcp_port_in_use),   T(test_tcp_port_freed_soon), T(test_tcp_no_server),
-        T(test_tcp_server_gone), T(test_env),             T(test_rendezvous_memory),
+        T(test_tcp_server_gone), T(test_env),             T(test_rendezvous_memory), T(test_rendezvous_void_round), T(test_heartbeat_addresses_see_failed),
         T(test_rendezvous_options), T(test_rendezvous_file_and_tcp), T(test_rendezvous_env_fork),
         T(test_rendezvous_world_disagreement), T(test_rendezvous_silent_rank), T(test_rendezvous_huge_world),
         T(test_no_leaked_fds_or_threads),

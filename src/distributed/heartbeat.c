@@ -470,6 +470,32 @@ fail:
 
 const char *ts__heartbeat_address(const ts__heartbeat *hb) { return hb->address; }
 
+/* A peer's heartbeat address, waited for one interval at a time until deadline; in between, the
+ * group's "failed" key (the rendezvous's verdict, e.g. a restarted rank that found its earlier self
+ * in this round) ends the wait at once instead of at the store's timeout. */
+static ts_status wait_peer_key(ts__heartbeat *hb, ts_store *store, const char *key, int peer, double deadline,
+                               void **v, size_t *len) {
+    double iv = fmax(hb->interval_s, 0.05);
+    for (;;) {
+        double left = deadline - ts_time_now();
+        ts_status st = ts__store_get_timeout(store, key, fmax(fmin(iv * 5, left), 0.01), v, len);
+        if (st != TS_ERR_TIMEOUT) return st;
+        bool failed = false;
+        if (store->vt->check(store, "failed", iv, &failed) == TS_OK && failed) {
+            void *why = NULL;
+            size_t wl = 0;
+            st = ts__store_get_timeout(store, "failed", iv, &why, &wl);
+            ts_status r = ts_error(TS_ERR_REMOTE, "rank %d: waiting for rank %d's heartbeat address: the round failed: %.*s",
+                                   hb->rank, peer, st == TS_OK ? (int)wl : 1, st == TS_OK ? (const char *)why : "?");
+            free(why);
+            return r;
+        }
+        if (ts_time_now() >= deadline)
+            return ts_error(TS_ERR_TIMEOUT, "rank %d: rank %d did not publish its heartbeat address within %g s "
+                            "(stopped or gone after the rendezvous?)", hb->rank, peer, ts__store_timeout(store));
+    }
+}
+
 ts_status ts__heartbeat_peers_from_store(ts__heartbeat *hb, ts_store *store) {
     char key[96];
     int64_t gen = 0;
@@ -477,11 +503,12 @@ ts_status ts__heartbeat_peers_from_store(ts__heartbeat *hb, ts_store *store) {
     TS_TRY(ts_store_add(store, key, 1, &gen));
     snprintf(key, sizeof key, "hb/%lld/%d", (long long)gen, hb->rank);
     TS_TRY(ts_store_set(store, key, hb->address, strlen(hb->address)));
+    double limit = ts__store_timeout(store), t0 = ts_time_now();
     for (int p = 0; p < hb->world; p++) {
         snprintf(key, sizeof key, "hb/%lld/%d", (long long)gen, p);
         void *v = NULL;
         size_t len = 0;
-        TS_TRY(ts_store_get(store, key, &v, &len));
+        TS_TRY(wait_peer_key(hb, store, key, p, t0 + limit, &v, &len));
         ts_status st = parse_peer(v, p, &hb->peers[p]);
         free(v);
         TS_TRY(st);

@@ -38,6 +38,7 @@
 
 #define TS__RDZV_LIST_PROBES 4096 /* store calls a timeout report may make to name missing ranks */
 #define TS__RDZV_LIST_NAMED 16    /* missing ranks it names */
+#define TS__RDZV_VOID_WAIT_S 30.0 /* a restarted rank waits at most this long for a void round's store to go */
 
 static ts_status check_options(const ts_pg_options *o) {
     if (o->size != sizeof(ts_pg_options))
@@ -415,16 +416,39 @@ static ts_status wait_all(ts_store *s, const char *group, int r, int w, int64_t 
     }
 }
 
+/* A restarted rank that finds its earlier self in the round: that round is void (fail_all told its
+ * members); its store goes when they do. Waiting here until it has gone (at most limit_s) lets the
+ * launcher's next attempt meet a new store instead of failing against the old one again at once,
+ * restart after restart. The error stays fail_all's. */
+static ts_status wait_round_gone(ts_store *s, ts_status code, double limit_s) {
+    char why[TS_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", ts_last_error());
+    double t0 = ts_time_now();
+    while (ts_time_now() - t0 < limit_s) {
+        bool ex = false;
+        ts_status st = s->vt->check(s, "failed", 1.0, &ex);
+        if (st != TS_OK && st != TS_ERR_TIMEOUT) break; /* the server is gone */
+        nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL);
+    }
+    return ts_error(code, "%s", why);
+}
+
 static ts_status join(ts_store *s, const char *group, int r, int w, double timeout, double hb, int *lr, int *lw) {
     char key[64], host[256];
     int64_t n = 0;
     snprintf(key, sizeof key, "rank/%d/joined", r);
     TS_TRY(ts_store_add(s, key, 1, &n));
-    if (n > 1)
-        return fail_all(s, group, TS_ERR_STATE,
-                        "rank %d joined twice (two processes with the same rank, a reused group name, or a store left "
-                        "over from an earlier run)",
-                        r);
+    if (n > 1) {
+        ts_dist_env env;
+        bool restarted = ts_dist_env_detect(&env, NULL) == TS_OK && env.restart_count > 0;
+        ts_status st = fail_all(s, group, TS_ERR_STATE,
+                                "rank %d joined twice (%s)", r,
+                                restarted ? "this is a restarted attempt and its earlier self had joined this round, "
+                                            "which is over: the next attempt meets a new one"
+                                          : "two processes with the same rank, a reused group name, or a store left "
+                                            "over from an earlier run");
+        return restarted ? wait_round_gone(s, st, fmin(timeout, TS__RDZV_VOID_WAIT_S)) : st;
+    }
     if (gethostname(host, sizeof host) != 0) snprintf(host, sizeof host, "unknown");
     host[sizeof host - 1] = 0;
     snprintf(key, sizeof key, "rank/%d/host", r);
