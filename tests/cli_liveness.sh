@@ -138,13 +138,13 @@ else
 fi
 
 # a stall shorter than the heartbeat timeout is not a failure: stop rank 1 for 1.5 s of 4
-TS_HEARTBEAT_TIMEOUT=4 start_run 2 --epochs 1 --max-steps 400
+TS_HEARTBEAT_TIMEOUT=4 start_run 2 --epochs 1 --max-steps 200
 if wait_training; then
   sleep 0.5
   p=$(cat "$T/pid.1")
   kill -STOP "$p"; sleep 1.5; kill -CONT "$p"
   wait_launcher 120
-  [ "$rc" -eq 0 ] && grep -q "^\[rank 0\] done: 400 steps" "$T/out" && ok "a 1.5 s stall (heartbeat timeout 4 s): training completes" \
+  [ "$rc" -eq 0 ] && grep -q "^\[rank 0\] done: 200 steps" "$T/out" && ok "a 1.5 s stall (heartbeat timeout 4 s): training completes" \
     || bad "a 1.5 s stall failed the run ($rc): $(grep -v '^\[rank 0\]   ' "$T/err" | tail -8)"
 else
   bad "short stall: training did not start: $(tail -5 "$T/err")"; wait_launcher 1
