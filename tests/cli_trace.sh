@@ -134,9 +134,9 @@ fi
 grep -q '"tid":3,"name":"backward","cat":"device".*"replica":1' "$T/dp.json" 2>/dev/null \
   && grep -q 'DataParallel replica 1 (cpu:1)' "$T/dp.json" \
   && ok "data parallel: replica 1's backward on its lane" || bad "data parallel: no replica events"
-expect_exit 1 "metrics CSV: $T/no/m.csv: cannot write" "$TS" train --max-steps 2 --epochs 1 --quiet --metrics-csv "$T/no/m.csv"
-# a trace path that cannot be written fails before training (the empty trace is written at the start)
-expect_exit 1 "$T/no/t.json" "$TS" train --max-steps 2 --epochs 1 --quiet --trace "$T/no/t.json"
+expect_exit 2 "metrics_csv: $T/no/m.csv: cannot save a metrics CSV file there: directory $T/no" "$TS" train --max-steps 2 --epochs 1 --quiet --metrics-csv "$T/no/m.csv"
+# output paths that cannot be written fail before training, as a usage error (exit 2)
+expect_exit 2 "trace: $T/no/t.json: cannot save a trace there" "$TS" train --max-steps 2 --epochs 1 --quiet --trace "$T/no/t.json"
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
