@@ -94,13 +94,13 @@ except OSError as e:
 fi
 
 # two nodes, this is node 1: ranks 2 and 3 of 4; the given address and port
-"$TS" run -n 2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 29555 sh -c "$ENVS" > "$T/mn.out" 2>&1
+TS_JOB_TOKEN=cli-run-test "$TS" run -n 2 --nnodes 2 --node-rank 1 --master-addr 10.1.2.3 --master-port 29555 sh -c "$ENVS" > "$T/mn.out" 2>&1
 for l in 0 1; do
   r=$((2 + l))
   grep -qx "\[rank $r\] $r/4/$l/2/10.1.2.3/29555/1/tessera-run" "$T/mn.out" && ok "node 1 rank $r" || bad "node 1 rank $r: $(cat "$T/mn.out")"
 done
 # flags in --flag=value and -nN forms, and "--" before the program
-"$TS" run -n2 --nnodes=3 --node-rank=2 --master-port=29556 -- sh -c 'echo $RANK/$WORLD_SIZE' > "$T/eq.out" 2>&1
+TS_JOB_TOKEN=cli-run-test "$TS" run -n2 --nnodes=3 --node-rank=2 --master-port=29556 -- sh -c 'echo $RANK/$WORLD_SIZE' > "$T/eq.out" 2>&1
 grep -qx '\[rank 4\] 4/6' "$T/eq.out" && grep -qx '\[rank 5\] 5/6' "$T/eq.out" && ok "--flag=value, -nN, --" || bad "--flag=value: $(cat "$T/eq.out")"
 # a program found on PATH, with its arguments passed as they are
 "$TS" run -n 1 printf '%s|' a 'b c' '' > "$T/args.out" 2>&1
