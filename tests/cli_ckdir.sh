@@ -8,9 +8,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 has()  { grep -qF -- "$2" "$1" && ok "$3" || bad "$3: $(cat "$1")"; }
 step() { printf '%s/step-%012d.ckpt' "$1" "$2"; }
 
@@ -52,5 +50,4 @@ has "$T/e.log" "resumed from $(step "$B" 25)" "a restart resumes the branch that
 has "$T/e.log" "holds 3 checkpoints of another run or branch" "the restart warns about the other branch"
 [ -f "$(step "$B" 40)" ] && [ -f "$(step "$B" 30)" ] && ok "the other branch is still there" || bad "after restart: $(ls "$B")"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

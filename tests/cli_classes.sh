@@ -10,9 +10,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 export OMP_NUM_THREADS=1
 NAMES='T-shirt/top|Trouser|Pullover|Dress|Coat|Sandal|Shirt|Sneaker|Bag|Ankle boot'
 
@@ -62,5 +60,4 @@ out=$("$TS" train --model mlp --max-steps 1 --quiet --data "$T/own" 2>&1); rc=$?
 [ $rc -ne 0 ] && grep -qF "$T/own/classes.txt names 2 classes, but a label is 9" <<<"$out" \
   && ok "too few names: refused naming the file" || bad "short classes.txt ($rc): $out"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -9,9 +9,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {
@@ -92,5 +90,4 @@ expect_exit 1 "zero.png: empty file" "$TS" data show "$T/empty" --batch-size 8 -
 # ---- the benchmark runs (its numbers are not checked here) -------------------------------------
 expect_exit 0 "img/s (wall)" "$TS" bench loader "$T/fmj" --data-threads 1 --image-size 28 --gray --seconds 0.2
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -10,9 +10,7 @@ DATA=/usr/share/datasets/fashion-mnist
 T=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # ---- equivalence: world 1 at batch 64 == world 2 at 32 per rank == world 4 at 16 per rank.
 # A launched world of 1 iterates the DistributedSampler order, whose first 64 indices are
@@ -112,5 +110,4 @@ else
   fi
 fi
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -18,9 +18,7 @@ unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAU
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
 T=$(mktemp -d)
 trap 'pkill -KILL -f "$T/" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $T" || rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "ok: $1"; }
-bad() { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 train=(train --model mlp --batch-size 32 --seed 7 --quiet --threads 1 --timeout 60 --max-steps 300
        --checkpoint-every 10 --keep 3)
@@ -125,5 +123,4 @@ for v in -1 x 1e3 ""; do
     || bad "--max-restarts '$v': exit $rc: $(cat "$T/b.log")"
 done
 
-echo "$passes passed, $fails failed"
-[ $fails = 0 ]
+cli_summary

@@ -7,9 +7,7 @@
 set -u
 TS=${1:?usage: cli_env.sh path/to/tessera}
 HERE=$(cd "$(dirname "$0")" && pwd)
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 PY=$(bash "$HERE/find_python.sh" json) || PY=""
 # has TEXT NEEDLE WHAT
 has()  { if grep -qF -- "$2" <<<"$1"; then ok "$3"; else bad "$3: no '$2' in: $1"; fi; }
@@ -61,5 +59,4 @@ n=$(grep -c "TS_CPU_DEVICES='many'" <<<"$out")
 has "$out" "using the default (2)" "the warning says the default is used"
 has "$out" "2 virtual CPU devices" "the default is used"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -8,9 +8,7 @@ set -u
 TS=${1:?usage: cli_flags.sh path/to/tessera}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 cmds=("train" "eval" "predict" "bench train" "bench loader" "bench gemm" "ckpt show" "ckpt export" "ckpt import"
       "data export" "data show" "export" "devices" "run")
@@ -58,5 +56,4 @@ grep -qE "^  --(size|batch|threads) " <<<"$out" && bad "an alias is listed: $out
 out=$("$TS" data show "$T/img" --sise 3 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q "unknown flag '--sise'" <<<"$out" && ok "unknown flags are still refused" || bad "--sise ($rc): $out"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

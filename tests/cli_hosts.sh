@@ -20,9 +20,7 @@ hosts_check || { echo "skip: $HOSTS_WHY"; exit 77; }
 T=$(mktemp -d)
 trap 'hosts_down; rm -rf "$T"' EXIT
 hosts_up 2 || { echo "FAIL: could not set up the hosts"; exit 1; }
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "ok: $1"; }
-bad() { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 export TS_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export TS_HEARTBEAT_TIMEOUT=3 OMP_NUM_THREADS=1
 A0=$(host_addr 0)
@@ -175,5 +173,4 @@ finish 90
   bad "TS_ALLOW_UNAUTHENTICATED=1: exit $rc0 / $rc1: $(tail -3 "$T/allowed.h0") | $(tail -3 "$T/allowed.h1")"
 HOST_ENV0=(); HOST_ENV1=(); export TS_JOB_TOKEN=$token
 
-echo "$passes passed, $fails failed"
-[ $fails = 0 ]
+cli_summary

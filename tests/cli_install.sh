@@ -26,9 +26,7 @@ done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 P=$T/prefix
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 # DT_NEEDED entries of an ELF file (empty without readelf)
 needed() { command -v readelf >/dev/null && readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 
@@ -157,5 +155,4 @@ for prog in ddp_pc_shared ddp_pc_static ddp_cmake_shared ddp_cmake_static; do
   if [ -n "$line" ]; then ok "$prog trained on 2 ranks: $line"; else bad "$prog: rank 0 printed no loss or accuracy: $out"; fi
 done
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+cli_summary

@@ -8,9 +8,7 @@ set -u
 TS=${1:?usage: cli_job_token.sh path/to/tessera}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 unset TS_JOB_TOKEN
 
 # ---- the launcher's token ------------------------------------------------------------------------
@@ -66,5 +64,4 @@ else
   echo "skip: no $DATA (the training runs)"
 fi
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+cli_summary

@@ -21,9 +21,7 @@ ID="$$$RANDOM"
 MARK="30.$ID"
 kill_marked() { local p; for p in $(pgrep -f -- "$MARK"); do kill -KILL "$p" 2>/dev/null; done; }
 trap 'kill_marked; rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TS_LAUNCHED_BY OMP_NUM_THREADS OMP_WAIT_POLICY
 
@@ -149,5 +147,4 @@ for how in normal failure signal; do
   else bad "setsid grandchildren ($how): no message: $(cat "$T/gc.out")"; fi
 done
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -25,9 +25,7 @@ export TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 count() { grep -c "$1" "$2" 2>/dev/null || true; }
 
 common=(train --model mlp --max-steps 20 --batch-size 32 --seed 5 --quiet --epochs 1 --timeout 60 --threads 1)
@@ -102,5 +100,4 @@ out=$(env SLURM_PROCID=0 SLURM_NTASKS=4 SLURM_JOB_ID=1 SLURM_JOB_NODELIST='node[
 [ $rc -eq 0 ] && ! grep -q "ranks (DDP)" <<<"$out" && ok "sbatch script environment trains alone" \
   || bad "sbatch environment ($rc): $out"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+cli_summary

@@ -23,9 +23,7 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 now()  { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
 lt()   { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a < b)}'; }
@@ -155,5 +153,4 @@ if [ "${TS_TEST_QUICK:-0}" != 1 ]; then
   trial_stop "default settings, rank 1 of 2 stopped" 2 1 30 ""
 fi
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -22,9 +22,7 @@ MPIRUN=(mpirun)
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 common=(train --model mlp --batch-size 32 --seed 3 --quiet --epochs 1 --max-steps 12 --timeout 60 --threads 1)
 # 1. plain mpirun: every rank is one DDP rank
@@ -59,5 +57,4 @@ out=$("$TS" bench allreduce --backend mpi 2>&1); rc=$?
 out=$(timeout 120 "${MPIRUN[@]}" -n 2 "$TS" bench allreduce --backend mpi --max-bytes 1M --step 4 --time 0.02 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "backend mpi" <<<"$out" && ok "bench allreduce --backend mpi" || bad "bench allreduce --backend mpi ($rc): $out"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+cli_summary

@@ -12,9 +12,7 @@ for flag in --strategy --devices --micro-batches --schedule; do
 done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # expect_fail NEEDLE CMD...: a non-zero exit and output mentioning NEEDLE
 expect_fail() {
@@ -62,5 +60,4 @@ expect_fail "zigzag" "$TS" train "${common[@]}" --strategy pipeline --devices cp
 TS_CPU_DEVICES=5 expect_fail "only 4 layers" "$TS" train "${common[@]}" --model mlp --strategy pipeline \
   --devices cpu:0,cpu:1,cpu:2,cpu:3,cpu:4 --max-steps 1
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

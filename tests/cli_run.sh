@@ -17,9 +17,7 @@ MARK="30.$ID" # unique in the process table: the ranks run sleep "$MARK" (30.som
 kill_marked() { local p; for p in $(pgrep -f -- "$MARK"); do kill -KILL "$p" 2>/dev/null; done; }
 cleanup() { kill_marked; rm -rf "$T"; }
 trap cleanup EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {
@@ -193,5 +191,4 @@ else
   echo "skip: double SIGINT (no perl to un-ignore SIGINT)"
 fi
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

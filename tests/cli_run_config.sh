@@ -12,9 +12,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {
@@ -82,5 +80,4 @@ grep -q "^--skip-corrupt: 1 training image left out as corrupt" "$T/sk.log" && o
 grep -q '"skipped_samples": 1' "$T/sk.json" && ok "the metrics record it" || bad "metrics: $(cat "$T/sk.json")"
 grep -q "^done: 7 steps" "$T/sk.log" && ok "the epoch trains on the 99 others" || bad "steps: $(cat "$T/sk.log")"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -12,9 +12,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 unset TS_CPU_DEVICES
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
@@ -126,5 +124,4 @@ for s in data model pipeline tile; do
     ok "bf16 $s: autocast, evaluated" || bad "bf16 $s: $(tail -3 "$T/bf16_$s.log")"
 done
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

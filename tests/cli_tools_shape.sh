@@ -6,9 +6,7 @@
 # Run by ctest with the tessera binary as $1 (unused: this reads the sources).
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-fails=0; passes=0
-ok()  { passes=$((passes+1)); echo "ok: $1"; }
-bad() { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 MAX=100
 
 # top-level function definitions: a line at column 0 with '(' and no '=' opens a candidate (a prototype ends
@@ -39,5 +37,4 @@ keys=$(grep -nE '"(train|data|model|optim)\.[a-z_]*' "$SRC"/tools/*.c "$SRC"/too
 [ -z "$keys" ] && ok "no checkpoint key spelled in tools/" || bad "checkpoint keys spelled in tools/:
 $keys"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

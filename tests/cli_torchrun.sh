@@ -36,9 +36,7 @@ unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAU
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 common=(train --model mlp --max-steps 20 --batch-size 32 --seed 5 --quiet --epochs 1 --timeout 60 --threads 1)
 "$TS" "${common[@]}" --nproc 2 --checkpoint "$T/ref.ckpt" > "$T/ref.log" 2>&1 || bad "--nproc 2: $(cat "$T/ref.log")"
@@ -98,5 +96,4 @@ grep -q "resumed from $T/k/step-" "$T/restart.log" && ok "attempt 1 resumed from
 out=$("$TS" ckpt diff "$T/ref_dir/step-000000000200.ckpt" "$T/k/step-000000000200.ckpt" --tol 1e-5 2>&1) \
   && ok "restarted torchrun run equals an uninterrupted one ($(tail -1 <<<"$out"))" || bad "restart: $out"
 
-echo "$passes passed, $fails failed"
-[ $fails -eq 0 ]
+cli_summary

@@ -19,9 +19,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 export OMP_NUM_THREADS=2
 
 # logits MODEL WEIGHTS CLASSES OUT: Tessera's eval logits of the input $T/x.f32 (2,3,64,64)
@@ -117,5 +115,4 @@ out=$("$TS" predict --checkpoint "$T/r50.ckpt" --top 2 "$img" 2>&1); rc=$?
 [ $rc -eq 0 ] && grep -q "^$img: class [0-9] [0-9.]*%, class [0-9] [0-9.]*%$" <<<"$out" \
   && ok "predict with the imported checkpoint" || bad "predict ($rc): $out"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

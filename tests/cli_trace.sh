@@ -12,9 +12,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 PY=$(bash "$HERE/find_python.sh" json) || PY=""
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
@@ -138,5 +136,4 @@ expect_exit 2 "metrics_csv: $T/no/m.csv: cannot save a metrics CSV file there: d
 # output paths that cannot be written fail before training, as a usage error (exit 2)
 expect_exit 2 "trace: $T/no/t.json: cannot save a trace there" "$TS" train --max-steps 2 --epochs 1 --quiet --trace "$T/no/t.json"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

@@ -8,9 +8,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {
@@ -154,5 +152,4 @@ expect_exit 2 "precision fp16 (loss scaling) is not available with strategy pipe
   --strategy pipeline
 expect_exit 0 "FMA peak" "$TS" bench gemm --size 128 --reps 1 --threads 1
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary

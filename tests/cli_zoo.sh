@@ -14,9 +14,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0; passes=0
-ok()   { passes=$((passes+1)); echo "ok: $1"; }
-bad()  { fails=$((fails+1)); echo "FAIL: $1"; }
+. "$(dirname "$0")/cli_lib.sh"
 expect_exit() {
   local want=$1 needle=$2; shift 2
   local out rc
@@ -127,5 +125,4 @@ out=$("$TS" train --model resnet18 --image-size 32 --max-steps 1 --data "$T/fm" 
   && [ "${#out}" -lt 400 ] && ok "--init-from a cnn checkpoint into resnet18: one line" \
   || bad "--init-from another model ($rc, ${#out} chars): $out"
 
-echo "$passes passed, $fails failed"
-[ "$fails" -eq 0 ]
+cli_summary
