@@ -7,6 +7,7 @@
 #include "tessera/core.h"
 #include "tessera/env.h"
 #include "tessera/tensor.h"
+#include "tessera/dlpack.h"
 #include "tessera/ops.h"
 #include "tessera/nn.h"
 #include "tessera/optim.h"

@@ -47,7 +47,8 @@ static ts_status storage_new(ts_device *dev, size_t nbytes, ts_storage **out) {
 
 static void storage_release(ts_storage *s) {
     if (s && atomic_fetch_sub(&s->refcount, 1) == 1) {
-        ts__device_free(s->device, s->data, s->nbytes ? s->nbytes : 1);
+        if (s->release) s->release(s->release_ctx);
+        else ts__device_free(s->device, s->data, s->nbytes ? s->nbytes : 1);
         free(s);
     }
 }
@@ -88,6 +89,33 @@ ts_status ts__new(ts_device *dev, ts_dtype dt, int ndim, const int64_t *shape, t
         free(t);
         return st;
     }
+    *out = t;
+    return TS_OK;
+}
+
+ts_status ts__tensor_wrap(ts_device *dev, ts_dtype dt, int ndim, const int64_t *shape, const int64_t *strides,
+                          void *data, size_t nbytes, void (*release)(void *ctx), void *ctx, ts_tensor **out) {
+    TS_TRY(check_shape("ts__tensor_wrap", ndim, shape));
+    ts_tensor *t = tensor_alloc();
+    ts_storage *s = ts__calloc(1, sizeof *s);
+    if (!t || !s) {
+        free(t);
+        free(s);
+        return TS_ERR_NOMEM;
+    }
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    set_contiguous_strides(t);
+    if (strides)
+        for (int i = 0; i < ndim; i++) t->stride[i] = strides[i];
+    s->device = dev;
+    s->data = data;
+    s->nbytes = nbytes;
+    s->release = release;
+    s->release_ctx = ctx;
+    atomic_init(&s->refcount, 1);
+    t->storage = s;
     *out = t;
     return TS_OK;
 }

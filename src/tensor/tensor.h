@@ -17,6 +17,10 @@ typedef struct ts_storage {
     ts_device *device;
     void *data;
     size_t nbytes;
+    /* memory another framework owns (DLPack): when the last reference goes, release(release_ctx) is
+     * called instead of the device's free (NULL: the device's allocator owns data) */
+    void (*release)(void *ctx);
+    void *release_ctx;
 } ts_storage;
 
 struct ts_node;
@@ -76,6 +80,11 @@ ts_status ts__scratch_bytes(ts_device *dev, size_t bytes, ts_tensor **out);
 /* A new contiguous tensor shaped like t. */
 ts_status ts__new_like(const ts_tensor *t, ts_tensor **out);
 ts_status ts__zeros_like(const ts_tensor *t, ts_tensor **out);
+/* A tensor over memory it does not own: data (nbytes from it, on dev) seen as dtype dt, shape and strides
+ * (elements; NULL: contiguous). When the last tensor over it dies, release(ctx) is called (not on failure).
+ * The caller checked that every element lies within the nbytes. */
+ts_status ts__tensor_wrap(ts_device *dev, ts_dtype dt, int ndim, const int64_t *shape, const int64_t *strides,
+                          void *data, size_t nbytes, void (*release)(void *ctx), void *ctx, ts_tensor **out);
 /* A view over t's storage with a new shape (contiguous strides); no autograd. */
 ts_status ts__view(const ts_tensor *t, int ndim, const int64_t *shape, ts_tensor **out);
 /* Returns a new reference to t if contiguous, else a contiguous copy; no autograd. */
