@@ -31,6 +31,9 @@ step test_cuda_host .gpu/bin/test_cuda_host
 step test_nccl_host .gpu/bin/test_nccl_host
 step test_cuda .gpu/bin/test_cuda
 TS_TEST_DEVICE=cuda:0 step golden_ops_cuda .gpu/bin/test_golden_ops
+# DLPack with CUDA tensors beside the machine's PyTorch (checked on the CPU only before)
+python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null &&
+  step dlpack_cuda python3 tests/dlpack_cuda.py .gpu/lib/libtessera.so.0
 TS_TEST_DEVICE=cuda:0 step golden_step_cuda .gpu/bin/test_golden_step
 TS_TEST_DEVICE=cuda:0 step precision_cuda .gpu/bin/test_precision # autocast's bf16 kernels vs the float32 ones
 TS_TEST_DEVICE=cuda:0 step optim_cuda .gpu/bin/test_optim # SGD and AdamW steps vs torch's formulas in double
