@@ -1,0 +1,31 @@
+"""Tessera: training on many devices, from Python. A thin front end over the C library (libtessera).
+
+This release: the library's errors as exceptions, and tensors shared with PyTorch and NumPy without a
+copy (DLPack both ways, the buffer protocol):
+
+    import tessera, torch, numpy as np
+    t = tessera.from_dlpack(torch.arange(6.0))   # torch's memory, seen by Tessera
+    x = torch.from_dlpack(t)                     # and back: the same memory
+    a = np.asarray(tessera.zeros([2, 3]))        # NumPy over a Tessera tensor
+"""
+from ._tessera import (  # noqa: F401
+    ArgumentError,
+    DeviceError,
+    DistributedError,
+    DtypeError,
+    Error,
+    FileError,
+    FormatError,
+    OutOfMemoryError,
+    ShapeError,
+    Tensor,
+    TimeoutError,
+    UnsupportedError,
+    from_dlpack,
+    zeros,
+)
+
+__all__ = [
+    "Error", "ArgumentError", "ShapeError", "DtypeError", "DeviceError", "FileError", "FormatError",
+    "OutOfMemoryError", "DistributedError", "TimeoutError", "UnsupportedError", "Tensor", "from_dlpack", "zeros",
+]
