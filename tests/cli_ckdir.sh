@@ -8,7 +8,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 has()  { grep -qF -- "$2" "$1" && ok "$3" || bad "$3: $(cat "$1")"; }
 step() { printf '%s/step-%012d.ckpt' "$1" "$2"; }
 

@@ -10,7 +10,7 @@ DATA=/usr/share/datasets/fashion-mnist
 T=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 
 # ---- equivalence: world 1 at batch 64 == world 2 at 32 per rank == world 4 at 16 per rank.
 # A launched world of 1 iterates the DistributedSampler order, whose first 64 indices are

@@ -7,7 +7,7 @@
 set -u
 TS=${1:?usage: cli_env.sh path/to/tessera}
 HERE=$(cd "$(dirname "$0")" && pwd)
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 PY=$(bash "$HERE/find_python.sh" json) || PY=""
 # has TEXT NEEDLE WHAT
 has()  { if grep -qF -- "$2" <<<"$1"; then ok "$3"; else bad "$3: no '$2' in: $1"; fi; }

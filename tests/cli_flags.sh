@@ -8,7 +8,7 @@ set -u
 TS=${1:?usage: cli_flags.sh path/to/tessera}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 
 cmds=("train" "eval" "predict" "bench train" "bench loader" "bench gemm" "ckpt show" "ckpt export" "ckpt import"
       "data export" "data show" "export" "devices" "run")

@@ -20,7 +20,7 @@ hosts_check || { echo "skip: $HOSTS_WHY"; exit 77; }
 T=$(mktemp -d)
 trap 'hosts_down; rm -rf "$T"' EXIT
 hosts_up 2 || { echo "FAIL: could not set up the hosts"; exit 1; }
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 export TS_JOB_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export TS_HEARTBEAT_TIMEOUT=3 OMP_NUM_THREADS=1
 A0=$(host_addr 0)

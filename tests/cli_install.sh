@@ -26,7 +26,7 @@ done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 P=$T/prefix
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 # DT_NEEDED entries of an ELF file (empty without readelf)
 needed() { command -v readelf >/dev/null && readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 

@@ -8,7 +8,7 @@ set -u
 TS=${1:?usage: cli_job_token.sh path/to/tessera}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 unset TS_JOB_TOKEN
 
 # ---- the launcher's token ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ ID="$$$RANDOM"
 MARK="30.$ID"
 kill_marked() { local p; for p in $(pgrep -f -- "$MARK"); do kill -KILL "$p" 2>/dev/null; done; }
 trap 'kill_marked; rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT TS_LAUNCHED_BY OMP_NUM_THREADS OMP_WAIT_POLICY
 

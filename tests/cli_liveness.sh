@@ -23,7 +23,7 @@ cleanup() {
   rm -rf "$T"
 }
 trap cleanup EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 now()  { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
 lt()   { awk -v a="$1" -v b="$2" 'BEGIN{exit !(a < b)}'; }

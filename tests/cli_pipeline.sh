@@ -12,7 +12,7 @@ for flag in --strategy --devices --micro-batches --schedule; do
 done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 
 # expect_fail NEEDLE CMD...: a non-zero exit and output mentioning NEEDLE
 expect_fail() {

@@ -17,7 +17,7 @@ MARK="30.$ID" # unique in the process table: the ranks run sleep "$MARK" (30.som
 kill_marked() { local p; for p in $(pgrep -f -- "$MARK"); do kill -KILL "$p" 2>/dev/null; done; }
 cleanup() { kill_marked; rm -rf "$T"; }
 trap cleanup EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {

@@ -6,7 +6,7 @@
 # Run by ctest with the tessera binary as $1 (unused: this reads the sources).
 set -u
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 MAX=100
 
 # top-level function definitions: a line at column 0 with '(' and no '=' opens a candidate (a prototype ends

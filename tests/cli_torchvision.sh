@@ -19,7 +19,7 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-. "$(dirname "$0")/cli_lib.sh"
+. "$(dirname "$0")/testlib.sh"
 export OMP_NUM_THREADS=2
 
 # logits MODEL WEIGHTS CLASSES OUT: Tessera's eval logits of the input $T/x.f32 (2,3,64,64)
