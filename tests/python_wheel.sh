@@ -11,6 +11,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 need() { [ "${TS_REQUIRE_TORCH:-0}" = 1 ] && { echo "FAIL: TS_REQUIRE_TORCH=1 (CI) and $1"; exit 1; }; echo "skip: $1"; exit 77; }
 PY=$(bash "$HERE/find_python.sh" torch numpy scikit_build_core) ||
   need "no Python with torch, numpy and scikit-build-core (scripts/install-deps makes .pyvenv/)"
+export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 # the wheel's CMake build stays in BUILD/wheel between runs (incremental); the install goes to a fresh folder
