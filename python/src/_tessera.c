@@ -3,7 +3,7 @@
  * a thin front end over the C library. This part: the library's errors as Python exceptions, and
  * tessera.Tensor, a handle on a ts_tensor that shares its memory with PyTorch and NumPy without a copy —
  * DLPack both ways (__dlpack__ / __dlpack_device__, tessera.from_dlpack) and the buffer protocol
- * (np.asarray(t), memoryview(t)) for host tensors.
+ * (np.asarray(t), memoryview(t)) for host tensors — and checkpoints read as {name: Tensor}.
  */
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
@@ -385,7 +385,44 @@ static PyObject *zeros(PyObject *mod, PyObject *args, PyObject *kw) {
     return tensor_wrap(t);
 }
 
+/* tessera.load_checkpoint(path, prefix="model.") -> {name: Tensor}: the tensors of a Tessera checkpoint whose
+ * names start with prefix, the prefix stripped (the model's: PyTorch's parameter and buffer names). */
+static PyObject *load_checkpoint(PyObject *mod, PyObject *args, PyObject *kw) {
+    (void)mod;
+    static char *names[] = {"path", "prefix", NULL};
+    PyObject *path = NULL;
+    const char *prefix = "model.";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|s", names, PyUnicode_FSConverter, &path, &prefix)) return NULL;
+    const char *p = PyBytes_AsString(path);
+    ts_ckpt *ck = NULL;
+    ts_status st = TS_ERR_INVALID_ARG;
+    if (p) {
+        Py_BEGIN_ALLOW_THREADS st = ts_ckpt_load(p, &ck); /* reads and checks the whole file */
+        Py_END_ALLOW_THREADS
+    }
+    Py_DECREF(path);
+    if (!p) return NULL;
+    if (st != TS_OK) return raise_status(st);
+    ts_tensor_list l = TS_TENSOR_LIST_INIT;
+    st = ts_ckpt_get_tensors(ck, prefix, &l); /* the list's references outlive ck */
+    ts_ckpt_free(ck);
+    if (st != TS_OK) return raise_status(st);
+    PyObject *d = PyDict_New();
+    for (int i = 0; d && i < l.n; i++) {
+        PyObject *k = PyUnicode_DecodeUTF8(l.names[i], (Py_ssize_t)strlen(l.names[i]), "surrogateescape");
+        PyObject *v = k ? tensor_wrap(ts_tensor_retain(l.tensors[i])) : NULL;
+        if (!v || PyDict_SetItem(d, k, v) < 0) Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    ts_tensor_list_clear(&l);
+    return d;
+}
+
 static PyMethodDef module_methods[] = {
+    {"load_checkpoint", (PyCFunction)(void (*)(void))load_checkpoint, METH_VARARGS | METH_KEYWORDS,
+     "load_checkpoint(path, prefix='model.') -> {name: Tensor}: a Tessera checkpoint's tensors whose names start "
+     "with prefix, without it (PyTorch's names for the model's; prefix='' for every tensor)."},
     {"from_dlpack", from_dlpack, METH_O,
      "from_dlpack(x) -> Tensor: x's memory (a torch tensor, a NumPy array, any DLPack producer), not a copy."},
     {"zeros", (PyCFunction)(void (*)(void))zeros, METH_VARARGS | METH_KEYWORDS,

@@ -1,12 +1,13 @@
 """Tessera: training on many devices, from Python. A thin front end over the C library (libtessera).
 
-This release: the library's errors as exceptions, and tensors shared with PyTorch and NumPy without a
-copy (DLPack both ways, the buffer protocol):
+This release: the library's errors as exceptions, tensors shared with PyTorch and NumPy without a copy
+(DLPack both ways, the buffer protocol), and checkpoints read as {name: Tensor}:
 
     import tessera, torch, numpy as np
     t = tessera.from_dlpack(torch.arange(6.0))   # torch's memory, seen by Tessera
     x = torch.from_dlpack(t)                     # and back: the same memory
     a = np.asarray(tessera.zeros([2, 3]))        # NumPy over a Tessera tensor
+    sd = {k: torch.from_dlpack(v) for k, v in tessera.load_checkpoint("run.ckpt").items()}
 """
 from ._tessera import (  # noqa: F401
     ArgumentError,
@@ -22,10 +23,12 @@ from ._tessera import (  # noqa: F401
     TimeoutError,
     UnsupportedError,
     from_dlpack,
+    load_checkpoint,
     zeros,
 )
 
 __all__ = [
     "Error", "ArgumentError", "ShapeError", "DtypeError", "DeviceError", "FileError", "FormatError",
-    "OutOfMemoryError", "DistributedError", "TimeoutError", "UnsupportedError", "Tensor", "from_dlpack", "zeros",
+    "OutOfMemoryError", "DistributedError", "TimeoutError", "UnsupportedError", "Tensor", "from_dlpack",
+    "load_checkpoint", "zeros",
 ]
