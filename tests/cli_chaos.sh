@@ -11,9 +11,8 @@ TS=${1:?usage: cli_chaos.sh path/to/tessera}
 case "$TS" in /*) ;; *) TS="$PWD/$TS" ;; esac
 CHAOS="$(cd "$(dirname "$0")/.." && pwd)/bench/chaos.sh"
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAUNCHED_BY TS_RUN_DIR
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 
 timeout -k 10 400 bash "$CHAOS" --tessera "$TS" --quick --faults 5 --seed 2 --heartbeat 3 --timeout 20 --in-order \
   --kinds kill-rank,stop-rank,kill-launcher,disk-full,store-flood --json "$T/chaos.json" > "$T/out" 2>&1

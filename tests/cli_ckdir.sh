@@ -4,11 +4,9 @@
 # a restart resumes the newest checkpoint of the run that saved last, not the highest-numbered name.
 set -u
 TS=${1:?usage: cli_ckdir.sh path/to/tessera}
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 has()  { grep -qF -- "$2" "$1" && ok "$3" || bad "$3: $(cat "$1")"; }
 step() { printf '%s/step-%012d.ckpt' "$1" "$2"; }
 

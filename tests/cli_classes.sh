@@ -6,11 +6,9 @@
 # classes is refused naming the file. Seconds, not minutes; no timing is checked.
 set -u
 TS=${1:?usage: cli_classes.sh path/to/tessera}
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 export OMP_NUM_THREADS=1
 NAMES='T-shirt/top|Trouser|Pullover|Dress|Coat|Sandal|Shirt|Sneaker|Bag|Ankle boot'
 

@@ -27,9 +27,8 @@ DATA=/usr/share/datasets/fashion-mnist
 [ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAUNCHED_BY TS_JOB_TOKEN
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 count() { grep -c -- "$1" "$2" 2>/dev/null || true; }
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 free_port() { local p; while :; do p=$((20000 + RANDOM % 10000)); port_free $p && { echo $p; return; }; done; }

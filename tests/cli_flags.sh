@@ -6,9 +6,8 @@
 # still work as hidden aliases. Seconds; no timing is checked.
 set -u
 TS=${1:?usage: cli_flags.sh path/to/tessera}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 
 cmds=("train" "eval" "predict" "bench train" "bench loader" "bench gemm" "ckpt show" "ckpt export" "ckpt import"
       "data export" "data show" "export" "devices" "run")

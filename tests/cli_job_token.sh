@@ -6,9 +6,8 @@
 # that says so (and the launcher reports the failure, no hang).
 set -u
 TS=${1:?usage: cli_job_token.sh path/to/tessera}
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 unset TS_JOB_TOKEN
 
 # ---- the launcher's token ------------------------------------------------------------------------

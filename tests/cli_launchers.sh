@@ -23,9 +23,8 @@ unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAU
 # other launchers set no job token: give the ranks one, as a job script would (see README)
 export TS_JOB_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 count() { grep -c "$1" "$2" 2>/dev/null || true; }
 
 common=(train --model mlp --max-steps 20 --batch-size 32 --seed 5 --quiet --epochs 1 --timeout 60 --threads 1)

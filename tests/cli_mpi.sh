@@ -20,9 +20,8 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 MPIRUN=(mpirun)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 
 common=(train --model mlp --batch-size 32 --seed 3 --quiet --epochs 1 --max-steps 12 --timeout 60 --threads 1)
 # 1. plain mpirun: every rank is one DDP rank

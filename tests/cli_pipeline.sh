@@ -10,9 +10,8 @@ help=$("$TS" train --help 2>&1)
 for flag in --strategy --devices --micro-batches --schedule; do
   grep -qF -- "$flag" <<<"$help" || { echo "skip: tessera train has no $flag flag yet"; exit 77; }
 done
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 
 # expect_fail NEEDLE CMD...: a non-zero exit and output mentioning NEEDLE
 expect_fail() {

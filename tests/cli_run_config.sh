@@ -8,11 +8,9 @@
 #   --skip-corrupt leaves out an undecodable JPEG, names it and counts it in the summary.
 set -u
 TS=${1:?usage: cli_run_config.sh path/to/tessera}
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {

@@ -8,11 +8,9 @@
 # naming them.
 set -u
 TS=${1:?usage: cli_strategy.sh path/to/tessera}
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 unset TS_CPU_DEVICES
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE

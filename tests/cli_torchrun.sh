@@ -34,9 +34,8 @@ fi
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE TS_LAUNCHED_BY
 for v in $(env | grep -o -E '^(SLURM_|OMPI_COMM_|PMI_|PMIX_|TORCHELASTIC_)[A-Z_]*'); do unset "$v"; done
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+test_tmpdir
 
 common=(train --model mlp --max-steps 20 --batch-size 32 --seed 5 --quiet --epochs 1 --timeout 60 --threads 1)
 "$TS" "${common[@]}" --nproc 2 --checkpoint "$T/ref.ckpt" > "$T/ref.log" 2>&1 || bad "--nproc 2: $(cat "$T/ref.log")"

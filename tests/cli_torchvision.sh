@@ -15,11 +15,9 @@ PY=$(bash "$(dirname "$0")/find_python.sh" torch torchvision safetensors.torch n
   echo "skip: no Python with torch, torchvision, safetensors and numpy (scripts/install-deps makes .pyvenv/)"
   exit 77
 }
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 export OMP_NUM_THREADS=2
 
 # logits MODEL WEIGHTS CLASSES OUT: Tessera's eval logits of the input $T/x.f32 (2,3,64,64)

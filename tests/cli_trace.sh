@@ -8,11 +8,9 @@
 set -u
 TS=${1:?usage: cli_trace.sh path/to/tessera}
 HERE=$(cd "$(dirname "$0")" && pwd)
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 PY=$(bash "$HERE/find_python.sh" json) || PY=""
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE

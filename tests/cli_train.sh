@@ -4,11 +4,9 @@
 # parameters as an uninterrupted run (checked with `tessera ckpt diff`).
 set -u
 TS=${1:?usage: cli_train.sh path/to/tessera}
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
 expect_exit() {

@@ -10,11 +10,9 @@
 set -u
 TS=${1:?usage: cli_zoo.sh path/to/tessera}
 BIN=$(dirname "$TS")
-DATA=/usr/share/datasets/fashion-mnist
-[ -f "$DATA/train-images-idx3-ubyte.gz" ] || { echo "skip: no $DATA"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
 . "$(dirname "$0")/testlib.sh"
+need_fashion_mnist
+test_tmpdir
 expect_exit() {
   local want=$1 needle=$2; shift 2
   local out rc

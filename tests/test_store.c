@@ -556,6 +556,17 @@ static void *rdv_main(void *arg) {
     return NULL;
 }
 
+/* r reset to rank `rank` of `world` on store (NULL: the options' init_method) with a timeout; the caller
+ * adds what else the case needs. */
+static void rdv_init(rdv *r, ts_store *store, int rank, int world, double timeout_s) {
+    memset(r, 0, sizeof *r);
+    r->o = TS_PG_OPTIONS_INIT;
+    r->o.store = store;
+    r->o.rank = rank;
+    r->o.world_size = world;
+    r->o.timeout_s = timeout_s;
+}
+
 /* Runs n ranks as threads with options built by the caller; returns after all finish. */
 static void rdv_threads(rdv *r, int n) {
     pthread_t th[8];
@@ -569,12 +580,7 @@ static void test_rendezvous_memory(void) {
     CHECK_OK(ts_store_memory_new(&m));
     rdv r[4];
     for (int i = 0; i < 4; i++) {
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].o = TS_PG_OPTIONS_INIT;
-        r[i].o.store = m;
-        r[i].o.rank = i;
-        r[i].o.world_size = 4;
-        r[i].o.timeout_s = 10;
+        rdv_init(&r[i], m, i, 4, 10);
     }
     rdv_threads(r, 4);
     for (int i = 0; i < 4; i++) {
@@ -595,12 +601,7 @@ static void test_rendezvous_memory(void) {
     CHECK(again.st == TS_ERR_STATE && strstr(again.err, "twice"));
     /* a rank that never comes: timeout naming how many arrived and who is missing */
     for (int i = 0; i < 2; i++) {
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].o = TS_PG_OPTIONS_INIT;
-        r[i].o.store = m;
-        r[i].o.rank = i;
-        r[i].o.world_size = 3;
-        r[i].o.timeout_s = 0.3;
+        rdv_init(&r[i], m, i, 3, 0.3);
         r[i].o.group_name = "partial";
         r[i].o.local_rank = i; /* given: not derived */
         r[i].o.local_world_size = 2;
@@ -634,12 +635,7 @@ static void test_rendezvous_void_round(void) {
     CHECK_OK(ts_store_tcp_new("127.0.0.1", ts_store_tcp_port(srv), false, 10, &cli));
     CHECK_OK(ts_store_set(srv, "default/rank/1/joined", "1", 1)); /* the earlier self */
     rdv r;
-    memset(&r, 0, sizeof r);
-    r.o = TS_PG_OPTIONS_INIT;
-    r.o.store = cli;
-    r.o.rank = 1;
-    r.o.world_size = 2;
-    r.o.timeout_s = 10;
+    rdv_init(&r, cli, 1, 2, 10);
     r.o.heartbeat_timeout_s = 0;
     setenv("TORCHELASTIC_RESTART_COUNT", "1", 1);
     pthread_t th;
@@ -656,12 +652,7 @@ static void test_rendezvous_void_round(void) {
     ts_store *m = NULL;
     CHECK_OK(ts_store_memory_new(&m));
     CHECK_OK(ts_store_set(m, "default/rank/1/joined", "1", 1));
-    memset(&r, 0, sizeof r);
-    r.o = TS_PG_OPTIONS_INIT;
-    r.o.store = m;
-    r.o.rank = 1;
-    r.o.world_size = 2;
-    r.o.timeout_s = 10;
+    rdv_init(&r, m, 1, 2, 10);
     t0 = ts_time_now();
     rdv_main(&r);
     CHECK(r.st == TS_ERR_STATE && strstr(r.err, "two processes with the same rank") && ts_time_now() - t0 < 2);
@@ -753,12 +744,8 @@ static void test_rendezvous_file_and_tcp(void) {
     for (int m = 0; m < 2; m++) {
         rdv r[3];
         for (int i = 0; i < 3; i++) {
-            memset(&r[i], 0, sizeof r[i]);
-            r[i].o = TS_PG_OPTIONS_INIT;
+            rdv_init(&r[i], NULL, i, 3, 10);
             r[i].o.init_method = methods[m];
-            r[i].o.rank = i;
-            r[i].o.world_size = 3;
-            r[i].o.timeout_s = 10;
         }
         rdv_threads(r, 3);
         for (int i = 0; i < 3; i++) {
@@ -808,12 +795,7 @@ static void test_rendezvous_world_disagreement(void) {
     CHECK_OK(ts_store_memory_new(&m));
     rdv r[2];
     for (int i = 0; i < 2; i++) {
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].o = TS_PG_OPTIONS_INIT;
-        r[i].o.store = m;
-        r[i].o.rank = i;
-        r[i].o.world_size = i == 0 ? 3 : 2;
-        r[i].o.timeout_s = 120;
+        rdv_init(&r[i], m, i, i == 0 ? 3 : 2, 120);
         r[i].o.group_name = "disagree";
     }
     double t0 = ts_time_now();
@@ -846,12 +828,7 @@ static void test_rendezvous_silent_rank(void) {
     CHECK_OK(ts_store_set(p, "slot/1", "2", 1));
     rdv r[2];
     for (int i = 0; i < 2; i++) {
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].o = TS_PG_OPTIONS_INIT;
-        r[i].o.store = m;
-        r[i].o.rank = i;
-        r[i].o.world_size = 4; /* rank 3 never comes */
-        r[i].o.timeout_s = 300;
+        rdv_init(&r[i], m, i, 4, 300); /* rank 3 never comes */
         r[i].o.heartbeat_timeout_s = 1;
         r[i].o.group_name = "silent";
     }
@@ -876,12 +853,7 @@ static void test_rendezvous_huge_world(void) {
     CHECK_OK(ts_store_tcp_new_ex("127.0.0.1", 0, true, 30, NULL, &srv));
     if (!srv) return;
     rdv r;
-    memset(&r, 0, sizeof r);
-    r.o = TS_PG_OPTIONS_INIT;
-    r.o.store = srv;
-    r.o.rank = 5;
-    r.o.world_size = 1000000;
-    r.o.timeout_s = 1;
+    rdv_init(&r, srv, 5, 1000000, 1);
     r.o.local_rank = 0;
     r.o.local_world_size = 1;
     double t0 = ts_time_now();

@@ -100,6 +100,8 @@ ts_device *ts_device_cpu(void);
 ts_status ts_device_get(const char *name, ts_device **out);
 const char *ts_device_name(const ts_device *d);
 ts_device_type ts_device_type_of(const ts_device *d);
+/* N of "cuda:N" and "cpu:N"; -1 for the host "cpu". */
+int ts_device_index(const ts_device *d);
 /* Waits until all work queued on the device (its stream) is done. */
 ts_status ts_device_synchronize(ts_device *d);
 /* Returns cached free blocks of the device's allocator to the system. */

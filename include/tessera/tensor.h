@@ -60,6 +60,9 @@ const char *ts_shape_str(int ndim, const int64_t *shape, char *buf, size_t n);
 
 /* Host pointer to the first element of a CPU tensor (NULL for other devices). Borrowed. */
 void *ts_tensor_data(ts_tensor *t);
+/* The address of the first element on the tensor's device, whatever the device (a CUDA device pointer for
+ * cuda:N tensors: not dereferenceable on the host; no synchronisation), as torch.Tensor.data_ptr(). */
+void *ts_tensor_address(const ts_tensor *t);
 float *ts_tensor_data_f32(ts_tensor *t);
 /* Copies the tensor's values (contiguous order) to/from host memory. */
 ts_status ts_tensor_to_host(const ts_tensor *t, void *dst, size_t nbytes);

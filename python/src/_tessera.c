@@ -11,7 +11,6 @@
 
 #include "tessera.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* ---- errors ------------------------------------------------------------------------------------------- */
@@ -103,22 +102,22 @@ static void tensor_dealloc(PyObject *o) {
     Py_DECREF(tp);
 }
 
+static PyObject *int_tuple(const int64_t *v, int n) {
+    PyObject *tup = PyTuple_New(n);
+    for (int i = 0; tup && i < n; i++) PyTuple_SetItem(tup, i, PyLong_FromLongLong(v[i]));
+    return tup;
+}
+
 static PyObject *tensor_shape(PyObject *o, void *closure) {
     (void)closure;
     ts_tensor *t = ((Tensor *)o)->t;
-    int nd = ts_tensor_ndim(t);
-    PyObject *tup = PyTuple_New(nd);
-    for (int i = 0; tup && i < nd; i++) PyTuple_SetItem(tup, i, PyLong_FromLongLong(ts_tensor_shape(t)[i]));
-    return tup;
+    return int_tuple(ts_tensor_shape(t), ts_tensor_ndim(t));
 }
 
 static PyObject *tensor_strides(PyObject *o, void *closure) {
     (void)closure;
     ts_tensor *t = ((Tensor *)o)->t;
-    int nd = ts_tensor_ndim(t);
-    PyObject *tup = PyTuple_New(nd);
-    for (int i = 0; tup && i < nd; i++) PyTuple_SetItem(tup, i, PyLong_FromLongLong(ts_tensor_strides(t)[i]));
-    return tup;
+    return int_tuple(ts_tensor_strides(t), ts_tensor_ndim(t));
 }
 
 static PyObject *tensor_dtype(PyObject *o, void *closure) {
@@ -138,14 +137,7 @@ static PyObject *tensor_ndim(PyObject *o, void *closure) {
 
 static PyObject *tensor_data_ptr(PyObject *o, PyObject *unused) {
     (void)unused;
-    void *p = ts_tensor_data(((Tensor *)o)->t);
-    if (!p) { /* a device tensor: its address through DLPack */
-        DLManagedTensorVersioned *m = NULL;
-        if (ts_tensor_to_dlpack(((Tensor *)o)->t, &m) != TS_OK) return raise_status(TS_ERR_INVALID_ARG);
-        p = m->dl_tensor.data;
-        m->deleter(m);
-    }
-    return PyLong_FromVoidPtr(p);
+    return PyLong_FromVoidPtr(ts_tensor_address(((Tensor *)o)->t));
 }
 
 static PyObject *tensor_repr(PyObject *o) {
@@ -208,10 +200,7 @@ static PyObject *tensor_dlpack(PyObject *o, PyObject *args, PyObject *kw) {
 static PyObject *tensor_dlpack_device(PyObject *o, PyObject *unused) {
     (void)unused;
     ts_device *d = ts_tensor_device(((Tensor *)o)->t);
-    if (ts_device_type_of(d) == TS_DEVICE_CUDA) {
-        const char *c = strchr(ts_device_name(d), ':');
-        return Py_BuildValue("(ii)", 2, c ? atoi(c + 1) : 0); /* kDLCUDA */
-    }
+    if (ts_device_type_of(d) == TS_DEVICE_CUDA) return Py_BuildValue("(ii)", 2, ts_device_index(d)); /* kDLCUDA */
     return Py_BuildValue("(ii)", 1, 0); /* kDLCPU */
 }
 

@@ -240,6 +240,7 @@ ts_status ts_device_list_parse(const char *list, ts_device **out, int max, int *
 
 const char *ts_device_name(const ts_device *d) { return d ? d->name : "(null)"; }
 ts_device_type ts_device_type_of(const ts_device *d) { return d->type; }
+int ts_device_index(const ts_device *d) { return d->index; }
 
 ts_status ts_device_synchronize(ts_device *d) { return d->ops->synchronize ? d->ops->synchronize(d) : TS_OK; }
 

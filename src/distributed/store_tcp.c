@@ -873,8 +873,9 @@ static int inherited_listener(int port) {
     return (int)fd;
 }
 
-/* One try at binding host:port (resolved in res) and listening: the socket, or -1 with *err set. */
-static int bind_listen(const struct addrinfo *res, const char *host, int *err) {
+/* One try at binding host:port (resolved in res) and listening: the socket, or -1 with *err set; *any
+ * says whether it listens on every interface for a host name that is a loopback alias here. */
+static int bind_listen(const struct addrinfo *res, const char *host, int *err, bool *any_if) {
     int lfd = -1;
     for (const struct addrinfo *ai = res; ai && lfd < 0; ai = ai->ai_next) {
         lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -892,9 +893,8 @@ static int bind_listen(const struct addrinfo *res, const char *host, int *err) {
             if (ai->ai_family == AF_INET) ((struct sockaddr_in *)&any)->sin_addr.s_addr = htonl(INADDR_ANY);
             else ((struct sockaddr_in6 *)&any)->sin6_addr = in6addr_any;
             at = (const struct sockaddr *)&any;
-            ts_log(TS_LOG_INFO, "tcp store: %s resolves to a loopback address here (/etc/hosts' 127.0.1.1 line?): "
-                   "listening on every interface so other hosts reach it", host);
         }
+        *any_if = at == (const struct sockaddr *)&any;
         if (bind(lfd, at, ai->ai_addrlen) != 0 || listen(lfd, SOMAXCONN) != 0) {
             *err = errno;
             close(lfd);
@@ -925,8 +925,9 @@ static ts_status srv_listen(const char *host, int port, const char *hp, int *out
     if (g != 0) return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: cannot resolve '%s': %s", hp, host,
                                 gai_strerror(g));
     double until = ts_time_now() + TS__STORE_BIND_RETRY_S;
-    bool told = false;
-    while ((lfd = bind_listen(res, host, &err)) < 0 && err == EADDRINUSE && port > 0 && ts_time_now() < until) {
+    bool told = false, any_if = false;
+    while ((lfd = bind_listen(res, host, &err, &any_if)) < 0 && err == EADDRINUSE && port > 0 &&
+           ts_time_now() < until) {
         if (!told) ts_log(TS_LOG_INFO, "tcp store: %s is in use; trying again for %g s", hp, TS__STORE_BIND_RETRY_S);
         told = true;
         nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
@@ -937,6 +938,9 @@ static ts_status srv_listen(const char *host, int port, const char *hp, int *out
                         "another master port)", hp, strerror(err), TS__STORE_BIND_RETRY_S);
     if (lfd < 0) return ts_error(TS_ERR_IO, "tcp store: cannot listen on %s: %s", hp, strerror(err));
     if (told) ts_log(TS_LOG_INFO, "tcp store: %s is free again", hp);
+    if (any_if)
+        ts_log(TS_LOG_INFO, "tcp store: %s resolves to a loopback address here (/etc/hosts' 127.0.1.1 line?): "
+               "listening on every interface so other hosts reach it", host);
     *out = lfd;
     return TS_OK;
 }

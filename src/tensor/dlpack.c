@@ -49,12 +49,6 @@ static ts_status ts_dtype_of(DLDataType d, ts_dtype *out) {
                     d.lanes == 1 ? "" : " with lanes > 1");
 }
 
-/* The CUDA index of a "cuda:N" device; 0 for "cuda". */
-static int cuda_index(const ts_device *d) {
-    const char *n = ts_device_name(d), *c = strchr(n, ':');
-    return c ? atoi(c + 1) : 0;
-}
-
 static ts_status device_of(DLDevice d, ts_device **out) {
     if (d.device_type == kDLCPU || d.device_type == kDLCUDAHost) {
         *out = ts_device_cpu();
@@ -84,19 +78,12 @@ typedef struct exported {
     int64_t shape[TS_MAX_DIMS], strides[TS_MAX_DIMS];
 } exported;
 
-static void delete_versioned(DLManagedTensorVersioned *m) {
-    if (!m) return;
-    exported *e = m->manager_ctx;
+static void exported_free(exported *e) {
     ts_tensor_release(e->t);
     free(e);
 }
-
-static void delete_unversioned(DLManagedTensor *m) {
-    if (!m) return;
-    exported *e = m->manager_ctx;
-    ts_tensor_release(e->t);
-    free(e);
-}
+static void delete_versioned(DLManagedTensorVersioned *m) { if (m) exported_free(m->manager_ctx); }
+static void delete_unversioned(DLManagedTensor *m) { if (m) exported_free(m->manager_ctx); }
 
 static ts_status export_tensor(ts_tensor *t, exported **out, DLTensor *dl) {
     TS_ARG(t, "to DLPack: NULL tensor");
@@ -113,8 +100,8 @@ static ts_status export_tensor(ts_tensor *t, exported **out, DLTensor *dl) {
         e->strides[i] = t->stride[i];
     }
     *dl = (DLTensor){
-        .data = ts__ptr(t),
-        .device = ts_device_type_of(dev) == TS_DEVICE_CUDA ? (DLDevice){kDLCUDA, cuda_index(dev)} : (DLDevice){kDLCPU, 0},
+        .data = ts_tensor_address(t),
+        .device = ts_device_type_of(dev) == TS_DEVICE_CUDA ? (DLDevice){kDLCUDA, ts_device_index(dev)} : (DLDevice){kDLCPU, 0},
         .ndim = t->ndim,
         .dtype = dl_dtype(t->dtype),
         .shape = e->shape,

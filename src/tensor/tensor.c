@@ -310,6 +310,7 @@ bool ts__same_shape(const ts_tensor *a, const ts_tensor *b) {
     return true;
 }
 
+void *ts_tensor_address(const ts_tensor *t) { return ts__ptr(t); }
 void *ts_tensor_data(ts_tensor *t) { return t->storage->device->host_accessible ? ts__ptr(t) : NULL; }
 
 float *ts_tensor_data_f32(ts_tensor *t) {
