@@ -5,11 +5,7 @@
  * DLPack both ways (__dlpack__ / __dlpack_device__, tessera.from_dlpack) and the buffer protocol
  * (np.asarray(t), memoryview(t)) for host tensors — and checkpoints read as {name: Tensor}.
  */
-#define Py_LIMITED_API 0x030B0000
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include "tessera.h"
+#include "tspy.h"
 
 #include <string.h>
 
@@ -19,7 +15,7 @@ static PyObject *Error, *ArgumentError, *ShapeError, *DtypeError, *DeviceError, 
     *OutOfMemoryError, *DistributedError, *TimeoutError_, *UnsupportedError;
 
 /* Raises the exception for status st with the library's message; returns NULL. */
-static PyObject *raise_status(ts_status st) {
+PyObject *tspy_raise(ts_status st) {
     PyObject *cls = Error;
     switch (st) {
     case TS_ERR_INVALID_ARG: cls = ArgumentError; break;
@@ -82,7 +78,7 @@ typedef struct {
 
 static PyTypeObject *TensorType;
 
-static PyObject *tensor_wrap(ts_tensor *t) { /* takes the reference */
+PyObject *tspy_tensor_wrap(ts_tensor *t) { /* takes the reference */
     allocfunc alloc = (allocfunc)PyType_GetSlot(TensorType, Py_tp_alloc);
     Tensor *self = (Tensor *)alloc(TensorType, 0);
     if (!self) {
@@ -184,14 +180,14 @@ static PyObject *tensor_dlpack(PyObject *o, PyObject *args, PyObject *kw) {
     if (major >= 1) {
         DLManagedTensorVersioned *m = NULL;
         Py_BEGIN_ALLOW_THREADS st = ts_tensor_to_dlpack(t, &m); /* may synchronise a GPU */
-        Py_END_ALLOW_THREADS if (st != TS_OK) return raise_status(st);
+        Py_END_ALLOW_THREADS if (st != TS_OK) return tspy_raise(st);
         PyObject *cap = PyCapsule_New(m, "dltensor_versioned", capsule_versioned);
         if (!cap) m->deleter(m);
         return cap;
     }
     DLManagedTensor *m = NULL;
     Py_BEGIN_ALLOW_THREADS st = ts_tensor_to_dlpack_unversioned(t, &m);
-    Py_END_ALLOW_THREADS if (st != TS_OK) return raise_status(st);
+    Py_END_ALLOW_THREADS if (st != TS_OK) return tspy_raise(st);
     PyObject *cap = PyCapsule_New(m, "dltensor", capsule_unversioned);
     if (!cap) m->deleter(m);
     return cap;
@@ -287,9 +283,14 @@ static PyType_Spec tensor_spec = {"tessera.Tensor", sizeof(Tensor), 0, Py_TPFLAG
 
 /* ---- module functions --------------------------------------------------------------------------------- */
 
-/* tessera.from_dlpack(x): x's memory as a tessera.Tensor (x: anything with __dlpack__, or a capsule). */
-static PyObject *from_dlpack(PyObject *mod, PyObject *x) {
-    (void)mod;
+/* x's memory as a ts_tensor (a new reference in *out): a tessera.Tensor, anything with __dlpack__, or a capsule.
+ * -1 with a Python exception set on failure. */
+int tspy_tensor_from_object(PyObject *x, ts_tensor **out) {
+    *out = NULL;
+    if (PyObject_TypeCheck(x, TensorType)) {
+        *out = ts_tensor_retain(((Tensor *)x)->t);
+        return 0;
+    }
     PyObject *cap = NULL;
     if (PyCapsule_IsValid(x, "dltensor_versioned") || PyCapsule_IsValid(x, "dltensor")) {
         cap = Py_NewRef(x);
@@ -301,7 +302,7 @@ static PyObject *from_dlpack(PyObject *mod, PyObject *x) {
             PyErr_Format(PyExc_TypeError, "tessera.from_dlpack: %U objects have no __dlpack__ (pass a torch tensor, "
                          "a NumPy array or a DLPack capsule)", tn);
             Py_XDECREF(tn);
-            return NULL;
+            return -1;
         }
         PyObject *args = PyTuple_New(0), *kw = Py_BuildValue("{s(ii)}", "max_version", 1, 1);
         cap = args && kw ? PyObject_Call(meth, args, kw) : NULL;
@@ -312,7 +313,7 @@ static PyObject *from_dlpack(PyObject *mod, PyObject *x) {
         Py_XDECREF(args);
         Py_XDECREF(kw);
         Py_DECREF(meth);
-        if (!cap) return NULL;
+        if (!cap) return -1;
     }
     ts_tensor *t = NULL;
     ts_status st;
@@ -325,11 +326,24 @@ static PyObject *from_dlpack(PyObject *mod, PyObject *x) {
     } else {
         Py_DECREF(cap);
         PyErr_SetString(PyExc_TypeError, "tessera.from_dlpack: __dlpack__ did not return an unused DLPack capsule");
-        return NULL;
+        return -1;
     }
     Py_DECREF(cap);
-    if (st != TS_OK) return raise_status(st);
-    return tensor_wrap(t);
+    if (st != TS_OK) {
+        tspy_raise(st);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+/* tessera.from_dlpack(x): x's memory as a tessera.Tensor (x: anything with __dlpack__, or a capsule). */
+static PyObject *from_dlpack(PyObject *mod, PyObject *x) {
+    (void)mod;
+    if (PyObject_TypeCheck(x, TensorType)) return Py_NewRef(x);
+    ts_tensor *t;
+    if (tspy_tensor_from_object(x, &t) < 0) return NULL;
+    return tspy_tensor_wrap(t);
 }
 
 /* tessera.zeros(shape, dtype="float32", device="cpu") */
@@ -370,8 +384,8 @@ static PyObject *zeros(PyObject *mod, PyObject *args, PyObject *kw) {
     if (st == TS_OK) st = ts_device_get(device, &dev);
     ts_tensor *t = NULL;
     if (st == TS_OK) st = ts_tensor_zeros(dev, dt, (int)nd, shape, &t);
-    if (st != TS_OK) return raise_status(st);
-    return tensor_wrap(t);
+    if (st != TS_OK) return tspy_raise(st);
+    return tspy_tensor_wrap(t);
 }
 
 /* tessera.load_checkpoint(path, prefix="model.") -> {name: Tensor}: the tensors of a Tessera checkpoint whose
@@ -391,15 +405,15 @@ static PyObject *load_checkpoint(PyObject *mod, PyObject *args, PyObject *kw) {
     }
     Py_DECREF(path);
     if (!p) return NULL;
-    if (st != TS_OK) return raise_status(st);
+    if (st != TS_OK) return tspy_raise(st);
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
     st = ts_ckpt_get_tensors(ck, prefix, &l); /* the list's references outlive ck */
     ts_ckpt_free(ck);
-    if (st != TS_OK) return raise_status(st);
+    if (st != TS_OK) return tspy_raise(st);
     PyObject *d = PyDict_New();
     for (int i = 0; d && i < l.n; i++) {
         PyObject *k = PyUnicode_DecodeUTF8(l.names[i], (Py_ssize_t)strlen(l.names[i]), "surrogateescape");
-        PyObject *v = k ? tensor_wrap(ts_tensor_retain(l.tensors[i])) : NULL;
+        PyObject *v = k ? tspy_tensor_wrap(ts_tensor_retain(l.tensors[i])) : NULL;
         if (!v || PyDict_SetItem(d, k, v) < 0) Py_CLEAR(d);
         Py_XDECREF(k);
         Py_XDECREF(v);
@@ -429,7 +443,8 @@ PyMODINIT_FUNC PyInit__tessera(void) {
     PyObject *m = PyModule_Create(&module_def);
     if (!m) return NULL;
     TensorType = (PyTypeObject *)PyType_FromSpec(&tensor_spec);
-    if (!TensorType || add_errors(m) < 0 || PyModule_AddObject(m, "Tensor", Py_NewRef((PyObject *)TensorType)) < 0) {
+    if (!TensorType || add_errors(m) < 0 || PyModule_AddObject(m, "Tensor", Py_NewRef((PyObject *)TensorType)) < 0 ||
+        tspy_add_pipeline(m) < 0 || tspy_add_dist(m) < 0 || tspy_add_train(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

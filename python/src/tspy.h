@@ -1,0 +1,32 @@
+/*
+ * python/src/tspy.h — what the parts of the extension (the C files of python/src, one module `tessera._tessera`) share:
+ * the library's errors as Python exceptions, tessera.Tensor, and the hooks each part adds its names through.
+ * Every part is C on the stable ABI of Python 3.11 (Py_LIMITED_API) and calls the library only through its
+ * public header; a call that can block releases the GIL (Py_BEGIN_ALLOW_THREADS).
+ */
+#ifndef TSPY_H
+#define TSPY_H
+
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "tessera.h"
+
+/* Raises the tessera exception for st (tessera.ArgumentError for TS_ERR_INVALID_ARG, ...) with the library's
+ * last error message; returns NULL. */
+PyObject *tspy_raise(ts_status st);
+
+/* A tessera.Tensor over t; takes the reference (released on failure). */
+PyObject *tspy_tensor_wrap(ts_tensor *t);
+
+/* x's memory as a ts_tensor, not a copy (a new reference in *out): a tessera.Tensor, a torch tensor, a NumPy
+ * array, anything with __dlpack__, or a DLPack capsule. -1 with a Python exception set on failure. */
+int tspy_tensor_from_object(PyObject *x, ts_tensor **out);
+
+/* Each part adds its functions and types to the module: 0, or -1 with an exception set. */
+int tspy_add_pipeline(PyObject *m); /* pipeline.c: tessera.data's ImagePipeline */
+int tspy_add_dist(PyObject *m);     /* dist.c: tessera.distributed's process group and collectives */
+int tspy_add_train(PyObject *m);    /* train.c: tessera.train, exports */
+
+#endif
