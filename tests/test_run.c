@@ -69,23 +69,23 @@ static void test_check_values(void) {
 static void test_check_enums(void) {
     ts_run_config c = base();
     c.optimizer = (ts_optimizer_kind)7;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "optimizer 7: expected one of sgd, adamw");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "optimizer 7: expected sgd or adamw");
     c = base(), c.lr_schedule = (ts_lr_kind)9;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "lr_schedule 9: expected one of none, step, cosine");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "lr_schedule 9: expected none, step or cosine");
     c = base(), c.precision = TS_PRECISION_COUNT;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "precision 3: expected one of fp32, bf16, fp16");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "precision 3: expected fp32, bf16 or fp16");
     c = base(), c.strategy = TS_STRATEGY_COUNT;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "strategy 6: expected one of none, ddp, data, model, pipeline, tile");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "strategy 6: expected none, ddp, data, model, pipeline or tile");
     c = base(), c.conv_algo = (ts_conv_algo)-1;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "conv_algo -1: expected one of auto, im2col");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "conv_algo -1: expected auto, im2col");
     c = base(), c.pp_schedule = (ts_pp_schedule)2;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "pp_schedule 2: expected one of gpipe, 1f1b");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "pp_schedule 2: expected gpipe or 1f1b");
     c = base(), c.decode = (ts_decode_device)2;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "decode 2: expected one of cpu, mixed");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "decode 2: expected cpu or mixed");
     c = base(), c.backend = TS_RUN_BACKEND_COUNT;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "backend 4: expected one of auto, builtin, mpi, nccl");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "backend 4: expected auto, builtin, mpi or nccl");
     c = base(), c.ddp_comm = TS_PRECISION_FP16;
-    expect_bad(&c, TS_ERR_INVALID_ARG, "ddp_comm fp16: expected fp32 or bf16");
+    expect_bad(&c, TS_ERR_INVALID_ARG, "ddp_comm 2: expected fp32 or bf16");
 }
 
 static void test_check_combinations(void) {
@@ -387,11 +387,58 @@ static void test_checkpoint_model(void) {
     ts_module_free(m);
 }
 
+/* The field table: every field found by its name and its flag, set from text as the command and
+ * tessera.train set it, with bad names and values refused naming the field and leaving the config as it was. */
+static void test_fields_set(void) {
+    int n = 0;
+    const ts_run_field *f = ts_run_fields(&n);
+    CHECK(n >= 40);
+    for (int i = 0; i < n; i++) {
+        CHECK(ts_run_field_find(f[i].name) == &f[i] && ts_run_field_find(f[i].flag) == &f[i]);
+        CHECK(f[i].help && *f[i].help);
+        CHECK(f[i].offset + sizeof(int) <= sizeof(ts_run_config));
+    }
+    CHECK(ts_run_field_find("image-size") == ts_run_field_find("image_size"));
+    CHECK(ts_run_field_find("schedule") == ts_run_field_find("pp_schedule"));
+    CHECK(ts_run_field_find("callback") == NULL && ts_run_field_find("size") == NULL);
+
+    ts_run_config c = base();
+    CHECK_OK(ts_run_config_set(&c, "image-size", "64"));
+    CHECK_OK(ts_run_config_set(&c, "model", "resnet18"));
+    CHECK_OK(ts_run_config_set(&c, "lr", "0.125"));
+    CHECK_OK(ts_run_config_set(&c, "sync_bn", "true"));
+    CHECK_OK(ts_run_config_set(&c, "precision", "BF16"));
+    CHECK_OK(ts_run_config_set(&c, "schedule", "gpipe"));
+    CHECK_OK(ts_run_config_set(&c, "ddp_comm", "bf16"));
+    CHECK(c.image_size == 64 && strcmp(c.model, "resnet18") == 0 && c.lr == 0.125 && c.sync_bn &&
+          c.precision == TS_PRECISION_BF16 && c.pp_schedule == TS_PP_GPIPE && c.ddp_comm == TS_PRECISION_BF16);
+    CHECK_OK(ts_run_config_set(&c, "sync-bn", "0"));
+    CHECK(!c.sync_bn);
+    CHECK_OK(ts_run_config_check(&c));
+
+    ts_run_config before = c;
+    CHECK_STATUS(ts_run_config_set(&c, "imagesize", "64"), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("unknown field 'imagesize'");
+    CHECK_STATUS(ts_run_config_set(&c, "epochs", "0"), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("epochs 0: expected a value in [1, 1e+06]");
+    CHECK_STATUS(ts_run_config_set(&c, "batch_size", "32.5"), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("batch_size: expected an integer, got '32.5'");
+    CHECK_STATUS(ts_run_config_set(&c, "lr", "nan"), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("lr: expected a number");
+    CHECK_STATUS(ts_run_config_set(&c, "sync_bn", "yes"), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("sync_bn: expected true or false, got 'yes'");
+    CHECK_STATUS(ts_run_config_set(&c, "ddp_comm", "fp16"), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("ddp_comm: unknown value 'fp16' (expected fp32 or bf16)");
+    CHECK_STATUS(ts_run_config_set(&c, "data", ""), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("data: expected a non-empty value");
+    CHECK(memcmp(&before, &c, sizeof c) == 0);
+}
+
 int main(int argc, char **argv) {
     ts_set_num_threads(2);
     static const tu_test tests[] = {
         T(test_check_defaults), T(test_check_values), T(test_check_enums), T(test_check_combinations),
-        T(test_names_round_trip), T(test_precision_apply), T(test_checkpoint_model), T(test_run_schedule_length),
+        T(test_names_round_trip), T(test_fields_set), T(test_precision_apply), T(test_checkpoint_model), T(test_run_schedule_length),
         T(test_run_end_to_end),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);

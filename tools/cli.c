@@ -37,13 +37,8 @@ int cli_fail(const char *cmd, const char *what) {
     return 1;
 }
 
-const char *cli_name_opt(int i) { return ts_optimizer_kind_name((ts_optimizer_kind)i); }
-const char *cli_name_lr(int i) { return ts_lr_kind_name((ts_lr_kind)i); }
 const char *cli_name_prec(int i) { return ts_precision_name((ts_precision)i); }
 const char *cli_name_conv(int i) { return ts_conv_algo_name((ts_conv_algo)i); }
-const char *cli_name_strat(int i) { return ts_strategy_kind_name((ts_strategy_kind)i); }
-const char *cli_name_pp(int i) { return ts_pp_schedule_name((ts_pp_schedule)i); }
-const char *cli_name_dec(int i) { return ts_decode_device_name((ts_decode_device)i); }
 const char *cli_name_back(int i) { return ts_run_backend_name((ts_run_backend)i); }
 
 static const char *enum_name(const cli_flag *fl) {

@@ -30,13 +30,8 @@ typedef struct cli_enum {
     const char *(*names)(int);
 } cli_enum;
 /* The library's name of an enum value by int, for CLI_ENUM_OF (NULL past the last value). */
-const char *cli_name_opt(int i);
-const char *cli_name_lr(int i);
 const char *cli_name_prec(int i);
 const char *cli_name_conv(int i);
-const char *cli_name_strat(int i);
-const char *cli_name_pp(int i);
-const char *cli_name_dec(int i);
 const char *cli_name_back(int i);
 /* The ptr of a CLI_ENUM flag: CLI_ENUM_OF(c->precision, name_fn), in the block that holds the table. */
 #define CLI_ENUM_OF(var, names) (&(cli_enum){&(var), (names)})

@@ -21,14 +21,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* The flag table writes enum fields through an int. */
-_Static_assert(sizeof(ts_precision) == sizeof(int) && sizeof(ts_strategy_kind) == sizeof(int) &&
-                   sizeof(ts_optimizer_kind) == sizeof(int) && sizeof(ts_lr_kind) == sizeof(int),
-               "enum fields must be int-sized");
 
 typedef struct train_args {
     ts_run_config c;
@@ -47,65 +43,43 @@ typedef struct train_args {
     "Each flag is a field of the library's ts_run_config (--image-size: image_size); --config FILE reads\n"       \
     "`field = value` lines (what --print-config writes), flags on the command line win."
 
+#define TRAIN_MAX_FLAGS 64
+
+/* The command's flags: its own, then one per field of the run config (the library's table, ts_run_fields),
+ * then the config's name of --schedule (what --print-config writes) as a hidden alias. */
+static int train_flags(train_args *a, cli_flag *flags, cli_enum *enums) {
+    int nf = 0, k = 0;
+    const ts_run_field *rf = ts_run_fields(&nf);
+    flags[k++] = (cli_flag){"config", CLI_STRING, &a->config, "read `field = value` lines (the fields are these flags' names) from this file first; the command line wins", 1, 0};
+    flags[k++] = (cli_flag){"print-config", CLI_BOOL, &a->print_config, "print the configuration as `field = value` lines (what --config reads) and exit", 1, 0};
+    flags[k++] = (cli_flag){"metrics-json", CLI_STRING, &a->metrics_json, "write final metrics to this JSON file", 1, 0};
+    flags[k++] = (cli_flag){"quiet", CLI_BOOL, &a->quiet, "no progress bar", 1, 0};
+    static const cli_type types[] = {[TS_RUN_FIELD_INT] = CLI_INT, [TS_RUN_FIELD_FLOAT] = CLI_FLOAT,
+                                     [TS_RUN_FIELD_STRING] = CLI_STRING, [TS_RUN_FIELD_BOOL] = CLI_BOOL,
+                                     [TS_RUN_FIELD_ENUM] = CLI_ENUM};
+    for (int i = 0; i < nf && k < TRAIN_MAX_FLAGS - 1; i++) {
+        void *field = (char *)&a->c + rf[i].offset;
+        void *ptr = field;
+        if (rf[i].kind == TS_RUN_FIELD_ENUM) {
+            enums[i] = (cli_enum){field, rf[i].value_name};
+            ptr = &enums[i];
+        }
+        flags[k++] = (cli_flag){rf[i].flag, types[rf[i].kind], ptr, rf[i].help, rf[i].min, rf[i].max};
+        if (rf[i].offset == offsetof(ts_run_config, pp_schedule))
+            flags[k++] = (cli_flag){"pp-schedule", CLI_ENUM, ptr, NULL, rf[i].min, rf[i].max};
+    }
+    return k;
+}
+
 /* The flags, the config file and the command line into a; *cfg_buf holds the file's strings (free it). */
 static int parse(int argc, char **argv, train_args *a, char **cfg_buf) {
-    ts_run_config *c = &a->c;
-    const cli_flag flags[] = {
-        {"config", CLI_STRING, &a->config, "read `field = value` lines (the fields are these flags' names) from this file first; the command line wins", 1, 0},
-        {"print-config", CLI_BOOL, &a->print_config, "print the configuration as `field = value` lines (what --config reads) and exit", 1, 0},
-        {"data", CLI_STRING, &c->data, "directory with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz], or images: a folder with one sub-folder per class (or its train/ and val/ or test/), or a \"path label\" list", 1, 0},
-        {"data-threads", CLI_INT, &c->data_threads, "worker threads decoding images (image --data only)", 1, 256},
-        {"decode", CLI_ENUM, CLI_ENUM_OF(c->decode, cli_name_dec), "where the training images' JPEGs are decoded: cpu (the worker threads) or mixed (read and cropped on the workers, decoded by nvJPEG and resized on the --device GPU, DALI's device=\"mixed\"; PNGs and evaluation on the workers)", TS_DECODE_CPU, TS_DECODE_MIXED},
-        {"skip-corrupt", CLI_BOOL, &c->skip_corrupt, "image --data: leave out files that do not decode (each named in a warning, counted in the summary) instead of stopping", 1, 0},
-        {"model", CLI_STRING, &c->model, "cnn (the reference CNN; the default, or with --resume the checkpoint's), mlp, resnet18, resnet34, resnet50, resnet101 or resnet152 (torchvision's)", 1, 0},
-        {"image-size", CLI_INT, &c->image_size, "ResNets: train on RGB crops of this side (64, 112, 224: the default); cnn and mlp take 28", 0, 4096},
-        {"num-classes", CLI_INT, &c->num_classes, "outputs of the model's last layer (0: the data's classes; more keeps e.g. ImageNet's 1000 for --init-from)", 0, 1 << 20},
-        {"epochs", CLI_INT, &c->epochs, "number of epochs", 1, 1e6},
-        {"max-steps", CLI_INT, &c->max_steps, "the run's length in optimizer steps, when fewer than the epochs' (the learning-rate schedule spans them; 0: no limit)", 0, 1e12},
-        {"batch-size", CLI_INT, &c->batch_size, "images per step (per rank with --nproc)", 1, 1 << 20},
-        {"lr", CLI_FLOAT, &c->lr, "peak learning rate", 0, 1e3},
-        {"momentum", CLI_FLOAT, &c->momentum, "SGD momentum", 0, 1},
-        {"weight-decay", CLI_FLOAT, &c->weight_decay, "weight decay (SGD: L2; AdamW: decoupled)", 0, 1},
-        {"optimizer", CLI_ENUM, CLI_ENUM_OF(c->optimizer, cli_name_opt), "sgd or adamw", 0, TS_OPTIMIZER_COUNT - 1},
-        {"lr-schedule", CLI_ENUM, CLI_ENUM_OF(c->lr_schedule, cli_name_lr), "none, step (x0.1 every epoch) or cosine (to 0 over the run's steps)", TS_LR_CONSTANT, TS_LR_COSINE},
-        {"label-smoothing", CLI_FLOAT, &c->label_smoothing, "cross-entropy label smoothing", 0, 1},
-        {"warmup-steps", CLI_INT, &c->warmup_steps, "linear learning-rate warmup over the first N steps, from lr/3 (torch's LinearLR), then --lr-schedule over the rest", 0, 1e12},
-        {"accum-steps", CLI_INT, &c->accum_steps, "gradient accumulation: one optimizer step per K batches of --batch-size (DDP all-reduces on the K-th only)", 1, 1 << 20},
-        {"clip-grad-norm", CLI_FLOAT, &c->clip_grad_norm, "clip the gradients' global L2 norm to this before each step (0: off)", 0, 1e12},
-        {"seed", CLI_INT, &c->seed, "seed for initialisation and shuffling", 0, 9.2e18},
-        {"threads", CLI_INT, &c->threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
-        {"conv-algo", CLI_ENUM, CLI_ENUM_OF(c->conv_algo, cli_name_conv), "convolutions: auto (oneDNN's primitives where built, else Winograd F(2x2) for 3x3 stride-1 ones from 16 channels), winograd (adds F(4x4): faster, rounds more), im2col, winograd-f2, winograd-f4 or onednn", TS_CONV_AUTO, TS_CONV_ONEDNN},
-        {"checkpoint", CLI_STRING, &c->checkpoint, "save model+optimizer after every epoch and at the end", 1, 0},
-        {"checkpoint-dir", CLI_STRING, &c->checkpoint_dir, "save a new step-<N>.ckpt here each time; a run whose folder holds one resumes from the newest complete one (restarts)", 1, 0},
-        {"keep", CLI_INT, &c->keep, "--checkpoint-dir: keep the newest K checkpoints (0: all)", 0, 1e9},
-        {"checkpoint-every", CLI_INT, &c->checkpoint_every, "also save every this many steps (0: epoch ends only)", 0, 1e12},
-        {"resume", CLI_STRING, &c->resume, "continue the run saved in this checkpoint, with its model, classes, image size and seed", 1, 0},
-        {"init-from", CLI_STRING, &c->init_from, "start from these weights (safetensors file or checkpoint; strict; step 0, fresh optimizer; ignored when resuming)", 1, 0},
-        {"init-exclude", CLI_STRING, &c->init_exclude, "--init-from: keep the fresh weights under these comma-separated prefixes (e.g. fc: a new classifier)", 1, 0},
-        {"metrics-json", CLI_STRING, &a->metrics_json, "write final metrics to this JSON file", 1, 0},
-        {"trace", CLI_STRING, &c->trace, "write a Chrome/Perfetto trace of the run (steps, data wait, forward, backward, optimizer, evaluation, DDP all-reduces, pipeline stages) to this file; with several ranks each writes its own, .rankR before the extension (trace.json -> trace.rank0.json): `tessera trace merge` joins them", 1, 0},
-        {"metrics-csv", CLI_STRING, &c->metrics_csv, "rank 0: one CSV row per optimizer step (step, epoch, loss, lr, images_per_second, data_wait_share, allreduce_seconds), flushed as written", 1, 0},
-        {"quiet", CLI_BOOL, &a->quiet, "no progress bar", 1, 0},
-        {"nproc", CLI_INT, &c->nproc, "processes on this machine, each a DDP rank (launched through tessera run)", 1, 1024},
-        {"strategy", CLI_ENUM, CLI_ENUM_OF(c->strategy, cli_name_strat), "one process, many devices: data, model, pipeline or tile (see --devices); ddp is implied by --nproc or a launcher", 0, TS_STRATEGY_COUNT - 1},
-        {"devices", CLI_STRING, &c->devices, "devices for --strategy, e.g. cpu:0,cpu:1 (default: every virtual CPU device)", 1, 0},
-        {"device", CLI_STRING, &c->device, "the device the model trains on, one per process: cpu (default), cpu:K, cuda:N, or cuda (DDP: cuda:LOCAL_RANK, wrapping around the GPUs); `tessera devices` lists them", 1, 0},
-        {"micro-batches", CLI_INT, &c->micro_batches, "--strategy pipeline: micro-batches per batch", 1, 1 << 20},
-        {"schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, cli_name_pp), "--strategy pipeline: gpipe or 1f1b", TS_PP_GPIPE, TS_PP_1F1B},
-        /* the config's name of --schedule (what --print-config writes), not listed */
-        {"pp-schedule", CLI_ENUM, CLI_ENUM_OF(c->pp_schedule, cli_name_pp), NULL, TS_PP_GPIPE, TS_PP_1F1B},
-        {"timeout", CLI_FLOAT, &c->timeout, "seconds a rank waits for the others (0: TS_DIST_TIMEOUT or 1800)", 0, 1e7},
-        {"backend", CLI_ENUM, CLI_ENUM_OF(c->backend, cli_name_back), "process group backend: auto, builtin (shared memory + TCP), mpi (under mpirun; --nproc starts mpirun), or nccl (CUDA devices; what auto takes with --device cuda when every rank has its own GPU)", 0, TS_RUN_BACKEND_COUNT - 1},
-        {"precision", CLI_ENUM, CLI_ENUM_OF(c->precision, cli_name_prec), "fp32, bf16: autocast — matmuls and convolutions take and return bfloat16 (float32 accumulation: AVX512_BF16 through oneDNN on the CPU, tensor cores on CUDA), BatchNorm/ReLU/max pooling/add keep bfloat16 activations (TS_AUTOCAST=fp32: products only, float32 between layers); weights, optimizer, losses and normalisation statistics stay float32; or fp16: operands rounded to float16, with dynamic loss scaling (steps with inf/NaN gradients skipped; on the CPU float16 runs at float32 speed)", 0, TS_PRECISION_COUNT - 1},
-        {"loss-scale", CLI_FLOAT, &c->loss_scale, "--precision fp16: the initial loss scale (grows x2 every 2000 clean steps, halves on overflow)", 1, 1e30},
-        {"ddp-comm", CLI_ENUM, CLI_ENUM_OF(c->ddp_comm, cli_name_prec), "DDP gradient all-reduce in fp32, or bf16 (compressed: half the bytes, like PyTorch's bf16_compress_hook)", TS_PRECISION_FP32, TS_PRECISION_BF16},
-        {"sync-bn", CLI_BOOL, &c->sync_bn, "with --nproc > 1: BatchNorm statistics over all ranks' batches (SyncBatchNorm)", 1, 0},
-    };
-    const cli_command cmd = {"train", "tessera train [flags]", SUMMARY, flags, (int)(sizeof flags / sizeof flags[0])};
+    cli_flag flags[TRAIN_MAX_FLAGS];
+    cli_enum enums[TRAIN_MAX_FLAGS];
+    const cli_command cmd = {"train", "tessera train [flags]", SUMMARY, flags, train_flags(a, flags, enums)};
     int rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL);
     if (rc == 0 && a->config && (rc = cli_load_config(&cmd, a->config, cfg_buf)) == 0)
         rc = cli_parse(&cmd, argc, argv, NULL, 0, NULL); /* the command line wins */
-    if (rc == 0 && ts_run_config_check(c) != TS_OK) return cli_usage_error(&cmd, "%s", ts_last_error());
+    if (rc == 0 && ts_run_config_check(&a->c) != TS_OK) return cli_usage_error(&cmd, "%s", ts_last_error());
     if (rc == 0 && a->print_config) {
         static const char *const skip[] = {"config", "print-config", "schedule", NULL}; /* pp_schedule instead */
         cli_print_config(&cmd, stdout, skip);

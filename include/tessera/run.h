@@ -145,6 +145,37 @@ typedef struct ts_run_config {
                      .pp_schedule = TS_PP_1F1B, .nproc = 1, .backend = TS_RUN_BACKEND_AUTO,                    \
                      .ddp_comm = TS_PRECISION_FP32})
 
+/* ---- the config's fields by name ---------------------------------------------------------------------------- */
+/* Every field a run can be told, as a table: what `tessera train` builds its flags from, config files and the
+ * Python package's tessera.train(**fields) set through ts_run_config_set, and ts_run_config_check checks
+ * ranges and enums with. (The callback, user and the header fields are not in it.) */
+typedef enum ts_run_field_kind {
+    TS_RUN_FIELD_INT,    /* int64_t */
+    TS_RUN_FIELD_FLOAT,  /* double */
+    TS_RUN_FIELD_STRING, /* const char * (borrowed) */
+    TS_RUN_FIELD_BOOL,   /* bool */
+    TS_RUN_FIELD_ENUM    /* an int-sized enum */
+} ts_run_field_kind;
+
+typedef struct ts_run_field {
+    const char *name;  /* the config's field: "image_size" */
+    const char *flag;  /* `tessera train`'s flag, without the dashes: "image-size" ("schedule" for pp_schedule) */
+    ts_run_field_kind kind;
+    size_t offset;     /* of the field in ts_run_config */
+    double min, max;   /* INT, FLOAT: the range; ENUM: the first and last value allowed; else min > max */
+    const char *(*value_name)(int); /* ENUM: the library's name of each value */
+    const char *help;  /* one line, in the command's words */
+} ts_run_field;
+
+/* The table (static) and, when n is not NULL, its length. */
+const ts_run_field *ts_run_fields(int *n);
+/* The field called name — its field name or its flag, '-' and '_' alike — or NULL. */
+const ts_run_field *ts_run_field_find(const char *name);
+/* Sets the field called name from its text form: an integer, a number, a non-empty string (borrowed: it must
+ * outlive the run), true/false/1/0, or an enum value's name (any case). Unknown fields, malformed values and
+ * values out of the field's range are TS_ERR_INVALID_ARG naming the field; c is unchanged then. */
+ts_status ts_run_config_set(ts_run_config *c, const char *name, const char *value);
+
 /* What is wrong with c, before anything is built: TS_OK, or TS_ERR_INVALID_ARG (TS_ERR_IO for a data path
  * that cannot be read, TS_ERR_UNSUPPORTED for a backend this build lacks) with a message naming the field:
  * an unknown model, values out of range, an image_size the model cannot take, combinations that cannot work

@@ -4,6 +4,8 @@
  * its flags, in the config's words: the fields are the flags' names), whether
  * the caller must start processes, and the precision applied in one place.
  */
+#include "train/run_fields.h"
+
 #include "core/env.h"
 #include "core/internal.h"
 #include "core/timeline.h"
@@ -72,75 +74,6 @@ ts_status ts_precision_apply(ts_precision p) {
     TS_TRY(ts_set_matmul_precision(ts_precision_dtype(p)));
     /* TS_AUTOCAST in the environment is autocast's starting value (core/threads.c): when set, it decides */
     if (!ts_env_is_set(TS_ENV_AUTOCAST)) TS_TRY(ts_set_autocast(p == TS_PRECISION_BF16 ? TS_BF16 : TS_F32));
-    return TS_OK;
-}
-
-/* ---- ranges --------------------------------------------------------------------------------------------- */
-typedef struct field_range {
-    const char *name;
-    size_t off;
-    bool real;      /* double, else int64_t */
-    double lo, hi;
-} field_range;
-
-#define RI(f, lo, hi) {#f, offsetof(ts_run_config, f), false, lo, hi}
-#define RD(f, lo, hi) {#f, offsetof(ts_run_config, f), true, lo, hi}
-static const field_range ranges[] = {
-    RI(num_classes, 0, TS_MAX_CLASSES), RI(image_size, 0, 4096), RI(data_threads, 1, 256), RI(batch_size, 1, 1 << 20),
-    RI(seed, 0, 9.2e18), RD(lr, 0, 1e3), RD(momentum, 0, 1), RD(weight_decay, 0, 1), RD(label_smoothing, 0, 1),
-    RI(warmup_steps, 0, 1e12), RI(epochs, 1, 1e6), RI(max_steps, 0, 1e12), RI(accum_steps, 1, 1 << 20),
-    RD(clip_grad_norm, 0, 1e12), RD(loss_scale, 1, 1e30), RI(threads, 0, 4096), RI(micro_batches, 1, 1 << 20),
-    RI(nproc, 1, 1024), RD(timeout, 0, 1e7), RI(keep, 0, 1e9), RI(checkpoint_every, 0, 1e12),
-};
-
-static ts_status check_ranges(const ts_run_config *c) {
-    for (size_t i = 0; i < TS_ARRAY_LEN(ranges); i++) {
-        const field_range *f = &ranges[i];
-        const char *p = (const char *)c + f->off;
-        double v;
-        if (f->real) {
-            memcpy(&v, p, sizeof v);
-        } else {
-            int64_t x;
-            memcpy(&x, p, sizeof x);
-            v = (double)x;
-        }
-        if (!(v >= f->lo && v <= f->hi)) /* also NaN */
-            return ts_error(TS_ERR_INVALID_ARG, "%s %g: expected a value in [%g, %g]", f->name, v, f->lo, f->hi);
-    }
-    return TS_OK;
-}
-
-/* Each enum field holds one of its values. */
-static ts_status check_enum(const char *field, int v, int n, const char *(*name)(int)) {
-    if (v >= 0 && v < n) return TS_OK;
-    char list[256];
-    size_t k = 0;
-    for (int i = 0; i < n && k < sizeof list; i++) k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", i ? ", " : "", name(i));
-    return ts_error(TS_ERR_INVALID_ARG, "%s %d: expected one of %s", field, v, list);
-}
-
-static const char *n_opt(int i) { return ts_optimizer_kind_name((ts_optimizer_kind)i); }
-static const char *n_lr(int i) { return ts_lr_kind_name((ts_lr_kind)i); }
-static const char *n_prec(int i) { return ts_precision_name((ts_precision)i); }
-static const char *n_conv(int i) { return ts_conv_algo_name((ts_conv_algo)i); }
-static const char *n_strat(int i) { return ts_strategy_kind_name((ts_strategy_kind)i); }
-static const char *n_pp(int i) { return ts_pp_schedule_name((ts_pp_schedule)i); }
-static const char *n_dec(int i) { return ts_decode_device_name((ts_decode_device)i); }
-static const char *n_back(int i) { return ts_run_backend_name((ts_run_backend)i); }
-
-static ts_status check_enums(const ts_run_config *c) {
-    TS_TRY(check_enum("optimizer", (int)c->optimizer, TS_OPTIMIZER_COUNT, n_opt));
-    TS_TRY(check_enum("lr_schedule", (int)c->lr_schedule, TS_LR_COSINE + 1, n_lr));
-    TS_TRY(check_enum("precision", (int)c->precision, TS_PRECISION_COUNT, n_prec));
-    TS_TRY(check_enum("conv_algo", (int)c->conv_algo, TS_CONV_ONEDNN + 1, n_conv));
-    TS_TRY(check_enum("strategy", (int)c->strategy, TS_STRATEGY_COUNT, n_strat));
-    TS_TRY(check_enum("pp_schedule", (int)c->pp_schedule, TS_PP_1F1B + 1, n_pp));
-    TS_TRY(check_enum("decode", (int)c->decode, TS_DECODE_MIXED + 1, n_dec));
-    TS_TRY(check_enum("backend", (int)c->backend, TS_RUN_BACKEND_COUNT, n_back));
-    if (c->ddp_comm != TS_PRECISION_FP32 && c->ddp_comm != TS_PRECISION_BF16)
-        return ts_error(TS_ERR_INVALID_ARG, "ddp_comm %s: expected fp32 or bf16",
-                        ts_precision_name(c->ddp_comm) ? ts_precision_name(c->ddp_comm) : "?");
     return TS_OK;
 }
 
@@ -224,8 +157,7 @@ ts_status ts_run_config_check(const ts_run_config *c) {
     TS_ARG(c->size == sizeof *c && c->magic == TS_RUN_CONFIG_MAGIC && c->version == TS_RUN_CONFIG_VERSION,
            "ts_run_config_check: the config was not initialised with TS_RUN_CONFIG_INIT");
     TS_ARG(c->data, "data: no data set given");
-    TS_TRY(check_ranges(c));
-    TS_TRY(check_enums(c));
+    TS_TRY(ts__run_config_check_fields(c)); /* ranges and enums */
     TS_TRY(check_model(c));
     TS_TRY(check_backend(c));
     ts_dist_env env;
