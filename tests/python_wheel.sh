@@ -25,4 +25,4 @@ ls "$T/site/tessera" | tr '\n' ' '; echo
 (cd "$T" && PYTHONPATH="$T/site" "$PY" -c 'import tessera, sys; assert tessera.__file__.startswith(sys.argv[1]), tessera.__file__' "$T/site") ||
   { echo "FAIL: import tessera did not find the installed package"; exit 1; }
 # the same tests as against the build tree, against what pip installed
-(cd "$T" && bash "$HERE/python_tests.sh" "$T/site")
+(cd "$T" && bash "$HERE/python_tests.sh" "$T/site" "$BUILD/tessera")

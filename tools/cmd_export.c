@@ -85,7 +85,6 @@ typedef struct export_args {
     bool static_batch;
     int ndim;
     int64_t dims[EXPORT_MAX_DIMS];
-    char shape_buf[96], model_buf[64];
 } export_args;
 
 static int export_flags(int argc, char **argv, export_args *a) {
@@ -119,37 +118,6 @@ static int export_flags(int argc, char **argv, export_args *a) {
     return 0;
 }
 
-/* The model: the checkpoint's (ts_checkpoint_model_load), else the zoo's with fresh weights; and the example's
- * default shape: 1 x the checkpoint's input, else the model's. */
-static int build_model(export_args *a, ts_module **m) {
-    ts_checkpoint_model_info info = {0};
-    ts_rng rng;
-    ts_rng_seed(&rng, (uint64_t)a->seed);
-    ts_model_desc md;
-    ts_status st = a->checkpoint ? ts_checkpoint_model_load(a->checkpoint, a->model, m, &info)
-                                 : ts_model_new(a->model, 0, &rng, m);
-    if (st != TS_OK) {
-        fprintf(stderr, "tessera export: %s%s\n", a->checkpoint ? "" : "--model: ", ts_last_error());
-        ts_checkpoint_model_info_clear(&info);
-        return cli_exit_for(st);
-    }
-    if (a->checkpoint) {
-        snprintf(a->model_buf, sizeof a->model_buf, "%s", info.model);
-        a->model = a->model_buf;
-    }
-    ts_model_info(a->model, &md);
-    int64_t c = info.channels > 0 ? info.channels : md.in_channels, h = info.height > 0 ? info.height : md.image_size,
-            w = info.width > 0 ? info.width : md.image_size;
-    ts_checkpoint_model_info_clear(&info);
-    if (!a->shape) {
-        a->ndim = 4;
-        a->dims[0] = 1, a->dims[1] = c, a->dims[2] = h, a->dims[3] = w;
-        snprintf(a->shape_buf, sizeof a->shape_buf, "1,%lld,%lld,%lld", (long long)c, (long long)h, (long long)w);
-        a->shape = a->shape_buf;
-    }
-    return 0;
-}
-
 /* --reference: the example and the model's outputs for it as .npy files. */
 static int write_reference(const char *prefix, ts_module *m, ts_tensor *x) {
     char path[4096];
@@ -172,16 +140,20 @@ int ts_cmd_export(int argc, char **argv) {
     int rc = export_flags(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
     ts_module *m = NULL;
-    if ((rc = build_model(&a, &m)) != 0) return rc;
-    ts_rng rng;
-    ts_rng_seed(&rng, (uint64_t)a.seed + 1);
     ts_tensor *x = NULL;
+    const char *name = NULL;
+    ts_status st = ts_export_model_new(a.checkpoint, a.model, (uint64_t)a.seed, a.shape ? a.ndim : 0, a.dims, &m, &x,
+                                       &name);
+    if (st != TS_OK) {
+        fprintf(stderr, "tessera export: %s%s\n", a.checkpoint ? "" : "--model: ", ts_last_error());
+        return cli_exit_for(st);
+    }
+    char shape[96];
+    ts_shape_str(ts_tensor_ndim(x), ts_tensor_shape(x), shape, sizeof shape);
     rc = 1;
     ts_onnx_opts o = TS_ONNX_OPTS_INIT;
     o.dynamic_batch = !a.static_batch;
-    if (ts_tensor_empty(ts_device_cpu(), TS_F32, a.ndim, a.dims, &x) != TS_OK || ts_tensor_normal_(x, 0, 1, &rng) != TS_OK)
-        cli_fail("export", "example input");
-    else if (ts_export_onnx(m, x, a.out, &o) != TS_OK)
+    if (ts_export_onnx(m, x, a.out, &o) != TS_OK)
         fprintf(stderr, "tessera export: %s\n", ts_last_error());
     else if (!a.reference || write_reference(a.reference, m, x) == 0)
         rc = 0;
@@ -190,7 +162,7 @@ int ts_cmd_export(int argc, char **argv) {
         long long bytes = stat(a.out, &sb) == 0 ? (long long)sb.st_size : -1;
         char esc[1024];
         printf("wrote %s: %s as ONNX (IR 8, opset 17), input %s, %lld bytes\n", cli_printable(a.out, esc, sizeof esc),
-               a.model, a.shape, bytes);
+               name, shape, bytes);
     }
     ts_tensor_release(x);
     ts_module_free(m);

@@ -512,6 +512,13 @@ void ts_checkpoint_model_info_clear(ts_checkpoint_model_info *info);
  * with path. */
 ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_module **out,
                                    ts_checkpoint_model_info *info);
+/* The model `tessera export` writes and an example input for tracing it: the checkpoint's model
+ * (ts_checkpoint_model_load; model, when not NULL, must be its model) or, without a checkpoint, the zoo's
+ * `model` with fresh weights from seed; the example is float32 N(0, 1) values from seed + 1 of shape[0..ndim)
+ * (ndim 0: 1 x the checkpoint's recorded input, else the model's: 1x1x28x28, 1x3x224x224). Both new; nothing
+ * is left on failure. *name (may be NULL) gets the model's zoo name (static). */
+ts_status ts_export_model_new(const char *checkpoint, const char *model, uint64_t seed, int ndim,
+                              const int64_t *shape, ts_module **m, ts_tensor **example, const char **name);
 /* Writes a checkpoint that holds model's state dict and info's name, classes, input shape (channels, height,
  * width; 0: the zoo's input for info->model and image_size) and class names (NULL: none), atomically:
  * what ts_checkpoint_model_load, `tessera eval/predict/export` and `train --init-from` read. */

@@ -14,24 +14,25 @@
 static PyObject *Error, *ArgumentError, *ShapeError, *DtypeError, *DeviceError, *FileError, *FormatError,
     *OutOfMemoryError, *DistributedError, *TimeoutError_, *UnsupportedError;
 
-/* Raises the exception for status st with the library's message; returns NULL. */
-PyObject *tspy_raise(ts_status st) {
-    PyObject *cls = Error;
+PyObject *tspy_error_class(ts_status st) {
     switch (st) {
-    case TS_ERR_INVALID_ARG: cls = ArgumentError; break;
-    case TS_ERR_SHAPE: cls = ShapeError; break;
-    case TS_ERR_DTYPE: cls = DtypeError; break;
-    case TS_ERR_DEVICE: cls = DeviceError; break;
-    case TS_ERR_IO: cls = FileError; break;
-    case TS_ERR_FORMAT: cls = FormatError; break;
-    case TS_ERR_NOMEM: cls = OutOfMemoryError; break;
-    case TS_ERR_REMOTE: cls = DistributedError; break;
-    case TS_ERR_TIMEOUT: cls = TimeoutError_; break;
-    case TS_ERR_UNSUPPORTED: cls = UnsupportedError; break;
-    default: break;
+    case TS_ERR_INVALID_ARG: return ArgumentError;
+    case TS_ERR_SHAPE: return ShapeError;
+    case TS_ERR_DTYPE: return DtypeError;
+    case TS_ERR_DEVICE: return DeviceError;
+    case TS_ERR_IO: return FileError;
+    case TS_ERR_FORMAT: return FormatError;
+    case TS_ERR_NOMEM: return OutOfMemoryError;
+    case TS_ERR_REMOTE: return DistributedError;
+    case TS_ERR_TIMEOUT: return TimeoutError_;
+    case TS_ERR_UNSUPPORTED: return UnsupportedError;
+    default: return Error;
     }
+}
+
+PyObject *tspy_raise(ts_status st) {
     const char *msg = ts_last_error();
-    PyErr_SetString(cls, msg && *msg ? msg : ts_status_str(st));
+    PyErr_SetString(tspy_error_class(st), msg && *msg ? msg : ts_status_str(st));
     return NULL;
 }
 

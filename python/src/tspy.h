@@ -1,6 +1,7 @@
 /*
- * python/src/tspy.h — what the parts of the extension (the C files of python/src, one module `tessera._tessera`) share:
- * the library's errors as Python exceptions, tessera.Tensor, and the hooks each part adds its names through.
+ * python/src/tspy.h — what the parts of the extension (the C files of python/src, one module
+ * `tessera._tessera`) share: the library's errors as Python exceptions, tessera.Tensor, and the hooks each
+ * part adds its names through.
  * Every part is C on the stable ABI of Python 3.11 (Py_LIMITED_API) and calls the library only through its
  * public header; a call that can block releases the GIL (Py_BEGIN_ALLOW_THREADS).
  */
@@ -12,6 +13,10 @@
 #include <Python.h>
 
 #include "tessera.h"
+
+/* The tessera exception class for st (borrowed): tessera.ArgumentError for TS_ERR_INVALID_ARG, ...,
+ * tessera.Error for the others. */
+PyObject *tspy_error_class(ts_status st);
 
 /* Raises the tessera exception for st (tessera.ArgumentError for TS_ERR_INVALID_ARG, ...) with the library's
  * last error message; returns NULL. */

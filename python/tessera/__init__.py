@@ -9,6 +9,7 @@ This release: the library's errors as exceptions, tensors shared with PyTorch an
     a = np.asarray(tessera.zeros([2, 3]))        # NumPy over a Tessera tensor
     sd = {k: torch.from_dlpack(v) for k, v in tessera.load_checkpoint("run.ckpt").items()}
 """
+from ._train import export_onnx, export_safetensors, run_fields, save_safetensors, train  # noqa: F401
 from ._tessera import (  # noqa: F401
     ArgumentError,
     DeviceError,
@@ -30,5 +31,5 @@ from ._tessera import (  # noqa: F401
 __all__ = [
     "Error", "ArgumentError", "ShapeError", "DtypeError", "DeviceError", "FileError", "FormatError",
     "OutOfMemoryError", "DistributedError", "TimeoutError", "UnsupportedError", "Tensor", "from_dlpack",
-    "load_checkpoint", "zeros",
+    "load_checkpoint", "zeros", "train", "run_fields", "export_safetensors", "save_safetensors", "export_onnx",
 ]

@@ -229,3 +229,43 @@ fail:
     ts_ckpt_free(ck);
     return st;
 }
+
+/* ---- the model an export writes ------------------------------------------------------------------------- */
+ts_status ts_export_model_new(const char *checkpoint, const char *model, uint64_t seed, int ndim,
+                              const int64_t *shape, ts_module **m, ts_tensor **example, const char **name) {
+    TS_ARG(m && example, "ts_export_model_new: NULL output");
+    TS_ARG(checkpoint || model, "export: a model name or a checkpoint is needed");
+    TS_ARG(ndim >= 0 && ndim <= TS_MAX_DIMS && (ndim == 0 || shape), "export: input shape: %d dimensions", ndim);
+    for (int i = 0; i < ndim; i++)
+        TS_ARG(shape[i] >= 1 && shape[i] <= ((int64_t)1 << 31), "export: input shape: dimension %d is %lld", i,
+               (long long)shape[i]);
+    *m = NULL, *example = NULL;
+    ts_checkpoint_model_info info = {0};
+    ts_rng rng;
+    ts_rng_seed(&rng, seed);
+    ts_status st = checkpoint ? ts_checkpoint_model_load(checkpoint, model, m, &info) : ts_model_new(model, 0, &rng, m);
+    if (st != TS_OK) {
+        ts_checkpoint_model_info_clear(&info);
+        return st;
+    }
+    int64_t dims[TS_MAX_DIMS];
+    ts_model_desc md;
+    ts_model_info(checkpoint ? info.model : model, &md);
+    if (name) *name = md.name;
+    if (ndim == 0) { /* 1 x the checkpoint's recorded input, else the model's */
+        dims[0] = 1, dims[1] = info.channels > 0 ? info.channels : md.in_channels;
+        dims[2] = info.height > 0 ? info.height : md.image_size, dims[3] = info.width > 0 ? info.width : md.image_size;
+        ndim = 4;
+    } else {
+        memcpy(dims, shape, (size_t)ndim * sizeof *dims);
+    }
+    ts_checkpoint_model_info_clear(&info);
+    ts_rng_seed(&rng, seed + 1);
+    st = ts_tensor_empty(ts_device_cpu(), TS_F32, ndim, dims, example);
+    if (st == TS_OK) st = ts_tensor_normal_(*example, 0, 1, &rng);
+    if (st != TS_OK) {
+        ts_tensor_release(*example), *example = NULL;
+        ts_module_free(*m), *m = NULL;
+    }
+    return st;
+}
