@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/python_wheel.sh BUILD: `pip install .` as a user runs it — pyproject.toml, scikit-build-core driving
+# tests/python_wheel.sh BUILD: `pip install .` (and `pip install ./python`) as a user runs it — pyproject.toml, scikit-build-core driving
 # this repository's CMake (CPU-only here, TS_CUDA=OFF, to keep the test short), the extension and
 # libtessera.so.0 side by side in the installed tessera/ — then tests/python/test_*.py against the installed
 # package (not the build tree). Uses the interop venv's Python (torch, numpy, scikit-build-core: no download).
@@ -24,5 +24,13 @@ ls "$T/site/tessera" | tr '\n' ' '; echo
   { echo "FAIL: no libtessera.so.0 beside the extension"; exit 1; }
 (cd "$T" && PYTHONPATH="$T/site" "$PY" -c 'import tessera, sys; assert tessera.__file__.startswith(sys.argv[1]), tessera.__file__' "$T/site") ||
   { echo "FAIL: import tessera did not find the installed package"; exit 1; }
+# `pip install ./python` (python/pyproject.toml: the same CMake project one folder up, the same build folder)
+if ! "$PY" -m pip install --no-build-isolation --no-deps --disable-pip-version-check -q --target "$T/site2" \
+     --config-settings=cmake.define.TS_CUDA=OFF --config-settings=build-dir="$BUILD/wheel" "$ROOT/python" > "$T/pip2.log" 2>&1; then
+  echo "FAIL: pip install ./python failed:"; tail -30 "$T/pip2.log"; exit 1
+fi
+cmp -s "$T/site/tessera/_tessera.abi3.so" "$T/site2/tessera/_tessera.abi3.so" && cmp -s "$T/site/tessera/_train.py" "$T/site2/tessera/_train.py" ||
+  { echo "FAIL: pip install ./python installed another package than pip install ."; exit 1; }
+echo "ok: pip install ./python installs the same package"
 # the same tests as against the build tree, against what pip installed
 (cd "$T" && bash "$HERE/python_tests.sh" "$T/site" "$BUILD/tessera")
