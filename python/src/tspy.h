@@ -33,5 +33,6 @@ int tspy_tensor_from_object(PyObject *x, ts_tensor **out);
 int tspy_add_pipeline(PyObject *m); /* pipeline.c: tessera.data's ImagePipeline */
 int tspy_add_dist(PyObject *m);     /* dist.c: tessera.distributed's process group and collectives */
 int tspy_add_train(PyObject *m);    /* train.c: tessera.train, exports */
+int tspy_add_ops(PyObject *m);      /* ops.c: ops with autograd on tessera.Tensor, modules written in Python */
 
 #endif
