@@ -146,9 +146,9 @@ typedef struct ts_run_config {
                      .ddp_comm = TS_PRECISION_FP32})
 
 /* ---- the config's fields by name ---------------------------------------------------------------------------- */
-/* Every field a run can be told, as a table: what `tessera train` builds its flags from, config files and the
- * Python package's tessera.train(**fields) set through ts_run_config_set, and ts_run_config_check checks
- * ranges and enums with. (The callback, user and the header fields are not in it.) */
+/* Every field a run can be told, as a table: what `tessera train` builds its flags from, the Python package's
+ * tessera.train(**fields) sets through ts_run_config_set, and ts_run_config_check checks ranges and enums
+ * with. (The callback, user and the header fields are not in it.) */
 typedef enum ts_run_field_kind {
     TS_RUN_FIELD_INT,    /* int64_t */
     TS_RUN_FIELD_FLOAT,  /* double */

@@ -1,8 +1,8 @@
 /*
  * train/run_fields.c — the fields of a ts_run_config as a table (tessera/run.h): name, `tessera train`'s
- * flag, type, place in the struct, range and one line of help. The command builds its flags from it, the
- * Python package's tessera.train(**fields) and config files set fields through ts_run_config_set, and
- * ts_run_config_check checks ranges and enums with it: one list of what a run can be told.
+ * flag, type, place in the struct, range and one line of help. The command builds its flags (and so its
+ * config files) from it, the Python package's tessera.train(**fields) sets fields through ts_run_config_set,
+ * and ts_run_config_check checks ranges and enums with it: one list of what a run can be told.
  */
 #include "train/run_fields.h"
 
