@@ -1,6 +1,6 @@
 """tests/python/test_train.py: tessera.train — the command's run from Python. The same flags give the same
 parameters, bit for bit, as `tessera train` ($TESSERA_BIN); events reach the callback (steps, epoch end with the
-evaluation, checkpoint); bad fields and values are tessera.ArgumentError naming the field; an exception in the
+evaluation, checkpoint), also for two DDP ranks under `tessera run -n 2 python`; bad fields and values are tessera.ArgumentError naming the field; an exception in the
 callback and Ctrl-C stop the run and come back as themselves; nproc > 1 outside a launcher says how to start
 the ranks. The exports: safetensors from a checkpoint and from a dict of torch tensors (read back by the
 `safetensors` package where installed), ONNX from a checkpoint."""
@@ -75,6 +75,19 @@ with tempfile.TemporaryDirectory() as d:
         a, b = tessera.load_checkpoint(ck), tessera.load_checkpoint(ck2)
         same = sorted(a) == sorted(b) and all(torch.equal(torch.from_dlpack(a[k]), torch.from_dlpack(b[k])) for k in a)
         check(same, f"tessera.train and `tessera train` with the same fields: the same {len(a)} tensors, bit for bit")
+
+        # two DDP ranks: the script under `tessera run -n 2` trains what `tessera train --nproc 2` trains
+        ck3, ck4 = os.path.join(d, "py2.ckpt"), os.path.join(d, "cli2.ckpt")
+        script = ("import sys, tessera; r = tessera.train(dict(max_steps=6, epochs=1, batch_size=16, seed=3, lr=0.02), "
+                  "checkpoint=sys.argv[1], progress=False); assert r['world_size'] == 2, r")
+        p = subprocess.run([TS, "run", "-n", "2", "--", sys.executable, "-c", script, ck3], capture_output=True, text=True)
+        check(p.returncode == 0, f"tessera run -n 2 python: two ranks trained ({p.stderr[-300:]})")
+        p = subprocess.run([TS, "train", "--quiet", "--nproc", "2", "--max-steps", "6", "--epochs", "1", "--batch-size",
+                            "16", "--seed", "3", "--lr", "0.02", "--checkpoint", ck4], capture_output=True, text=True)
+        check(p.returncode == 0, f"tessera train --nproc 2 ran ({p.stderr[-200:]})")
+        a, b = tessera.load_checkpoint(ck3), tessera.load_checkpoint(ck4)
+        check(all(torch.equal(torch.from_dlpack(a[k]), torch.from_dlpack(b[k])) for k in a) and sorted(a) == sorted(b),
+              "DDP from Python under tessera run: the same parameters as tessera train --nproc 2, bit for bit")
 
     # an exception in the callback stops the run at that event and comes back as itself
     class Stop(Exception):
