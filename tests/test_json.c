@@ -207,8 +207,11 @@ static void test_message_escapes(void) {
     ts__error_prefix(TS_ERR_IO, "reading\r%s", "x");
     CHECK(strcmp(ts_last_error(), "reading\\x0dx: /tmp/e\\x1b[2J\\x0aforged line\\x09.ckpt: cannot open") == 0);
     char m[12] = "ab\x01\x02\x03";
-    ts__escape_controls(m, sizeof m); /* "ab\x01\x02\x03" needs 14 bytes and a NUL: cut at 11 */
+    ts__escape_controls(m, sizeof m, false); /* "ab\x01\x02\x03" needs 14 bytes and a NUL: cut at 11 */
     CHECK(strcmp(m, "ab\\x01\\x02\\") == 0);
+    char lines[32] = "one\ntwo\r\x1b[2J";
+    ts__escape_controls(lines, sizeof lines, true); /* a log's own line break stays, the rest is escaped */
+    CHECK(strcmp(lines, "one\ntwo\\x0d\\x1b[2J") == 0);
     char big[3000];
     memset(big, '\n', sizeof big - 1);
     big[sizeof big - 1] = 0;

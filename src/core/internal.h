@@ -135,9 +135,10 @@ ts_status ts__check_write_target(const char *path, const char *what);
 const char *ts__file_type_name(unsigned mode);
 const char *ts__printable(const char *s, char *buf, size_t cap);
 /* Every error message (ts_error, ts__error_prefix) and log line (ts_log) passes through this: control
- * characters (ESC, line breaks, tabs, DEL) become \xNN in place, cut to cap, so no file name or peer's
- * text can move a terminal's cursor or forge a log line, whichever message carries it. */
-void ts__escape_controls(char *msg, size_t cap);
+ * characters (ESC, CR, tabs, DEL; line breaks unless keep_lines) become \xNN in place, cut to cap, so no
+ * file name or peer's text can move a terminal's cursor, and no error message spans lines. keep_lines (log
+ * messages): line breaks stay, for the library's multi-line reports (the flight recorder's). */
+void ts__escape_controls(char *msg, size_t cap, bool keep_lines);
 /* A user-given path for a message: ts__printable into buf (TS__PATH_ESC bytes), so a name holding terminal
  * escapes (ESC [ 2 J) or line breaks reaches logs and terminals as \x1b[2J. The library's file-open, read and
  * write errors (core/file.c, checkpoints, IDX files) and the command's "saved"/"wrote" lines use it. */

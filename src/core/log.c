@@ -38,7 +38,7 @@ void ts_log(ts_log_level level, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    ts__escape_controls(msg, sizeof msg);
+    ts__escape_controls(msg, sizeof msg, true); /* multi-line reports (the flight recorder) stay so */
     pthread_mutex_lock(&ts_log_mu);
     if (ts_sink) {
         ts_sink(level, msg, ts_sink_user);

@@ -45,15 +45,18 @@ const char *ts_last_error(void) { return ts_errmsg; }
 
 void ts_clear_error(void) { ts_errmsg[0] = '\0'; }
 
-void ts__escape_controls(char *msg, size_t cap) {
+/* Whether byte c is written as \xNN: control characters (newlines too, unless lines are kept). */
+static bool escaped(unsigned char c, bool keep_lines) { return (c < 0x20 && !(keep_lines && c == '\n')) || c == 0x7f; }
+
+void ts__escape_controls(char *msg, size_t cap, bool keep_lines) {
     size_t n = strlen(msg), extra = 0;
-    for (size_t i = 0; i < n; i++) extra += (unsigned char)msg[i] < 0x20 || msg[i] == 0x7f ? 3 : 0;
+    for (size_t i = 0; i < n; i++) extra += escaped((unsigned char)msg[i], keep_lines) ? 3 : 0;
     if (!extra) return;
     /* from the end, so that each byte moves once; what does not fit in cap is cut */
     size_t out = n + extra < cap ? n + extra : cap - 1;
     for (size_t i = n, o = n + extra; i-- > 0;) {
         unsigned char c = (unsigned char)msg[i];
-        if (c < 0x20 || c == 0x7f) {
+        if (escaped(c, keep_lines)) {
             char e[5];
             snprintf(e, sizeof e, "\\x%02x", c);
             for (int k = 3; k >= 0; k--)
@@ -70,7 +73,7 @@ ts_status ts_error(ts_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(ts_errmsg, sizeof ts_errmsg, fmt, ap);
     va_end(ap);
-    ts__escape_controls(ts_errmsg, sizeof ts_errmsg);
+    ts__escape_controls(ts_errmsg, sizeof ts_errmsg, false);
     return s;
 }
 
@@ -81,7 +84,7 @@ ts_status ts__error_prefix(ts_status s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(ctx, sizeof ctx, fmt, ap);
     va_end(ap);
-    ts__escape_controls(ctx, sizeof ctx);
+    ts__escape_controls(ctx, sizeof ctx, false);
     const char *rest = prev[0] ? prev : ts_status_str(s);
     size_t n = strlen(ctx);
     if (n > TS_ERRMSG_MAX - 3) n = TS_ERRMSG_MAX - 3;
