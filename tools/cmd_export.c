@@ -148,8 +148,10 @@ int ts_cmd_export(int argc, char **argv) {
         fprintf(stderr, "tessera export: %s%s\n", a.checkpoint ? "" : "--model: ", ts_last_error());
         return cli_exit_for(st);
     }
-    char shape[96];
-    ts_shape_str(ts_tensor_ndim(x), ts_tensor_shape(x), shape, sizeof shape);
+    char shape[96]; /* "1,3,224,224": --input-shape's spelling */
+    size_t k = 0;
+    for (int i = 0; i < ts_tensor_ndim(x) && k < sizeof shape; i++)
+        k += (size_t)snprintf(shape + k, sizeof shape - k, "%s%lld", i ? "," : "", (long long)ts_tensor_shape(x)[i]);
     rc = 1;
     ts_onnx_opts o = TS_ONNX_OPTS_INIT;
     o.dynamic_batch = !a.static_batch;
