@@ -17,9 +17,10 @@
  * b h (one thread owns a head's gq, gk, gv: no atomics, and results that do not depend on the thread
  * count); per key tile, for each query tile that sees it, the scores are recomputed with the
  * forward's exact call (same tile shapes, same sgemm: the same bits), P = exp((S - m) - log l),
- * gv += P^T gout, dP = gout V^T, dS = P (dP - D_i), gk += scale dS^T Q, gq += scale dS K.
- * Scratch: two BR x BC tiles and a few rows per thread, and D (BH Tq floats), from the device's
- * allocator.
+ * gv += P^T gout, dP = gout V^T, dS = P (dP - D_i), gk += scale dS^T Q, gq += scale dS (K - kmean)
+ * (the rows of dS sum to 0, so subtracting the head's mean key changes nothing but the rounding: keys
+ * with a large common part would otherwise cancel in gq). Scratch: two BR x BC tiles, a centred key
+ * tile and a few rows per thread, and D (BH Tq floats), from the device's allocator.
  *
  * The exp is ops/cpu/vmath.h's (within 1.5 ulp); the row loops are cloned per ISA (TS_CLONES).
  */
@@ -204,6 +205,8 @@ typedef struct bwd_head {
     const float *Q, *K, *V, *gO, *stats, *Dv; /* this head's rows */
     float *gQ, *gK, *gV;
     float *P, *dS; /* BR x BC scratch */
+    float *Kc;     /* BC x D: the key tile less the head's mean key */
+    float *kmean;  /* D */
 } bwd_head;
 
 /* The contributions of query rows r0 .. r0 + nr and keys c0 .. c0 + nc to the head's three gradients. */
@@ -224,8 +227,24 @@ static ts_status bwd_tile(const attn_geom *g, const bwd_head *h, int64_t r0, int
     /* gk[c0..] += scale dS^T Q; gq[r0..] += scale dS K */
     TS_TRY(dev->k_blas->sgemm(dev, true, false, nc, D, nr, g->scale, h->dS, BC, h->Q + r0 * D, D, 1.0f,
                               h->gK + c0 * D, D));
-    return dev->k_blas->sgemm(dev, false, false, nr, D, nc, g->scale, h->dS, BC, h->K + c0 * D, D, 1.0f,
-                              h->gQ + r0 * D, D);
+    return dev->k_blas->sgemm(dev, false, false, nr, D, nc, g->scale, h->dS, BC, h->Kc, D, 1.0f, h->gQ + r0 * D, D);
+}
+
+/* kmean = the mean of the head's keys; each row of dS sums to 0, so gq = scale dS (K - kmean) exactly, and
+ * without the cancellation of keys with a large common part (keys near 1e4: gq 1e-3 off instead of 1e-7). */
+TS_CLONES static void key_mean(const float *K, int64_t Tk, int64_t D, float *kmean) {
+    for (int64_t d = 0; d < D; d++) {
+        double s = 0;
+        for (int64_t j = 0; j < Tk; j++) s += K[j * D + d];
+        kmean[d] = (float)(s / (double)Tk);
+    }
+}
+
+TS_CLONES static void centre_rows(float *dst, const float *K, int64_t n, int64_t D, const float *kmean) {
+    for (int64_t j = 0; j < n; j++) {
+#pragma omp simd
+        for (int64_t d = 0; d < D; d++) dst[j * D + d] = K[j * D + d] - kmean[d];
+    }
 }
 
 /* One head's three gradients, key tile by key tile. */
@@ -234,8 +253,10 @@ static ts_status bwd_head_run(const attn_geom *g, const bwd_head *h) {
     memset(h->gQ, 0, (size_t)(g->Tq * D) * sizeof(float));
     memset(h->gK, 0, (size_t)(g->Tk * D) * sizeof(float));
     memset(h->gV, 0, (size_t)(g->Tk * D) * sizeof(float));
+    key_mean(h->K, g->Tk, D, h->kmean);
     for (int64_t c0 = 0; c0 < g->Tk; c0 += BC) {
         const int64_t nc = TS_MIN(BC, g->Tk - c0);
+        centre_rows(h->Kc, h->K + c0 * D, nc, D, h->kmean);
         /* the first query tile that sees key c0 (causal: row c0's), on the forward's tile grid */
         const int64_t first = g->causal ? (c0 / BR) * BR : 0;
         for (int64_t r0 = first; r0 < g->Tq; r0 += BR) TS_TRY(bwd_tile(g, h, r0, TS_MIN(BR, g->Tq - r0), c0, nc));
@@ -251,7 +272,7 @@ ts_status ts__cpu_attention_backward(ts_tensor *gq, ts_tensor *gk, ts_tensor *gv
     if (g.BH == 0) return TS_OK;
     ts_tensor *dv = NULL, *scr = NULL;
     int nthr;
-    const int64_t per = 2 * BR * BC;
+    const int64_t per = 2 * BR * BC + BC * D + D;
     TS_TRY(ts__scratch_f32(g.dev, rows, &dv));
     ts_status st = thread_scratch(g.dev, per, &nthr, &scr);
     if (st != TS_OK) {
@@ -268,7 +289,8 @@ ts_status ts__cpu_attention_backward(ts_tensor *gq, ts_tensor *gk, ts_tensor *gv
         float *base = ts__f32(scr) + per * omp_get_thread_num();
         const int64_t oq = bh * g.Tq * D, ok = bh * g.Tk * D;
         const bwd_head h = {ts__f32(q) + oq, ts__f32(k) + ok, ts__f32(v) + ok, pgo + oq, ts__f32(stats) + bh * g.Tq * 2,
-                            pd + bh * g.Tq, ts__f32(gq) + oq, ts__f32(gk) + ok, ts__f32(gv) + ok, base, base + BR * BC};
+                            pd + bh * g.Tq, ts__f32(gq) + oq, ts__f32(gk) + ok, ts__f32(gv) + ok, base, base + BR * BC,
+                            base + 2 * BR * BC, base + 2 * BR * BC + BC * D};
         bad |= bwd_head_run(&g, &h) != TS_OK;
     }
     ts_tensor_release(dv);
