@@ -12,6 +12,7 @@
  *  - bfloat16 under autocast within bfloat16's rounding of float64;
  * plus bad input, non-contiguous input, and the memory of a forward + backward growing linearly in T.
  */
+#include "device/k_misc.h"
 #include "golden_io.h"
 #include "tensor/tensor.h"
 #include "test_util.h"
@@ -567,6 +568,62 @@ static void test_noncontiguous(void) {
     free(g);
 }
 
+/* ---- other devices ------------------------------------------------------------------------------------- */
+/* On TS_TEST_DEVICE (the CPU without it): a device with attention kernels gives the CPU's result and
+ * gradients within float32 roundings; one without (CUDA for now) refuses with TS_ERR_UNSUPPORTED naming it. */
+static void test_device_kernels(void) {
+    ts_device *dev = tu_test_device();
+    const int64_t B = 1, H = 2, T = 70, D = 16, n = B * H * T * D;
+    ts_rng rs;
+    ts_rng_seed(&rs, 11);
+    float *a = urand(&rs, 4 * n, -1, 1);
+    ts_tensor *c[4], *d[4], *oc = NULL, *od = NULL;
+    for (int i = 0; i < 4; i++) {
+        c[i] = make(B, H, T, D, a + i * n, i < 3);
+        CHECK_OK(ts_to_device(c[i], dev, &d[i]));
+        ts_tensor *leaf = NULL; /* a leaf of its own on the device */
+        CHECK_OK(ts_tensor_detach(d[i], &leaf));
+        ts_tensor_release(d[i]);
+        d[i] = leaf;
+        if (d[i]) ts_tensor_set_requires_grad(d[i], i < 3);
+    }
+    CHECK_OK(ts_scaled_dot_product_attention(c[0], c[1], c[2], true, 0.0, &oc));
+    if (oc) CHECK_OK(ts_backward(oc, c[3], false));
+    if (!dev->k_misc->attention_forward) {
+        CHECK_STATUS(ts_scaled_dot_product_attention(d[0], d[1], d[2], true, 0.0, &od), TS_ERR_UNSUPPORTED);
+        CHECK_ERR_MENTIONS(dev->name);
+        printf("  %s: %s\n", dev->name, ts_last_error());
+    } else {
+        CHECK_OK(ts_scaled_dot_product_attention(d[0], d[1], d[2], true, 0.0, &od));
+        if (od) CHECK_OK(ts_backward(od, d[3], false));
+        const ts_tensor *pairs[4][2] = {{oc, od},
+                                        {ts_tensor_grad(c[0]), ts_tensor_grad(d[0])},
+                                        {ts_tensor_grad(c[1]), ts_tensor_grad(d[1])},
+                                        {ts_tensor_grad(c[2]), ts_tensor_grad(d[2])}};
+        for (int i = 0; i < 4; i++) {
+            CHECK(pairs[i][0] && pairs[i][1]);
+            if (!pairs[i][0] || !pairs[i][1]) continue;
+            ts_tensor *h = NULL;
+            CHECK_OK(ts_to_device(pairs[i][1], ts_device_cpu(), &h));
+            float *x = host_f32(pairs[i][0]), *y = h ? host_f32(h) : NULL;
+            double w = 0;
+            for (int64_t j = 0; y && j < n; j++) w = fmax(w, fabs((double)x[j] - y[j]));
+            printf("  %s against the CPU: %s max difference %.2g\n", dev->name, i ? "gradient" : "output", w);
+            CHECK(y && w <= 2e-6);
+            free(x);
+            free(y);
+            ts_tensor_release(h);
+        }
+    }
+    ts_tensor_release(oc);
+    ts_tensor_release(od);
+    for (int i = 0; i < 4; i++) {
+        ts_tensor_release(c[i]);
+        ts_tensor_release(d[i]);
+    }
+    free(a);
+}
+
 /* ---- memory ------------------------------------------------------------------------------------------- */
 /* Peak bytes the CPU device held during a forward + backward at T beyond what it held before (the inputs);
  * the result and gradients included. */
@@ -605,4 +662,5 @@ static void test_memory_linear(void) {
 }
 
 TU_MAIN(T(test_vs_float64), T(test_cross_lengths), T(test_vs_torch), T(test_autocast_vs_torch), T(test_close_logits), T(test_equal_scores), T(test_long_rows),
-        T(test_bf16_autocast), T(test_bad_input), T(test_noncontiguous), T(test_memory_linear))
+        T(test_bf16_autocast), T(test_bad_input), T(test_noncontiguous), T(test_device_kernels),
+        T(test_memory_linear))
