@@ -136,6 +136,20 @@ ts_status ts_permute(const ts_tensor *x, const int *perm, ts_tensor **out);
 /* Swaps dims dim0 and dim1 (negative count from the end); a contiguous copy. */
 ts_status ts_transpose(const ts_tensor *x, int dim0, int dim1, ts_tensor **out);
 
+/* ---- attention ------------------------------------------------------------------------------------------ */
+/* torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) without a mask
+ * tensor or dropout: out = softmax(scale q k^T + mask) v over the keys, per batch and head.
+ * q: (B, H, Tq, D), k and v: (B, H, Tk, D) (Tk >= 1, D >= 1) -> out (B, H, Tq, D). scale 0 means
+ * 1 / sqrt(D); it must be finite. causal: query i sees keys j <= i — PyTorch's is_causal, a top-left
+ * aligned mask, also when Tq != Tk (so every query sees key 0; with Tq > Tk the last Tq - Tk queries see
+ * every key). float32, or bfloat16/float16 (all three of one dtype: computed in float32, the result
+ * rounded to that dtype); under ts_set_autocast(TS_BF16) float32 inputs are cast to bfloat16 first, as
+ * PyTorch's CPU autocast does. Memory grows with T, not T^2 (FlashAttention-2's tiling): the graph keeps
+ * q, k, v, out and two floats per query row; backward recomputes the scores. Devices without the
+ * attention kernels (CUDA for now) give TS_ERR_UNSUPPORTED naming the device. */
+ts_status ts_scaled_dot_product_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, bool causal,
+                                          double scale, ts_tensor **out);
+
 /* ---- regularisation ------------------------------------------------------------------------------------ */
 /* Inverted dropout: zeroes with probability p and scales by 1/(1-p) when training. */
 ts_status ts_dropout(const ts_tensor *x, float p, bool training, ts_rng *rng, ts_tensor **out);

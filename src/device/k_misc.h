@@ -1,7 +1,7 @@
 /*
  * device/k_misc.h — the misc kernel family: embedding gather/scatter, the block
- * copy behind concat and slice, dropout masks, softmax, log-softmax, and the fused
- * cross-entropy and mean-squared-error losses, forward and backward. Every
+ * copy behind concat and slice, dropout masks, softmax, log-softmax, the fused
+ * cross-entropy and mean-squared-error losses, and scaled-dot-product attention, forward and backward. Every
  * backend provides one instance (src/ops/cpu/misc.c for the CPU).
  *
  * The op layer (src/ops/index.c, shape.c, dropout.c, loss.c) checks shapes
@@ -78,6 +78,22 @@ struct ts_kernels_misc {
     /* gx = y * (gy - sum over the middle dim of gy * y); all (outer, n, inner), y = softmax output. */
     ts_status (*softmax_backward)(ts_tensor *gx, const ts_tensor *gy, const ts_tensor *y, int64_t outer, int64_t n,
                                   int64_t inner);
+
+    /* Scaled-dot-product attention (ts_scaled_dot_product_attention), FlashAttention-2's tiling: memory
+     * O(T), never a Tq x Tk matrix. q: (B, H, Tq, D), k, v: (B, H, Tk, D), out: (B, H, Tq, D), all F32;
+     * Tk >= 1, D >= 1. Scores s_ij = scale q_i . k_j; causal: query i sees keys j <= i (the top-left
+     * aligned mask of PyTorch's is_causal, so every row sees key 0). stats: (B, H, Tq, 2) = each row's
+     * max m of its visible scores and log l, l = sum_j exp(s_ij - m): the log-sum-exp m + log l in two
+     * parts, so that backward takes P = exp((s - m) - log l) without rounding m + log l. NULL where the
+     * backend has none (the op layer then refuses with TS_ERR_UNSUPPORTED naming the device). */
+    ts_status (*attention_forward)(ts_tensor *out, ts_tensor *stats, const ts_tensor *q, const ts_tensor *k,
+                                   const ts_tensor *v, bool causal, float scale);
+    /* gq, gk, gv (shaped like q, k, v, overwritten) from gout (like out) and the forward's q, k, v, out and
+     * stats, recomputing the scores tile by tile: D_i = sum_d gout_id out_id, P = exp((s - m) - log l),
+     * dP = gout v^T, dS = P (dP - D_i), gq = scale dS k, gk = scale dS^T q, gv = P^T gout. */
+    ts_status (*attention_backward)(ts_tensor *gq, ts_tensor *gk, ts_tensor *gv, const ts_tensor *gout,
+                                    const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, const ts_tensor *out,
+                                    const ts_tensor *stats, bool causal, float scale);
 };
 
 /* The CPU backend's instance (src/ops/cpu/misc.c), which device/cpu.c puts in

@@ -848,7 +848,7 @@ static const struct {
     [TS_OP_LAYER_NORM] = {emit_layer_norm, "LayerNormalization"},
     [TS_OP_GROUP_NORM] = {emit_group_norm, "Reshape+InstanceNormalization+Reshape+Mul+Add"},
     [TS_OP_CAST] = {emit_cast, "Cast"},
-    /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead) */
+    /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead), TS_OP_ATTENTION */
 };
 
 /* "conv2d, batchnorm2d, ..." : the ops with a mapping, for messages. */

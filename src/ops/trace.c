@@ -46,6 +46,7 @@ static const char *const op_names[TS_OP_COUNT] = {
     [TS_OP_LAYER_NORM] = "layer_norm",
     [TS_OP_GROUP_NORM] = "group_norm",
     [TS_OP_CAST] = "to_dtype",
+    [TS_OP_ATTENTION] = "scaled_dot_product_attention",
 };
 
 const char *ts__op_name(ts__op_kind k) {

@@ -64,6 +64,7 @@ typedef enum ts__op_kind {
     TS_OP_LAYER_NORM,       /* in: x, weight|NULL, bias|NULL; i[0]: normalized_ndim; f[0]: eps */
     TS_OP_GROUP_NORM,       /* in: x (N, C, *), weight|NULL, bias|NULL; i[0]: num_groups; f[0]: eps */
     TS_OP_CAST,             /* in: x; i[0]: the ts_dtype converted to */
+    TS_OP_ATTENTION,        /* in: q, k, v (B, H, T, D); i[0]: causal; f[0]: scale (0 resolved to 1/sqrt(D)) */
     TS_OP_COUNT
 } ts__op_kind;
 

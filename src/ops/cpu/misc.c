@@ -16,6 +16,7 @@
  */
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
+#include "ops/cpu/attention.h"
 #include "ops/cpu/vmath.h"
 
 #define TS_ELEM_EXPF ts__vexpf /* the vectorising exp of ops/cpu/vmath.h (before k_elem.h) */
@@ -415,4 +416,6 @@ const struct ts_kernels_misc ts_cpu_kernels_misc = {
     .mse_backward = cpu_mse_backward,
     .softmax = cpu_softmax,
     .softmax_backward = cpu_softmax_backward,
+    .attention_forward = ts__cpu_attention_forward, /* ops/cpu/attention.c */
+    .attention_backward = ts__cpu_attention_backward,
 };
