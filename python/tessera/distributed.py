@@ -114,8 +114,13 @@ def destroy():
 def _op(op):
     if isinstance(op, str):
         return op.lower()
-    # torch.distributed.ReduceOp.SUM and friends ("ReduceOp.SUM", "RedOpType.AVG")
-    return str(getattr(op, "name", None) or op).rsplit(".", 1)[-1].lower()
+    td = _sys.modules.get("torch.distributed")  # torch.distributed.ReduceOp.SUM and friends
+    if td is not None and hasattr(td, "ReduceOp"):
+        for name in ("SUM", "AVG", "MAX", "MIN", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+            v = getattr(td.ReduceOp, name, None)
+            if v is not None and op == v:
+                return name.lower()
+    return str(op)
 
 
 def all_reduce(tensor, op="sum", group=None, async_op=False):

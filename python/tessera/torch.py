@@ -93,4 +93,10 @@ def allreduce_hook(state, bucket):
     work = group.all_reduce(tensor, "avg", async_op=True)
     fut = _torch.futures.Future()
     _completer.put(work, fut, tensor)
-    return fut
+    # then(): an error re-raised in a callback fails the returned future in C++ as well, so DDP's backward
+    # raises it with the library's message (a bare set_exception reaches DDP as an "Unable to cast" error)
+    return fut.then(_value)
+
+
+def _value(fut):
+    return fut.value()
