@@ -487,6 +487,33 @@ static void body_work_timeout(ts_process_group *pg, int rank, int world, void *a
     ts_tensor_release(t);
 }
 
+/* ts_work_wait_for only waits: an expired wait aborts nothing, and the work completes once the peer arrives. */
+static void body_work_wait_for(ts_process_group *pg, int rank, int world, void *arg) {
+    TS_UNUSED(arg);
+    ts_tensor *t = vec(100, TS_F32);
+    float *p = ts_tensor_data(t);
+    for (int i = 0; i < 100; i++) p[i] = (float)(rank + 1);
+    if (rank == 0) {
+        ts_work *w = NULL;
+        ROK(ts_all_reduce(pg, t, TS_REDUCE_SUM, &w));
+        double t0 = ts_time_now();
+        RC(!ts_work_wait_for(w, 0.2) && !ts_work_is_completed(w));
+        RC(ts_time_now() - t0 >= 0.15);
+        atomic_store(&g_phase, 1); /* now the peer calls */
+        bool done = false;
+        for (int i = 0; i < 300 && !done; i++) done = ts_work_wait_for(w, 0.1);
+        RC(done);
+        ROK(ts_work_wait(w, 0));
+        ts_work_free(w);
+    } else {
+        while (!atomic_load(&g_phase)) usleep(1000);
+        ROK(ts_all_reduce(pg, t, TS_REDUCE_SUM, NULL));
+    }
+    RC(p[0] == (float)(world * (world + 1) / 2) && p[99] == p[0]);
+    RC(ts_work_wait_for(NULL, 1.0));
+    ts_tensor_release(t);
+}
+
 static void body_abort(ts_process_group *pg, int rank, int world, void *arg) {
     TS_UNUSED(arg);
     ts_tensor *t = vec(1 << 20, TS_F32);
@@ -513,6 +540,8 @@ static void test_errors(void) {
     run_threads(2, 1.0, body_timeout, NULL);
     atomic_store(&g_phase, 0);
     run_threads(2, 30, body_work_timeout, NULL);
+    atomic_store(&g_phase, 0);
+    run_threads(2, 30, body_work_wait_for, NULL);
     run_threads(3, 30, body_abort, NULL);
     CHECK(atomic_load(&g_bad) == 0);
 

@@ -294,6 +294,10 @@ typedef struct ts_work ts_work;
 /* Waits for completion; timeout_s < 0: the group's timeout. Returns the work's status. */
 ts_status ts_work_wait(ts_work *w, double timeout_s);
 bool ts_work_is_completed(ts_work *w);
+/* Waits up to `seconds` for w to complete, and only waits: unlike ts_work_wait, an expired wait fails and
+ * aborts nothing. true once w has completed (ts_work_wait(w, 0) then returns its status); NULL: true. For
+ * callers that act between waits (the Python package checks for Ctrl-C every 0.1 s). */
+bool ts_work_wait_for(ts_work *w, double seconds);
 void ts_work_free(ts_work *w); /* waits first if still running */
 
 /* Collectives on contiguous CPU tensors, and with the nccl backend also tensors on the group's CUDA device

@@ -572,7 +572,8 @@ static ts_work *work_new(ts_process_group *pg, ts_coll_kind kind) {
     return w;
 }
 
-static ts_status wait_done(ts_work *w, double timeout_s) {
+/* Waits up to timeout_s (INFINITY: forever) for w->done and only waits; whether it is done. */
+static bool wait_until_done(ts_work *w, double timeout_s) {
     /* Spin briefly: most collectives finish within microseconds of the call. */
     for (int i = 0; i < 2000 && !atomic_load_explicit(&w->done, memory_order_acquire); i++) {
     }
@@ -592,7 +593,11 @@ static ts_status wait_done(ts_work *w, double timeout_s) {
         }
         pthread_mutex_unlock(&w->mu);
     }
-    if (!atomic_load_explicit(&w->done, memory_order_acquire)) {
+    return atomic_load_explicit(&w->done, memory_order_acquire);
+}
+
+static ts_status wait_done(ts_work *w, double timeout_s) {
+    if (!wait_until_done(w, timeout_s)) {
         char reason[600], what[200] = "", late[300] = "";
         ts_pg_op_record r;
         bool have = ts__flight_get(&w->pg->fr, w->fid, &r);
@@ -675,6 +680,11 @@ ts_status ts_work_wait(ts_work *w, double timeout_s) {
         return w->status == TS_OK ? TS_OK : ts_error(w->status, "%s", w->msg);
     if (timeout_s < 0) timeout_s = w->pg->timeout_s;
     return wait_done(w, timeout_s);
+}
+
+bool ts_work_wait_for(ts_work *w, double seconds) {
+    if (!w) return true;
+    return wait_until_done(w, seconds > 0 ? seconds : 0.0);
 }
 
 bool ts_work_is_completed(ts_work *w) { return !w || atomic_load_explicit(&w->done, memory_order_acquire); }
