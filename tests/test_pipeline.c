@@ -797,6 +797,159 @@ static void test_pipeline_reproducible(void) {
     ts_pipeline_free(c);
 }
 
+/* last_batch: partial, drop (a short last batch is left out, the epoch ends without it), fill (pad_last_batch). */
+static void test_pipeline_last_batch(void) {
+    const char *root = make_index_folder("idx23lb", 23, 2);
+    const int64_t want_batches[3] = {6, 5, 6}, want_last[3] = {3, 4, 4}, want_real[3] = {23, 20, 23};
+    for (int mode = 0; mode < 3; mode++) {
+        ts_pipeline_opts o = index_opts(root);
+        o.batch_size = 4;
+        o.last_batch = (ts_last_batch)mode;
+        ts_pipeline *p = NULL;
+        CHECK_OK(ts_pipeline_new(&o, &p));
+        if (!p) return;
+        CHECK(ts_pipeline_num_batches(p, 0) == want_batches[mode]);
+        for (int epoch = 0; epoch < 2; epoch++) {
+            int64_t nb = 0, real = 0, last_size = 0, next_index = 0;
+            for (;;) {
+                ts_tensor *x, *y;
+                ts_batch_info bi;
+                CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+                if (!x) {
+                    CHECK(bi.epoch_end && bi.epoch == epoch && bi.batch == want_batches[mode]);
+                    break;
+                }
+                CHECK(bi.epoch == epoch && bi.batch == nb);
+                const float *px = ts_tensor_data_f32(x);
+                for (int64_t i = 0; i < bi.real; i++) CHECK(decoded_index(px + i * 16) == next_index++);
+                nb++;
+                real += bi.real;
+                last_size = bi.size;
+                CHECK(bi.last == (nb == want_batches[mode]));
+            }
+            CHECK(nb == want_batches[mode] && real == want_real[mode] && last_size == want_last[mode]);
+        }
+        /* a seek to the end of epoch 0 (after its 5 whole batches when dropping): the end comes next */
+        CHECK_OK(ts_pipeline_seek(p, 0, want_batches[mode]));
+        ts_tensor *x, *y;
+        ts_batch_info bi;
+        CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+        CHECK(!x && bi.epoch_end && bi.epoch == 0);
+        CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+        CHECK(x && bi.epoch == 1 && bi.batch == 0 && decoded_index(ts_tensor_data_f32(x)) == 0);
+        ts_pipeline_free(p);
+    }
+    /* an epoch without a whole batch: nothing but its end */
+    ts_pipeline_opts o = index_opts(make_index_folder("idx3lb", 3, 1));
+    o.batch_size = 4;
+    o.last_batch = TS_LAST_BATCH_DROP;
+    ts_pipeline *p = NULL;
+    CHECK_OK(ts_pipeline_new(&o, &p));
+    for (int e = 0; p && e < 3; e++) {
+        ts_tensor *x, *y;
+        ts_batch_info bi;
+        CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+        CHECK(!x && bi.epoch_end && bi.epoch == e && bi.batch == 0);
+    }
+    ts_pipeline_free(p);
+    p = NULL;
+    o = index_opts(root);
+    o.last_batch = (ts_last_batch)7;
+    CHECK_STATUS(ts_pipeline_new(&o, &p), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("last_batch 7");
+    ts_pipeline_free(p);
+}
+
+/* Option names: each parser takes its names and names the choices when given another. */
+static void test_option_names(void) {
+    ts_shuffle sh;
+    ts_last_batch lb;
+    ts_color c;
+    ts_decode_device d;
+    const char *shn[] = {"none", "buffer", "epoch"}, *lbn[] = {"partial", "drop", "fill"};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(ts_shuffle_parse(shn[i], &sh));
+        CHECK((int)sh == i && !strcmp(ts_shuffle_name(sh), shn[i]));
+        CHECK_OK(ts_last_batch_parse(lbn[i], &lb));
+        CHECK((int)lb == i && !strcmp(ts_last_batch_name(lb), lbn[i]));
+    }
+    CHECK_OK(ts_color_parse("gray", &c));
+    CHECK(c == TS_COLOR_GRAY && !strcmp(ts_color_name(c), "gray"));
+    CHECK_OK(ts_color_parse("rgb", &c));
+    CHECK(c == TS_COLOR_RGB && !ts_color_name((ts_color)2));
+    CHECK_OK(ts_decode_device_parse("mixed", &d));
+    CHECK(d == TS_DECODE_MIXED && !strcmp(ts_decode_device_name(d), "mixed"));
+    CHECK_STATUS(ts_shuffle_parse("yes", &sh), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("shuffle 'yes': expected none, buffer or epoch");
+    CHECK_STATUS(ts_last_batch_parse(NULL, &lb), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("expected partial, drop or fill");
+    CHECK_STATUS(ts_color_parse("RGB", &c), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("color 'RGB': expected gray or rgb");
+    CHECK(!ts_shuffle_name((ts_shuffle)3) && !ts_last_batch_name((ts_last_batch)-1));
+    ts_reader_opts ro = TS_READER_OPTS_INIT;
+    ts_reader_opts_set_shuffle(&ro, TS_SHUFFLE_EPOCH);
+    CHECK(ro.shuffle_after_epoch && !ro.random_shuffle);
+    ts_reader_opts_set_shuffle(&ro, TS_SHUFFLE_BUFFER);
+    CHECK(!ro.shuffle_after_epoch && ro.random_shuffle);
+    ts_reader_opts_set_shuffle(&ro, TS_SHUFFLE_NONE);
+    CHECK(!ro.shuffle_after_epoch && !ro.random_shuffle);
+}
+
+/* Batches the caller keeps (a retained handle, a view) are never written again; ts_pipeline_wait. */
+static void test_pipeline_kept_batches(void) {
+    const char *root = make_index_folder("idx37", 37, 3);
+    ts_pipeline_opts o = index_opts(root);
+    o.batch_size = 4;
+    o.prefetch_queue_depth = 1;
+    ts_pipeline *p = NULL;
+    CHECK_OK(ts_pipeline_new(&o, &p));
+    if (!p) return;
+    bool ready = false;
+    CHECK_OK(ts_pipeline_wait(p, 60, &ready));
+    CHECK(ready);
+    enum { KEEP = 12 };
+    ts_tensor *kx[KEEP] = {0}, *ky[KEEP] = {0};
+    int64_t first[KEEP], n[KEEP];
+    for (int b = 0; b < KEEP; b++) { /* 10 batches, an epoch end, the next epoch's first */
+        ts_tensor *x, *y;
+        ts_batch_info bi;
+        CHECK_OK(ts_pipeline_next(p, &x, &y, &bi));
+        if (!x) {
+            CHECK(bi.epoch_end);
+            continue;
+        }
+        if (b % 2) {
+            kx[b] = ts_tensor_retain(x);
+            ky[b] = ts_tensor_retain(y);
+        } else {
+            CHECK_OK(ts_tensor_detach(x, &kx[b])); /* a view of the same memory */
+            CHECK_OK(ts_tensor_detach(y, &ky[b]));
+        }
+        first[b] = decoded_index(ts_tensor_data_f32(x));
+        n[b] = bi.size;
+    }
+    for (int b = 0; b < KEEP; b++) {
+        if (!kx[b]) continue;
+        const float *px = ts_tensor_data_f32(kx[b]);
+        const int64_t *py = ts_tensor_data(ky[b]);
+        for (int64_t i = 0; i < n[b]; i++) {
+            int64_t k = decoded_index(px + i * 16);
+            CHECK(k == first[b] + i);
+            CHECK(py[i] == (k < 13 ? 0 : k < 25 ? 1 : 2));
+        }
+        ts_tensor_release(kx[b]);
+        ts_tensor_release(ky[b]);
+    }
+    CHECK_OK(ts_pipeline_seek(p, 0, 9)); /* the last batch (1 sample), then the end: wait says so */
+    ts_tensor *x, *y;
+    CHECK_OK(ts_pipeline_next(p, &x, &y, NULL));
+    CHECK(x && ts_tensor_shape(x)[0] == 1);
+    CHECK_OK(ts_pipeline_wait(p, 0, &ready));
+    CHECK(ready);
+    CHECK_STATUS(ts_pipeline_wait(p, -1, &ready), TS_ERR_INVALID_ARG);
+    ts_pipeline_free(p);
+}
+
 /* A corrupt file: an error naming it when its batch is reached, or skipped and counted. */
 static void test_pipeline_corrupt(void) {
     const char *root = make_index_folder("corrupt", 20, 2);
@@ -1577,6 +1730,7 @@ int main(int argc, char **argv) {
         T(test_pixel_limit),      T(test_truncated_jpeg_any_seed), T(test_fifo_inputs), T(test_data_open_classes),
         T(test_resample_plan_replay), T(test_mixed_decode_host_side), T(test_mixed_decode_pipeline),
         T(test_decoder_after_corrupt_header), T(test_pipeline_pinned_staging),
+        T(test_pipeline_last_batch), T(test_option_names), T(test_pipeline_kept_batches),
     };
     int rc = tu_run(tests, (int)TS_ARRAY_LEN(tests), argc, argv);
     rm_rf(tmpdir);

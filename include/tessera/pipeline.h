@@ -195,6 +195,19 @@ void ts_reader_next(ts_reader *r, bool is_new_batch, bool is_end_of_batch, ts_re
 /* Back to the state right after ts_reader_new. */
 void ts_reader_reset(ts_reader *r);
 
+/* The reader's shuffling as one choice (what the Python package's `shuffle=` names):
+ * TS_SHUFFLE_NONE   listing order (random_shuffle and shuffle_after_epoch off);
+ * TS_SHUFFLE_BUFFER DALI's random_shuffle: the initial_fill buffer, seeded by `seed`;
+ * TS_SHUFFLE_EPOCH  DALI's shuffle_after_epoch: a new permutation of the whole list every epoch, the same on
+ *                   every shard (a partition of it per epoch, as PyTorch's DistributedSampler), seeded by
+ *                   shuffle_after_epoch_seed. */
+typedef enum ts_shuffle { TS_SHUFFLE_NONE = 0, TS_SHUFFLE_BUFFER = 1, TS_SHUFFLE_EPOCH = 2 } ts_shuffle;
+/* "none" | "buffer" | "epoch" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
+ts_status ts_shuffle_parse(const char *s, ts_shuffle *out);
+const char *ts_shuffle_name(ts_shuffle s); /* static; NULL for another value */
+/* Sets o's random_shuffle and shuffle_after_epoch for s. */
+void ts_reader_opts_set_shuffle(ts_reader_opts *o, ts_shuffle s);
+
 /* ---- pipeline (executor) ------------------------------------------------------------------------ */
 /* Where JPEG files are decoded (DALI's decoder device): TS_DECODE_CPU on the worker threads;
  * TS_DECODE_MIXED read and their window drawn on the workers, decoded and resampled on the pipeline's
@@ -205,6 +218,18 @@ typedef enum ts_decode_device { TS_DECODE_CPU = 0, TS_DECODE_MIXED = 1 } ts_deco
 ts_status ts_decode_device_parse(const char *s, ts_decode_device *out);
 /* "cpu", "mixed" (static), NULL for another value. */
 const char *ts_decode_device_name(ts_decode_device d);
+/* An epoch's last batch when the shard's samples do not fill it (DALI's iterators' LastBatchPolicy):
+ * TS_LAST_BATCH_PARTIAL returned smaller; TS_LAST_BATCH_DROP left out (its samples are read, never decoded:
+ * PyTorch's drop_last); TS_LAST_BATCH_FILL filled by repeating the last sample (DALI's pad_last_batch:
+ * ts_pipeline_new sets reader.pad_last_batch, which also evens the shards out to ceil(N / num_shards)). */
+typedef enum ts_last_batch { TS_LAST_BATCH_PARTIAL = 0, TS_LAST_BATCH_DROP = 1, TS_LAST_BATCH_FILL = 2 } ts_last_batch;
+/* "partial" | "drop" | "fill" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
+ts_status ts_last_batch_parse(const char *s, ts_last_batch *out);
+const char *ts_last_batch_name(ts_last_batch b); /* static; NULL for another value */
+/* "rgb" | "gray" -> *out; TS_ERR_INVALID_ARG naming s otherwise. */
+ts_status ts_color_parse(const char *s, ts_color *out);
+const char *ts_color_name(ts_color c); /* static; NULL for another value */
+
 /* Whether TS_DECODE_MIXED decodes on device d (it has an image decoder and one can be made there: a CUDA
  * device with nvJPEG loaded); false with the reason in why (why_len bytes, may be NULL) otherwise. */
 bool ts_mixed_decode_available(ts_device *d, char *why, size_t why_len);
@@ -236,11 +261,13 @@ typedef struct ts_pipeline_opts {
                                  else TS_ERR_INVALID_ARG; without nvJPEG there, a warning and the workers
                                  decode); the whole image is decoded (no scaled decode), then resampled as on
                                  the host (TS_DECODE_CPU) */
+    ts_last_batch last_batch; /* an epoch's last batch when short of batch_size (TS_LAST_BATCH_PARTIAL) */
 } ts_pipeline_opts;
 
 #define TS_PIPELINE_OPTS_INIT                                                                                  \
     ((ts_pipeline_opts){TS_READER_OPTS_INIT, 64, 2, 2, NULL, TS_COLOR_RGB, false, 0, 0, false, {0.08f, 1.0f},  \
-                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0, 0.0f, TS_DECODE_CPU})
+                        {0.75f, 1.3333334f}, 0.0f, {0, 0, 0}, {255, 255, 255}, true, 0, 0.0f, TS_DECODE_CPU,     \
+                        TS_LAST_BATCH_PARTIAL})
 
 typedef struct ts_pipeline ts_pipeline;
 
@@ -262,19 +289,27 @@ typedef struct ts_batch_info {
 } ts_batch_info;
 
 /* The next ready batch: *x (size, C, H, W) float32 and *y (size) int64 on the
- * pipeline's device, borrowed until the next call (or seek/free). Batches of an
+ * pipeline's device, borrowed until the next call (or seek/free); a caller
+ * that keeps a reference (ts_tensor_retain, a view, a DLPack export) keeps the
+ * batch as it is: its memory is never written again while referenced (the
+ * pipeline gives that slot new tensors, from the device's caching allocator). Batches of an
  * epoch never mix with the next epoch's samples; the last one may be smaller
  * (unless pad_last_batch). After an epoch's last batch one call returns
  * *x = *y = NULL with info->epoch_end set; the call after that starts the next
  * epoch. info may be NULL. A decoding error (without skip_corrupt) is returned
  * when its batch is reached, naming the file; it is sticky. */
 ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batch_info *info);
+/* Waits at most timeout_s seconds (0: does not wait) until ts_pipeline_next can return without waiting
+ * for the workers (its batch is ready, an epoch end or an error is due); *ready says whether it can. For
+ * callers that must stay responsive during a long decode (Python checks for Ctrl-C between waits).
+ * (A batch whose samples were all skipped as corrupt makes ts_pipeline_next wait for the one after.) */
+ts_status ts_pipeline_wait(ts_pipeline *p, double timeout_s, bool *ready);
 /* Repositions at batch `batch` of `epoch` (resume): rewinds the reader and runs
  * its order forward without decoding. Batches after a seek are the ones an
  * uninterrupted run produces there (augmentation draws depend only on the seed,
  * the epoch and the position in it). */
 ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch);
-/* Batches `epoch` has (an upper bound with skip_corrupt). */
+/* Batches `epoch` has (an upper bound with skip_corrupt; whole batches only with TS_LAST_BATCH_DROP). */
 int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch);
 int64_t ts_pipeline_epoch(const ts_pipeline *p);       /* epoch of the next batch */
 int64_t ts_pipeline_batch_index(const ts_pipeline *p); /* its index in that epoch */

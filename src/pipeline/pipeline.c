@@ -21,9 +21,12 @@
 #include "device/k_image.h"
 #include "tensor/tensor.h"
 
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 
 typedef enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD } slot_state;
 
@@ -34,6 +37,7 @@ typedef struct slot {
     int64_t n, next, done; /* planned samples, next position to hand a worker, positions finished */
     int64_t skipped;       /* samples left out as corrupt */
     bool last;            /* ends its epoch */
+    bool dropped;         /* a short last batch left out (TS_LAST_BATCH_DROP): planned with no samples */
     ts_reader_sample *smp; /* B planned samples */
     uint8_t *ok;           /* B: decoded (0: skipped as corrupt) */
     uint8_t *ondev;        /* B: written on the device by its decoder (mixed decoding), not in hx */
@@ -274,9 +278,11 @@ static ts_status move_device_row(ts_pipeline *p, slot *s, int64_t from, int64_t 
 }
 
 /* ---- planning (under the mutex) ------------------------------------------------------------------ */
-/* Pulls the next batch's samples from the reader: up to B, stopping after an epoch's last sample.
- * Returns the count; *last tells whether it ended the epoch. */
-static int64_t take_batch(ts_pipeline *p, ts_reader_sample *out, bool *last) {
+/* Pulls batch `batch` of `epoch` from the reader: up to B samples, stopping after an epoch's last sample.
+ * Returns the count; *last tells whether it ended the epoch. TS_LAST_BATCH_DROP: after the epoch's last
+ * whole batch the samples left are read and dropped (that batch ends the epoch); an epoch without a whole
+ * batch gives 0 samples. */
+static int64_t take_batch(ts_pipeline *p, int64_t epoch, int64_t batch, ts_reader_sample *out, bool *last) {
     int64_t n = 0;
     ts_reader_sample tmp;
     *last = false;
@@ -289,6 +295,13 @@ static int64_t take_batch(ts_pipeline *p, ts_reader_sample *out, bool *last) {
             break;
         }
     }
+    if (p->o.last_batch != TS_LAST_BATCH_DROP) return n;
+    if (n < p->B) return 0; /* a short batch: the epoch has no whole one */
+    if (!*last && batch + 1 == ts_pipeline_num_batches(p, epoch)) {
+        do ts_reader_next(p->reader, false, false, &tmp);
+        while (!tmp.epoch_end);
+        *last = true;
+    }
     return n;
 }
 
@@ -298,7 +311,9 @@ static void plan_locked(ts_pipeline *p) {
     for (int i = 0; i < p->nslots && ahead < p->depth; i++) {
         slot *s = &p->slots[i];
         if (s->state != SLOT_FREE) continue;
-        s->n = take_batch(p, s->smp, &s->last);
+        s->n = take_batch(p, p->plan_epoch, p->plan_batch, s->smp, &s->last);
+        s->dropped = s->n == 0; /* an epoch without a whole batch (TS_LAST_BATCH_DROP): read, never decoded */
+        s->skipped = 0;
         s->epoch = p->plan_epoch;
         s->batch = p->plan_batch;
         s->seq = p->plan_seq++;
@@ -311,7 +326,7 @@ static void plan_locked(ts_pipeline *p) {
             s->err_pos = 0;
             snprintf(s->errmsg, sizeof s->errmsg, "%s", ts_last_error());
         }
-        s->state = SLOT_FILLING;
+        s->state = s->dropped ? SLOT_READY : SLOT_FILLING;
         if (s->last) {
             p->plan_epoch++;
             p->plan_batch = 0;
@@ -440,6 +455,35 @@ static ts_status upload_wait(ts_pipeline *p, slot *s) {
     return p->o.device->ops->host_wait(p->o.device, u);
 }
 
+/* Whether someone besides the slot holds t or its memory (a retained handle, a view, a DLPack export). */
+static bool tensor_shared(ts_tensor *t) {
+    return atomic_load(&t->refcount) > 1 || atomic_load(&t->storage->refcount) > 1;
+}
+
+/* A slot whose batch the caller still holds gets new tensors (from the device's caching allocator), so a batch
+ * handed out is never written again while it can be read. Called on the consumer's thread, with the pipeline's
+ * own views released and the slot not being filled. */
+static ts_status slot_unshare(ts_pipeline *p, slot *s) {
+    if (!tensor_shared(s->x) && !tensor_shared(s->y)) return TS_OK;
+    int64_t xs[4] = {p->B, p->C, p->H, p->W};
+    ts_tensor *x = NULL, *y = NULL;
+    TS_TRY(ts__new(p->o.device, TS_F32, 4, xs, &x));
+    ts_status st = ts__new(p->o.device, TS_I64, 1, &p->B, &y);
+    if (st != TS_OK) {
+        ts_tensor_release(x);
+        return st;
+    }
+    ts_tensor_release(s->x);
+    ts_tensor_release(s->y);
+    s->x = x;
+    s->y = y;
+    if (!p->staged) {
+        s->hx = ts__f32(x);
+        s->hy = ts__ptr(y);
+    }
+    return TS_OK;
+}
+
 /* ---- construction -------------------------------------------------------------------------------- */
 static void release_views(ts_pipeline *p) {
     ts_tensor_release(p->vx);
@@ -521,6 +565,8 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     TS_ARG(o->max_pixels >= 0, "ts_pipeline_new: max_pixels %lld is negative", (long long)o->max_pixels);
     TS_ARG(o->decode == TS_DECODE_CPU || o->decode == TS_DECODE_MIXED, "ts_pipeline_new: decode %d is not cpu or mixed",
            (int)o->decode);
+    TS_ARG(ts_last_batch_name(o->last_batch), "ts_pipeline_new: last_batch %d is not partial, drop or fill",
+           (int)o->last_batch);
     if (o->decode == TS_DECODE_MIXED) {
         const ts_device *d = o->device ? o->device : ts_device_cpu();
         TS_ARG(d->k_image && d->k_image->decoder_new,
@@ -538,6 +584,7 @@ ts_status ts_pipeline_new(const ts_pipeline_opts *opts, ts_pipeline **out) {
     pthread_cond_init(&p->done_cv, NULL);
     p->o = *o;
     p->o.reader.batch_size = o->batch_size;
+    if (o->last_batch == TS_LAST_BATCH_FILL) p->o.reader.pad_last_batch = true;
     if (!p->o.device) p->o.device = ts_device_cpu();
     p->held = -1;
     ts_status st = TS_OK;
@@ -647,6 +694,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
     if (p->held >= 0) { /* its staging and (mixed decoding) its device memory are written again */
         TS_TRY(upload_wait(p, &p->slots[p->held]));
         TS_TRY(slot_released(p, &p->slots[p->held]));
+        TS_TRY(slot_unshare(p, &p->slots[p->held]));
     }
     pthread_mutex_lock(&p->mu);
     if (p->held >= 0) {
@@ -672,7 +720,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         }
         p->take_seq++;
         p->cur_epoch = s->epoch;
-        p->cur_batch = s->batch + 1;
+        p->cur_batch = s->batch + !s->dropped;
         if (s->last) p->epoch_end_pending = true;
         if (s->err != TS_OK) {
             p->sticky = s->err;
@@ -681,7 +729,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
             pthread_mutex_unlock(&p->mu);
             return ts_error(p->sticky, "%s", p->sticky_msg);
         }
-        if (s->n == 0) { /* every sample skipped */
+        if (s->n == 0) { /* every sample skipped, or a short last batch dropped */
             s->state = SLOT_FREE;
             plan_locked(p);
             continue;
@@ -736,18 +784,23 @@ ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
         ts_status w = written_wait_rows(p, &p->slots[i], p->B), r = slot_released(p, &p->slots[i]);
         if (st == TS_OK) st = w != TS_OK ? w : r;
     }
-    for (int i = 0; i < p->nslots; i++) p->slots[i].state = SLOT_FREE;
+    for (int i = 0; i < p->nslots; i++) {
+        ts_status u = slot_unshare(p, &p->slots[i]); /* the batch the caller may still hold */
+        if (st == TS_OK) st = u;
+        p->slots[i].state = SLOT_FREE;
+    }
     p->held = -1;
     ts_reader_reset(p->reader);
     bool last = false;
     int64_t e = 0, b = 0;
     while (e < epoch) { /* run the reader's order forward, batch by batch, without decoding */
-        take_batch(p, NULL, &last);
-        if (last) e++;
+        take_batch(p, e, b, NULL, &last);
+        b = last ? 0 : b + 1;
+        e += last;
     }
     p->epoch_end_pending = false;
-    for (; b < batch; b++) {
-        take_batch(p, NULL, &last);
+    for (b = 0; b < batch; b++) {
+        take_batch(p, epoch, b, NULL, &last);
         if (last) { /* positioned after the epoch's last batch: the next call reports its end */
             p->epoch_end_pending = true;
             b++;
@@ -767,7 +820,34 @@ ts_status ts_pipeline_seek(ts_pipeline *p, int64_t epoch, int64_t batch) {
 }
 
 int64_t ts_pipeline_num_batches(const ts_pipeline *p, int64_t epoch) {
-    return (ts_reader_epoch_length(p->reader, epoch) + p->B - 1) / p->B;
+    int64_t n = ts_reader_epoch_length(p->reader, epoch);
+    return p->o.last_batch == TS_LAST_BATCH_DROP ? n / p->B : (n + p->B - 1) / p->B;
+}
+
+ts_status ts_pipeline_wait(ts_pipeline *p, double timeout_s, bool *ready) {
+    TS_ARG(p && ready && timeout_s >= 0 && timeout_s <= 1e9, "ts_pipeline_wait: bad argument (timeout %g s)",
+           timeout_s);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until); /* done_cv's clock */
+    double whole = floor(timeout_s);
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((timeout_s - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        slot *s = find_seq(p, p->take_seq);
+        *ready = p->sticky != TS_OK || p->epoch_end_pending || (s && s->state == SLOT_READY);
+        if (*ready || pthread_cond_timedwait(&p->done_cv, &p->mu, &until) == ETIMEDOUT) break;
+    }
+    if (!*ready) { /* the last look, after the timeout */
+        slot *s = find_seq(p, p->take_seq);
+        *ready = p->sticky != TS_OK || p->epoch_end_pending || (s && s->state == SLOT_READY);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return TS_OK;
 }
 int64_t ts_pipeline_epoch(const ts_pipeline *p) { return p->cur_epoch; }
 
@@ -839,22 +919,74 @@ ts_status ts_dataset_load_images(const ts_pipeline_opts *opts, ts_dataset **out)
     return st;
 }
 
-ts_status ts_decode_device_parse(const char *s, ts_decode_device *out) {
-    TS_ARG(out, "ts_decode_device_parse: NULL argument");
-    if (s && strcmp(s, "cpu") == 0) {
-        *out = TS_DECODE_CPU;
-        return TS_OK;
-    }
-    if (s && strcmp(s, "mixed") == 0) {
-        *out = TS_DECODE_MIXED;
-        return TS_OK;
-    }
-    return ts_error(TS_ERR_INVALID_ARG, "decode device '%s': expected cpu or mixed", s ? s : "(null)");
+/* ---- option names -------------------------------------------------------------------------------- */
+/* names[v] is value v's name (NULL: no such value); what names the option in messages. */
+static ts_status parse_name(const char *what, const char *const *names, int n, const char *s, int *out) {
+    for (int v = 0; s && v < n; v++)
+        if (names[v] && strcmp(s, names[v]) == 0) {
+            *out = v;
+            return TS_OK;
+        }
+    char list[128] = ""; /* "a, b or c" */
+    int left = 0;
+    for (int v = 0; v < n; v++) left += names[v] != NULL;
+    for (int v = 0, k = 0; v < n; v++)
+        if (names[v]) {
+            k++;
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k == 1 ? "" : k == left ? " or " : ", ",
+                     names[v]);
+        }
+    return ts_error(TS_ERR_INVALID_ARG, "%s '%s': expected %s", what, s ? s : "(null)", list);
 }
 
-const char *ts_decode_device_name(ts_decode_device d) {
-    return d == TS_DECODE_CPU ? "cpu" : d == TS_DECODE_MIXED ? "mixed" : NULL;
+static const char *const decode_names[] = {[TS_DECODE_CPU] = "cpu", [TS_DECODE_MIXED] = "mixed"};
+static const char *const shuffle_names[] = {[TS_SHUFFLE_NONE] = "none", [TS_SHUFFLE_BUFFER] = "buffer",
+                                            [TS_SHUFFLE_EPOCH] = "epoch"};
+static const char *const last_batch_names[] = {[TS_LAST_BATCH_PARTIAL] = "partial", [TS_LAST_BATCH_DROP] = "drop",
+                                               [TS_LAST_BATCH_FILL] = "fill"};
+static const char *const color_names[] = {[TS_COLOR_GRAY] = "gray", [TS_COLOR_RGB] = "rgb"};
+#define NAME_OF(names, v) ((int)(v) >= 0 && (size_t)(v) < TS_ARRAY_LEN(names) ? names[v] : NULL)
+
+ts_status ts_decode_device_parse(const char *s, ts_decode_device *out) {
+    TS_ARG(out, "ts_decode_device_parse: NULL argument");
+    int v = 0;
+    TS_TRY(parse_name("decode device", decode_names, (int)TS_ARRAY_LEN(decode_names), s, &v));
+    *out = (ts_decode_device)v;
+    return TS_OK;
 }
+const char *ts_decode_device_name(ts_decode_device d) { return NAME_OF(decode_names, d); }
+
+ts_status ts_shuffle_parse(const char *s, ts_shuffle *out) {
+    TS_ARG(out, "ts_shuffle_parse: NULL argument");
+    int v = 0;
+    TS_TRY(parse_name("shuffle", shuffle_names, (int)TS_ARRAY_LEN(shuffle_names), s, &v));
+    *out = (ts_shuffle)v;
+    return TS_OK;
+}
+const char *ts_shuffle_name(ts_shuffle s) { return NAME_OF(shuffle_names, s); }
+
+void ts_reader_opts_set_shuffle(ts_reader_opts *o, ts_shuffle s) {
+    o->random_shuffle = s == TS_SHUFFLE_BUFFER;
+    o->shuffle_after_epoch = s == TS_SHUFFLE_EPOCH;
+}
+
+ts_status ts_last_batch_parse(const char *s, ts_last_batch *out) {
+    TS_ARG(out, "ts_last_batch_parse: NULL argument");
+    int v = 0;
+    TS_TRY(parse_name("last batch", last_batch_names, (int)TS_ARRAY_LEN(last_batch_names), s, &v));
+    *out = (ts_last_batch)v;
+    return TS_OK;
+}
+const char *ts_last_batch_name(ts_last_batch b) { return NAME_OF(last_batch_names, b); }
+
+ts_status ts_color_parse(const char *s, ts_color *out) {
+    TS_ARG(out, "ts_color_parse: NULL argument");
+    int v = 0;
+    TS_TRY(parse_name("color", color_names, (int)TS_ARRAY_LEN(color_names), s, &v));
+    *out = (ts_color)v;
+    return TS_OK;
+}
+const char *ts_color_name(ts_color c) { return NAME_OF(color_names, c); }
 
 bool ts_mixed_decode_available(ts_device *d, char *why, size_t why_len) {
     const char *reason = NULL;
