@@ -27,9 +27,11 @@ from ._tessera import (  # noqa: F401
     load_checkpoint,
     zeros,
 )
+from . import data  # noqa: E402,F401  tessera.data.ImagePipeline: the input pipeline for PyTorch
 
 __all__ = [
     "Error", "ArgumentError", "ShapeError", "DtypeError", "DeviceError", "FileError", "FormatError",
     "OutOfMemoryError", "DistributedError", "TimeoutError", "UnsupportedError", "Tensor", "from_dlpack",
     "load_checkpoint", "zeros", "train", "run_fields", "export_safetensors", "save_safetensors", "export_onnx",
+    "data",
 ]

@@ -736,6 +736,7 @@ ts_status ts_pipeline_next(ts_pipeline *p, ts_tensor **x, ts_tensor **y, ts_batc
         }
         s->state = SLOT_HELD;
         p->held = (int)(s - p->slots);
+        plan_locked(p); /* prefetch_queue_depth batches ahead of the one held: the free slot starts filling */
         info->epoch = s->epoch;
         info->batch = s->batch;
         info->size = s->n;
@@ -839,6 +840,7 @@ ts_status ts_pipeline_wait(ts_pipeline *p, double timeout_s, bool *ready) {
     pthread_mutex_lock(&p->mu);
     for (;;) {
         slot *s = find_seq(p, p->take_seq);
+        if (!s && !p->epoch_end_pending) plan_locked(p); /* as ts_pipeline_next does */
         *ready = p->sticky != TS_OK || p->epoch_end_pending || (s && s->state == SLOT_READY);
         if (*ready || pthread_cond_timedwait(&p->done_cv, &p->mu, &until) == ETIMEDOUT) break;
     }
