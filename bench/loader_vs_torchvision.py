@@ -12,6 +12,8 @@
                            [--device cuda]            (torchvision.io.decode_jpeg on the GPU, batched) with the
                                                       random resized crop, flip and normalisation on the GPU:
                                                       the reference for `tessera bench loader --decode mixed`
+  loader_vs_torchvision.py python DIR --threads T     images/s of tessera.data.ImagePipeline (the build's
+                                                      python/ on PYTHONPATH), batches handed to torch
   loader_vs_torchvision.py dali DIR --threads T       images/s of an NVIDIA DALI CPU pipeline doing the
                                                       same: fn.readers.file (random_shuffle) ->
                                                       fn.decoders.image_random_crop (device="cpu") ->
@@ -105,6 +107,37 @@ def run(root, threads, batch, size, seconds, gray):
                       "files": len(ds), "batch_size": batch, "size": size, "channels": 1 if gray else 3,
                       "images_per_second": round(images / dt, 1), "images_per_cpu_second": round(images / cpu, 1),
                       "batches": batches, "seconds": round(dt, 3)}))
+
+
+def run_python(root, threads, batch, size, seconds, gray):
+    """tessera.data.ImagePipeline (PYTHONPATH: the build's python/) with the same work, each batch handed to
+    torch (torch.from_dlpack) and read there, as a training loop takes it."""
+    import torch
+    import tessera
+    import tessera.data
+    torch.set_num_threads(1)
+    root = data_root(root)
+    mean, std = ([0.5], [0.25]) if gray else ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    p = tessera.data.ImagePipeline(root, batch, image_size=size, threads=threads, color="gray" if gray else "rgb",
+                                   mean=mean, std=std, shuffle="buffer", seed=1)
+    it = iter(p)
+    next(it)  # warm-up batch, not timed
+    images, batches, t0, c0 = 0, 0, time.perf_counter(), proc_cpu_seconds([])
+    while time.perf_counter() - t0 < seconds:
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = iter(p)
+            continue
+        assert isinstance(x, torch.Tensor) and x.dtype == torch.float32
+        images += len(y)
+        batches += 1
+    dt, cpu = time.perf_counter() - t0, proc_cpu_seconds([]) - c0
+    print(json.dumps({"framework": "tessera-python", "torch": torch.__version__, "threads": threads,
+                      "files": p.dataset_size, "batch_size": batch, "size": size, "channels": 1 if gray else 3,
+                      "images_per_second": round(images / dt, 1), "images_per_cpu_second": round(images / cpu, 1),
+                      "batches": batches, "seconds": round(dt, 3)}))
+    p.close()
 
 
 def run_dali(root, threads, batch, size, seconds, gray):
@@ -206,7 +239,7 @@ def main():
     mp.add_argument("--width", type=int, default=500)
     mp.add_argument("--height", type=int, default=375)
     mp.add_argument("--quality", type=int, default=90)
-    for name in ("run", "dali", "gpu-decode"):
+    for name in ("run", "python", "dali", "gpu-decode"):
         rp = sub.add_parser(name)
         if name == "gpu-decode":
             rp.add_argument("--device", default="cuda")
@@ -222,7 +255,7 @@ def main():
     elif a.cmd == "gpu-decode":
         run_gpu_decode(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray, a.device)
     else:
-        (run if a.cmd == "run" else run_dali)(a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray)
+        {"run": run, "python": run_python, "dali": run_dali}[a.cmd](a.root, a.threads, a.batch_size, a.size, a.seconds, a.gray)
 
 
 if __name__ == "__main__":

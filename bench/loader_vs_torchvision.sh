@@ -29,6 +29,9 @@ if ! "$DALI_PY" -c 'import nvidia.dali' 2> /dev/null; then
   DALI_PY=
 fi
 TS_WITH_BENCH=1 scripts/install-deps
+# tessera.data (the build's Python package) beside them, where the extension was built
+PYEXT=$BUILD/python
+ls "$PYEXT"/tessera/_tessera*.so > /dev/null 2>&1 || { echo "loader_vs_torchvision: no $PYEXT/tessera: no Python column" >&2; PYEXT=; }
 [ -x "$TS" ] || cmake --build "$BUILD" -j "$(nproc)" --target tessera
 mkdir -p "$WORK"
 [ -d "$WORK/photos" ] || $PY bench/loader_vs_torchvision.py make-photos --out "$WORK/photos"
@@ -43,6 +46,9 @@ for set in photos fmnist; do
       echo "== $set, $t threads, run $r" >&2
       printf '%s ' "$set" >> "$out"; "$TS" bench loader "$WORK/$set" --data-threads "$t" --seconds "$SECS" --json "${targs[@]}" >> "$out"
       printf '%s ' "$set" >> "$out"; $PY bench/loader_vs_torchvision.py run "$WORK/$set" --threads "$t" --seconds "$SECS" "${pargs[@]}" >> "$out"
+      if [ -n "$PYEXT" ]; then
+        printf '%s ' "$set" >> "$out"; PYTHONPATH=$PYEXT $PY bench/loader_vs_torchvision.py python "$WORK/$set" --threads "$t" --seconds "$SECS" "${pargs[@]}" >> "$out"
+      fi
       if [ -n "$DALI_PY" ]; then
         printf '%s ' "$set" >> "$out"; "$DALI_PY" bench/loader_vs_torchvision.py dali "$WORK/$set" --threads "$t" --seconds "$SECS" "${pargs[@]}" >> "$out"
       fi
@@ -61,21 +67,24 @@ for line in open(sys.argv[1]):
         if k.endswith("per_second") or k.endswith("per_cpu_second"):
             b[k] = max(b[k], v)
 nan = float("nan")
-print("| data set | threads | raw decode | raw read+decode | Tessera pipeline | torchvision | DALI "
-      "| per CPU-second: raw decode | raw read+decode | Tessera | torchvision | DALI "
-      "| Tessera / raw decode | Tessera / raw read+decode | Tessera / DALI |")
-print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+print("| data set | threads | raw decode | raw read+decode | Tessera pipeline | Tessera from Python | torchvision | DALI "
+      "| per CPU-second: raw decode | raw read+decode | Tessera | Tessera from Python | torchvision | DALI "
+      "| Tessera / raw decode | Tessera / raw read+decode | Tessera / DALI | Python: / DALI | / torchvision |")
+print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
 for (name, t, fw), r in sorted(best.items()):
     if fw != "tessera":
         continue
     tv, dl = best.get((name, t, "torchvision"), {}), best.get((name, t, "dali"), {})
+    py = best.get((name, t, "tessera-python"), {})
+    pps, cpy = py.get("images_per_second", nan), py.get("images_per_cpu_second", nan)
     raw, rr, ips = r["raw_decode_images_per_second"], r["raw_read_decode_images_per_second"], r["images_per_second"]
     craw, crr, cips = (r["raw_decode_images_per_cpu_second"], r["raw_read_decode_images_per_cpu_second"],
                        r["images_per_cpu_second"])
     ctv, cdl = tv.get("images_per_cpu_second", nan), dl.get("images_per_cpu_second", nan)
     print(f"| {name} ({r['files']} files, {r['channels']}x{r['size']}x{r['size']}) | {t} | {raw:.0f} | {rr:.0f} | {ips:.0f} "
-          f"| {tv.get('images_per_second', nan):.0f} | {dl.get('images_per_second', nan):.0f} "
-          f"| {craw:.0f} | {crr:.0f} | {cips:.0f} | {ctv:.0f} | {cdl:.0f} "
-          f"| {cips/craw:.2f} | {cips/crr:.2f} | {cips/cdl:.1f} |")
-print("(images/s and images per CPU-second of the process and its workers, each the best of the runs)")
+          f"| {pps:.0f} | {tv.get('images_per_second', nan):.0f} | {dl.get('images_per_second', nan):.0f} "
+          f"| {craw:.0f} | {crr:.0f} | {cips:.0f} | {cpy:.0f} | {ctv:.0f} | {cdl:.0f} "
+          f"| {cips/craw:.2f} | {cips/crr:.2f} | {cips/cdl:.1f} | {cpy/cdl:.1f} | {cpy/ctv:.1f} |")
+print("(images/s and images per CPU-second of the process and its workers, each the best of the runs; "
+      "'from Python': tessera.data.ImagePipeline, each batch handed to torch through DLPack)")
 PYEOF
