@@ -282,6 +282,10 @@ static PyType_Slot tensor_slots[] = {
 
 static PyType_Spec tensor_spec = {"tessera.Tensor", sizeof(Tensor), 0, Py_TPFLAGS_DEFAULT, tensor_slots};
 
+/* ---- for the other parts (ops.c adds Tensor's operators and autograd through these) ------------------ */
+ts_tensor *tspy_tensor_get(PyObject *o) { return PyObject_TypeCheck(o, TensorType) ? ((Tensor *)o)->t : NULL; }
+PyTypeObject *tspy_tensor_type(void) { return TensorType; }
+
 /* ---- module functions --------------------------------------------------------------------------------- */
 
 /* x's memory as a ts_tensor (a new reference in *out): a tessera.Tensor, anything with __dlpack__, or a capsule.

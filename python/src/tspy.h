@@ -29,10 +29,23 @@ PyObject *tspy_tensor_wrap(ts_tensor *t);
  * array, anything with __dlpack__, or a DLPack capsule. -1 with a Python exception set on failure. */
 int tspy_tensor_from_object(PyObject *x, ts_tensor **out);
 
+/* The ts_tensor of a tessera.Tensor (borrowed), or NULL when o is not a tessera.Tensor; the type itself
+ * (borrowed), for parts that add methods to it (ops.c). */
+ts_tensor *tspy_tensor_get(PyObject *o);
+PyTypeObject *tspy_tensor_type(void);
+
+/* modules.c: the ts_module of a tessera.nn.Module (borrowed: the Python object owns it), or NULL with an
+ * exception set. When a library call that ran a Python module's forward fails, the forward's exception is
+ * kept: tspy_module_error_restore() raises it (1) or returns 0 when there is none; _clear drops a stale one. */
+ts_module *tspy_module_get(PyObject *obj);
+int tspy_module_error_restore(void);
+void tspy_module_error_clear(void);
+
 /* Each part adds its functions and types to the module: 0, or -1 with an exception set. */
 int tspy_add_pipeline(PyObject *m); /* pipeline.c: tessera.data's ImagePipeline */
 int tspy_add_dist(PyObject *m);     /* dist.c: tessera.distributed's process group and collectives */
 int tspy_add_train(PyObject *m);    /* train.c: tessera.train, exports */
 int tspy_add_ops(PyObject *m);      /* ops.c: ops with autograd on tessera.Tensor, modules written in Python */
+int tspy_add_modules(PyObject *m);  /* modules.c (called by ops.c's hook): ts_module handles for tessera.nn */
 
 #endif

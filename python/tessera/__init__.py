@@ -9,6 +9,8 @@ This release: the library's errors as exceptions, tensors shared with PyTorch an
     a = np.asarray(tessera.zeros([2, 3]))        # NumPy over a Tessera tensor
     sd = {k: torch.from_dlpack(v) for k, v in tessera.load_checkpoint("run.ckpt").items()}
 """
+from . import nn, ops  # noqa: F401  (models in Python: ops with autograd, nn.Module)
+from .ops import enable_grad, full, is_grad_enabled, manual_seed, no_grad, rand, randn, tensor  # noqa: F401
 from ._train import export_onnx, export_safetensors, run_fields, save_safetensors, train  # noqa: F401
 from ._tessera import (  # noqa: F401
     ArgumentError,
@@ -34,4 +36,5 @@ __all__ = [
     "OutOfMemoryError", "DistributedError", "TimeoutError", "UnsupportedError", "Tensor", "from_dlpack",
     "load_checkpoint", "zeros", "train", "run_fields", "export_safetensors", "save_safetensors", "export_onnx",
     "data",
+    "nn", "ops", "tensor", "randn", "rand", "full", "manual_seed", "no_grad", "enable_grad", "is_grad_enabled",
 ]
