@@ -131,6 +131,11 @@ class Module:
                 return _tessera._module_tensor(self._bound(), _BUFFER, name)
             if name in d["_modules"]:
                 return d["_modules"][name]
+            if isinstance(self, _Builtin) and not name.startswith("_"):  # the C layer's own: weight, bias, ...
+                for what in (_PARAM, _BUFFER):
+                    t = _tessera._module_tensor(self._bound(), what, name)
+                    if t is not None:
+                        return t
         raise AttributeError(f"{type(self).__name__} has no attribute '{name}'")
 
     # ---- running ---------------------------------------------------------------------------------------------
