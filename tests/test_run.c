@@ -5,7 +5,7 @@
  * end to end on Fashion-MNIST (the schedule spanning max_steps), resume taking
  * the model from the checkpoint (bit for bit; a disagreeing model refused
  * naming both), and the checkpoint's model read and written
- * (ts_checkpoint_model_load / _save).
+ * (ts_checkpoint_model_load / _save), and a module of the caller's (config.module) trained in place.
  */
 #include "test_util.h"
 
@@ -434,12 +434,106 @@ static void test_fields_set(void) {
     CHECK(memcmp(&before, &c, sizeof c) == 0);
 }
 
+
+/* A forward of the test's own: Flatten, then the child "fc" (a Linear from 784). */
+static ts_status flat_fc_forward(ts_module *self, const ts_tensor *x, ts_tensor **out) {
+    ts_tensor *f = NULL;
+    ts_status st = ts_flatten(x, 1, &f);
+    if (st == TS_OK) st = ts_module_call(self, "fc", f, out);
+    ts_tensor_release(f);
+    return st;
+}
+
+/* config.module: the zoo's MLP built from the run's seed, handed to the run, trains to the same weights bit for
+ * bit as model "mlp" — in place (the module's own tensors are the trained ones) —; checkpoints record its type
+ * name; resuming loads a checkpoint into it (the same end bit for bit), and one of a module of another name is
+ * refused naming both. */
+static void test_run_module(void) {
+    if (!have_data()) return;
+    char zoo_ck[512], mod_ck[512], dir[512], mid[600], resumed[512];
+    snprintf(zoo_ck, sizeof zoo_ck, "%s/mod_zoo.ckpt", tu_tmpdir());
+    snprintf(mod_ck, sizeof mod_ck, "%s/mod_module.ckpt", tu_tmpdir());
+    snprintf(dir, sizeof dir, "%s/mod_dir", tu_tmpdir());
+    snprintf(mid, sizeof mid, "%s/step-000000000002.ckpt", dir);
+    snprintf(resumed, sizeof resumed, "%s/mod_resumed.ckpt", tu_tmpdir());
+    events ev = {0};
+    ts_run_config c = tiny(4, &ev);
+    c.checkpoint = zoo_ck;
+    ts_run *run = NULL;
+    ts_train_result r;
+    CHECK_OK(ts_run_open(&c, &run));
+    CHECK_OK(ts_run_train(run, &r));
+    ts_run_free(run);
+
+    ts_rng rng;
+    ts_rng_seed(&rng, 3); /* what the run draws model "mlp" from (seed 3) */
+    ts_module *m = NULL;
+    CHECK_OK(ts_model_new("mlp", 10, &rng, &m));
+    if (!m) return;
+    ts_tensor *w = ts_module_param(ts_module_child(m, "1"), "weight");
+    float w0 = ts_tensor_data_f32(w)[0];
+    events ev2 = {0};
+    ts_run_config mc = tiny(4, &ev2);
+    mc.model = NULL;
+    mc.module = m;
+    mc.checkpoint = mod_ck;
+    mc.checkpoint_dir = dir;
+    mc.checkpoint_every = 2;
+    CHECK_OK(ts_run_open(&mc, &run));
+    if (!run) return;
+    CHECK(strcmp(ts_run_config_of(run)->model, "Sequential") == 0 && ts_run_config_of(run)->num_classes == 10);
+    CHECK_OK(ts_run_train(run, &r));
+    ts_run_free(run);
+    CHECK(r.steps == 4 && ev2.steps == 4);
+    CHECK(same_weights(zoo_ck, mod_ck)); /* the zoo's run and the module's: the same weights */
+    ts_tensor_list saved = TS_TENSOR_LIST_INIT;
+    CHECK_OK(ts_weights_read(mod_ck, &saved, NULL));
+    ts_tensor *sw = ts_tensor_list_find(&saved, "1.weight");
+    CHECK(sw && ts_tensor_data_f32(w)[0] != w0 && ts_tensor_data_f32(w)[0] == ts_tensor_data_f32(sw)[0]);
+    ts_tensor_list_clear(&saved);
+
+    /* resuming into a fresh module of the same name: the checkpoint's weights, the same end */
+    ts_module *m2 = NULL;
+    CHECK_OK(ts_model_new("mlp", 10, NULL, &m2));
+    mc.module = m2;
+    mc.checkpoint_dir = NULL;
+    mc.resume = mid;
+    mc.checkpoint = resumed;
+    CHECK_OK(ts_run_open(&mc, &run));
+    CHECK(ts_run_resumed(run, NULL) != NULL);
+    CHECK_OK(ts_run_train(run, &r));
+    ts_run_free(run);
+    CHECK(same_weights(mod_ck, resumed));
+
+    /* a module of another name: refused, naming both */
+    ts_module *other = NULL, *fc = NULL;
+    CHECK_OK(ts_nn_module_new("FlatFC", flat_fc_forward, NULL, NULL, &other));
+    CHECK_OK(ts_nn_linear_new(784, 10, true, NULL, &fc));
+    CHECK_OK(ts_module_add_child(other, "fc", fc));
+    mc.module = other;
+    CHECK_STATUS(ts_run_open(&mc, &run), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("Sequential");
+    CHECK_ERR_MENTIONS("FlatFC");
+    CHECK(run == NULL);
+    /* and trained afresh it runs, recording its own name */
+    mc.resume = NULL;
+    mc.checkpoint = NULL;
+    CHECK_OK(ts_run_open(&mc, &run));
+    CHECK(run && strcmp(ts_run_config_of(run)->model, "FlatFC") == 0);
+    CHECK_OK(ts_run_train(run, &r));
+    ts_run_free(run);
+    CHECK(r.steps == 4 && isfinite(r.final_loss));
+    ts_module_free(other);
+    ts_module_free(m2);
+    ts_module_free(m);
+}
+
 int main(int argc, char **argv) {
     ts_set_num_threads(2);
     static const tu_test tests[] = {
         T(test_check_defaults), T(test_check_values), T(test_check_enums), T(test_check_combinations),
         T(test_names_round_trip), T(test_fields_set), T(test_precision_apply), T(test_checkpoint_model), T(test_run_schedule_length),
-        T(test_run_end_to_end),
+        T(test_run_end_to_end), T(test_run_module),
     };
     int rc = tu_run(tests, (int)(sizeof tests / sizeof tests[0]), argc, argv);
     tu_rm_tmpdir();

@@ -122,6 +122,12 @@ const char *ts_module_model_name(const ts_module *m);
  * before the move (and optimizers built on them) still point at the old
  * tensors: move the model first, then build the optimizer. */
 ts_status ts_module_to(ts_module *m, ts_device *dev);
+/* A second module tree over m's own tensors: the same types, configuration (borrowed: m must outlive the
+ * share) and names, its slots holding new references to m's parameters and buffers — not copies, so training
+ * either trains both. For code that must hand a module it does not own to something that takes ownership
+ * (ts_strategy_new: ts_run_open with ts_run_config.module). ts_module_to on the share replaces the share's
+ * slots, not m's; a custom module's forward gets the share as self (and the same ctx). *out is new. */
+ts_status ts_module_share(ts_module *m, ts_module **out);
 /* Sets every parameter's gradient to NULL (set_to_none). */
 void ts_module_zero_grad(ts_module *m);
 /* Number of parameter elements. */

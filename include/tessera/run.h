@@ -130,6 +130,15 @@ typedef struct ts_run_config {
     const char *trace, *metrics_csv; /* ts_trainer_opts.trace_path / .metrics_csv */
     ts_train_callback callback;      /* the trainer's events, on every rank (NULL: none) */
     void *user;
+    /* a model of your own instead of the zoo's (a custom module, a Sequential of layers, a module written in
+     * Python): borrowed, it must outlive the run. NULL: the zoo's `model`. The run trains it in place (through
+     * ts_module_share, as the strategies own what they wrap; trained values on another device are copied
+     * back when ts_run_train returns). `model` is then the name checkpoints record (NULL: its type name,
+     * ts_module_type_name), not a zoo name; num_classes is the data's unless given (the module's outputs are
+     * its own); image folders need image_size. Resuming (resume, checkpoint_dir) loads the checkpoint into it:
+     * the checkpoint must come from a run of a module with that name and the same state-dict keys and shapes.
+     * Not in the fields table: it is no flag. */
+    ts_module *module;
 } ts_run_config;
 
 #define TS_RUN_CONFIG_MAGIC 0x7e5a7201u

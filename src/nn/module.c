@@ -530,3 +530,37 @@ ts_status ts_module_to(ts_module *m, ts_device *dev) {
     ts_grad_set_enabled(prev);
     return st;
 }
+
+/* ---- a second tree over the same tensors (ts_run trains a module it does not own) ------------------------------- */
+static ts_status share_tree(ts_module *src, ts_module **out) {
+    ts_module *r = NULL;
+    ts_status st = TS_OK;
+    *out = NULL;
+    TS_TRY(ts__module_new_replica(src, &r)); /* src's type and configuration (borrowed) */
+    r->model_name = src->model_name;
+    for (int i = 0; i < src->nparams; i++) {
+        r->param_names[i] = src->param_names[i]; /* static, or src's configuration's */
+        r->params[i] = src->params[i] ? ts_tensor_retain(src->params[i]) : NULL;
+        r->nparams = i + 1;
+    }
+    for (int i = 0; i < src->nbuffers; i++) {
+        r->buffer_names[i] = src->buffer_names[i];
+        r->buffers[i] = src->buffers[i] ? ts_tensor_retain(src->buffers[i]) : NULL;
+        r->nbuffers = i + 1;
+    }
+    for (int i = 0; i < src->nchildren; i++) {
+        ts_module *c = NULL;
+        TS_CHECK_GOTO(share_tree(src->children[i], &c));
+        TS_CHECK_GOTO(ts__module_add_child(r, src->child_names[i], c));
+    }
+    *out = r;
+    return TS_OK;
+fail:
+    ts_module_free(r);
+    return st;
+}
+
+ts_status ts_module_share(ts_module *m, ts_module **out) {
+    TS_ARG(m && out, "ts_module_share: NULL argument");
+    return share_tree(m, out);
+}

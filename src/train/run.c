@@ -10,7 +10,8 @@
  *              cuda:LOCAL_RANK (wrapping around the GPUs); the group's backend (auto: nccl when every rank
  *              of the host has a GPU of its own, as PyTorch)
  *   data       ts_data_open for this rank (rank 0: the evaluation split too)
- *   model      the zoo's, with the data's classes (or num_classes), from init_from
+ *   model      the zoo's, with the data's classes (or num_classes), from init_from; or the caller's
+ *              (config.module) through a share of its tensors, copied back after training when moved
  *   training   strategy, optimizer, the schedule over the run's steps (epochs x steps per epoch, or
  *              max_steps when fewer; warmup first), the trainer, the resumed position
  */
@@ -69,8 +70,15 @@ static ts_status open_resume(ts_run *r) {
         if (found) c->resume = r->latest;
     }
     if (!c->resume) return TS_OK;
+    ts_status st;
+    if (c->module) { /* the caller's model: the trainer loads the checkpoint into it (strictly, names checked) */
+        if ((st = ts_train_checkpoint_read(c->resume, &r->resumed)) != TS_OK) return ts__error_prefix(st, "resume");
+        c->seed = r->resumed.seed;
+        r->did_resume = true;
+        return TS_OK;
+    }
     ts_checkpoint_model_info mi = {0};
-    ts_status st = ts_train_checkpoint_read(c->resume, &r->resumed);
+    st = ts_train_checkpoint_read(c->resume, &r->resumed);
     if (st == TS_OK) st = ts_checkpoint_model_load(c->resume, c->model, &r->model_m, &mi);
     if (st != TS_OK) {
         ts_checkpoint_model_info_clear(&mi);
@@ -163,8 +171,8 @@ static ts_status check_sample_shape(const ts_run *r, const ts_model_desc *md) {
 
 static ts_status open_data(ts_run *r) {
     const ts_run_config *c = &r->c;
-    ts_model_desc md;
-    ts_model_info(c->model, &md);
+    ts_model_desc md = {0}; /* a module of the caller's: no fixed input, image folders at image_size */
+    if (!c->module) ts_model_info(c->model, &md);
     ts_status st = c->checkpoint && rank_of(r) == 0 ? ts_ckpt_check_writable(c->checkpoint) : TS_OK;
     if (st != TS_OK) return ts__error_prefix(st, "checkpoint"); /* before loading any data */
     ts_data_opts d = TS_DATA_OPTS_INIT;
@@ -191,8 +199,14 @@ static ts_status open_data(ts_run *r) {
 
 static ts_status open_model(ts_run *r) {
     ts_run_config *c = &r->c;
-    if (r->did_resume) return TS_OK; /* the checkpoint's */
-    TS_TRY(ts_model_new(c->model, c->num_classes ? c->num_classes : r->data_classes, &r->rng, &r->model_m));
+    if (c->module) { /* the caller's, trained in place: the strategy owns a share of its tensors */
+        TS_TRY(ts_module_share(c->module, &r->model_m));
+        if (r->did_resume) return TS_OK; /* the trainer loads the checkpoint into it */
+    } else if (r->did_resume) {
+        return TS_OK; /* the checkpoint's */
+    } else {
+        TS_TRY(ts_model_new(c->model, c->num_classes ? c->num_classes : r->data_classes, &r->rng, &r->model_m));
+    }
     if (!c->num_classes) c->num_classes = r->data_classes;
     if (!c->init_from) return TS_OK;
     ts_status st = ts_weights_load_except(r->model_m, c->init_from, c->init_exclude);
@@ -279,7 +293,7 @@ static ts_status open_all(ts_run *r) {
     ts_set_conv_algo(c->conv_algo);
     TS_TRY(ts_precision_apply(c->precision));
     TS_TRY(open_resume(r));
-    if (!c->model) c->model = "cnn";
+    if (!c->model) c->model = c->module ? ts_module_type_name(c->module) : "cnn";
     ts_rng_seed(&r->rng, (uint64_t)c->seed);
     TS_TRY(open_devices(r));
     if (r->in_job) TS_TRY(open_group(r));
@@ -307,9 +321,29 @@ ts_status ts_run_open(const ts_run_config *c, ts_run **out) {
     return TS_OK;
 }
 
+/* config.module: the values the run trained on another device (the strategy moved its share's tensors) copied
+ * back into the module; tensors the share still holds are the module's own and skipped. */
+static ts_status copy_back(ts_run *r) {
+    ts_tensor_list from = TS_TENSOR_LIST_INIT, to = TS_TENSOR_LIST_INIT;
+    ts_status st = ts_module_state_dict(ts_strategy_model(r->s), &from);
+    if (st == TS_OK) st = ts_module_state_dict(r->c.module, &to);
+    if (st == TS_OK && from.n != to.n)
+        st = ts_error(TS_ERR_STATE, "ts_run_train: the trained model has %d tensors, config.module %d", from.n, to.n);
+    for (int i = 0; st == TS_OK && i < to.n; i++)
+        if (ts_tensor_address(from.tensors[i]) != ts_tensor_address(to.tensors[i]))
+            st = ts_tensor_copy_(to.tensors[i], from.tensors[i]);
+    ts_tensor_list_clear(&from);
+    ts_tensor_list_clear(&to);
+    return st;
+}
+
 ts_status ts_run_train(ts_run *r, ts_train_result *out) {
     TS_ARG(r, "ts_run_train: NULL run");
     ts_status st = ts_trainer_run(r->t, out);
+    if (r->c.module) {
+        ts_status cb = copy_back(r);
+        if (st == TS_OK) st = cb;
+    }
     if (st != TS_OK && r->pg) ts_pg_abort(r->pg, "training failed on this rank");
     return st;
 }

@@ -80,6 +80,10 @@ ts_status ts_precision_apply(ts_precision p) {
 /* ---- rules ------------------------------------------------------------------------------------------------ */
 static ts_status check_model(const ts_run_config *c) {
     ts_model_desc md;
+    if (c->module) { /* a model of the caller's: `model` is only the name checkpoints record */
+        if (c->init_exclude && !c->init_from) return ts_error(TS_ERR_INVALID_ARG, "init_exclude goes with init_from");
+        return c->model && !c->model[0] ? ts_error(TS_ERR_INVALID_ARG, "model: an empty name") : TS_OK;
+    }
     if (c->model && !ts_model_info(c->model, &md)) {
         char known[256] = "", esc[128];
         for (int i = 0; ts_model_name_at(i); i++)
