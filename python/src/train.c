@@ -140,7 +140,18 @@ static PyObject *train(PyObject *mod, PyObject *args, PyObject *kw) {
     ts_run_config c = TS_RUN_CONFIG_INIT;
     c.callback = on_event;
     c.user = &ctx;
-    if (config_from_dict(fields, &c, &keep) < 0) goto fail;
+    /* model=<tessera.nn.Module> (ops.c / modules.c): the run trains that module in place (c.module, borrowed:
+     * `fields` keeps the object alive); the other fields as they are. */
+    PyObject *model = PyDict_GetItemString(fields, "model"); /* borrowed */
+    if (model && model != Py_None && !PyUnicode_Check(model) && PyObject_HasAttrString(model, "_h")) {
+        if (!(c.module = tspy_module_get(model)) || !(fields = PyDict_Copy(fields))) return NULL;
+        int r = PyDict_DelItemString(fields, "model") < 0 ? -1 : config_from_dict(fields, &c, &keep);
+        Py_DECREF(fields); /* the module object stays referenced by the caller's dict */
+        if (r < 0) goto fail;
+    } else if (config_from_dict(fields, &c, &keep) < 0) {
+        goto fail;
+    }
+    tspy_module_error_clear();
     ts_status st = ts_run_config_check(&c);
     if (st != TS_OK) {
         tspy_raise(st);
@@ -160,6 +171,8 @@ static PyObject *train(PyObject *mod, PyObject *args, PyObject *kw) {
     PyObject *out = NULL;
     if (ctx.exc_type) {
         PyErr_Restore(ctx.exc_type, ctx.exc, ctx.tb); /* the callback's exception, or KeyboardInterrupt */
+    } else if (st != TS_OK && tspy_module_error_restore()) {
+        /* the exception a Python module's forward raised (model=<tessera.nn.Module>) */
     } else if (st != TS_OK) {
         tspy_raise(st);
     } else {
