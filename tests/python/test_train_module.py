@@ -5,6 +5,7 @@ learns (the loss falls), its checkpoint loads back into the same Python class wi
 DataParallel (strategy data, two virtual CPU devices) runs the Python forward on its replicas and reaches what
 one device reaches; an exception in forward stops the run and comes back as itself."""
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -128,4 +129,31 @@ with tempfile.TemporaryDirectory() as d:
         check(False, "pipeline refuses a module that is not a Sequential")
     except tessera.Error as e:
         check("Sequential" in str(e), f"pipeline and a Python module: {str(e)[:150]}")
+
+# DDP: two ranks (`tessera run -n 2 python SCRIPT`), each with its Python model: the same weights on both
+DDP_SCRIPT = """
+import torch, tessera
+from tessera import nn, ops
+class PyMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(784, 64)
+        self.fc2 = nn.Linear(64, 10)
+    def forward(self, x):
+        return self.fc2(ops.relu(self.fc1(ops.flatten(x, 1))))
+tessera.manual_seed(1 + int(__import__("os").environ["RANK"]))  # different starts: rank 0's are broadcast
+m = PyMLP()
+r = tessera.train(model=m, max_steps=4, epochs=1, batch_size=16, threads=1, progress=False)
+print("weights", r["rank"], r["world_size"], repr(float(torch.from_dlpack(m.fc1.weight.detach()).double().sum())))
+"""
+TS = os.environ.get("TESSERA_BIN", "")
+if TS and os.path.exists(TS):
+    with tempfile.TemporaryDirectory() as d:
+        script = os.path.join(d, "ddp.py")
+        with open(script, "w") as f:
+            f.write(DDP_SCRIPT)
+        p = subprocess.run([TS, "run", "-n", "2", sys.executable, script], capture_output=True, text=True, timeout=300)
+        got = sorted(tuple(ln.split("weights ", 1)[1].split()) for ln in p.stdout.splitlines() if "weights " in ln)
+        check(p.returncode == 0 and [g[:2] for g in got] == [("0", "2"), ("1", "2")] and got[0][2] == got[1][2],
+              f"DDP over 2 ranks: the same weights on both ({got}{p.stderr[-300:]})")
 print("all passed")
