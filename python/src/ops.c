@@ -744,21 +744,21 @@ static PyObject *py_is_grad_enabled(PyObject *m, PyObject *unused) {
 /* ---- Tensor: operators and autograd ---------------------------------------------------------------------------- */
 
 /* A binary operator: NotImplemented for operands that are neither tensors, numbers nor DLPack producers. */
-static PyObject *operator(ts_status (*fn)(const ts_tensor *, const ts_tensor *, ts_tensor **), PyObject *a,
+static PyObject *binary_operator(ts_status (*fn)(const ts_tensor *, const ts_tensor *, ts_tensor **), PyObject *a,
                           PyObject *b) {
     if (!tspy_tensor_get(b) && !PyFloat_Check(b) && !PyLong_Check(b) && !PyObject_HasAttrString(b, "__dlpack__"))
         Py_RETURN_NOTIMPLEMENTED;
     return run_binary(fn, a, b);
 }
 
-static PyObject *t_add(PyObject *s, PyObject *o) { return operator(ts_add, s, o); }
-static PyObject *t_radd(PyObject *s, PyObject *o) { return operator(ts_add, o, s); }
-static PyObject *t_sub(PyObject *s, PyObject *o) { return operator(ts_sub, s, o); }
-static PyObject *t_rsub(PyObject *s, PyObject *o) { return operator(ts_sub, o, s); }
-static PyObject *t_truediv(PyObject *s, PyObject *o) { return operator(ts_div, s, o); }
-static PyObject *t_rtruediv(PyObject *s, PyObject *o) { return operator(ts_div, o, s); }
-static PyObject *t_matmul(PyObject *s, PyObject *o) { return operator(ts_matmul, s, o); }
-static PyObject *t_rmatmul(PyObject *s, PyObject *o) { return operator(ts_matmul, o, s); }
+static PyObject *t_add(PyObject *s, PyObject *o) { return binary_operator(ts_add, s, o); }
+static PyObject *t_radd(PyObject *s, PyObject *o) { return binary_operator(ts_add, o, s); }
+static PyObject *t_sub(PyObject *s, PyObject *o) { return binary_operator(ts_sub, s, o); }
+static PyObject *t_rsub(PyObject *s, PyObject *o) { return binary_operator(ts_sub, o, s); }
+static PyObject *t_truediv(PyObject *s, PyObject *o) { return binary_operator(ts_div, s, o); }
+static PyObject *t_rtruediv(PyObject *s, PyObject *o) { return binary_operator(ts_div, o, s); }
+static PyObject *t_matmul(PyObject *s, PyObject *o) { return binary_operator(ts_matmul, s, o); }
+static PyObject *t_rmatmul(PyObject *s, PyObject *o) { return binary_operator(ts_matmul, o, s); }
 
 /* x * number is ts_scale (exact, one op); tensors broadcast through ts_mul. */
 static PyObject *t_mul(PyObject *s, PyObject *o) {
@@ -769,7 +769,7 @@ static PyObject *t_mul(PyObject *s, PyObject *o) {
         ts_status st = ts_scale(tspy_tensor_get(s), (float)v, &out);
         return result(st, out);
     }
-    return operator(ts_mul, s, o);
+    return binary_operator(ts_mul, s, o);
 }
 
 static PyObject *t_neg(PyObject *s, PyObject *unused) {
