@@ -8,6 +8,10 @@ This release: the library's errors as exceptions, tensors shared with PyTorch an
     x = torch.from_dlpack(t)                     # and back: the same memory
     a = np.asarray(tessera.zeros([2, 3]))        # NumPy over a Tessera tensor
     sd = {k: torch.from_dlpack(v) for k, v in tessera.load_checkpoint("run.ckpt").items()}
+
+Models in Python: tessera.ops (the library's ops with autograd), tessera.nn.Module (a module of the library
+whose forward is Python) and the built-in layers; tessera.train(model=module, ...) trains one with the library's
+run (docs/python.md, "Models in Python").
 """
 from . import nn, ops  # noqa: F401  (models in Python: ops with autograd, nn.Module)
 from .ops import enable_grad, full, is_grad_enabled, manual_seed, no_grad, rand, randn, tensor  # noqa: F401
