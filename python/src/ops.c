@@ -642,6 +642,26 @@ static PyObject *py_to(PyObject *m, PyObject *args, PyObject *kw) {
     return result(st, cur);
 }
 
+/* scaled_dot_product_attention(q, k, v, is_causal=False, scale=None) */
+static PyObject *py_sdpa(PyObject *m, PyObject *args, PyObject *kw) {
+    (void)m;
+    static char *names[] = {"q", "k", "v", "is_causal", "scale", NULL};
+    PyObject *q, *k, *v, *scale = Py_None;
+    int causal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|pO:scaled_dot_product_attention", names, &q, &k, &v, &causal,
+                                     &scale))
+        return NULL;
+    double s = scale == Py_None ? 0.0 : PyFloat_AsDouble(scale);
+    if (s == -1.0 && PyErr_Occurred()) return NULL;
+    targs a;
+    if (targs_get(&a, q, k, v, NULL) < 0) return NULL;
+    ts_tensor *out = NULL;
+    ts_status st = a.t[1] && a.t[2] ? ts_scaled_dot_product_attention(a.t[0], a.t[1], a.t[2], causal, s, &out)
+                                    : ts_error(TS_ERR_INVALID_ARG, "scaled_dot_product_attention: k or v is None");
+    targs_clear(&a);
+    return result(st, out);
+}
+
 /* ---- new tensors -------------------------------------------------------------------------------------------- */
 
 /* _tensor_from_flat(values, shape, dtype, device): the values (a flat sequence of numbers) as a new tensor. */
@@ -957,6 +977,8 @@ static PyMethodDef ops_methods[] = {
     {"dropout", KWFN(py_dropout), "dropout(x, p=0.5, training=True): inverted dropout"},
     {"cross_entropy", KWFN(py_cross_entropy),
      "cross_entropy(input, target, weight=None, ignore_index=-100, reduction='mean', label_smoothing=0.0)"},
+    {"scaled_dot_product_attention", KWFN(py_sdpa),
+     "scaled_dot_product_attention(q, k, v, is_causal=False, scale=None): softmax(scale q k^T + mask) v"},
     {"to", KWFN(py_to), "to(x, dtype=None, device=None): a copy in another dtype or on another device"},
     {"_tensor_from_flat", py_tensor_from_flat, METH_VARARGS, "_tensor_from_flat(values, shape, dtype, device)"},
     {"randn", KWFN(py_randn), "randn(shape, device='cpu'): float32 N(0, 1) (tessera.manual_seed)"},

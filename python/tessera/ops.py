@@ -52,6 +52,7 @@ from ._tessera import (  # noqa: F401
     relu,
     reshape,
     scale,
+    scaled_dot_product_attention,
     sigmoid,
     silu,
     softmax,
@@ -66,7 +67,7 @@ __all__ = [
     "add", "sub", "mul", "div", "scale", "matmul", "bmm", "linear", "conv2d", "relu", "sigmoid", "tanh", "gelu",
     "silu", "softmax", "log_softmax", "sum", "mean", "max", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "global_avg_pool2d", "batch_norm", "layer_norm", "group_norm", "embedding", "reshape", "flatten", "transpose",
-    "permute", "narrow", "cat", "dropout", "cross_entropy", "mse_loss", "to", "tensor", "randn", "rand", "full",
+    "permute", "narrow", "cat", "dropout", "scaled_dot_product_attention", "cross_entropy", "mse_loss", "to", "tensor", "randn", "rand", "full",
     "manual_seed", "no_grad", "enable_grad", "is_grad_enabled",
 ]
 

@@ -143,6 +143,19 @@ compare("cross_entropy (weight, label smoothing, ignore_index)",
         grads=[0])
 compare("cross_entropy reduction none", lambda a, t: ops.cross_entropy(a, t, reduction="none"),
         lambda a, t: F.cross_entropy(a, t, reduction="none"), [x, tgt])
+
+
+def sdpa_ref(q, k, v, causal=False, scale=None):  # torch 1.13 has no F.scaled_dot_product_attention
+    s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+qkv = [torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)]
+compare("scaled_dot_product_attention", ops.scaled_dot_product_attention, sdpa_ref, qkv, tol=1e-4)
+compare("scaled_dot_product_attention causal, scale", lambda q, k, v: ops.scaled_dot_product_attention(
+    q, k, v, is_causal=True, scale=0.3), lambda q, k, v: sdpa_ref(q, k, v, True, 0.3), qkv, tol=1e-4)
 d = ops.dropout(tessera.tensor(torch.ones(1000)), 0.25)
 vals = np.unique(np.asarray(d))
 check(len(vals) == 2 and vals[0] == 0 and abs(vals[1] - 1 / 0.75) < 1e-6 and 0.6 < np.asarray(d).mean() < 1.4, "dropout: zeros or 1/(1-p)")
