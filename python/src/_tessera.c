@@ -69,6 +69,40 @@ static int add_errors(PyObject *m) {
     return 0;
 }
 
+/* ---- argument converters (tspy.h) ---------------------------------------------------------------------- */
+
+int tspy_path_or_none(PyObject *o, void *addr) {
+    if (o == Py_None) {
+        *(PyObject **)addr = NULL;
+        return 1;
+    }
+    return PyUnicode_FSConverter(o, addr);
+}
+
+int tspy_int64_list(PyObject *o, const char *what, int64_t *v, int *n) {
+    if (PyLong_Check(o)) {
+        v[0] = PyLong_AsLongLong(o);
+        *n = 1;
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *seq = PySequence_Check(o) && !PyUnicode_Check(o) ? PySequence_Tuple(o) : NULL;
+    if (!seq) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints", what);
+        return -1;
+    }
+    Py_ssize_t k = PyTuple_Size(seq);
+    if (k > TS_MAX_DIMS) {
+        Py_DECREF(seq);
+        PyErr_Format(tspy_error_class(TS_ERR_INVALID_ARG), "%s: %zd entries; at most %d", what, k, TS_MAX_DIMS);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) v[i] = PyLong_AsLongLong(PyTuple_GetItem(seq, i));
+    Py_DECREF(seq);
+    *n = (int)k;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* ---- Tensor ------------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -262,7 +296,7 @@ static PyGetSetDef tensor_getset[] = {
 };
 
 static PyMethodDef tensor_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
+    {"__dlpack__", TSPY_KW(tensor_dlpack),
      "A DLPack capsule sharing this tensor's memory (versioned when max_version >= (1, 0))."},
     {"__dlpack_device__", tensor_dlpack_device, METH_NOARGS, "(device type, index) as DLPack numbers them."},
     {"data_ptr", tensor_data_ptr, METH_NOARGS, "The address of element 0 (as torch.Tensor.data_ptr())."},
@@ -358,37 +392,15 @@ static PyObject *zeros(PyObject *mod, PyObject *args, PyObject *kw) {
     PyObject *shape_obj;
     const char *dtype = "float32", *device = "cpu";
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|ss", names, &shape_obj, &dtype, &device)) return NULL;
-    if (!PySequence_Check(shape_obj)) {
-        PyErr_SetString(PyExc_TypeError, "tessera.zeros: shape must be a sequence of ints");
-        return NULL;
-    }
-    PyObject *seq = Py_NewRef(shape_obj);
-    Py_ssize_t nd = PySequence_Size(seq);
-    if (nd < 0) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    if (nd > TS_MAX_DIMS) {
-        Py_DECREF(seq);
-        return PyErr_Format(ArgumentError, "tessera.zeros: %zd dimensions; at most %d", nd, TS_MAX_DIMS);
-    }
     int64_t shape[TS_MAX_DIMS];
-    for (Py_ssize_t i = 0; i < nd; i++) {
-        PyObject *it = PySequence_GetItem(seq, i);
-        shape[i] = it ? PyLong_AsLongLong(it) : -1;
-        Py_XDECREF(it);
-        if (PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-    }
-    Py_DECREF(seq);
+    int nd = 0;
+    if (tspy_int64_list(shape_obj, "tessera.zeros: shape", shape, &nd) < 0) return NULL;
     ts_dtype dt;
     ts_device *dev = NULL;
     ts_status st = ts_dtype_parse(dtype, &dt);
     if (st == TS_OK) st = ts_device_get(device, &dev);
     ts_tensor *t = NULL;
-    if (st == TS_OK) st = ts_tensor_zeros(dev, dt, (int)nd, shape, &t);
+    if (st == TS_OK) st = ts_tensor_zeros(dev, dt, nd, shape, &t);
     if (st != TS_OK) return tspy_raise(st);
     return tspy_tensor_wrap(t);
 }
@@ -428,12 +440,12 @@ static PyObject *load_checkpoint(PyObject *mod, PyObject *args, PyObject *kw) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"load_checkpoint", (PyCFunction)(void (*)(void))load_checkpoint, METH_VARARGS | METH_KEYWORDS,
+    {"load_checkpoint", TSPY_KW(load_checkpoint),
      "load_checkpoint(path, prefix='model.') -> {name: Tensor}: a Tessera checkpoint's tensors whose names start "
      "with prefix, without it (PyTorch's names for the model's; prefix='' for every tensor)."},
     {"from_dlpack", from_dlpack, METH_O,
      "from_dlpack(x) -> Tensor: x's memory (a torch tensor, a NumPy array, any DLPack producer), not a copy."},
-    {"zeros", (PyCFunction)(void (*)(void))zeros, METH_VARARGS | METH_KEYWORDS,
+    {"zeros", TSPY_KW(zeros),
      "zeros(shape, dtype='float32', device='cpu') -> Tensor"},
     {NULL, NULL, 0, NULL},
 };

@@ -352,19 +352,18 @@ static PyGetSetDef pg_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-#define KW(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 static PyMethodDef pg_methods[] = {
-    {"all_reduce", KW(pg_all_reduce),
+    {"all_reduce", TSPY_KW(pg_all_reduce),
      "all_reduce(tensor, op='sum', *, async_op=False): reduces tensor over the ranks in place ('sum', 'avg', 'max', "
      "'min'; float32, bfloat16 on the builtin backend). async_op=True returns a Work."},
-    {"broadcast", KW(pg_broadcast), "broadcast(tensor, src=0, *, async_op=False): rank src's tensor to every rank."},
-    {"all_gather", KW(pg_all_gather),
+    {"broadcast", TSPY_KW(pg_broadcast), "broadcast(tensor, src=0, *, async_op=False): rank src's tensor to every rank."},
+    {"all_gather", TSPY_KW(pg_all_gather),
      "all_gather(output, input, *, async_op=False): output (world_size x input's elements) gets every rank's input, "
      "rank r's at offset r * input.numel()."},
-    {"reduce_scatter", KW(pg_reduce_scatter),
+    {"reduce_scatter", TSPY_KW(pg_reduce_scatter),
      "reduce_scatter(output, input, op='sum', *, async_op=False): rank r's output is the reduction of block r of "
      "the ranks' inputs (input: world_size x output's elements)."},
-    {"barrier", KW(pg_barrier), "barrier(*, async_op=False): waits until every rank has called it."},
+    {"barrier", TSPY_KW(pg_barrier), "barrier(*, async_op=False): waits until every rank has called it."},
     {"abort", pg_abort, METH_VARARGS,
      "abort(reason='aborted from Python'): every pending and later call fails; the peers fail fast naming this rank."},
     {"close", pg_close, METH_NOARGS, "Leaves the group: pending work finishes or fails, connections close."},

@@ -69,31 +69,6 @@ static int int_pair(PyObject *o, const char *what, int v[2]) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* A sequence of ints (or one int) into v (at most TS_MAX_DIMS); *n its length. */
-static int int_list(PyObject *o, const char *what, int64_t *v, int *n) {
-    if (PyLong_Check(o)) {
-        v[0] = PyLong_AsLongLong(o);
-        *n = 1;
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    PyObject *seq = PySequence_Check(o) && !PyUnicode_Check(o) ? PySequence_Tuple(o) : NULL;
-    if (!seq) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: expected a sequence of ints", what);
-        return -1;
-    }
-    Py_ssize_t k = PyTuple_Size(seq);
-    if (k > TS_MAX_DIMS) {
-        Py_DECREF(seq);
-        PyErr_Format(tspy_error_class(TS_ERR_INVALID_ARG), "%s: %zd entries; at most %d", what, k, TS_MAX_DIMS);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < k; i++) v[i] = PyLong_AsLongLong(PyTuple_GetItem(seq, i));
-    Py_DECREF(seq);
-    *n = (int)k;
-    return PyErr_Occurred() ? -1 : 0;
-}
-
 /* ---- ops of one tensor and of two: the tables ------------------------------------------------------------ */
 
 static PyObject *run_unary(ts_status (*fn)(const ts_tensor *, ts_tensor **), PyObject *x) {
@@ -151,7 +126,6 @@ BINARY_OPS(DEF_BINARY)
 
 /* ---- ops with options ------------------------------------------------------------------------------------- */
 
-#define KWFN(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 
 /* A tensor and up to three optional ones (weight, bias, ...), released together. */
 typedef struct targs {
@@ -241,7 +215,7 @@ static PyObject *reduce_op(PyObject *args, PyObject *kw, const char *fmt, ts_sta
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, names, &x, &dim, &keepdim)) return NULL;
     int64_t d64[TS_MAX_DIMS];
     int nd = 0, dims[TS_MAX_DIMS];
-    if (dim != Py_None && int_list(dim, "dim", d64, &nd) < 0) return NULL;
+    if (dim != Py_None && tspy_int64_list(dim, "dim", d64, &nd) < 0) return NULL;
     for (int i = 0; i < nd; i++) dims[i] = (int)d64[i];
     targs a;
     if (targs_get(&a, x, NULL, NULL, NULL) < 0) return NULL;
@@ -425,7 +399,7 @@ static PyObject *py_layer_norm(PyObject *m, PyObject *args, PyObject *kw) {
     int64_t ns[TS_MAX_DIMS];
     int nn = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOf:layer_norm", names, &x, &shape, &w, &b, &eps) ||
-        int_list(shape, "layer_norm: normalized_shape", ns, &nn) < 0)
+        tspy_int64_list(shape, "layer_norm: normalized_shape", ns, &nn) < 0)
         return NULL;
     targs a;
     if (targs_get(&a, x, w, b, NULL) < 0) return NULL;
@@ -468,7 +442,7 @@ static PyObject *py_reshape(PyObject *m, PyObject *args, PyObject *kw) {
     int64_t s[TS_MAX_DIMS];
     int n = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:reshape", names, &x, &shape) ||
-        int_list(shape, "reshape: shape", s, &n) < 0)
+        tspy_int64_list(shape, "reshape: shape", s, &n) < 0)
         return NULL;
     targs a;
     if (targs_get(&a, x, NULL, NULL, NULL) < 0) return NULL;
@@ -514,7 +488,7 @@ static PyObject *py_permute(PyObject *m, PyObject *args, PyObject *kw) {
     int64_t d[TS_MAX_DIMS];
     int n = 0, perm[TS_MAX_DIMS];
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:permute", names, &x, &dims) ||
-        int_list(dims, "permute: dims", d, &n) < 0)
+        tspy_int64_list(dims, "permute: dims", d, &n) < 0)
         return NULL;
     targs a;
     if (targs_get(&a, x, NULL, NULL, NULL) < 0) return NULL;
@@ -672,7 +646,7 @@ static PyObject *py_tensor_from_flat(PyObject *m, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOss", &values, &shape, &dtype, &device)) return NULL;
     int64_t s[TS_MAX_DIMS];
     int nd = 0;
-    if (int_list(shape, "tensor: shape", s, &nd) < 0) return NULL;
+    if (tspy_int64_list(shape, "tensor: shape", s, &nd) < 0) return NULL;
     if (PyTuple_Check(shape) && PyTuple_Size(shape) == 0) nd = 0;
     ts_dtype dt;
     ts_device *dev = NULL;
@@ -720,7 +694,7 @@ static PyObject *random_tensor(PyObject *args, PyObject *kw, const char *fmt, bo
     int64_t s[TS_MAX_DIMS];
     int nd = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, names, &shape, &device) ||
-        int_list(shape, "shape", s, &nd) < 0)
+        tspy_int64_list(shape, "shape", s, &nd) < 0)
         return NULL;
     ts_device *dev = NULL;
     ts_tensor *t = NULL;
@@ -909,7 +883,7 @@ static PyMethodDef tensor_extra_methods[] = {
     {"__matmul__", t_matmul, METH_O, NULL},
     {"__rmatmul__", t_rmatmul, METH_O, NULL},
     {"__neg__", t_neg, METH_NOARGS, NULL},
-    {"backward", KWFN(t_backward),
+    {"backward", TSPY_KW(t_backward),
      "backward(gradient=None, retain_graph=False): gradients of this tensor into the leaves' .grad (gradient None: "
      "this tensor must have one element)."},
     {"detach", t_detach, METH_NOARGS, "detach() -> Tensor: the same memory without autograd history."},
@@ -952,37 +926,37 @@ static int add_tensor_extras(void) {
 static PyMethodDef ops_methods[] = {
     UNARY_OPS(UNARY_DEF) BINARY_OPS(BINARY_DEF)
     {"scale", py_scale, METH_VARARGS, "scale(x, s) -> s * x"},
-    {"gelu", KWFN(py_gelu), "gelu(x, approximate='none'|'tanh')"},
-    {"softmax", KWFN(py_softmax), "softmax(x, dim)"},
-    {"log_softmax", KWFN(py_log_softmax), "log_softmax(x, dim)"},
-    {"sum", KWFN(py_sum), "sum(x, dim=None, keepdim=False): all elements (shape ()) or over dim (an int or ints)"},
-    {"mean", KWFN(py_mean), "mean(x, dim=None, keepdim=False)"},
-    {"max", KWFN(py_max), "max(x, dim, keepdim=False) -> (values, indices): torch.max over dim"},
-    {"linear", KWFN(py_linear), "linear(x, weight, bias=None) -> x weight^T + bias"},
-    {"conv2d", KWFN(py_conv2d), "conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)"},
-    {"max_pool2d", KWFN(py_max_pool2d), "max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False)"},
-    {"avg_pool2d", KWFN(py_avg_pool2d),
+    {"gelu", TSPY_KW(py_gelu), "gelu(x, approximate='none'|'tanh')"},
+    {"softmax", TSPY_KW(py_softmax), "softmax(x, dim)"},
+    {"log_softmax", TSPY_KW(py_log_softmax), "log_softmax(x, dim)"},
+    {"sum", TSPY_KW(py_sum), "sum(x, dim=None, keepdim=False): all elements (shape ()) or over dim (an int or ints)"},
+    {"mean", TSPY_KW(py_mean), "mean(x, dim=None, keepdim=False)"},
+    {"max", TSPY_KW(py_max), "max(x, dim, keepdim=False) -> (values, indices): torch.max over dim"},
+    {"linear", TSPY_KW(py_linear), "linear(x, weight, bias=None) -> x weight^T + bias"},
+    {"conv2d", TSPY_KW(py_conv2d), "conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)"},
+    {"max_pool2d", TSPY_KW(py_max_pool2d), "max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False)"},
+    {"avg_pool2d", TSPY_KW(py_avg_pool2d),
      "avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True)"},
-    {"adaptive_avg_pool2d", KWFN(py_adaptive_avg_pool2d), "adaptive_avg_pool2d(x, output_size)"},
-    {"batch_norm", KWFN(py_batch_norm),
+    {"adaptive_avg_pool2d", TSPY_KW(py_adaptive_avg_pool2d), "adaptive_avg_pool2d(x, output_size)"},
+    {"batch_norm", TSPY_KW(py_batch_norm),
      "batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)"},
-    {"layer_norm", KWFN(py_layer_norm), "layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5)"},
-    {"group_norm", KWFN(py_group_norm), "group_norm(x, num_groups, weight=None, bias=None, eps=1e-5)"},
-    {"reshape", KWFN(py_reshape), "reshape(x, shape) (one entry may be -1)"},
-    {"flatten", KWFN(py_flatten), "flatten(x, start_dim=0, end_dim=-1)"},
-    {"transpose", KWFN(py_transpose), "transpose(x, dim0, dim1) (a contiguous copy)"},
-    {"permute", KWFN(py_permute), "permute(x, dims) (a contiguous copy)"},
-    {"narrow", KWFN(py_narrow), "narrow(x, dim, start, length)"},
-    {"cat", KWFN(py_cat), "cat(tensors, dim=0)"},
-    {"dropout", KWFN(py_dropout), "dropout(x, p=0.5, training=True): inverted dropout"},
-    {"cross_entropy", KWFN(py_cross_entropy),
+    {"layer_norm", TSPY_KW(py_layer_norm), "layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5)"},
+    {"group_norm", TSPY_KW(py_group_norm), "group_norm(x, num_groups, weight=None, bias=None, eps=1e-5)"},
+    {"reshape", TSPY_KW(py_reshape), "reshape(x, shape) (one entry may be -1)"},
+    {"flatten", TSPY_KW(py_flatten), "flatten(x, start_dim=0, end_dim=-1)"},
+    {"transpose", TSPY_KW(py_transpose), "transpose(x, dim0, dim1) (a contiguous copy)"},
+    {"permute", TSPY_KW(py_permute), "permute(x, dims) (a contiguous copy)"},
+    {"narrow", TSPY_KW(py_narrow), "narrow(x, dim, start, length)"},
+    {"cat", TSPY_KW(py_cat), "cat(tensors, dim=0)"},
+    {"dropout", TSPY_KW(py_dropout), "dropout(x, p=0.5, training=True): inverted dropout"},
+    {"cross_entropy", TSPY_KW(py_cross_entropy),
      "cross_entropy(input, target, weight=None, ignore_index=-100, reduction='mean', label_smoothing=0.0)"},
-    {"scaled_dot_product_attention", KWFN(py_sdpa),
+    {"scaled_dot_product_attention", TSPY_KW(py_sdpa),
      "scaled_dot_product_attention(q, k, v, is_causal=False, scale=None): softmax(scale q k^T + mask) v"},
-    {"to", KWFN(py_to), "to(x, dtype=None, device=None): a copy in another dtype or on another device"},
+    {"to", TSPY_KW(py_to), "to(x, dtype=None, device=None): a copy in another dtype or on another device"},
     {"_tensor_from_flat", py_tensor_from_flat, METH_VARARGS, "_tensor_from_flat(values, shape, dtype, device)"},
-    {"randn", KWFN(py_randn), "randn(shape, device='cpu'): float32 N(0, 1) (tessera.manual_seed)"},
-    {"rand", KWFN(py_rand), "rand(shape, device='cpu'): float32 U(0, 1)"},
+    {"randn", TSPY_KW(py_randn), "randn(shape, device='cpu'): float32 N(0, 1) (tessera.manual_seed)"},
+    {"rand", TSPY_KW(py_rand), "rand(shape, device='cpu'): float32 U(0, 1)"},
     {"manual_seed", py_manual_seed, METH_O, "manual_seed(seed): the default generator's seed"},
     {"_set_grad_enabled", py_set_grad_enabled, METH_O, "_set_grad_enabled(on) -> the previous mode (this thread)"},
     {"is_grad_enabled", py_is_grad_enabled, METH_NOARGS, "is_grad_enabled() -> bool (this thread)"},

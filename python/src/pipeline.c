@@ -33,15 +33,6 @@ typedef struct {
 
 /* ---- option parsing ------------------------------------------------------------------------------------ */
 
-/* A path (str, bytes, os.PathLike) or None: *(PyObject **)addr is the bytes object, or NULL for None. */
-static int path_or_none(PyObject *o, void *addr) {
-    if (o == Py_None) {
-        *(PyObject **)addr = NULL;
-        return 1;
-    }
-    return PyUnicode_FSConverter(o, addr);
-}
-
 /* A sequence of lo..hi numbers into out; returns the count, or -1 with ArgumentError naming the option. */
 static int float_seq(PyObject *o, const char *name, int lo, int hi, float *out) {
     PyObject *seq = PySequence_Check(o) ? Py_NewRef(o) : NULL;
@@ -116,8 +107,8 @@ static int pipeline_init(PyObject *self_, PyObject *args, PyObject *kw) {
         PyErr_SetString(Error, "tessera.data: a Pipeline is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&O&LiiiipOOffOOsiiLsiLpsssppL", names, path_or_none, &root,
-                                     path_or_none, &file_list, &batch, &o.out_width, &o.out_height, &o.reader.shard_id,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$O&O&LiiiipOOffOOsiiLsiLpsssppL", names, tspy_path_or_none, &root,
+                                     tspy_path_or_none, &file_list, &batch, &o.out_width, &o.out_height, &o.reader.shard_id,
                                      &o.reader.num_shards, &rrc, &scale, &ratio, &o.flip_prob, &o.center_crop, &mean,
                                      &std, &color, &o.num_threads, &o.prefetch_queue_depth, &seed, &shuffle,
                                      &o.reader.initial_fill, &shuffle_seed, &stick, &last_batch, &decode, &device,

@@ -211,30 +211,25 @@ static PyObject *field_dict(const ts_run_config *defaults, const ts_run_field *f
     static const char *const kinds[] = {[TS_RUN_FIELD_INT] = "int", [TS_RUN_FIELD_FLOAT] = "float",
                                         [TS_RUN_FIELD_STRING] = "str", [TS_RUN_FIELD_BOOL] = "bool",
                                         [TS_RUN_FIELD_ENUM] = "enum"};
-    PyObject *choices = NULL, *lo = NULL, *hi = NULL;
-    if (f->kind == TS_RUN_FIELD_ENUM) {
-        choices = PyList_New(0);
-        for (int v = (int)f->min; choices && v <= (int)f->max; v++) {
-            PyObject *n = PyUnicode_FromString(f->value_name(v));
-            if (!n || PyList_Append(choices, n) < 0) Py_CLEAR(choices);
-            Py_XDECREF(n);
-        }
-    } else if (f->kind == TS_RUN_FIELD_INT) {
-        lo = PyLong_FromLongLong((long long)f->min), hi = PyLong_FromLongLong((long long)f->max);
-    } else if (f->kind == TS_RUN_FIELD_FLOAT) {
-        lo = PyFloat_FromDouble(f->min), hi = PyFloat_FromDouble(f->max);
+    bool number = f->kind == TS_RUN_FIELD_INT || f->kind == TS_RUN_FIELD_FLOAT;
+    PyObject *choices = f->kind == TS_RUN_FIELD_ENUM ? PyList_New(0) : Py_NewRef(Py_None);
+    for (int v = (int)f->min; choices && f->kind == TS_RUN_FIELD_ENUM && v <= (int)f->max; v++) {
+        PyObject *n = PyUnicode_FromString(f->value_name(v));
+        if (!n || PyList_Append(choices, n) < 0) Py_CLEAR(choices);
+        Py_XDECREF(n);
     }
-    if (!choices && f->kind != TS_RUN_FIELD_ENUM) choices = Py_NewRef(Py_None);
-    if (!lo && f->kind != TS_RUN_FIELD_INT && f->kind != TS_RUN_FIELD_FLOAT) lo = Py_NewRef(Py_None), hi = Py_NewRef(Py_None);
+    /* numbers: min and max as the field's type ("d" for floats, "L" for ints); else None */
+    PyObject *range = !number ? Py_BuildValue("(OO)", Py_None, Py_None)
+                      : f->kind == TS_RUN_FIELD_INT ? Py_BuildValue("(LL)", (long long)f->min, (long long)f->max)
+                                                    : Py_BuildValue("(dd)", f->min, f->max);
     PyObject *def = field_value(defaults, f);
-    PyObject *d = choices && lo && hi && def
+    PyObject *d = choices && range && def
                       ? Py_BuildValue("{s:s,s:s,s:s,s:O,s:O,s:O,s:O,s:s}", "name", f->name, "flag", f->flag, "kind",
-                                      kinds[f->kind], "default", def, "choices", choices, "min", lo, "max", hi,
-                                      "help", f->help)
+                                      kinds[f->kind], "default", def, "choices", choices, "min",
+                                      PyTuple_GetItem(range, 0), "max", PyTuple_GetItem(range, 1), "help", f->help)
                       : NULL;
     Py_XDECREF(choices);
-    Py_XDECREF(lo);
-    Py_XDECREF(hi);
+    Py_XDECREF(range);
     Py_XDECREF(def);
     return d;
 }
@@ -256,23 +251,12 @@ static PyObject *run_fields(PyObject *mod, PyObject *unused) {
 
 /* ---- exports ------------------------------------------------------------------------------------------- */
 
-/* Path arguments (str or path-like) as bytes objects: "O&" with PyUnicode_FSConverter; fs_opt also takes None
- * (NULL). */
-#define FS_ARG PyUnicode_FSConverter
-static int fs_opt(PyObject *o, void *out) {
-    if (o == Py_None) {
-        *(PyObject **)out = NULL;
-        return 1;
-    }
-    return PyUnicode_FSConverter(o, out);
-}
-
 /* _tessera.export_safetensors(checkpoint, out) -> int: the model's tensors of a checkpoint as safetensors. */
 static PyObject *export_safetensors(PyObject *mod, PyObject *args, PyObject *kw) {
     (void)mod;
     static char *names[] = {"checkpoint", "out", NULL};
     PyObject *ck = NULL, *out = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&", names, FS_ARG, &ck, FS_ARG, &out)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&", names, PyUnicode_FSConverter, &ck, PyUnicode_FSConverter, &out)) return NULL;
     int n = 0;
     ts_status st;
     const char *ckp = PyBytes_AsString(ck), *outp = PyBytes_AsString(out);
@@ -332,7 +316,7 @@ static PyObject *save_safetensors(PyObject *mod, PyObject *args, PyObject *kw) {
     (void)mod;
     static char *names[] = {"tensors", "path", "metadata", NULL};
     PyObject *tensors, *path = NULL, *metadata = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O&|O", names, &PyDict_Type, &tensors, FS_ARG, &path, &metadata))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O&|O", names, &PyDict_Type, &tensors, PyUnicode_FSConverter, &path, &metadata))
         return NULL;
     if (metadata != Py_None && !PyDict_Check(metadata)) {
         Py_DECREF(path);
@@ -355,31 +339,14 @@ static PyObject *save_safetensors(PyObject *mod, PyObject *args, PyObject *kw) {
     return ret;
 }
 
-/* shape (a sequence of ints or None) into dims; -1 with an exception set. */
+/* shape (a sequence of ints or None: 0 dimensions) into dims; -1 with an exception set. */
 static int shape_arg(PyObject *shape, int *ndim, int64_t *dims) {
     *ndim = 0;
     if (shape == Py_None) return 0;
-    PyObject *seq = PySequence_Fast(shape, "tessera.export_onnx: input_shape must be a sequence of ints");
-    if (!seq) return -1;
-    Py_ssize_t n = PySequence_Size(seq);
-    if (n < 1 || n > TS_MAX_DIMS) {
-        Py_DECREF(seq);
-        PyErr_Format(tspy_error_class(TS_ERR_INVALID_ARG), "tessera.export_onnx: input_shape has %zd dimensions "
-                     "(1 to %d)", n, TS_MAX_DIMS);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *it = PySequence_GetItem(seq, i);
-        dims[i] = it ? PyLong_AsLongLong(it) : -1;
-        Py_XDECREF(it);
-        if (PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return -1;
-        }
-    }
-    Py_DECREF(seq);
-    *ndim = (int)n;
-    return 0;
+    if (tspy_int64_list(shape, "tessera.export_onnx: input_shape", dims, ndim) < 0) return -1;
+    if (*ndim > 0) return 0;
+    PyErr_SetString(tspy_error_class(TS_ERR_INVALID_ARG), "tessera.export_onnx: input_shape is empty");
+    return -1;
 }
 
 /* _tessera.export_onnx(out, checkpoint=None, model=None, input_shape=None, seed=0, dynamic_batch=True) -> str:
@@ -391,7 +358,7 @@ static PyObject *export_onnx(PyObject *mod, PyObject *args, PyObject *kw) {
     const char *model = NULL;
     unsigned long long seed = 0;
     int dynamic = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&zOKp", names, FS_ARG, &out, fs_opt, &ck, &model, &shape, &seed,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&zOKp", names, PyUnicode_FSConverter, &out, tspy_path_or_none, &ck, &model, &shape, &seed,
                                      &dynamic))
         return NULL;
     int ndim = 0;
@@ -416,15 +383,14 @@ static PyObject *export_onnx(PyObject *mod, PyObject *args, PyObject *kw) {
     return ret;
 }
 
-#define KW(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
 static PyMethodDef train_methods[] = {
-    {"train", KW(train), "train(fields, callback=None) -> dict: a training run (tessera.train)."},
+    {"train", TSPY_KW(train), "train(fields, callback=None) -> dict: a training run (tessera.train)."},
     {"run_fields", run_fields, METH_NOARGS, "run_fields() -> [dict]: the fields tessera.train takes."},
-    {"export_safetensors", KW(export_safetensors),
+    {"export_safetensors", TSPY_KW(export_safetensors),
      "export_safetensors(checkpoint, out) -> int: a checkpoint's model tensors as a safetensors file."},
-    {"save_safetensors", KW(save_safetensors),
+    {"save_safetensors", TSPY_KW(save_safetensors),
      "save_safetensors(tensors, path, metadata=None): {name: tensor} as a safetensors file (atomically)."},
-    {"export_onnx", KW(export_onnx),
+    {"export_onnx", TSPY_KW(export_onnx),
      "export_onnx(out, checkpoint=None, model=None, input_shape=None, seed=0, dynamic_batch=True) -> str"},
     {NULL, NULL, 0, NULL},
 };

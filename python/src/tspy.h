@@ -41,6 +41,17 @@ ts_module *tspy_module_get(PyObject *obj);
 int tspy_module_error_restore(void);
 void tspy_module_error_clear(void);
 
+/* A method table entry's function and flags for a function taking (self, args, kwargs). */
+#define TSPY_KW(f) (PyCFunction)(void (*)(void))(f), METH_VARARGS | METH_KEYWORDS
+
+/* "O&" converters. tspy_path_or_none: a path (str, bytes, os.PathLike) as a bytes object in
+ * *(PyObject **)addr, or NULL for None. */
+int tspy_path_or_none(PyObject *o, void *addr);
+
+/* A sequence of ints (or one int) into v (at most TS_MAX_DIMS); *n its length. -1 with TypeError or
+ * tessera.ArgumentError naming `what` on failure. */
+int tspy_int64_list(PyObject *o, const char *what, int64_t *v, int *n);
+
 /* Each part adds its functions and types to the module: 0, or -1 with an exception set. */
 int tspy_add_pipeline(PyObject *m); /* pipeline.c: tessera.data's ImagePipeline */
 int tspy_add_dist(PyObject *m);     /* dist.c: tessera.distributed's process group and collectives */

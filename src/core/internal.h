@@ -134,6 +134,9 @@ ts_status ts__open_listed_regular(const char *path, const char *what, int *fd, u
 ts_status ts__check_write_target(const char *path, const char *what);
 const char *ts__file_type_name(unsigned mode);
 const char *ts__printable(const char *s, char *buf, size_t cap);
+/* "a, b or c": names[0..n) joined for a message listing the choices (NULL entries skipped), cut to cap;
+ * returns buf. */
+const char *ts__name_list(const char *const *names, int n, char *buf, size_t cap);
 /* Every error message (ts_error, ts__error_prefix) and log line (ts_log) passes through this: control
  * characters (ESC, CR, tabs, DEL; line breaks unless keep_lines) become \xNN in place, cut to cap, so no
  * file name or peer's text can move a terminal's cursor, and no error message spans lines. keep_lines (log

@@ -45,6 +45,19 @@ const char *ts_last_error(void) { return ts_errmsg; }
 
 void ts_clear_error(void) { ts_errmsg[0] = '\0'; }
 
+const char *ts__name_list(const char *const *names, int n, char *buf, size_t cap) {
+    int left = 0, k = 0;
+    for (int i = 0; i < n; i++) left += names[i] != NULL;
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && len < cap; i++)
+        if (names[i]) {
+            k++;
+            len += (size_t)snprintf(buf + len, cap - len, "%s%s", k == 1 ? "" : k == left ? " or " : ", ", names[i]);
+        }
+    return buf;
+}
+
 /* Whether byte c is written as \xNN: control characters (newlines too, unless lines are kept). */
 static bool escaped(unsigned char c, bool keep_lines) { return (c < 0x20 && !(keep_lines && c == '\n')) || c == 0x7f; }
 

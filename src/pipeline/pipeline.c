@@ -929,15 +929,8 @@ static ts_status parse_name(const char *what, const char *const *names, int n, c
             *out = v;
             return TS_OK;
         }
-    char list[128] = ""; /* "a, b or c" */
-    int left = 0;
-    for (int v = 0; v < n; v++) left += names[v] != NULL;
-    for (int v = 0, k = 0; v < n; v++)
-        if (names[v]) {
-            k++;
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k == 1 ? "" : k == left ? " or " : ", ",
-                     names[v]);
-        }
+    char list[128];
+    ts__name_list(names, n, list, sizeof list);
     return ts_error(TS_ERR_INVALID_ARG, "%s '%s': expected %s", what, s ? s : "(null)", list);
 }
 

@@ -23,15 +23,6 @@
 static const char *const precision_names[TS_PRECISION_COUNT] = {"fp32", "bf16", "fp16"};
 static const char *const backend_names[TS_RUN_BACKEND_COUNT] = {"auto", "builtin", "mpi", "nccl"};
 
-/* "a, b or c" of names[0..n) into buf. */
-static const char *name_list(const char *const *names, int n, char *buf, size_t cap) {
-    size_t k = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", names[i]);
-    return buf;
-}
-
 static ts_status from_name(const char *what, const char *const *names, int n, const char *name, int *out) {
     for (int i = 0; name && i < n; i++)
         if (strcasecmp(name, names[i]) == 0) {
@@ -40,7 +31,7 @@ static ts_status from_name(const char *what, const char *const *names, int n, co
         }
     char list[256];
     return ts_error(TS_ERR_INVALID_ARG, "unknown %s '%s' (expected %s)", what, name ? name : "(null)",
-                    name_list(names, n, list, sizeof list));
+                    ts__name_list(names, n, list, sizeof list));
 }
 
 const char *ts_precision_name(ts_precision p) {

@@ -106,30 +106,26 @@ const ts_run_field *ts_run_field_find(const char *name) {
 
 /* "a, b or c": the names of an enum field's values allowed. */
 static const char *enum_list(const ts_run_field *f, char *buf, size_t cap) {
-    size_t k = 0;
-    buf[0] = '\0';
-    for (int i = (int)f->min; i <= (int)f->max && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i == (int)f->min ? "" : i == (int)f->max ? " or " : ", ",
-                              f->value_name(i));
-    return buf;
+    const char *names[64];
+    int n = 0;
+    for (int i = (int)f->min; i <= (int)f->max && n < (int)TS_ARRAY_LEN(names); i++) names[n++] = f->value_name(i);
+    return ts__name_list(names, n, buf, cap);
 }
 
 static ts_status set_number(ts_run_config *c, const ts_run_field *f, const char *v) {
     char *end = NULL;
     errno = 0;
-    double x = f->kind == TS_RUN_FIELD_INT ? (double)strtoll(v, &end, 10) : strtod(v, &end);
+    int64_t i = 0;
+    double x = f->kind == TS_RUN_FIELD_INT ? (double)(i = strtoll(v, &end, 10)) : strtod(v, &end);
     if (errno || end == v || *end || !isfinite(x))
         return ts_error(TS_ERR_INVALID_ARG, "%s: expected %s, got '%s'", f->name,
                         f->kind == TS_RUN_FIELD_INT ? "an integer" : "a number", v);
     if (x < f->min || x > f->max)
         return ts_error(TS_ERR_INVALID_ARG, "%s %s: expected a value in [%g, %g]", f->name, v, f->min, f->max);
-    char *p = (char *)c + f->offset;
-    if (f->kind == TS_RUN_FIELD_INT) {
-        int64_t i = strtoll(v, NULL, 10);
-        memcpy(p, &i, sizeof i);
-    } else {
-        memcpy(p, &x, sizeof x);
-    }
+    if (f->kind == TS_RUN_FIELD_INT)
+        memcpy((char *)c + f->offset, &i, sizeof i);
+    else
+        memcpy((char *)c + f->offset, &x, sizeof x);
     return TS_OK;
 }
 

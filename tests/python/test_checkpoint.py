@@ -4,21 +4,14 @@ and a missing one raise tessera exceptions naming the path. Uses the checkpoints
 (real files of the format, made by tests/fuzz/make_seeds.c)."""
 import os
 import shutil
-import sys
 import tempfile
 
 import torch
 
 import tessera
+from testutil import check
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "ckpt")
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
 
 
 sd = tessera.load_checkpoint(os.path.join(CORPUS, "trainer"))

@@ -24,13 +24,7 @@ except ImportError:  # pip's torch 2.x without NumPy: the NumPy checks are skipp
 
 import tessera
 import tessera.distributed as dist
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what, flush=True)
-        sys.exit(1)
-    print("ok:", what, flush=True)
+from testutil import check
 
 
 def expect(exc, fn, *words):

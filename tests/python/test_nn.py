@@ -3,28 +3,12 @@ and Python children) has PyTorch's state-dict names, loads torch's weights and t
 model computes, forward and gradients; the built-in layers against torch.nn's; train/eval; the library's limits
 and misuse as clear exceptions; an exception raised in forward comes back as itself."""
 import gc
-import sys
 
 import torch
 
 import tessera
 from tessera import nn, ops
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
-
-
-def raises(exc, needle, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        check(needle in str(e), f"{exc.__name__}: {str(e)[:170]}")
-        return
-    check(False, f"expected {exc.__name__} mentioning {needle!r}")
+from testutil import check, raises
 
 
 def T(x):

@@ -2,7 +2,6 @@
 1e-5 scaled by the values' size), the Tensor's operators and autograd (requires_grad, grad, backward,
 no_grad), tessera.tensor / randn, and the errors: shapes that do not fit (tessera.ShapeError naming the
 shapes), wrong dtypes (tessera.DtypeError), bad arguments, strided inputs."""
-import sys
 
 import numpy as np
 import torch
@@ -10,22 +9,7 @@ import torch.nn.functional as F
 
 import tessera
 from tessera import ops
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
-
-
-def raises(exc, needle, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        check(needle in str(e), f"{exc.__name__}: {str(e)[:160]}")
-        return
-    check(False, f"expected {exc.__name__} mentioning {needle!r}")
+from testutil import check, raises
 
 
 def T(x):

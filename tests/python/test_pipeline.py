@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -19,15 +18,9 @@ from PIL import Image
 import tessera
 import tessera.data
 from tessera.data import ImagePipeline
+from testutil import check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
 
 
 def raises(exc, fn, needle, what):

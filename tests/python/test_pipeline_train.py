@@ -16,15 +16,9 @@ from PIL import Image
 from torchvision import transforms
 
 from tessera.data import ImagePipeline
+from testutil import check
 
 FM = "/usr/share/datasets/fashion-mnist"
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
 
 
 def idx(name):

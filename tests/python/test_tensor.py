@@ -3,19 +3,12 @@
 library's errors as Python exceptions. Plain asserts (run by tests/python_tests.sh); prints one line per
 check."""
 import gc
-import sys
 
 import numpy as np
 import torch
 
 import tessera
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
+from testutil import check
 
 
 # ---- torch -> tessera -> torch: one memory ----------------------------------------------------------------

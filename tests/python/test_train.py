@@ -15,25 +15,10 @@ import time
 import torch
 
 import tessera
+from testutil import check, raises
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 TS = os.environ.get("TESSERA_BIN", "")
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
-
-
-def raises(exc, needle, fn, *args, **kw):
-    try:
-        fn(*args, **kw)
-    except exc as e:
-        check(needle in str(e), f"{exc.__name__}: {str(e)[:150]}")
-        return
-    check(False, f"expected {exc.__name__} mentioning {needle!r}")
 
 
 if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):

@@ -13,15 +13,9 @@ import torch
 
 import tessera
 from tessera import nn, ops
+from testutil import check
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
 
 
 def T(x):
