@@ -92,18 +92,30 @@ static int parse(int argc, char **argv, train_args *a, char **cfg_buf) {
 static ts_status on_event(const ts_train_event *ev, void *user) {
     train_args *a = user;
     if (ev->rank != 0) return TS_OK;
-    char prefix[64], suffix[128];
+    char prefix[64], suffix[128], rate[32];
+    bool tokens = ev->epoch_tokens > 0; /* token data: tokens/s and validation loss, not images and accuracy */
     double ips = ev->epoch_seconds > 0 ? (double)ev->epoch_images / ev->epoch_seconds : 0.0;
+    double tps = ev->epoch_seconds > 0 ? (double)ev->epoch_tokens / ev->epoch_seconds : 0.0;
+    snprintf(rate, sizeof rate, tokens ? "%.0f tok/s" : "%.0f img/s", tokens ? tps : ips);
     snprintf(prefix, sizeof prefix, "epoch %lld/%lld", (long long)ev->epoch + 1, (long long)ev->epochs);
     if (ev->kind == TS_TRAIN_STEP && !a->quiet) {
-        snprintf(suffix, sizeof suffix, "loss %.4f  %.0f img/s  lr %.4g", ev->mean_loss, ips, ev->lr);
+        snprintf(suffix, sizeof suffix, "loss %.4f  %s  lr %.4g", ev->mean_loss, rate, ev->lr);
         cli_progress_update(&a->bar, prefix, ev->batch, ev->num_batches, suffix, false);
+    } else if (ev->kind == TS_TRAIN_EVAL && ev->eval) {
+        snprintf(suffix, sizeof suffix, "loss %.4f  %s  lr %.4g", ev->mean_loss, rate, ev->lr);
+        if (!a->quiet) cli_progress_update(&a->bar, prefix, ev->batch, ev->num_batches, suffix, true);
+        printf("step %lld: train loss %.4f (last step %.4f), %s %.4f, %s\n", (long long)ev->step, ev->mean_loss,
+               ev->loss, tokens ? "val loss" : "test loss", ev->eval->loss, rate);
     } else if (ev->kind == TS_TRAIN_EPOCH_END) {
         if (!a->quiet && isfinite(ev->mean_loss)) {
-            snprintf(suffix, sizeof suffix, "loss %.4f  %.0f img/s", ev->mean_loss, ips);
+            snprintf(suffix, sizeof suffix, "loss %.4f  %s", ev->mean_loss, rate);
             cli_progress_update(&a->bar, prefix, ev->batch, ev->num_batches, suffix, true);
         }
-        if (ev->eval)
+        if (ev->eval && tokens)
+            printf("epoch %lld/%lld: train loss %.4f, val loss %.4f (%.3f bits/token, %lld tokens), %.1f s, %.0f "
+                   "tokens/s\n", (long long)ev->epoch + 1, (long long)ev->epochs, ev->mean_loss, ev->eval->loss,
+                   ev->eval->loss / log(2.0), (long long)ev->eval->samples, ev->epoch_seconds, tps);
+        else if (ev->eval)
             printf("epoch %lld/%lld: train loss %.4f, test accuracy %.2f%%, top-5 %.2f%%, test loss %.4f (%lld "
                    "images), %.1f s, %.0f images/s\n",
                    (long long)ev->epoch + 1, (long long)ev->epochs, ev->mean_loss, 100.0 * ev->eval->accuracy,
@@ -211,8 +223,12 @@ static int print_summary(ts_run *run, const train_args *a, const ts_train_result
                (long long)r->skipped_samples, r->skipped_samples == 1 ? "" : "s",
                ts_run_world_size(run) > 1 ? " in this rank's shard" : "");
     if (ts_run_rank(run) != 0) return 0;
-    printf("done: %lld steps, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", (long long)r->steps,
-           100.0 * r->eval.accuracy, r->images_per_second, r->train_seconds);
+    if (r->tokens > 0)
+        printf("done: %lld steps, val loss %.4f, %.0f tokens/s, %.1f s training\n", (long long)r->steps, r->eval.loss,
+               r->tokens_per_second, r->train_seconds);
+    else
+        printf("done: %lld steps, test accuracy %.2f%%, %.0f images/s, %.1f s training\n", (long long)r->steps,
+               100.0 * r->eval.accuracy, r->images_per_second, r->train_seconds);
     if (c->precision == TS_PRECISION_FP16)
         printf("loss scaling: %lld step%s skipped for inf/NaN gradients, scale now %g\n", (long long)r->skipped_steps,
                r->skipped_steps == 1 ? "" : "s", (double)r->loss_scale);

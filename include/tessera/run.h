@@ -99,6 +99,7 @@ typedef struct ts_run_config {
     int64_t warmup_steps;     /* linear warmup from lr/3 (torch's LinearLR) over these, then the schedule */
     int64_t epochs;
     int64_t max_steps;        /* the run's length in optimizer steps when fewer than the epochs' (0: none) */
+    int64_t eval_every;       /* also evaluate (rank 0) every this many optimizer steps (0: at epoch ends) */
     int64_t accum_steps;      /* batches per optimizer step (gradient accumulation) */
     double clip_grad_norm;    /* clip the gradients' global L2 norm to this (0: off) */
     /* the arithmetic */
@@ -142,7 +143,7 @@ typedef struct ts_run_config {
 } ts_run_config;
 
 #define TS_RUN_CONFIG_MAGIC 0x7e5a7201u
-#define TS_RUN_CONFIG_VERSION 1u
+#define TS_RUN_CONFIG_VERSION 2u
 /* `tessera train`'s defaults. */
 #define TS_RUN_CONFIG_INIT                                                                                      \
     ((ts_run_config){.size = sizeof(ts_run_config), .magic = TS_RUN_CONFIG_MAGIC,                              \

@@ -293,7 +293,7 @@ ts_status ts_train_step(ts_strategy *s, ts_optimizer *opt, const ts_tensor *x, c
                         float label_smoothing, float *loss);
 
 typedef struct ts_eval_result {
-    int64_t samples;     /* real rows evaluated */
+    int64_t samples;     /* real rows evaluated (token data: every position of each real sample) */
     int64_t correct;     /* rows whose largest logit is the label (top-1) */
     double accuracy;     /* correct / samples (NaN when no sample) */
     double loss;         /* mean cross-entropy over the samples */
@@ -365,6 +365,7 @@ typedef enum ts_train_event_kind {
     TS_TRAIN_STEP = 0,   /* after every optimizer step */
     TS_TRAIN_EPOCH_END,  /* after an epoch (or the part of it that ran), after its evaluation */
     TS_TRAIN_CHECKPOINT, /* after a checkpoint was written */
+    TS_TRAIN_EVAL,       /* on the evaluating rank (0), after an evaluation every opts.eval_every steps */
 } ts_train_event_kind;
 
 typedef struct ts_train_event {
@@ -379,10 +380,12 @@ typedef struct ts_train_event {
     double lr;                /* the learning rate of the latest step */
     int64_t epoch_images;     /* images trained this epoch, over all ranks */
     double epoch_seconds;     /* training time of this epoch so far */
-    const ts_eval_result *eval; /* EPOCH_END on the evaluating rank (0) with an eval source; else NULL */
+    const ts_eval_result *eval; /* EPOCH_END and EVAL on the evaluating rank (0) with an eval source; else NULL */
     const char *checkpoint;   /* CHECKPOINT: the path written */
     int64_t micro_batches;    /* STEP: batches accumulated into this step (opts.accum_steps, fewer at an epoch's end) */
     double grad_norm;         /* STEP: the gradients' global L2 norm before clipping (opts.clip_grad_norm; else NaN) */
+    int64_t epoch_tokens;     /* token data (labels (batch, positions)): positions trained this epoch, over all
+                                 ranks; 0 for other data */
 } ts_train_event;
 
 /* Called on every rank; a status other than TS_OK stops the run, which returns it. */
@@ -444,13 +447,16 @@ typedef struct ts_trainer_opts {
      * growth tracker are saved in checkpoints (train.loss_scale, train.loss_scale_tracker) and resumed.
      * Strategies none, ddp, data, model and tile; pipeline is refused. */
     const ts_grad_scaler *grad_scaler;
+    /* Also evaluate (rank 0, opts.eval) every this many optimizer steps, with a TS_TRAIN_EVAL event (0: at
+     * epoch ends only): a language model's validation loss during a long epoch. */
+    int64_t eval_every;
 } ts_trainer_opts;
 
 #define TS_TRAINER_OPTS_MAGIC 0x7e5a7101u
 #define TS_TRAINER_OPTS_VERSION 1u
 #define TS_TRAINER_OPTS_INIT                                                                                   \
     ((ts_trainer_opts){sizeof(ts_trainer_opts), TS_TRAINER_OPTS_MAGIC, TS_TRAINER_OPTS_VERSION, 1, 0, NULL,   \
-                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0, NULL, NULL, NULL})
+                       0.0f, NULL, NULL, NULL, 0, 0, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1, 0.0, NULL, NULL, NULL, 0})
 
 typedef struct ts_trainer ts_trainer;
 
@@ -569,6 +575,8 @@ typedef struct ts_train_result {
     int64_t skipped_steps;     /* loss scaling: optimizer steps skipped for inf/NaN gradients in this call */
     float loss_scale;          /* loss scaling: the scale after the last step (0 without a scaler) */
     int64_t skipped_samples;   /* training samples this rank's source left out as corrupt in this call */
+    int64_t tokens;            /* token data: positions trained in this call, over all ranks (0 otherwise) */
+    double tokens_per_second;  /* tokens / train_seconds */
 } ts_train_result;
 
 /* Trains until the last epoch or max_steps: every step sets the scheduled

@@ -70,7 +70,7 @@ typedef struct train_ctx {
 } train_ctx;
 
 static const char *const event_kinds[] = {[TS_TRAIN_STEP] = "step", [TS_TRAIN_EPOCH_END] = "epoch_end",
-                                          [TS_TRAIN_CHECKPOINT] = "checkpoint"};
+                                          [TS_TRAIN_CHECKPOINT] = "checkpoint", [TS_TRAIN_EVAL] = "eval"};
 
 static PyObject *eval_dict(const ts_eval_result *e) {
     return Py_BuildValue("{s:L,s:d,s:d,s:d}", "samples", (long long)e->samples, "accuracy", e->accuracy,
@@ -81,12 +81,13 @@ static PyObject *event_dict(const ts_train_event *ev) {
     PyObject *eval = ev->eval ? eval_dict(ev->eval) : Py_NewRef(Py_None);
     if (!eval) return NULL;
     double ips = ev->epoch_seconds > 0 ? (double)ev->epoch_images / ev->epoch_seconds : 0.0;
+    double tps = ev->epoch_seconds > 0 ? (double)ev->epoch_tokens / ev->epoch_seconds : 0.0;
     PyObject *d = Py_BuildValue(
-        "{s:s,s:i,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:O,s:s}", "kind", event_kinds[ev->kind], "rank",
+        "{s:s,s:i,s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:d,s:O,s:s}", "kind", event_kinds[ev->kind], "rank",
         ev->rank, "epoch", (long long)ev->epoch, "epochs", (long long)ev->epochs, "batch", (long long)ev->batch,
         "num_batches", (long long)ev->num_batches, "step", (long long)ev->step, "loss", ev->loss, "mean_loss",
-        ev->mean_loss, "lr", ev->lr, "images_per_second", ips, "grad_norm", ev->grad_norm, "eval", eval,
-        "checkpoint", ev->kind == TS_TRAIN_CHECKPOINT && ev->checkpoint ? ev->checkpoint : "");
+        ev->mean_loss, "lr", ev->lr, "images_per_second", ips, "tokens_per_second", tps, "grad_norm",
+        ev->grad_norm, "eval", eval, "checkpoint", ev->kind == TS_TRAIN_CHECKPOINT && ev->checkpoint ? ev->checkpoint : "");
     Py_DECREF(eval);
     return d;
 }
@@ -115,9 +116,10 @@ static PyObject *result_dict(const ts_train_result *r, ts_run *run) {
     const ts_run_config *c = ts_run_config_of(run);
     PyObject *eval = r->eval.samples > 0 ? eval_dict(&r->eval) : Py_NewRef(Py_None);
     if (!eval) return NULL;
-    PyObject *d = Py_BuildValue("{s:L,s:L,s:L,s:d,s:d,s:d,s:O,s:L,s:d,s:L,s:i,s:i,s:s,s:L,s:L}", "steps",
+    PyObject *d = Py_BuildValue("{s:L,s:L,s:L,s:d,s:d,s:L,s:d,s:d,s:O,s:L,s:d,s:L,s:i,s:i,s:s,s:L,s:L}", "steps",
                                 (long long)r->steps, "epochs", (long long)r->epochs, "images", (long long)r->images,
                                 "train_seconds", r->train_seconds, "images_per_second", r->images_per_second,
+                                "tokens", (long long)r->tokens, "tokens_per_second", r->tokens_per_second,
                                 "final_loss", r->final_loss, "eval", eval, "skipped_steps", (long long)r->skipped_steps,
                                 "loss_scale", (double)r->loss_scale, "skipped_samples", (long long)r->skipped_samples,
                                 "rank", ts_run_rank(run), "world_size", ts_run_world_size(run), "model", c->model,

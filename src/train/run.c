@@ -236,6 +236,7 @@ static ts_trainer_opts trainer_opts(ts_run *r) {
     ts_trainer_opts to = TS_TRAINER_OPTS_INIT;
     to.epochs = c->epochs;
     to.max_steps = c->max_steps;
+    to.eval_every = c->eval_every;
     to.schedule = &r->sched;
     to.label_smoothing = (float)c->label_smoothing;
     to.num_classes = c->num_classes != r->data_classes ? c->num_classes : 0;

@@ -48,6 +48,7 @@ static const ts_run_field fields[] = {
     F_INT(num_classes, "num-classes", 0, TS_MAX_CLASSES, "outputs of the model's last layer (0: the data's classes; more keeps e.g. ImageNet's 1000 for --init-from)"),
     F_INT(epochs, "epochs", 1, 1e6, "number of epochs"),
     F_INT(max_steps, "max-steps", 0, 1e12, "the run's length in optimizer steps, when fewer than the epochs' (the learning-rate schedule spans them; 0: no limit)"),
+    F_INT(eval_every, "eval-every", 0, 1e12, "also evaluate on rank 0 every N optimizer steps (a language model's validation loss during an epoch; 0: at epoch ends only)"),
     F_INT(batch_size, "batch-size", 1, 1 << 20, "images per step (per rank with --nproc)"),
     F_REAL(lr, "lr", 0, 1e3, "peak learning rate"),
     F_REAL(momentum, "momentum", 0, 1, "SGD momentum"),

@@ -16,9 +16,10 @@ ts_status ts_train_step(ts_strategy *s, ts_optimizer *opt, const ts_tensor *x, c
     return st;
 }
 
-/* Scores the first `real` rows of logits (n, c) on the host: top-1 and top-5 hits, the summed
- * cross-entropy and (confusion != NULL, classes x classes, row = label, column = prediction) counts. */
-static ts_status score_rows(ts_tensor *logits, const ts_batch *b, ts_eval_result *r, double *loss_sum,
+/* Scores the first `real` samples' rows of logits (rows, c) on the host, `per` rows to a sample (a sequence
+ * model's positions; 1 for a classifier): top-1 and top-5 hits, the summed cross-entropy and (confusion !=
+ * NULL, classes x classes, row = label, column = prediction) counts. */
+static ts_status score_rows(ts_tensor *logits, const ts_batch *b, int64_t per, ts_eval_result *r, double *loss_sum,
                             int64_t *confusion, int64_t classes) {
     const float *p = ts_tensor_data_f32(logits);
     const int64_t *lab = ts_tensor_data(b->y);
@@ -26,12 +27,12 @@ static ts_status score_rows(ts_tensor *logits, const ts_batch *b, ts_eval_result
     if (confusion && c > classes)
         return ts_error(TS_ERR_SHAPE, "evaluation: the model has %lld classes, the confusion matrix %lld",
                         (long long)c, (long long)classes);
-    for (int64_t i = 0; i < b->real; i++) {
+    for (int64_t i = 0; i < b->real * per; i++) {
         const float *row = p + i * c;
         if (lab[i] < 0 || lab[i] >= c)
             return ts_error(TS_ERR_FORMAT, "evaluation: sample %lld (row %lld of batch %lld) has label %lld, but the "
                                            "model has %lld classes",
-                            (long long)(b->samples ? b->samples[i] : i), (long long)i, (long long)b->index,
+                            (long long)(b->samples ? b->samples[i / per] : i / per), (long long)i, (long long)b->index,
                             (long long)lab[i], (long long)c);
         int64_t best = 0, above = 0; /* above: classes ranked before the label (ties: the lower index first) */
         for (int64_t k = 1; k < c; k++)
@@ -47,6 +48,18 @@ static ts_status score_rows(ts_tensor *logits, const ts_batch *b, ts_eval_result
         r->correct_top5 += above < 5;
         if (confusion) confusion[lab[i] * classes + best]++;
     }
+    return TS_OK;
+}
+
+/* A sequence model's logits (B, T, ..., V) for labels (B, T, ...) as (B*T*..., V) rows (*logits replaced). */
+static ts_status sequence_rows(ts_tensor **logits, const ts_tensor *y) {
+    if (!ts__class_last(*logits, y)) return TS_OK;
+    int nd = ts_tensor_ndim(*logits);
+    int64_t two[2] = {ts_tensor_numel(y), ts_tensor_shape(*logits)[nd - 1]};
+    ts_tensor *rows = NULL;
+    TS_TRY(ts_reshape(*logits, 2, two, &rows));
+    ts_tensor_release(*logits);
+    *logits = rows;
     return TS_OK;
 }
 
@@ -69,10 +82,12 @@ ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *con
         ts_batch b;
         ts_tensor *logits = NULL, *host = NULL;
         if ((st = ts_batch_source_next(src, &b)) != TS_OK || !b.x) break;
+        int64_t per = b.size > 0 ? ts_tensor_numel(b.y) / b.size : 1; /* a sequence model's positions */
         st = ts_module_forward(m, b.x, &logits);
+        if (st == TS_OK) st = sequence_rows(&logits, b.y);
         if (st == TS_OK && ts_tensor_ndim(logits) != 2)
-            st = ts_error(TS_ERR_SHAPE, "evaluation: the model's output has %d dimensions; want (batch, classes)",
-                          ts_tensor_ndim(logits));
+            st = ts_error(TS_ERR_SHAPE, "evaluation: the model's output has %d dimensions; want (batch, classes), "
+                          "or (batch, positions, classes) for labels (batch, positions)", ts_tensor_ndim(logits));
         if (st == TS_OK && ts_tensor_dtype(logits) != TS_F32) { /* bfloat16 under autocast: scored in float32 */
             ts_tensor *wide = NULL;
             st = ts_to_dtype(logits, TS_F32, &wide);
@@ -80,11 +95,11 @@ ts_status ts_evaluate_confusion(ts_module *m, ts_batch_source *src, int64_t *con
             logits = wide;
         }
         if (st == TS_OK) st = ts_to_device(logits, ts_device_cpu(), &host);
-        if (st == TS_OK) st = score_rows(host, &b, out, &loss_sum, confusion, classes);
+        if (st == TS_OK) st = score_rows(host, &b, per, out, &loss_sum, confusion, classes);
         ts_tensor_release(host);
         ts_tensor_release(logits);
         if (st != TS_OK) break;
-        out->samples += b.real;
+        out->samples += b.real * per;
     }
     ts_grad_set_enabled(prev);
     if (st == TS_OK && out->samples == 0) /* not an accuracy of 0.00% */

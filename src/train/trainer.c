@@ -60,6 +60,8 @@ struct ts_trainer {
     int64_t skipped;                /* steps skipped for inf/NaN gradients in this run call */
     ts__lineage lineage;            /* this run's sessions, this one last (train/ckdir.h) */
     ts__ckdir ckdir;                /* rank 0: the checkpoint_dir files of that lineage (--keep) */
+    ts_eval_result last_eval;       /* rank 0: the latest eval_every evaluation, at step evaluated_at */
+    int64_t evaluated_at;
 };
 
 /* ---- checkpoint folders (train/ckdir.c) --------------------------------------------------------------- */
@@ -122,8 +124,8 @@ ts_status ts_trainer_new(ts_strategy *s, ts_optimizer *opt, ts_batch_source *tra
     TS_ARG(o->size == sizeof *o && o->magic == TS_TRAINER_OPTS_MAGIC && o->version == TS_TRAINER_OPTS_VERSION,
            "ts_trainer_new: options not initialised with TS_TRAINER_OPTS_INIT");
     TS_ARG(o->epochs >= 1, "ts_trainer_new: epochs is %lld; it must be at least 1", (long long)o->epochs);
-    TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0 && o->keep >= 0,
-           "ts_trainer_new: max_steps, checkpoint_every, batch_size and keep must be >= 0");
+    TS_ARG(o->max_steps >= 0 && o->checkpoint_every >= 0 && o->batch_size >= 0 && o->keep >= 0 && o->eval_every >= 0,
+           "ts_trainer_new: max_steps, checkpoint_every, batch_size, keep and eval_every must be >= 0");
     TS_ARG(o->accum_steps >= 0 && o->accum_steps <= (1 << 20), "ts_trainer_new: accum_steps %lld outside [0, 2^20]",
            (long long)o->accum_steps);
     TS_ARG(o->clip_grad_norm >= 0 && isfinite(o->clip_grad_norm), "ts_trainer_new: clip_grad_norm %g must be >= 0",
@@ -635,9 +637,9 @@ static bool saves(const ts_trainer *t) { return t->checkpoint || t->checkpoint_d
 /* Forward + backward of up to `want` batches of the source, their gradients added (DDP: the last one's
  * backward all-reduces the sum); *m gets how many ran (0: the epoch is over), *last the last one's index. */
 static ts_status accumulate(ts_trainer *t, int64_t want, int64_t *m, int64_t *last, double *loss, int64_t *images,
-                            double *wait) {
+                            int64_t *tokens, double *wait) {
     ts_ddp *ddp = ts_strategy_ddp(t->s);
-    *m = *images = 0;
+    *m = *images = *tokens = 0;
     *loss = *wait = 0.0;
     while (*m < want) {
         ts_batch b;
@@ -658,6 +660,7 @@ static ts_status accumulate(ts_trainer *t, int64_t want, int64_t *m, int64_t *la
         if (st != TS_OK) return st;
         *loss += l;
         *images += b.size;
+        if (ts_tensor_ndim(b.y) >= 2) *tokens += ts_tensor_numel(b.y); /* labels per position: token data */
         *last = b.index;
         ++*m;
     }
@@ -669,6 +672,23 @@ static ts_status accumulate(ts_trainer *t, int64_t want, int64_t *m, int64_t *la
     return TS_OK;
 }
 
+/* Rank 0's evaluation every eval_every steps (the others go on to the next all-reduce, where they wait for
+ * it), with a TS_TRAIN_EVAL event; the model back in training mode. */
+static ts_status evaluate_now(ts_trainer *t, epoch_state *e, bool leader) {
+    if (!leader || !t->o.eval) return TS_OK;
+    double t0 = ts__tl_now(), e0 = ts_time_now();
+    ts_status st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &t->last_eval);
+    ts__tl_span(TS__TL_TRAINER, "evaluate", t0);
+    ts_strategy_train(t->s, true);
+    e->t0 += ts_time_now() - e0; /* the epoch's training time leaves the evaluation out */
+    TS_TRY(st);
+    t->evaluated_at = t->step;
+    e->ev.eval = &t->last_eval;
+    st = notify(t, e, TS_TRAIN_EVAL);
+    e->ev.eval = NULL;
+    return st;
+}
+
 /* One optimizer step of the current epoch over up to accum_steps batches; *done when the epoch or the
  * run (max_steps) is over. */
 static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done, bool *stopped) {
@@ -677,14 +697,14 @@ static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done
         return TS_OK;
     }
     int64_t left = ts_batch_source_num_batches(t->train, t->epoch) - t->batch;
-    int64_t want = left < t->accum ? left : t->accum, m = 0, last = t->batch - 1, images = 0;
+    int64_t want = left < t->accum ? left : t->accum, m = 0, last = t->batch - 1, images = 0, tokens = 0;
     if (want <= 0) want = 1; /* a source that announces no more batches still gets asked (it ends the epoch) */
     double lr = t->has_sched ? ts_lr_schedule_at(&t->sched, t->step) : ts_optimizer_get_lr(t->opt);
     ts_optimizer_set_lr(t->opt, (float)lr);
     double loss = 0.0, norm = NAN, wait = 0.0, t0 = ts__tl_now();
     if (t0 > 0) (void)ts__tl_take(TS__TL_ALLREDUCE_S); /* this step's all-reduces from here */
     ts_status st = t->scaling ? ts__strategy_set_loss_scale(t->s, t->gs.scale) : TS_OK;
-    if (st == TS_OK) st = accumulate(t, want, &m, &last, &loss, &images, &wait);
+    if (st == TS_OK) st = accumulate(t, want, &m, &last, &loss, &images, &tokens, &wait);
     if (st == TS_OK && m == 0) {
         *done = true;
         return TS_OK;
@@ -720,8 +740,10 @@ static ts_status run_step(ts_trainer *t, epoch_state *e, bool leader, bool *done
     e->ev.micro_batches = m;
     e->ev.grad_norm = norm;
     e->ev.epoch_images += images * ts_strategy_world_size(t->s); /* every rank ran batches like these */
+    e->ev.epoch_tokens += tokens * ts_strategy_world_size(t->s);
     e->ev.epoch_seconds = ts_time_now() - e->t0;
     TS_TRY(notify(t, e, TS_TRAIN_STEP));
+    if (t->o.eval_every > 0 && t->step % t->o.eval_every == 0) TS_TRY(evaluate_now(t, e, leader));
     if (leader && saves(t) && t->o.checkpoint_every > 0 && t->step % t->o.checkpoint_every == 0)
         TS_TRY(save_and_notify(t, e));
     return TS_OK;
@@ -755,6 +777,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
         double dt = e.ev.epoch_seconds = ts_time_now() - e.t0; /* training only: before evaluating */
         r.train_seconds += dt;
         r.images += e.ev.epoch_images;
+        r.tokens += e.ev.epoch_tokens;
         if (st != TS_OK) break;
         if (!stopped) { /* the epoch is complete: go on at the next one */
             t->epoch++;
@@ -772,6 +795,10 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
         e.ev.eval = NULL;
         if (leader && saves(t) && (st = save_and_notify(t, &e)) != TS_OK) break;
     }
+    if (st == TS_OK && leader && t->o.eval && !evaluated && t->evaluated_at == t->step && t->step > 0) {
+        r.eval = t->last_eval; /* eval_every evaluated the model as it ends */
+        evaluated = true;
+    }
     if (st == TS_OK && leader && t->o.eval && !evaluated) {
         double t0 = ts__tl_now();
         st = ts_evaluate(ts_strategy_module(t->s), t->o.eval, &r.eval);
@@ -782,6 +809,7 @@ ts_status ts_trainer_run(ts_trainer *t, ts_train_result *out) {
     r.epochs = t->epoch;
     r.final_loss = t->last_loss;
     r.images_per_second = r.train_seconds > 0 ? (double)r.images / r.train_seconds : 0.0;
+    r.tokens_per_second = r.train_seconds > 0 ? (double)r.tokens / r.train_seconds : 0.0;
     r.skipped_steps = t->skipped;
     r.skipped_samples = ts_batch_source_skipped(t->train) - skipped0;
     r.loss_scale = t->scaling ? t->gs.scale : 0.0f;
