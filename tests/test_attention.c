@@ -571,15 +571,16 @@ static void test_noncontiguous(void) {
 /* ---- other devices ------------------------------------------------------------------------------------- */
 /* On TS_TEST_DEVICE (the CPU without it): a device with attention kernels gives the CPU's result and
  * gradients within float32 roundings; one without (CUDA for now) refuses with TS_ERR_UNSUPPORTED naming it. */
-static void test_device_kernels(void) {
-    ts_device *dev = tu_test_device();
-    const int64_t B = 1, H = 2, T = 70, D = 16, n = B * H * T * D;
+/* One case on the test device against the same inputs on the CPU: output and the three gradients. */
+static void device_case(ts_device *dev, int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, bool causal) {
+    const int64_t nq = B * H * Tq * D, nk = B * H * Tk * D, n[4] = {nq, nk, nk, nq}, T[4] = {Tq, Tk, Tk, Tq};
     ts_rng rs;
-    ts_rng_seed(&rs, 11);
-    float *a = urand(&rs, 4 * n, -1, 1);
+    ts_rng_seed(&rs, 11 + (uint64_t)(Tq + 7 * D));
     ts_tensor *c[4], *d[4], *oc = NULL, *od = NULL;
     for (int i = 0; i < 4; i++) {
-        c[i] = make(B, H, T, D, a + i * n, i < 3);
+        float *a = urand(&rs, n[i], -1, 1);
+        c[i] = make(B, H, T[i], D, a, i < 3);
+        free(a);
         CHECK_OK(ts_to_device(c[i], dev, &d[i]));
         ts_tensor *leaf = NULL; /* a leaf of its own on the device */
         CHECK_OK(ts_tensor_detach(d[i], &leaf));
@@ -587,14 +588,14 @@ static void test_device_kernels(void) {
         d[i] = leaf;
         if (d[i]) ts_tensor_set_requires_grad(d[i], i < 3);
     }
-    CHECK_OK(ts_scaled_dot_product_attention(c[0], c[1], c[2], true, 0.0, &oc));
+    CHECK_OK(ts_scaled_dot_product_attention(c[0], c[1], c[2], causal, 0.0, &oc));
     if (oc) CHECK_OK(ts_backward(oc, c[3], false));
     if (!dev->k_misc->attention_forward) {
-        CHECK_STATUS(ts_scaled_dot_product_attention(d[0], d[1], d[2], true, 0.0, &od), TS_ERR_UNSUPPORTED);
+        CHECK_STATUS(ts_scaled_dot_product_attention(d[0], d[1], d[2], causal, 0.0, &od), TS_ERR_UNSUPPORTED);
         CHECK_ERR_MENTIONS(dev->name);
         printf("  %s: %s\n", dev->name, ts_last_error());
     } else {
-        CHECK_OK(ts_scaled_dot_product_attention(d[0], d[1], d[2], true, 0.0, &od));
+        CHECK_OK(ts_scaled_dot_product_attention(d[0], d[1], d[2], causal, 0.0, &od));
         if (od) CHECK_OK(ts_backward(od, d[3], false));
         const ts_tensor *pairs[4][2] = {{oc, od},
                                         {ts_tensor_grad(c[0]), ts_tensor_grad(d[0])},
@@ -603,16 +604,18 @@ static void test_device_kernels(void) {
         for (int i = 0; i < 4; i++) {
             CHECK(pairs[i][0] && pairs[i][1]);
             if (!pairs[i][0] || !pairs[i][1]) continue;
-            ts_tensor *h = NULL;
-            CHECK_OK(ts_to_device(pairs[i][1], ts_device_cpu(), &h));
-            float *x = host_f32(pairs[i][0]), *y = h ? host_f32(h) : NULL;
-            double w = 0;
-            for (int64_t j = 0; y && j < n; j++) w = fmax(w, fabs((double)x[j] - y[j]));
-            printf("  %s against the CPU: %s max difference %.2g\n", dev->name, i ? "gradient" : "output", w);
-            CHECK(y && w <= 2e-6);
+            float *x = host_f32(pairs[i][0]), *y = host_f32(pairs[i][1]);
+            double w = 0, top = 1.0; /* relative to the largest value, absolute below 1 */
+            for (int64_t j = 0; j < ts_tensor_numel(pairs[i][0]); j++) {
+                w = fmax(w, fabs((double)x[j] - y[j]));
+                top = fmax(top, fabs((double)x[j]));
+            }
+            printf("  %s, Tq %lld Tk %lld D %lld%s, against the CPU: %s max difference %.2g (largest value %.3g)\n",
+                   dev->name, (long long)Tq, (long long)Tk, (long long)D, causal ? " causal" : "",
+                   i ? "gradient" : "output", w, top);
+            CHECK(w <= 2e-6 * top);
             free(x);
             free(y);
-            ts_tensor_release(h);
         }
     }
     ts_tensor_release(oc);
@@ -621,7 +624,24 @@ static void test_device_kernels(void) {
         ts_tensor_release(c[i]);
         ts_tensor_release(d[i]);
     }
-    free(a);
+}
+
+/* The test device's kernels (TS_TEST_DEVICE: cuda:0 on a GPU machine) against the CPU's: causal and not,
+ * Tq != Tk, odd lengths, head dims below, at and between the CUDA kernel's 32-column steps; or, on a device
+ * without attention kernels, the refusal naming it. */
+static void test_device_kernels(void) {
+    ts_device *dev = tu_test_device();
+    device_case(dev, 1, 2, 70, 70, 16, true);
+    device_case(dev, 2, 3, 33, 70, 64, false);
+    device_case(dev, 1, 2, 129, 129, 100, true);
+    device_case(dev, 1, 1, 5, 40, 256, true);
+    if (dev->k_misc->attention_forward && ts_device_type_of(dev) == TS_DEVICE_CUDA) {
+        ts_tensor *q = NULL, *o = NULL; /* the CUDA kernel's head dims end at 256 */
+        CHECK_OK(ts_tensor_zeros(dev, TS_F32, 4, (int64_t[]){1, 1, 4, 257}, &q));
+        CHECK_STATUS(ts_scaled_dot_product_attention(q, q, q, true, 0.0, &o), TS_ERR_UNSUPPORTED);
+        CHECK_ERR_MENTIONS("head dim 257");
+        ts_tensor_release(q);
+    }
 }
 
 /* ---- memory ------------------------------------------------------------------------------------------- */

@@ -145,8 +145,9 @@ ts_status ts_transpose(const ts_tensor *x, int dim0, int dim1, ts_tensor **out);
  * every key). float32, or bfloat16/float16 (all three of one dtype: computed in float32, the result
  * rounded to that dtype); under ts_set_autocast(TS_BF16) float32 inputs are cast to bfloat16 first, as
  * PyTorch's CPU autocast does. Memory grows with T, not T^2 (FlashAttention-2's tiling): the graph keeps
- * q, k, v, out and two floats per query row; backward recomputes the scores. Devices without the
- * attention kernels (CUDA for now) give TS_ERR_UNSUPPORTED naming the device. */
+ * q, k, v, out and two floats per query row; backward recomputes the scores. CPU and CUDA devices (CUDA:
+ * head dims up to 256); a device without the kernels, or a larger head dim on CUDA, gives TS_ERR_UNSUPPORTED
+ * naming the device. */
 ts_status ts_scaled_dot_product_attention(const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, bool causal,
                                           double scale, ts_tensor **out);
 

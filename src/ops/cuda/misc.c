@@ -194,6 +194,53 @@ static ts_status cu_mse_backward(ts_tensor *gpred, ts_tensor *gtarget, const ts_
     return TS_OK;
 }
 
+/* ---- scaled-dot-product attention (ops/cuda/attention.cu) ------------------------------------------------ */
+static ts_status attention_dims(const ts_tensor *q, const ts_tensor *k, int64_t *bh, int64_t *tq, int64_t *tk, int *d) {
+    *bh = q->shape[0] * q->shape[1];
+    *tq = q->shape[2];
+    *tk = k->shape[2];
+    *d = (int)q->shape[3];
+    if (q->shape[3] > TS_CU_ATTENTION_MAX_D)
+        return ts_error(TS_ERR_UNSUPPORTED, "scaled_dot_product_attention on %s: head dim %lld; the CUDA kernel takes "
+                        "up to %d", ts__dev(q)->name, (long long)q->shape[3], TS_CU_ATTENTION_MAX_D);
+    return TS_OK;
+}
+
+static ts_status cu_attention_forward(ts_tensor *out, ts_tensor *stats, const ts_tensor *q, const ts_tensor *k,
+                                      const ts_tensor *v, bool causal, float scale) {
+    int64_t bh, tq, tk;
+    int d;
+    TS_TRY(attention_dims(q, k, &bh, &tq, &tk, &d));
+    ts_device *dev = ts__dev(out);
+    TS_CU_BEGIN(dev, s);
+    TS_CU_LAUNCH(dev, "misc.attention_forward",
+                 ts_cu_attention_forward(ts__f32(out), ts__f32(stats), ts__f32(q), ts__f32(k), ts__f32(v), bh, tq, tk,
+                                         d, causal, scale, s));
+    return TS_OK;
+}
+
+static ts_status cu_attention_backward(ts_tensor *gq, ts_tensor *gk, ts_tensor *gv, const ts_tensor *gout,
+                                       const ts_tensor *q, const ts_tensor *k, const ts_tensor *v, const ts_tensor *out,
+                                       const ts_tensor *stats, bool causal, float scale) {
+    int64_t bh, tq, tk;
+    int d;
+    TS_TRY(attention_dims(q, k, &bh, &tq, &tk, &d));
+    ts_device *dev = ts__dev(gq);
+    ts_tensor *delta = NULL; /* gout_i . out_i per query row */
+    int64_t n = bh * tq > 0 ? bh * tq : 1;
+    TS_TRY(ts_tensor_empty(dev, TS_F32, 1, &n, &delta));
+    cudaStream_t s;
+    ts_status st = ts__cuda_enter(dev, &s);
+    if (st == TS_OK)
+        st = ts__cuda_status(dev,
+                             ts_cu_attention_backward(ts__f32(gq), ts__f32(gk), ts__f32(gv), ts__f32(delta), ts__f32(gout),
+                                                      ts__f32(q), ts__f32(k), ts__f32(v), ts__f32(out), ts__f32(stats),
+                                                      bh, tq, tk, d, causal, scale, s),
+                             "misc.attention_backward");
+    ts_tensor_release(delta); /* reused only by work queued after the kernels on the device's one stream */
+    return st;
+}
+
 const struct ts_kernels_misc ts_cuda_kernels_misc = {
     .embedding = cu_embedding,
     .embedding_backward = cu_embedding_backward,
@@ -208,7 +255,6 @@ const struct ts_kernels_misc ts_cuda_kernels_misc = {
     .mse_backward = cu_mse_backward,
     .softmax = cu_softmax,
     .softmax_backward = cu_softmax_backward,
-    /* no attention kernels yet: ts_scaled_dot_product_attention refuses CUDA tensors, naming the device */
-    .attention_forward = NULL,
-    .attention_backward = NULL,
+    .attention_forward = cu_attention_forward,
+    .attention_backward = cu_attention_backward,
 };

@@ -67,4 +67,16 @@ TS_CU_EXTERN_C cudaError_t ts_cu_mse(float *loss, const float *p, const float *q
 TS_CU_EXTERN_C cudaError_t ts_cu_mse_backward(float *gp, float *gq, const float *gloss, const float *p, const float *q,
                                               int64_t n, cudaStream_t s);
 
+/* Scaled-dot-product attention (ops/cuda/attention.cu), device/k_misc.h's contract: q, out (BH, Tq, D), k, v
+ * (BH, Tk, D), stats (BH, Tq, 2) = (max, log sum) per row; the backward's delta is (BH, Tq) scratch. Head dims
+ * 1..TS_CU_ATTENTION_MAX_D (cudaErrorInvalidValue past it). */
+#define TS_CU_ATTENTION_MAX_D 256
+TS_CU_EXTERN_C cudaError_t ts_cu_attention_forward(float *out, float *stats, const float *q, const float *k,
+                                                   const float *v, int64_t BH, int64_t Tq, int64_t Tk, int D,
+                                                   bool causal, float scale, cudaStream_t s);
+TS_CU_EXTERN_C cudaError_t ts_cu_attention_backward(float *gq, float *gk, float *gv, float *delta, const float *gout,
+                                                    const float *q, const float *k, const float *v, const float *o,
+                                                    const float *stats, int64_t BH, int64_t Tq, int64_t Tk, int D,
+                                                    bool causal, float scale, cudaStream_t s);
+
 #endif
