@@ -22,7 +22,16 @@ def _print_progress(ev: Event) -> None:
     """The command's epoch lines, on rank 0."""
     if ev["rank"] != 0:
         return
-    if ev["kind"] == "epoch_end" and ev["eval"] is not None:
+    tokens = ev["tokens_per_second"] > 0  # token data: validation loss and tokens/s
+    if ev["kind"] in ("epoch_end", "eval") and ev["eval"] is not None and tokens:
+        e = ev["eval"]
+        where = f"step {ev['step']}" if ev["kind"] == "eval" else f"epoch {ev['epoch'] + 1}/{ev['epochs']}"
+        print(f"{where}: train loss {ev['mean_loss']:.4f}, val loss {e['loss']:.4f} ({e['samples']} tokens), "
+              f"{ev['tokens_per_second']:.0f} tokens/s", flush=True)
+    elif ev["kind"] == "eval" and ev["eval"] is not None:
+        print(f"step {ev['step']}: train loss {ev['mean_loss']:.4f}, test loss {ev['eval']['loss']:.4f}, "
+              f"{ev['images_per_second']:.0f} images/s", flush=True)
+    elif ev["kind"] == "epoch_end" and ev["eval"] is not None:
         e = ev["eval"]
         print(f"epoch {ev['epoch'] + 1}/{ev['epochs']}: train loss {ev['mean_loss']:.4f}, test accuracy "
               f"{100 * e['accuracy']:.2f}%, top-5 {100 * e['top5_accuracy']:.2f}%, test loss {e['loss']:.4f} "
@@ -40,13 +49,15 @@ def train(config: Optional[Mapping[str, Any]] = None, /, *, callback: Optional[C
 
     Under a launcher (`tessera run -n N python script.py`, torchrun, mpirun, srun) this process is one DDP rank
     of the job. `callback(event)` runs on every rank after each optimizer step, epoch end and checkpoint with a
-    dict: kind ("step", "epoch_end", "checkpoint"), rank, epoch (from 0), epochs, batch, num_batches, step,
-    loss, mean_loss, lr, images_per_second, grad_norm, eval (epoch ends on rank 0: samples, accuracy,
+    dict: kind ("step", "epoch_end", "eval" — every eval_every steps —, "checkpoint"), rank, epoch (from 0),
+    epochs, batch, num_batches, step, loss, mean_loss, lr, images_per_second, tokens_per_second (token data;
+    else 0), grad_norm, eval (epoch ends and "eval" on rank 0: samples — token data: positions —, accuracy,
     top5_accuracy, loss; else None) and checkpoint (the path written). An exception in it — or Ctrl-C — stops
     the run at the next event and is raised here (the job's other ranks then fail fast). progress=True prints
     the command's epoch and checkpoint lines on rank 0.
 
-    Returns the run's figures: steps, epochs, images, train_seconds, images_per_second, final_loss, eval (rank
+    Returns the run's figures: steps, epochs, images, train_seconds, images_per_second, tokens,
+    tokens_per_second, final_loss, eval (rank
     0's latest: samples, accuracy, top5_accuracy, loss), skipped_steps, loss_scale, skipped_samples, rank,
     world_size, model, num_classes, image_size. A bad field is a tessera.ArgumentError naming it."""
     merged = dict(config or {})
