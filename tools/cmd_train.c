@@ -162,9 +162,15 @@ static void print_banner(ts_run *run) {
     if (resumed)
         printf("resumed from %s at epoch %lld, batch %lld (step %lld)\n", cli_printable(resumed, esc, sizeof esc),
                (long long)ck.epoch + 1, (long long)ck.batch, (long long)ck.step);
-    printf("training %s on %s: %lld images, %lld batches of %lld per epoch", c->model, c->data,
-           (long long)ts_batch_source_num_samples(train), (long long)ts_batch_source_num_batches(train, 0),
-           (long long)c->batch_size);
+    if (c->seq_len > 0 && ts_data_is_tokens(c->data))
+        printf("training %s (%lld layers, %lld heads, %lld wide, context %lld, %lld tokens) on %s: %lld batches of "
+               "%lld x %lld tokens per epoch", c->model, (long long)c->n_layer, (long long)c->n_head,
+               (long long)c->n_embd, (long long)c->seq_len, (long long)c->vocab_size, c->data,
+               (long long)ts_batch_source_num_batches(train, 0), (long long)c->batch_size, (long long)c->seq_len);
+    else
+        printf("training %s on %s: %lld images, %lld batches of %lld per epoch", c->model, c->data,
+               (long long)ts_batch_source_num_samples(train), (long long)ts_batch_source_num_batches(train, 0),
+               (long long)c->batch_size);
     if (ddp) printf(" per rank, %d ranks (DDP)", world);
     print_placement(s);
     printf(", %lld parameters, %d threads%s\n", (long long)ts_module_num_parameters(ts_strategy_model(s)),

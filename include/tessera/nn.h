@@ -304,9 +304,15 @@ typedef struct ts_model_desc {
     int in_channels;     /* 1 (cnn, mlp: gray) or 3 (RGB) */
     int image_size;      /* the input's side: 28 (fixed for cnn and mlp) or 224 (ResNets' default) */
     bool fixed_size;     /* true when the model takes only image_size x image_size inputs */
+    bool tokens;         /* a language model (the GPT-2 presets): input token ids (B, T), T <= seq_len, output
+                            (B, T, num_classes) next-token logits; num_classes is the vocabulary, in_channels and
+                            image_size are 0 */
+    int64_t seq_len;     /* tokens: the context length (0 for the image models) */
 } ts_model_desc;
 
-/* The zoo: "cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152".
+/* The zoo: "cnn", "mlp", "resnet18", "resnet34", "resnet50", "resnet101", "resnet152", and the GPT-2 presets
+ * ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-tiny": ts_gpt_preset; ts_model_new gives the preset
+ * with num_classes tokens). For other GPT sizes use ts_model_gpt.
  * ts_model_info fills *out (may be NULL) and returns true for a known name;
  * ts_model_name_at(i) lists the names (NULL past the end). */
 bool ts_model_info(const char *name, ts_model_desc *out);

@@ -85,8 +85,13 @@ typedef struct ts_run_config {
     const char *init_from;    /* start from these weights (safetensors or checkpoint; strict; ignored when
                                  resuming); NULL: fresh */
     const char *init_exclude; /* init_from: keep the fresh weights under these comma-separated prefixes */
+    /* a GPT-2 model (model "gpt2", "gpt2-medium", ..., "gpt2-tiny": ts_gpt_preset), each 0 for the preset's */
+    int64_t n_layer, n_head, n_embd;
+    int64_t seq_len;          /* the context length; also the token data's rows (T) */
+    int64_t vocab_size;       /* 0: the token data's (its largest id + 1), else the preset's */
+    double dropout;           /* embedding and residual dropout */
     /* the data */
-    const char *data;         /* IDX folder, image folder or "path label" list */
+    const char *data;         /* IDX folder, image folder, "path label" list, or a folder of token shards */
     int64_t data_threads;     /* images: decoding worker threads */
     ts_decode_device decode;  /* images: TS_DECODE_MIXED decodes the training JPEGs on `device` (nvJPEG) */
     bool skip_corrupt;        /* images: leave out (and count) undecodable files instead of failing */
@@ -100,6 +105,7 @@ typedef struct ts_run_config {
     int64_t epochs;
     int64_t max_steps;        /* the run's length in optimizer steps when fewer than the epochs' (0: none) */
     int64_t eval_every;       /* also evaluate (rank 0) every this many optimizer steps (0: at epoch ends) */
+    int64_t eval_batches;     /* token data: evaluate on the first this many validation batches (0: all) */
     int64_t accum_steps;      /* batches per optimizer step (gradient accumulation) */
     double clip_grad_norm;    /* clip the gradients' global L2 norm to this (0: off) */
     /* the arithmetic */

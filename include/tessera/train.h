@@ -194,9 +194,11 @@ typedef struct ts_data_opts {
                                 the workers. NULL: the workers decode everything (NULL) */
     bool skip_corrupt;      /* images: undecodable files are left out (each named in a warning, counted in
                                ts_batch.skipped) instead of failing the run (false) */
+    int64_t seq_len;        /* token data: tokens per row, T (1024) */
+    int64_t eval_max_batches; /* token data: evaluate on the first this many validation batches (0: all) */
 } ts_data_opts;
 
-#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false, NULL, false})
+#define TS_DATA_OPTS_INIT ((ts_data_opts){NULL, 64, 1000, 0, 0, 1, 2, 0, false, NULL, false, 1024, 0})
 
 /* Opens the training source (shuffled; this rank's share: the distributed
  * sampler's for IDX files, the reader's shard with pad_last_batch for images)
@@ -207,6 +209,12 @@ typedef struct ts_data_opts {
  * is no class of the training set (IDX: above the training labels' largest;
  * images: test/'s class folders must be train/'s, in the same order). */
 ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval);
+/* Whether path is a folder of token shards (`tessera data tokenize`'s output: *_train_*.bin files), which
+ * ts_data_open reads as ts_batch_source_tokens: training batches of batch_size x seq_len from the train
+ * shards (this rank's windows, shuffled by seed and epoch), evaluation in order over the *_val_*.bin shards
+ * (eval_max_batches of them at most; the train shards when there are none), each with the vocabulary the
+ * shards use (the largest id + 1) as its classes. */
+bool ts_data_is_tokens(const char *path);
 /* The evaluation window's share of the shorter side (torchvision's Resize(256) + CenterCrop(224)). */
 #define TS_EVAL_CENTER_CROP 0.875f
 /* One decoded image as ts_data_open's evaluation source presents it (for predictions on single files):

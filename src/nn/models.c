@@ -181,31 +181,56 @@ static int find_model(const char *name) {
     return -1;
 }
 
+/* The index of GPT preset `name` among ts_gpt_preset_name_at's, or -1. */
+static int find_gpt(const char *name) {
+    for (int i = 0; name && ts_gpt_preset_name_at(i); i++)
+        if (!strcmp(ts_gpt_preset_name_at(i), name)) return i;
+    return -1;
+}
+
 static ts_status unknown_model(const char *fn, const char *name) {
-    char known[256] = "";
-    for (int i = 0; i < NMODELS; i++)
-        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", models[i].name);
+    char known[512] = "";
+    for (int i = 0; ts_model_name_at(i); i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", ts_model_name_at(i));
     return ts_error(TS_ERR_INVALID_ARG, "%s: unknown model '%s' (known: %s)", fn, name ? name : "(null)", known);
 }
 
 bool ts_model_info(const char *name, ts_model_desc *out) {
-    int i = find_model(name);
-    if (i < 0) return false;
-    if (out) {
-        out->name = models[i].name;
-        out->num_classes = models[i].classes;
-        out->in_channels = models[i].channels;
-        out->image_size = models[i].size;
-        out->fixed_size = models[i].depth == 0;
+    int i = find_model(name), g = i < 0 ? find_gpt(name) : -1;
+    if (i < 0 && g < 0) return false;
+    if (!out) return true;
+    memset(out, 0, sizeof *out);
+    if (g >= 0) {
+        ts_gpt_config c;
+        (void)ts_gpt_preset(ts_gpt_preset_name_at(g), &c);
+        out->name = ts_gpt_preset_name_at(g);
+        out->num_classes = c.vocab_size;
+        out->tokens = true;
+        out->seq_len = c.seq_len;
+        return true;
     }
+    out->name = models[i].name;
+    out->num_classes = models[i].classes;
+    out->in_channels = models[i].channels;
+    out->image_size = models[i].size;
+    out->fixed_size = models[i].depth == 0;
     return true;
 }
 
-const char *ts_model_name_at(int i) { return i >= 0 && i < NMODELS ? models[i].name : NULL; }
+const char *ts_model_name_at(int i) {
+    if (i >= 0 && i < NMODELS) return models[i].name;
+    return i >= NMODELS ? ts_gpt_preset_name_at(i - NMODELS) : NULL;
+}
 
 ts_status ts_model_new(const char *name, int64_t num_classes, ts_rng *rng, ts_module **out) {
     TS_ARG(out, "ts_model_new: NULL out");
     int i = find_model(name);
+    if (i < 0 && find_gpt(name) >= 0) { /* a GPT-2 preset with num_classes tokens */
+        ts_gpt_config c;
+        TS_TRY(ts_gpt_preset(name, &c));
+        if (num_classes > 0) c.vocab_size = num_classes;
+        return ts_model_gpt(&c, rng, out);
+    }
     if (i < 0) return unknown_model("ts_model_new", name);
     if (num_classes <= 0) num_classes = models[i].classes;
     if (models[i].depth) return ts_model_resnet(models[i].depth, num_classes, rng, out);
@@ -223,6 +248,6 @@ static const char *resnet_name(int depth) {
 
 ts_status ts_model_by_name(const char *name, ts_rng *rng, ts_module **out) {
     TS_ARG(name && out, "ts_model_by_name: NULL argument");
-    if (find_model(name) < 0) return unknown_model("ts_model_by_name", name);
+    if (!ts_model_info(name, NULL)) return unknown_model("ts_model_by_name", name);
     return ts_model_new(name, 0, rng, out);
 }

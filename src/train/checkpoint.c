@@ -88,7 +88,8 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, const char *want
     ts_model_info(info->model, &md);
     int64_t h = md.image_size;
     ts_ckpt_get_i64(ck, CK_DATA_H, &h);
-    if (!md.fixed_size && (h < 1 || h > 4096))
+    if (md.tokens) h = 0; /* a language model: token ids, no image */
+    if (!md.fixed_size && !md.tokens && (h < 1 || h > 4096))
         return ts_error(TS_ERR_FORMAT, "%s: " CK_DATA_H " %lld is not an image size", path, (long long)h);
     info->image_size = md.fixed_size ? 0 : (int)h;
     info->channels = md.in_channels;
@@ -106,10 +107,52 @@ static ts_status read_info(const ts_ckpt *ck, const char *path, const char *want
     return read_class_names(ck, info);
 }
 
+/* ---- a GPT's configuration: gpt.* ------------------------------------------------------------------------ */
+ts_status ts__checkpoint_save_model_config(ts_ckpt *ck, const ts_module *m) {
+    ts_gpt_config g;
+    if (!m || ts_module_model_name(m) == NULL || strcmp(ts_module_model_name(m), "gpt2") != 0 ||
+        ts_gpt_get_config(m, &g) != TS_OK) {
+        ts_clear_error();
+        return TS_OK;
+    }
+    TS_TRY(ts_ckpt_set_i64(ck, CK_GPT_N_LAYER, g.n_layer));
+    TS_TRY(ts_ckpt_set_i64(ck, CK_GPT_N_HEAD, g.n_head));
+    TS_TRY(ts_ckpt_set_i64(ck, CK_GPT_N_EMBD, g.n_embd));
+    TS_TRY(ts_ckpt_set_i64(ck, CK_GPT_SEQ_LEN, g.seq_len));
+    TS_TRY(ts_ckpt_set_i64(ck, CK_GPT_VOCAB, g.vocab_size));
+    TS_TRY(ts_ckpt_set_f64(ck, CK_GPT_EPS, g.layer_norm_eps));
+    TS_TRY(ts_ckpt_set_f64(ck, CK_GPT_DROPOUT, g.dropout));
+    return ts_ckpt_set_f64(ck, CK_GPT_INIT_STD, g.init_std);
+}
+
+/* The gpt.* keys into *g (*has: whether the checkpoint records a GPT); checked as ts_gpt_config_check does. */
+static ts_status read_gpt_config(const ts_ckpt *ck, const char *path, ts_gpt_config *g, bool *has) {
+    *g = TS_GPT_CONFIG_INIT;
+    *has = ts_ckpt_get_i64(ck, CK_GPT_N_LAYER, &g->n_layer) == TS_OK;
+    if (!*has) return TS_OK;
+    double eps = g->layer_norm_eps, drop = 0.0, std = g->init_std;
+    ts_status st = ts_ckpt_get_i64(ck, CK_GPT_N_HEAD, &g->n_head);
+    if (st == TS_OK) st = ts_ckpt_get_i64(ck, CK_GPT_N_EMBD, &g->n_embd);
+    if (st == TS_OK) st = ts_ckpt_get_i64(ck, CK_GPT_SEQ_LEN, &g->seq_len);
+    if (st == TS_OK) st = ts_ckpt_get_i64(ck, CK_GPT_VOCAB, &g->vocab_size);
+    if (st == TS_OK) st = ts_ckpt_get_f64(ck, CK_GPT_EPS, &eps);
+    if (st == TS_OK) st = ts_ckpt_get_f64(ck, CK_GPT_DROPOUT, &drop);
+    if (st == TS_OK) st = ts_ckpt_get_f64(ck, CK_GPT_INIT_STD, &std);
+    g->layer_norm_eps = (float)eps;
+    g->dropout = (float)drop;
+    g->init_std = (float)std;
+    if (st == TS_OK) st = ts_gpt_config_check(g);
+    return st == TS_OK ? TS_OK : ts_error(TS_ERR_FORMAT, "%s: its GPT configuration (gpt.*) is incomplete or invalid: %s",
+                                          path, ts_last_error());
+}
+
 static ts_status build(const char *path, const ts_checkpoint_model_info *info, const ts_tensor_list *sd,
-                       ts_module **out) {
+                       const ts_gpt_config *gpt, ts_module **out) {
     ts_module *m = NULL;
-    TS_TRY(ts_model_new(info->model, info->num_classes, NULL, &m));
+    if (gpt)
+        TS_TRY(ts_model_gpt(gpt, NULL, &m));
+    else
+        TS_TRY(ts_model_new(info->model, info->num_classes, NULL, &m));
     ts_status st = ts_module_load_state_dict(m, sd, true);
     if (st != TS_OK) {
         char why[TS_ERRMSG_MAX]; /* ts_error writes the buffer ts_last_error reads: copy it first */
@@ -135,7 +178,10 @@ ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_modul
     TS_CHECK_GOTO(ts_ckpt_load(path, &ck));
     TS_CHECK_GOTO(ts__checkpoint_model_weights(ck, path, &sd));
     TS_CHECK_GOTO(read_info(ck, path, model, &sd, in));
-    if (out) TS_CHECK_GOTO(build(path, in, &sd, out));
+    ts_gpt_config gpt;
+    bool has_gpt = false;
+    TS_CHECK_GOTO(read_gpt_config(ck, path, &gpt, &has_gpt));
+    if (out) TS_CHECK_GOTO(build(path, in, &sd, has_gpt ? &gpt : NULL, out));
 fail:
     ts_tensor_list_clear(&sd);
     ts_ckpt_free(ck);
@@ -178,6 +224,7 @@ ts_status ts_checkpoint_model_save(const char *path, ts_module *model, const ts_
     TS_CHECK_GOTO(ts_module_state_dict(model, &sd));
     TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, CK_MODEL_PREFIX, &sd));
     TS_CHECK_GOTO(ts_ckpt_set_bytes(ck, CK_MODEL, info->model, strlen(info->model)));
+    TS_CHECK_GOTO(ts__checkpoint_save_model_config(ck, model));
     TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_CLASSES, info->num_classes > 0 ? info->num_classes : md.num_classes));
     TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_C, info->channels > 0 ? info->channels : md.in_channels));
     TS_CHECK_GOTO(ts_ckpt_set_i64(ck, CK_DATA_H, info->height > 0 ? info->height : side));

@@ -16,6 +16,8 @@
  *   train.loss_scale, train.loss_scale_tracker   the loss scaler's state (float16 training)
  *   train.lineage       the sessions the run went through (bytes; train/ckdir.h): which files of a
  *                       checkpoint folder are this run's
+ *   gpt.n_layer/.n_head/.n_embd/.seq_len/.vocab_size (int64), gpt.layer_norm_eps/.dropout/.init_std (float64)
+ *                       a GPT's configuration (ts_gpt_config): what rebuilds the model for eval, generate, resume
  */
 #ifndef TS_TRAIN_CKPT_KEYS_H
 #define TS_TRAIN_CKPT_KEYS_H
@@ -42,5 +44,13 @@
 #define CK_SCALE "train.loss_scale"
 #define CK_SCALE_TRACKER "train.loss_scale_tracker"
 #define CK_LINEAGE "train.lineage"
+#define CK_GPT_N_LAYER "gpt.n_layer"
+#define CK_GPT_N_HEAD "gpt.n_head"
+#define CK_GPT_N_EMBD "gpt.n_embd"
+#define CK_GPT_SEQ_LEN "gpt.seq_len"
+#define CK_GPT_VOCAB "gpt.vocab_size"
+#define CK_GPT_EPS "gpt.layer_norm_eps"
+#define CK_GPT_DROPOUT "gpt.dropout"
+#define CK_GPT_INIT_STD "gpt.init_std"
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * train/data.c — ts_data_open: the training and evaluation sources behind
- * `tessera train --data PATH` (MNIST-style IDX files, or an image folder / file
- * list read by the DALI-style pipeline as the reference models' 1x28x28 input).
+ * `tessera train --data PATH` (MNIST-style IDX files, an image folder / file
+ * list read by the DALI-style pipeline as the reference models' 1x28x28 input,
+ * or a folder of llm.c token shards read as (B, T) windows).
  *
  * Both sets are checked before training: an empty training or test set is an
  * error naming it (not "0 steps" and "0.00%"), a test label that is no class of
@@ -14,6 +15,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <glob.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -259,6 +261,115 @@ static ts_status open_images(const ts_data_opts *o, ts_batch_source **train, ts_
     return st;
 }
 
+/* ---- token shards ------------------------------------------------------------------------------------ */
+static bool has_match(const char *pattern) {
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    bool any = glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0;
+    globfree(&g);
+    return any;
+}
+
+bool ts_data_is_tokens(const char *path) {
+    char pat[4096];
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) return false;
+    snprintf(pat, sizeof pat, "%s/*_train_*.bin", path);
+    return has_match(pat);
+}
+
+/* The largest token id + 1 over the shards matching pattern. */
+static ts_status token_vocab(const char *pattern, int64_t *vocab) {
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    ts_status st = TS_OK;
+    if (glob(pattern, 0, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc && st == TS_OK; i++) {
+            ts_token_shard *sh = NULL;
+            if ((st = ts_token_shard_open(g.gl_pathv[i], 0, &sh)) != TS_OK) break;
+            int64_t n = 0;
+            const uint16_t *t = ts_token_shard_tokens(sh, &n);
+            for (int64_t k = 0; k < n; k++)
+                if (t[k] >= *vocab) *vocab = (int64_t)t[k] + 1;
+            ts_token_shard_free(sh);
+        }
+    globfree(&g);
+    return st;
+}
+
+/* A source that ends an epoch after `max` batches of another (owned). */
+typedef struct limit_src {
+    ts_batch_source *in;
+    int64_t max, done;
+} limit_src;
+static int64_t lim_nb(void *impl, int64_t e) {
+    limit_src *l = impl;
+    return TS_MIN(ts_batch_source_num_batches(l->in, e), l->max);
+}
+static int64_t lim_ns(void *impl) {
+    limit_src *l = impl;
+    return ts_batch_source_num_samples(l->in);
+}
+static ts_status lim_seek(void *impl, int64_t e, int64_t b) {
+    limit_src *l = impl;
+    l->done = b;
+    return ts_batch_source_seek(l->in, e, b);
+}
+static ts_status lim_next(void *impl, ts_batch *out) {
+    limit_src *l = impl;
+    if (l->done >= l->max) return TS_OK; /* out->x stays NULL: the epoch is over */
+    l->done++;
+    return ts_batch_source_next(l->in, out);
+}
+static int lim_shape(void *impl, int64_t *shape) { return ts_batch_source_sample_shape(((limit_src *)impl)->in, shape); }
+static void lim_free(void *impl) {
+    ts_batch_source_free(((limit_src *)impl)->in);
+    free(impl);
+}
+static int64_t lim_classes(void *impl) { return ts_batch_source_num_classes(((limit_src *)impl)->in); }
+static const ts_batch_source_ops limit_ops = {lim_nb, lim_ns, lim_seek, lim_next, lim_shape, lim_free, lim_classes, NULL};
+
+static ts_status open_tokens(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
+    char tr[4096], va[4096];
+    snprintf(tr, sizeof tr, "%s/*_train_*.bin", o->path);
+    snprintf(va, sizeof va, "%s/*_val_*.bin", o->path);
+    bool has_val = has_match(va);
+    int64_t vocab = 0;
+    TS_TRY(token_vocab(tr, &vocab));
+    if (has_val) TS_TRY(token_vocab(va, &vocab));
+    ts_token_source_opts t = TS_TOKEN_SOURCE_OPTS_INIT;
+    t.pattern = tr;
+    t.batch_size = o->batch_size;
+    t.seq_len = o->seq_len;
+    t.rank = o->rank;
+    t.world_size = o->world_size;
+    t.shuffle = true;
+    t.seed = o->seed;
+    t.vocab_size = vocab;
+    TS_TRY(ts_batch_source_tokens(&t, train));
+    if (!eval) return TS_OK;
+    t.pattern = has_val ? va : tr;
+    t.rank = 0;
+    t.world_size = 1;
+    t.shuffle = false;
+    ts_batch_source *ev = NULL;
+    ts_status st = ts_batch_source_tokens(&t, &ev);
+    limit_src *l = NULL;
+    if (st == TS_OK && o->eval_max_batches > 0 && !(l = ts__calloc(1, sizeof *l))) st = TS_ERR_NOMEM;
+    if (l) {
+        *l = (limit_src){ev, o->eval_max_batches, 0};
+        st = ts_batch_source_new(&limit_ops, l, eval);
+    } else if (st == TS_OK) {
+        *eval = ev;
+    }
+    if (st != TS_OK) {
+        if (!l) ts_batch_source_free(ev);
+        ts_batch_source_free(*train);
+        *train = NULL;
+    }
+    return st;
+}
+
 ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_source **eval) {
     TS_ARG(o && o->path && train, "ts_data_open: NULL argument");
     *train = NULL;
@@ -274,5 +385,9 @@ ts_status ts_data_open(const ts_data_opts *o, ts_batch_source **train, ts_batch_
         return ts_error(TS_ERR_IO, "%s: not a directory or a file list", o->path);
     TS_ARG(o->image_size >= 0 && o->image_size <= 4096, "ts_data_open: image_size %d is not in [0, 4096]",
            o->image_size);
+    if (ts_data_is_tokens(o->path)) {
+        TS_ARG(o->seq_len >= 1, "ts_data_open: seq_len %lld must be >= 1 for token data", (long long)o->seq_len);
+        return open_tokens(o, train, eval);
+    }
     return ts_data_is_images(o->path) || o->image_size > 0 ? open_images(o, train, eval) : open_idx(o, train, eval);
 }

@@ -45,6 +45,8 @@ struct ts_run {
     int64_t total_steps, steps_per_epoch;
     ts_train_checkpoint_info resumed;
     bool did_resume, initialised;
+    bool tokens;            /* a GPT: token data, gpt below */
+    ts_gpt_config gpt;      /* the GPT's configuration (tokens) */
 };
 
 static int rank_of(const ts_run *r) { return r->pg ? ts_pg_rank(r->pg) : 0; }
@@ -154,6 +156,38 @@ static ts_status open_group(ts_run *r) {
     return st == TS_OK ? TS_OK : job_failure(st, "joining the process group");
 }
 
+/* ---- a GPT's configuration: the resumed model's, or the preset's with the config's sizes ------------------------ */
+/* The resolved sizes into the config, as ts_run_config_of shows them. */
+static void show_gpt_config(ts_run *r) {
+    ts_run_config *c = &r->c;
+    c->n_layer = r->gpt.n_layer;
+    c->n_head = r->gpt.n_head;
+    c->n_embd = r->gpt.n_embd;
+    c->seq_len = r->gpt.seq_len;
+    c->vocab_size = c->num_classes = r->gpt.vocab_size;
+    c->dropout = r->gpt.dropout;
+}
+
+static ts_status open_gpt_config(ts_run *r) {
+    const ts_run_config *c = &r->c;
+    ts_model_desc md = {0};
+    if (c->module || !ts_model_info(c->model, &md) || !md.tokens) return TS_OK;
+    r->tokens = true;
+    if (r->model_m) { /* resumed: the checkpoint's */
+        TS_TRY(ts_gpt_get_config(r->model_m, &r->gpt));
+        show_gpt_config(r);
+        return TS_OK;
+    }
+    TS_TRY(ts_gpt_preset(c->model, &r->gpt));
+    if (c->n_layer) r->gpt.n_layer = c->n_layer;
+    if (c->n_head) r->gpt.n_head = c->n_head;
+    if (c->n_embd) r->gpt.n_embd = c->n_embd;
+    if (c->seq_len) r->gpt.seq_len = c->seq_len;
+    r->gpt.dropout = (float)c->dropout;
+    ts_status st = ts_gpt_config_check(&r->gpt);
+    return st == TS_OK ? TS_OK : ts__error_prefix(st, "model %s", c->model);
+}
+
 /* ---- data and model ------------------------------------------------------------------------------------------ */
 /* A model with a fixed input (cnn, mlp: 1 x 28 x 28) must get samples of that shape: said up front, naming both
  * shapes, rather than as a shape error from inside the model's first Linear layer. */
@@ -184,11 +218,17 @@ static ts_status open_data(ts_run *r) {
     d.threads = (int)c->data_threads;
     d.skip_corrupt = c->skip_corrupt;
     if (c->decode == TS_DECODE_MIXED) d.mixed_decode = r->so.devices[0];
-    d.image_size = md.fixed_size ? 0 : (int)(c->image_size ? c->image_size : md.image_size);
+    d.image_size = md.fixed_size || r->tokens ? 0 : (int)(c->image_size ? c->image_size : md.image_size);
+    d.seq_len = r->tokens ? r->gpt.seq_len : d.seq_len;
+    d.eval_max_batches = c->eval_batches;
+    if (r->tokens != ts_data_is_tokens(c->data))
+        return ts_error(TS_ERR_INVALID_ARG, r->tokens ? "data %s: model %s is a language model: it trains on token "
+                        "shards (a folder from `tessera data tokenize`)" : "data %s holds token shards: model %s "
+                        "takes images; train a GPT on them (model gpt2, gpt2-tiny, ...)", c->data, c->model);
     st = ts_data_open(&d, &r->train, d.rank == 0 ? &r->eval : NULL);
     if (st != TS_OK) return ts__error_prefix(st, "data %s", c->data);
     r->c.image_size = d.image_size;
-    TS_TRY(check_sample_shape(r, &md));
+    if (!r->tokens) TS_TRY(check_sample_shape(r, &md));
     /* the output layer follows the data's classes (an image folder's sub-folders), or num_classes */
     r->data_classes = ts_batch_source_num_classes(r->train);
     if (c->num_classes && c->num_classes < r->data_classes)
@@ -204,9 +244,18 @@ static ts_status open_model(ts_run *r) {
         if (r->did_resume) return TS_OK; /* the trainer loads the checkpoint into it */
     } else if (r->did_resume) {
         return TS_OK; /* the checkpoint's */
+    } else if (r->tokens) { /* the vocabulary: the config's, else the data's, else the preset's */
+        if (c->vocab_size) r->gpt.vocab_size = c->vocab_size;
+        else if (c->num_classes) r->gpt.vocab_size = c->num_classes;
+        else if (r->data_classes) r->gpt.vocab_size = r->data_classes;
+        if (r->gpt.vocab_size < r->data_classes)
+            return ts_error(TS_ERR_INVALID_ARG, "vocab_size %lld: data %s holds token ids up to %lld",
+                            (long long)r->gpt.vocab_size, c->data, (long long)r->data_classes - 1);
+        TS_TRY(ts_model_gpt(&r->gpt, &r->rng, &r->model_m));
     } else {
         TS_TRY(ts_model_new(c->model, c->num_classes ? c->num_classes : r->data_classes, &r->rng, &r->model_m));
     }
+    if (r->tokens) show_gpt_config(r);
     if (!c->num_classes) c->num_classes = r->data_classes;
     if (!c->init_from) return TS_OK;
     ts_status st = ts_weights_load_except(r->model_m, c->init_from, c->init_exclude);
@@ -276,6 +325,7 @@ static ts_status open_training(ts_run *r) {
     if (st != TS_OK) return r->so.kind == TS_STRATEGY_DDP ? job_failure(st, "DDP") : st;
     TS_TRY(ts_module_parameters(ts_strategy_model(r->s), &r->params));
     TS_TRY(ts_optimizer_by_kind(c->optimizer, &r->params, c->lr, c->momentum, c->weight_decay, &r->opt));
+    if (r->tokens) TS_TRY(ts_optimizer_set_decay_rule(r->opt, TS_DECAY_MATRICES)); /* nanoGPT's, llm.c's groups */
     TS_TRY(open_schedule(r));
     ts_trainer_opts to = trainer_opts(r);
     TS_TRY(ts_trainer_new(r->s, r->opt, r->train, &to, &r->t));
@@ -296,6 +346,7 @@ static ts_status open_all(ts_run *r) {
     TS_TRY(open_resume(r));
     if (!c->model) c->model = c->module ? ts_module_type_name(c->module) : "cnn";
     ts_rng_seed(&r->rng, (uint64_t)c->seed);
+    TS_TRY(open_gpt_config(r));
     TS_TRY(open_devices(r));
     if (r->in_job) TS_TRY(open_group(r));
     TS_TRY(open_data(r));

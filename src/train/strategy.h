@@ -78,6 +78,9 @@ ts_status ts__strategy_batch_to(ts_device *dev, const ts_tensor *x, const ts_ten
 /* The model.* tensors of a loaded training checkpoint (the prefix stripped) appended to *out;
  * TS_ERR_INVALID_ARG naming path when there are none (train/checkpoint.c). */
 ts_status ts__checkpoint_model_weights(const ts_ckpt *ck, const char *path, ts_tensor_list *out);
+/* m's configuration beyond its zoo name and classes (a GPT's sizes: the gpt.* keys) into ck; nothing for
+ * other models (train/checkpoint.c). */
+ts_status ts__checkpoint_save_model_config(ts_ckpt *ck, const ts_module *m);
 
 extern const ts__strategy_impl ts__strategy_none, ts__strategy_ddp, ts__strategy_data, ts__strategy_model,
     ts__strategy_pipeline, ts__strategy_tile;

@@ -257,6 +257,7 @@ ts_status ts_trainer_save(ts_trainer *t, const char *path) {
     ts_tensor_list sd = TS_TENSOR_LIST_INIT, os = TS_TENSOR_LIST_INIT;
     if (!ck) return ts_error(TS_ERR_NOMEM, "ts_trainer_save: out of memory");
     TS_CHECK_GOTO(ts_module_state_dict(ts_strategy_model(t->s), &sd));
+    TS_CHECK_GOTO(ts__checkpoint_save_model_config(ck, ts_strategy_model(t->s)));
     TS_CHECK_GOTO(ts_optimizer_state(t->opt, &os));
     TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, CK_MODEL_PREFIX, &sd));
     TS_CHECK_GOTO(ts_ckpt_add_tensors(ck, CK_OPTIM_PREFIX, &os));
