@@ -101,7 +101,7 @@ static int write_json(const char *path, const loaded_model *lm, const char *spli
     fprintf(f, ",\n  \"samples\": %lld,\n  \"accuracy\": %.6f,\n  \"top5_accuracy\": %.6f,\n"
                "  \"loss\": %.6f,\n  \"confusion\": [",
             (long long)r->samples, r->accuracy, r->top5_accuracy, r->loss);
-    for (int64_t i = 0; i < C; i++) {
+    for (int64_t i = 0; cm && i < C; i++) {
         fprintf(f, "%s[", i ? ", " : "");
         for (int64_t j = 0; j < C; j++) fprintf(f, "%s%lld", j ? ", " : "", (long long)cm[i * C + j]);
         fprintf(f, "]");
@@ -126,6 +126,10 @@ static int evaluate(const eval_args *a, const loaded_model *lm, ts_eval_result *
     d.path = a->data;
     d.batch_size = 1; /* the training source is opened for its class list only */
     d.eval_batch_size = a->batch_size;
+    if (lm->info.seq_len > 0) { /* a language model on token shards: rows of seq_len tokens, no confusion matrix */
+        d.seq_len = lm->info.seq_len;
+        d.batch_size = a->batch_size;
+    }
     d.threads = (int)a->data_threads;
     d.image_size = lm->info.image_size;
     d.eval_on_train = strcmp(a->split, "train") == 0;
@@ -136,7 +140,11 @@ static int evaluate(const eval_args *a, const loaded_model *lm, ts_eval_result *
     }
     if (rc == 0) rc = check_classes(a->data, lm, train);
     int64_t C = lm->info.num_classes;
-    if (rc == 0 && (!(*cm = calloc((size_t)(C * C), sizeof **cm)) || ts_evaluate_confusion(lm->m, test, *cm, C, r) != TS_OK)) {
+    if (rc == 0 && lm->info.seq_len > 0 && ts_evaluate(lm->m, test, r) != TS_OK) {
+        fprintf(stderr, "tessera eval: %s\n", ts_last_error());
+        rc = 1;
+    } else if (rc == 0 && lm->info.seq_len == 0 &&
+               (!(*cm = calloc((size_t)(C * C), sizeof **cm)) || ts_evaluate_confusion(lm->m, test, *cm, C, r) != TS_OK)) {
         fprintf(stderr, "tessera eval: %s\n", *cm ? ts_last_error() : "out of memory");
         rc = 1;
     }
@@ -153,7 +161,7 @@ int ts_cmd_eval(int argc, char **argv) {
         {"data", CLI_STRING, &a.data, "the data set as tessera train takes it; its evaluation split is used (t10k-* files, val/ or test/)", 1, 0},
         {"split", CLI_STRING, &a.split, "test (the evaluation split) or train (the training images, preprocessed for evaluation)", 1, 0},
         {"model", CLI_STRING, &a.model, "the model, for a checkpoint that does not record one (it must be the one it records)", 1, 0},
-        {"batch-size", CLI_INT, &a.batch_size, "images per forward pass", 1, 1 << 20},
+        {"batch-size", CLI_INT, &a.batch_size, "images per forward pass (a GPT: rows of its context length)", 1, 1 << 20},
         {"data-threads", CLI_INT, &a.data_threads, "worker threads decoding images", 1, 256},
         {"threads", CLI_INT, &a.threads, "CPU threads (0: OMP_NUM_THREADS or all cores)", 0, 4096},
         {"confusion", CLI_INT, &a.confusion, "print the confusion matrix: 1 yes, 0 no (default: up to 20 classes)", -1, 1},
@@ -178,7 +186,12 @@ int ts_cmd_eval(int argc, char **argv) {
     if ((rc = load_model("eval", a.checkpoint, a.model, &lm)) != 0) return rc;
     int64_t *cm = NULL;
     ts_eval_result r;
-    if ((rc = evaluate(&a, &lm, &r, &cm)) == 0) {
+    if ((rc = evaluate(&a, &lm, &r, &cm)) == 0 && lm.info.seq_len > 0) {
+        printf("%s on %s%s: %lld tokens, loss %.4f (%.3f bits/token, perplexity %.2f), next-token accuracy %.2f%%\n",
+               lm.info.model, a.data, strcmp(a.split, "train") == 0 ? " (training split)" : "", (long long)r.samples,
+               r.loss, r.loss / log(2.0), exp(r.loss), 100.0 * r.accuracy);
+        if (a.json) rc = write_json(a.json, &lm, a.split, &r, NULL);
+    } else if (rc == 0) {
         printf("%s on %s%s: %lld images, accuracy %.2f%% (%lld correct), top-5 %.2f%%, loss %.4f\n", lm.info.model,
                a.data, strcmp(a.split, "train") == 0 ? " (training split)" : "", (long long)r.samples,
                100.0 * r.accuracy, (long long)r.correct, 100.0 * r.top5_accuracy, r.loss);

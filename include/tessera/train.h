@@ -544,6 +544,7 @@ typedef struct ts_checkpoint_model_info {
      * checkpoint records none (IDX files). */
     char **class_names;
     int64_t num_class_names;
+    int64_t seq_len;         /* a language model (a GPT): its context length, the token data's rows; 0 otherwise */
 } ts_checkpoint_model_info;
 /* The name of class k: its recorded name, else "class K" written into buf (n bytes). */
 const char *ts_checkpoint_class_name(const ts_checkpoint_model_info *info, int64_t k, char *buf, size_t n);

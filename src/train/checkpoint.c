@@ -181,6 +181,7 @@ ts_status ts_checkpoint_model_load(const char *path, const char *model, ts_modul
     ts_gpt_config gpt;
     bool has_gpt = false;
     TS_CHECK_GOTO(read_gpt_config(ck, path, &gpt, &has_gpt));
+    if (has_gpt) in->seq_len = gpt.seq_len;
     if (out) TS_CHECK_GOTO(build(path, in, &sd, has_gpt ? &gpt : NULL, out));
 fail:
     ts_tensor_list_clear(&sd);
