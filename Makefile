@@ -4,7 +4,7 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 
-.PHONY: all deps deps-demo build install demo test bench sanitize clean
+.PHONY: all deps deps-demo build install demo demo-gpt test bench sanitize clean
 
 all: build
 
@@ -49,6 +49,13 @@ demo: deps-demo
 	else $(MAKE) --no-print-directory $(BUILD)/CMakeCache.txt; fi
 	cmake --build $(BUILD) -j $(JOBS) --target tessera
 	$(BUILD)/tessera train --model cnn --epochs 4 --nproc 2 --batch-size 32 --checkpoint $(BUILD)/demo.ckpt --metrics-json $(BUILD)/demo-metrics.json $(DEMO_FLAGS)
+
+# A small GPT trained for a few minutes on the King James Bible as bytes, then text sampled from it
+# (scripts/demo_gpt.sh; DEMO_FLAGS adds flags to its tessera train).
+demo-gpt: deps-demo
+	$(MAKE) --no-print-directory $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target tessera
+	scripts/demo_gpt.sh $(BUILD) $(DEMO_FLAGS)
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -211,6 +211,8 @@ static int write_metrics(const char *path, ts_run *run, const ts_train_result *r
             isfinite(r->final_loss) ? r->final_loss : -1.0, r->train_seconds, ts_get_num_threads(),
             (long long)c->batch_size, ts_run_world_size(run));
     ts__json_put_string(f, base ? base + 1 : c->data);
+    fprintf(f, ",\n  \"eval_loss\": %.6f,\n  \"tokens_per_second\": %.1f", isfinite(r->eval.loss) ? r->eval.loss : -1.0,
+            r->tokens_per_second);
     fprintf(f, ",\n  \"precision\": \"%s\",\n  \"accum_steps\": %lld,\n  \"ddp_comm\": \"%s\",\n  \"skipped_samples\": %lld\n}\n",
             ts_dtype_name(ts_precision_dtype(c->precision)), (long long)c->accum_steps,
             ts_dtype_name(ts_precision_dtype(c->ddp_comm)), (long long)r->skipped_samples);
