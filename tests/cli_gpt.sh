@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# A GPT trained by `tessera train` on token shards: the banner and the validation lines, --eval-every, the
+# loss falling below the text's unigram entropy, a run resumed mid-epoch equal bit for bit to one that did not
+# stop, two DDP ranks at half the rows equal to one process (within 1e-5), `tessera eval` on the checkpoint,
+# `tessera generate --checkpoint --prompt TEXT` (the byte tokenizer), and the mismatches named (an image model
+# on token shards, a GPT on images, a context longer than the model's).
+set -u
+TS=${1:?usage: cli_gpt.sh path/to/tessera}
+. "$(dirname "$0")/testlib.sh"
+test_tmpdir
+
+# a text with structure a small model picks up: the golden tokenizer text, three times
+G=$(cd "$(dirname "$0")" && pwd)/golden/tok
+for i in 1 2 3; do cat "$G/text.txt"; done > "$T/text.txt"
+out=$("$TS" data tokenize "$T/text.txt" --out "$T/tok" 2>&1) || bad "tokenize: $out"
+entropy=$(sed -n 's/.*bits\/token, \([0-9.]*\) nats.*/\1/p' <<<"$out")
+[ -n "$entropy" ] && ok "unigram entropy $entropy nats/token" || bad "no entropy line: $out"
+
+GPT="--model gpt2-tiny --seq-len 32 --data $T/tok --batch-size 8 --optimizer adamw --lr 3e-3 --weight-decay 0.1 --seed 3 --quiet"
+out=$("$TS" train $GPT --max-steps 200 --eval-every 100 --eval-batches 8 --checkpoint "$T/a.ckpt" \
+  --metrics-json "$T/a.json" 2>&1)
+rc=$?
+[ $rc -eq 0 ] && ok "train gpt2-tiny on token shards" || bad "train: rc $rc: $out"
+grep -q "^training gpt2-tiny (2 layers, 2 heads, 64 wide, context 32, 257 tokens)" <<<"$out" \
+  && ok "banner names the sizes and the data's vocabulary" || bad "banner: $out"
+[ "$(grep -c '^step [12]00: train loss .*val loss' <<<"$out")" = 2 ] && ok "--eval-every 100: steps 100 and 200" \
+  || bad "eval lines: $out"
+val=$(sed -n 's/.*"eval_loss": \([0-9.]*\).*/\1/p' "$T/a.json")
+awk -v v="$val" -v e="$entropy" 'BEGIN { exit !(v > 0 && v < e - 0.3) }' \
+  && ok "validation loss $val below the unigram entropy $entropy" || bad "val loss $val vs entropy $entropy"
+
+# resumed mid-epoch = uninterrupted, bit for bit
+"$TS" train $GPT --max-steps 30 --checkpoint "$T/full.ckpt" >/dev/null 2>&1 || bad "30 steps"
+"$TS" train $GPT --max-steps 30 --checkpoint-every 12 --checkpoint-dir "$T/dir" --keep 0 >/dev/null 2>&1
+cp "$T/dir/step-000000000012.ckpt" "$T/part.ckpt" 2>/dev/null || bad "no step-12 checkpoint: $(ls "$T/dir")"
+"$TS" train $GPT --max-steps 30 --resume "$T/part.ckpt" --checkpoint "$T/resumed.ckpt" >/dev/null 2>&1 || bad "resume"
+"$TS" ckpt diff "$T/full.ckpt" "$T/resumed.ckpt" --tol 0 >/dev/null 2>&1 \
+  && ok "resumed at step 12 of 30 = uninterrupted (tol 0)" || bad "resume differs: $("$TS" ckpt diff "$T/full.ckpt" "$T/resumed.ckpt" 2>&1 | tail -3)"
+
+# two ranks of 4 rows = one process of 8 (the same windows each step)
+"$TS" train $GPT --max-steps 10 --checkpoint "$T/one.ckpt" >/dev/null 2>&1 || bad "one process"
+"$TS" train ${GPT/--batch-size 8/--batch-size 4} --nproc 2 --max-steps 10 --checkpoint "$T/two.ckpt" >/dev/null 2>&1 \
+  || bad "two ranks"
+"$TS" ckpt diff "$T/one.ckpt" "$T/two.ckpt" --tol 1e-5 >/dev/null 2>&1 \
+  && ok "--nproc 2 at 4 rows = 1 process at 8 (tol 1e-5)" || bad "DDP differs: $("$TS" ckpt diff "$T/one.ckpt" "$T/two.ckpt" --tol 1e-5 2>&1 | tail -3)"
+
+# eval on the checkpoint
+out=$("$TS" eval --checkpoint "$T/a.ckpt" --data "$T/tok" --batch-size 4 2>&1)
+grep -q "^gpt2-tiny on .*tokens, loss [0-9.]* (.* bits/token, perplexity .*), next-token accuracy" <<<"$out" \
+  && ok "eval: loss, bits/token, perplexity" || bad "eval: $out"
+
+# generate from the checkpoint: text in, text out (bytes); the same seed, the same text
+g1=$("$TS" generate --checkpoint "$T/a.ckpt" --prompt "The " --max-new-tokens 40 --seed 5 2>&1)
+g2=$("$TS" generate --checkpoint "$T/a.ckpt" --prompt "The " --max-new-tokens 40 --seed 5 2>&1)
+[ -n "$g1" ] && [ "$g1" = "$g2" ] && grep -q "^The " <<<"$g1" && ok "generate: text after the prompt, seeded" \
+  || bad "generate: '$g1' / '$g2'"
+
+# mismatches, named
+out=$("$TS" train --model cnn --data "$T/tok" --max-steps 1 2>&1)
+grep -q "holds token shards: model cnn takes images" <<<"$out" && ok "cnn on token shards refused" || bad "$out"
+mkdir -p "$T/img/a" "$T/img/b"
+out=$("$TS" train --model gpt2-tiny --data "$T/img" --max-steps 1 2>&1)
+grep -q "language model: it trains on token shards" <<<"$out" && ok "a GPT on images refused" || bad "$out"
+out=$("$TS" train --model gpt2-tiny --data "$T/tok" --seq-len 100 --max-steps 1 --quiet 2>&1)
+[ $? -eq 0 ] && ok "--seq-len 100 grows gpt2-tiny's context" || bad "seq-len 100: $out"
+cli_summary
