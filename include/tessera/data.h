@@ -173,6 +173,117 @@ ts_status ts_loader_next(ts_loader *ld, ts_tensor **x, ts_tensor **y);
  * NULL (after ts_loader_set_indices, N is its n). */
 const int64_t *ts_loader_order(const ts_loader *ld, int64_t *n);
 
+
+/* ---- token shards (llm.c's format) ------------------------------------------------------------------ */
+/* A token shard as llm.c's dev/data/data_common.py writes it (write_datafile, "gpt-2" layout) and its
+ * llmc/dataloader.h reads it: a header of 256 little-endian int32 -- [0] the magic 20240520, [1] the
+ * version 1 (uint16 tokens), [2] the number of tokens n, the rest 0 -- then n uint16 tokens, little-endian.
+ * The file is exactly 1024 + 2 n bytes. */
+#define TS_TOKENS_MAGIC 20240520
+#define TS_TOKENS_VERSION 1
+#define TS_TOKENS_HEADER_BYTES 1024
+#define TS_TOKENS_MAX ((int64_t)INT32_MAX) /* tokens one shard may hold (the header's int32) */
+
+/* Writes tokens[0..n) as a shard at path, atomically (a temporary file renamed into place: a crash leaves
+ * the old file or the new one). Every id must be below 65536 and n at most TS_TOKENS_MAX: otherwise
+ * TS_ERR_INVALID_ARG naming the id and its position, and nothing is written. TS_ERR_IO names the path. */
+ts_status ts_tokens_write(const char *path, const uint32_t *tokens, int64_t n);
+
+typedef struct ts_token_shard ts_token_shard;
+/* Opens a shard (mapped read-only, not copied). vocab_size > 0 also checks every token is below it.
+ * Errors name the path: TS_ERR_IO (missing, unreadable, not a regular file), TS_ERR_FORMAT (shorter than
+ * the header, bad magic, bad version, a negative count, a size other than 1024 + 2 n bytes with both
+ * sizes, a token >= vocab_size with its value and position). *out: free with ts_token_shard_free. */
+ts_status ts_token_shard_open(const char *path, int64_t vocab_size, ts_token_shard **out);
+void ts_token_shard_free(ts_token_shard *s); /* NULL is fine */
+/* The shard's tokens (borrowed: valid while s lives) and their count. */
+const uint16_t *ts_token_shard_tokens(const ts_token_shard *s, int64_t *n);
+/* The path it was opened from (borrowed). */
+const char *ts_token_shard_path(const ts_token_shard *s);
+
+/* ---- tokenizers --------------------------------------------------------------------------------------- */
+/* Text to token ids and back. Two kinds:
+ *   bytes: id = the byte (0..255), and <|endoftext|> = 256: vocabulary 257, no files.
+ *   gpt2:  GPT-2's byte-level BPE from its vocab.json and merges.txt (any vocabulary in that format):
+ *          the text is cut into pre-tokens by GPT-2's pattern
+ *              's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *          (Unicode letters, numbers and White_Space from the table in src/data/unicode_table.h), each
+ *          pre-token's bytes are mapped through bytes_to_unicode and merged pair by pair in merges.txt's
+ *          order, exactly as GPT-2's encoder.py. The ids equal tiktoken's and transformers.GPT2Tokenizer's.
+ * Special token: <|endoftext|> (when the vocabulary has it). With special = true its text in the input
+ * becomes its id, as tiktoken's encode(allowed_special="all") and transformers do, and the text between
+ * is encoded on its own; with false it is ordinary text, as tiktoken's encode_ordinary (llm.c's scripts).
+ * Invalid UTF-8: each byte of an ill-formed sequence counts as one character that is neither letter,
+ * number nor space (it joins a run of punctuation); its byte is encoded as is, so decode(encode(x)) == x
+ * for any bytes. A tokenizer caches the ids of words it has seen: use one from one thread at a time. */
+typedef struct ts_tokenizer ts_tokenizer;
+
+typedef enum ts_tokenizer_kind { TS_TOKENIZER_BYTES = 0, TS_TOKENIZER_GPT2, TS_TOKENIZER_COUNT } ts_tokenizer_kind;
+/* "bytes", "gpt2" (static); NULL for an unknown kind. */
+const char *ts_tokenizer_kind_name(ts_tokenizer_kind k);
+/* The kind called name; an unknown name is TS_ERR_INVALID_ARG listing the known ones. */
+ts_status ts_tokenizer_kind_parse(const char *name, ts_tokenizer_kind *out);
+
+/* The byte tokenizer. */
+ts_status ts_tokenizer_bytes(ts_tokenizer **out);
+/* GPT-2's BPE from vocab.json (an object token -> id; ids distinct, 0 .. n-1 with no gaps, each of the 256
+ * byte characters present) and merges.txt (an optional "#version" line, then "a b" per line; both parts and
+ * their join in the vocabulary). Errors are TS_ERR_FORMAT naming the file and the line or byte. */
+ts_status ts_tokenizer_gpt2(const char *vocab_json, const char *merges_txt, ts_tokenizer **out);
+/* Either kind: bytes, or gpt2 with its two files (the others ignore them). */
+ts_status ts_tokenizer_new(ts_tokenizer_kind kind, const char *vocab_json, const char *merges_txt,
+                           ts_tokenizer **out);
+void ts_tokenizer_free(ts_tokenizer *t); /* NULL is fine */
+int64_t ts_tokenizer_vocab_size(const ts_tokenizer *t);
+/* The id of <|endoftext|>, -1 when the vocabulary has none. */
+int64_t ts_tokenizer_eot(const ts_tokenizer *t);
+
+/* A growing list of ids: start from {0} (NULL, 0, 0); free(ids) when done. */
+typedef struct ts_token_list {
+    uint32_t *ids;
+    int64_t n, cap;
+} ts_token_list;
+
+/* Appends the ids of text[0..n) to *out (see above for special). */
+ts_status ts_tokenizer_encode(ts_tokenizer *t, const char *text, size_t n, bool special, ts_token_list *out);
+/* The bytes of ids[0..n) into *text (malloc'd, NUL-terminated; *len its length without the NUL). An id
+ * outside the vocabulary is TS_ERR_INVALID_ARG naming it and its position. */
+ts_status ts_tokenizer_decode(const ts_tokenizer *t, const uint32_t *ids, int64_t n, char **text, size_t *len);
+
+/* ---- text files to token shards (`tessera data tokenize`) -------------------------------------------- */
+/* Each input file is one document. As llm.c's data scripts, every document is preceded by <|endoftext|>
+ * (the tokenizer's EOT) and the documents are concatenated in the order given; the first val_tokens tokens
+ * of that stream are the validation split, the rest the training split (a document may straddle them).
+ * Each split is cut into shards of at most shard_tokens, written as DIR/<name>_val_000000.bin, ... then
+ * DIR/<name>_train_<k>.bin with k going on from the last validation shard (the numbering of llm.c's
+ * fineweb.py: one index over both splits). */
+typedef struct ts_tokenize_opts {
+    const char *const *inputs; /* the text files (borrowed) */
+    int num_inputs;
+    const char *out_dir;       /* created when missing */
+    const char *name;          /* the shards' prefix ("tokens") */
+    ts_tokenizer *tok;         /* borrowed */
+    double val_fraction;       /* the validation split's share of the tokens, rounded down (0.1) */
+    int64_t val_tokens;        /* > 0: exactly this many instead (fewer when there are not as many) */
+    int64_t shard_tokens;      /* tokens per shard at most (100000000, fineweb.py's; at most TS_TOKENS_MAX) */
+    bool special;              /* <|endoftext|> in the text is the EOT token (false: ordinary text, as llm.c) */
+} ts_tokenize_opts;
+
+#define TS_TOKENIZE_OPTS_INIT ((ts_tokenize_opts){NULL, 0, NULL, "tokens", NULL, 0.1, 0, 100000000, false})
+
+typedef struct ts_tokenize_result {
+    int64_t bytes;                    /* text read */
+    int64_t tokens, val_tokens, train_tokens;
+    int val_shards, train_shards;
+    int64_t vocab_size;
+    double entropy_bits, entropy_nats; /* the unigram entropy of the training tokens, per token */
+    double seconds;                   /* time spent encoding */
+} ts_tokenize_result;
+
+ts_status ts_tokenize_files(const ts_tokenize_opts *o, ts_tokenize_result *r);
+/* The unigram entropy in bits per token of ids[0..n) (the counts' -sum p log2 p; 0 for n == 0). */
+double ts_tokens_entropy_bits(const uint16_t *ids, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif
