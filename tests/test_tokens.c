@@ -313,7 +313,171 @@ static void test_entropy(void) {
     CHECK_NEAR(ts_tokens_entropy_bits(ids, 0), 0.0, 0);
 }
 
+
+/* ---- the batch source ---------------------------------------------------------------------------------- */
+#define NSHARDS 3
+static const int64_t shard_len[NSHARDS] = {1000, 37, 2501}; /* the middle one holds no window of most sizes */
+static uint16_t *shard_tok[NSHARDS];
+
+static void make_shards(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 7);
+    for (int k = 0; k < NSHARDS; k++) {
+        uint32_t *ids = malloc((size_t)shard_len[k] * sizeof *ids);
+        shard_tok[k] = malloc((size_t)shard_len[k] * sizeof **shard_tok);
+        for (int64_t i = 0; i < shard_len[k]; i++) shard_tok[k][i] = (uint16_t)(ids[i] = (uint32_t)ts_rng_below(&r, 50000));
+        char name[64];
+        snprintf(name, sizeof name, "s_train_%06d.bin", k);
+        CHECK_OK(ts_tokens_write(tmp_path(name), ids, shard_len[k]));
+        free(ids);
+    }
+}
+
+static ts_batch_source *open_source(int64_t B, int64_t T, int rank, int world, bool shuffle) {
+    ts_token_source_opts o = TS_TOKEN_SOURCE_OPTS_INIT;
+    char pat[512];
+    snprintf(pat, sizeof pat, "%s", tmp_path("s_train_*.bin"));
+    o.pattern = pat;
+    o.batch_size = B, o.seq_len = T, o.rank = rank, o.world_size = world, o.shuffle = shuffle, o.seed = 5;
+    o.vocab_size = 50000;
+    ts_batch_source *src = NULL;
+    CHECK_OK(ts_batch_source_tokens(&o, &src));
+    return src;
+}
+
+/* llm.c's DataLoader, written out plainly: rank r's windows as (shard, position), in order. */
+static int64_t naive_windows(int64_t B, int64_t T, int r, int R, int64_t (*out)[2]) {
+    int64_t n = 0;
+    for (int k = 0; k < NSHARDS; k++) {
+        int64_t shard_num_samples = (shard_len[k] - 1) / (R * B * T);
+        for (int64_t g = 0; g < shard_num_samples; g++) {
+            out[n][0] = k;
+            out[n][1] = g * R * B * T + r * B * T;
+            n++;
+        }
+    }
+    return n;
+}
+
+static bool batch_is(const ts_batch *b, int64_t B, int64_t T, int k, int64_t p) {
+    if (!b->x || b->size != B || b->real != B || ts_tensor_dtype(b->x) != TS_I64 || ts_tensor_dim(b->x, 1) != T)
+        return false;
+    const int64_t *x = ts_tensor_data(b->x), *y = ts_tensor_data(b->y);
+    for (int64_t i = 0; i < B * T; i++)
+        if (x[i] != shard_tok[k][p + i] || y[i] != shard_tok[k][p + i + 1]) return false;
+    int64_t base = 0;
+    for (int j = 0; j < k; j++) base += shard_len[j];
+    return b->samples[0] == base + p && b->samples[B - 1] == base + p + (B - 1) * T;
+}
+
+static void test_source_matches_llmc(void) {
+    static const int64_t cfg[][3] = {{1, 1, 1}, {2, 8, 1}, {4, 16, 2}, {3, 5, 3}, {1, 100, 4}, {2, 10, 8}};
+    static int64_t want[4096][2];
+    for (size_t c = 0; c < TS_ARRAY_LEN(cfg); c++) {
+        int64_t B = cfg[c][0], T = cfg[c][1];
+        int R = (int)cfg[c][2];
+        for (int r = 0; r < R; r++) {
+            int64_t n = naive_windows(B, T, r, R, want);
+            ts_batch_source *src = open_source(B, T, r, R, false);
+            if (!src) return;
+            CHECK(ts_batch_source_num_batches(src, 0) == n && ts_batch_source_num_samples(src) == n * R * B);
+            CHECK(ts_batch_source_num_classes(src) == 50000);
+            bool ok = true;
+            for (int epoch = 0; epoch < 2; epoch++) {
+                CHECK_OK(ts_batch_source_set_epoch(src, epoch));
+                ts_batch b;
+                for (int64_t i = 0; i < n; i++) {
+                    CHECK_OK(ts_batch_source_next(src, &b));
+                    ok &= batch_is(&b, B, T, (int)want[i][0], want[i][1]) && b.index == i;
+                }
+                CHECK_OK(ts_batch_source_next(src, &b));
+                ok &= b.x == NULL;
+            }
+            if (!ok) fprintf(stderr, "config B %lld T %lld rank %d of %d differs from llm.c\n", (long long)B,
+                             (long long)T, r, R);
+            CHECK(ok);
+            ts_batch_source_free(src);
+        }
+    }
+}
+
+/* With shuffle: every epoch a permutation of the same windows, the same on every rank (no overlap), and a
+ * seek to any batch gives what reading through gives. */
+static void test_source_shuffle_and_seek(void) {
+    const int64_t B = 2, T = 8;
+    const int R = 2;
+    static int64_t want[1024][2];
+    int64_t n = naive_windows(B, T, 0, R, want);
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        ts_batch_source *s0 = open_source(B, T, 0, R, shuffle), *s1 = open_source(B, T, 1, R, shuffle);
+        ts_batch_source *jump = open_source(B, T, 0, R, shuffle);
+        if (!s0 || !s1 || !jump) return;
+        for (int epoch = 0; epoch < 3; epoch++) {
+            CHECK_OK(ts_batch_source_set_epoch(s0, epoch));
+            CHECK_OK(ts_batch_source_set_epoch(s1, epoch));
+            int64_t *seen = calloc((size_t)n, sizeof *seen), moved = 0;
+            bool ok = true;
+            for (int64_t i = 0; i < n; i++) {
+                ts_batch a, b, c;
+                CHECK_OK(ts_batch_source_next(s0, &a));
+                int64_t a0 = a.samples[0];
+                CHECK_OK(ts_batch_source_next(s1, &b));
+                ok &= b.samples[0] == a0 + B * T; /* the same window, rank 1's part */
+                for (int64_t w = 0; w < n; w++) {
+                    int64_t base = 0;
+                    for (int j = 0; j < want[w][0]; j++) base += shard_len[j];
+                    if (base + want[w][1] == a0) seen[w]++, moved += w != i;
+                }
+                if (i % 3 == 0) { /* a fresh seek lands on the same batch */
+                    CHECK_OK(ts_batch_source_seek(jump, epoch, i));
+                    CHECK_OK(ts_batch_source_next(jump, &c));
+                    ok &= c.samples[0] == a0 && c.index == i;
+                }
+            }
+            for (int64_t w = 0; w < n; w++) ok &= seen[w] == 1;
+            CHECK(ok);
+            CHECK(shuffle ? moved > 0 : moved == 0);
+            free(seen);
+        }
+        ts_batch_source_free(s0);
+        ts_batch_source_free(s1);
+        ts_batch_source_free(jump);
+    }
+}
+
+static void test_source_errors(void) {
+    ts_token_source_opts o = TS_TOKEN_SOURCE_OPTS_INIT;
+    ts_batch_source *src = NULL;
+    char pat[512];
+    snprintf(pat, sizeof pat, "%s", tmp_path("s_train_*.bin"));
+    o.pattern = pat;
+    o.batch_size = 4, o.seq_len = 1000;
+    CHECK_STATUS(ts_batch_source_tokens(&o, &src), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("the largest of the 3 has 2501");
+    o.seq_len = 8, o.vocab_size = 100;
+    CHECK_STATUS(ts_batch_source_tokens(&o, &src), TS_ERR_FORMAT);
+    CHECK_ERR_MENTIONS("s_train_000000.bin: token");
+    o.vocab_size = 0, o.rank = 2, o.world_size = 2;
+    CHECK_STATUS(ts_batch_source_tokens(&o, &src), TS_ERR_INVALID_ARG);
+    CHECK_ERR_MENTIONS("rank 2 of 2");
+    o.rank = 0, o.world_size = 1;
+    o.pattern = tmp_path("nothing_*.bin");
+    CHECK_STATUS(ts_batch_source_tokens(&o, &src), TS_ERR_IO);
+    CHECK_ERR_MENTIONS("no files match");
+    const char *files[2] = {tmp_path("s_train_000002.bin"), tmp_path("s_train_000000.bin")};
+    o.pattern = NULL, o.files = files, o.num_files = 2; /* a list keeps its order */
+    CHECK_OK(ts_batch_source_tokens(&o, &src));
+    ts_batch b;
+    CHECK_OK(ts_batch_source_next(src, &b));
+    CHECK(b.x && b.samples[0] == 0 && ts_tensor_data(b.x) && ((int64_t *)ts_tensor_data(b.x))[0] == shard_tok[2][0]);
+    CHECK(src == NULL || ts_batch_source_num_batches(src, 0) == (2501 - 1) / 32 + (1000 - 1) / 32);
+    ts_batch_source_free(src);
+    for (int k = 0; k < NSHARDS; k++) free(shard_tok[k]);
+}
+
 static void test_cleanup(void) { tu_rm_tmpdir(); }
 
 TU_MAIN(T(test_shard_round_trip), T(test_shard_refusals), T(test_bpe_golden), T(test_bpe_special_and_bytes),
-        T(test_pretokenizer), T(test_vocab_refusals), T(test_entropy), T(test_cleanup))
+        T(test_pretokenizer), T(test_vocab_refusals), T(test_entropy),
+        T(make_shards), T(test_source_matches_llmc), T(test_source_shuffle_and_seek), T(test_source_errors),
+        T(test_cleanup))

@@ -51,8 +51,9 @@ extern "C" {
 typedef struct ts_batch_source ts_batch_source;
 
 typedef struct ts_batch {
-    ts_tensor *x;           /* (size, ...) float32, borrowed: valid until the next call on the source */
-    ts_tensor *y;           /* (size) int64 class labels, borrowed likewise */
+    ts_tensor *x;           /* (size, ...) float32 samples, or (size, T) int64 token ids (ts_batch_source_tokens);
+                               borrowed: valid until the next call on the source */
+    ts_tensor *y;           /* (size) int64 class labels, or (size, T) int64 next tokens; borrowed likewise */
     int64_t size;           /* rows in x and y */
     int64_t real;           /* the first `real` rows are samples of this epoch; the rest repeat one to fill
                                the batch (the pipeline's pad_last_batch). Training uses every row (as DALI
@@ -115,6 +116,37 @@ ts_status ts_batch_source_dataset(ts_dataset *ds, const ts_dataset_source_opts *
  * its own pipeline. Seeks only when asked for a batch the pipeline is not at, so
  * an epoch that follows the previous one streams on without a restart. */
 ts_status ts_batch_source_pipeline(ts_pipeline *p, ts_batch_source **out);
+
+/* A source over llm.c token shards (tessera/data.h) in the order of llm.c's DistributedDataLoader
+ * (llmc/dataloader.h): the shards in glob(3)'s sorted order; in each shard, global window g (0, 1, ...)
+ * covers tokens [g R B T, (g + 1) R B T + 1) and rank r's batch is its part from p = g R B T + r B T:
+ * x = tokens[p, p + B T) and y = tokens[p + 1, p + B T + 1), each as (B, T) int64. A shard holds
+ * (n - 1) / (R B T) windows (rounded down; the tail is left out, as llm.c); a shard with none is skipped
+ * (llm.c refuses it), and no window at all is TS_ERR_INVALID_ARG. An epoch is every window of every shard
+ * once (ts_batch_source_num_batches: the sum), the same count on every rank, and ranks' windows never overlap.
+ * Without shuffle (evaluation, and llm.c's default) the order is exactly llm.c's. With shuffle the shards'
+ * order and each shard's windows are permuted by (seed, epoch) alone, the same on every rank (llm.c seeds
+ * mt19937 with 42 + rank and draws on from epoch to epoch, so its shuffled order is not reproduced), so
+ * seek(epoch, batch) lands exactly: a run resumed mid-epoch sees the batches it would have seen.
+ * ts_batch.samples: each row's first token as an offset into the shards laid end to end (in the files'
+ * order). Validation: a second source over the val shards with shuffle off; with R ranks each reads its
+ * stride, and the windows of all ranks together cover each val shard's first (n - 1) / (R B T) R B T + 1
+ * tokens once (R = 1: every full window in order). */
+typedef struct ts_token_source_opts {
+    const char *pattern;       /* a glob(3) pattern of shard files (their sorted list), or NULL: */
+    const char *const *files;  /* the shard files in this order (borrowed while the call runs) */
+    int num_files;
+    int64_t batch_size, seq_len; /* B rows of T tokens (8, 1024) */
+    int rank, world_size;      /* (0, 1) */
+    bool shuffle;              /* false */
+    uint64_t seed;             /* the shuffle's (0) */
+    int64_t vocab_size;        /* > 0: every token is checked below it when the shard opens; num_classes (0) */
+} ts_token_source_opts;
+
+#define TS_TOKEN_SOURCE_OPTS_INIT ((ts_token_source_opts){NULL, NULL, 0, 8, 1024, 0, 1, false, 0, 0})
+
+/* Opens (maps) every shard and checks it (errors name the file); *out owns them. */
+ts_status ts_batch_source_tokens(const ts_token_source_opts *o, ts_batch_source **out);
 
 /* Batches of `epoch`, and samples in the whole data set. */
 int64_t ts_batch_source_num_batches(const ts_batch_source *s, int64_t epoch);
