@@ -2,7 +2,7 @@
  * tools/cmd_data.c — `tessera data`: export an IDX data set (Fashion-MNIST,
  * MNIST) as a folder of JPEG/PNG images, one sub-folder per class, and show
  * one decoded, augmented pipeline batch as a labelled grid (seed 000's
- * show_images).
+ * show_images); encode text into llm.c token shards (tokenize) and check them (info).
  */
 #include "cli.h"
 #include "commands.h"
@@ -310,17 +310,107 @@ done:
     return status;
 }
 
+static const char *cli_name_tok(int i) { return ts_tokenizer_kind_name((ts_tokenizer_kind)i); }
+
+#define TOKENIZE_MAX_INPUTS 4096
+
+static int data_tokenize(int argc, char **argv) {
+    const char *out = NULL, *vocab = NULL, *merges = NULL, *name = "tokens";
+    ts_tokenizer_kind kind = TS_TOKENIZER_BYTES;
+    double val_fraction = 0.1;
+    int64_t val_tokens = 0, shard_tokens = 100000000;
+    bool special = false;
+    const cli_flag flags[] = {
+        {"out", CLI_STRING, &out, "output folder (made if missing): OUT/NAME_val_000000.bin, OUT/NAME_train_<k>.bin, ...", 1, 0},
+        {"tokenizer", CLI_ENUM, CLI_ENUM_OF(kind, cli_name_tok), "bytes (ids 0-255, <|endoftext|> 256; no files) or gpt2 (--vocab, --merges)", TS_TOKENIZER_BYTES, TS_TOKENIZER_GPT2},
+        {"vocab", CLI_STRING, &vocab, "gpt2: GPT-2's vocab.json (or any vocabulary in its format)", 1, 0},
+        {"merges", CLI_STRING, &merges, "gpt2: its merges.txt", 1, 0},
+        {"name", CLI_STRING, &name, "the shards' file name prefix", 1, 0},
+        {"val-fraction", CLI_FLOAT, &val_fraction, "the share of the tokens (from the start) that is the validation split", 0, 0.999999},
+        {"val-tokens", CLI_INT, &val_tokens, "exactly this many validation tokens instead (0: use --val-fraction)", 0, 9e18},
+        {"shard-tokens", CLI_INT, &shard_tokens, "tokens per shard at most", 1, 2147483647},
+        {"special", CLI_BOOL, &special, "<|endoftext|> written in the text is the EOT token (default: ordinary text, as llm.c's scripts)", 0, 0},
+    };
+    const cli_command cmd = {
+        "data tokenize", "tessera data tokenize TEXT... --out DIR [--tokenizer bytes|gpt2 --vocab F --merges F] [flags]",
+        "Encodes text files into llm.c token shards (uint16 tokens after a 256-int32 header). Each file is one\n"
+        "document, preceded by <|endoftext|> as llm.c's data scripts do; the first tokens make the validation\n"
+        "split, the rest the training split. Prints the counts and the unigram entropy of the training tokens.",
+        flags, (int)(sizeof flags / sizeof flags[0])};
+    static const char *pos[TOKENIZE_MAX_INPUTS];
+    int npos = 0;
+    int rc = cli_parse(&cmd, argc, argv, pos, TOKENIZE_MAX_INPUTS, &npos);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (npos < 1) return cli_usage_error(&cmd, "expected one or more text files");
+    if (!out) return cli_usage_error(&cmd, "--out DIR is required");
+    if (kind == TS_TOKENIZER_GPT2 && (!vocab || !merges))
+        return cli_usage_error(&cmd, "--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt");
+    ts_tokenizer *tok = NULL;
+    ts_status st = ts_tokenizer_new(kind, vocab, merges, &tok);
+    if (st != TS_OK) return cli_fail("data tokenize", "tokenizer") ? cli_exit_for(st) : 0;
+    ts_tokenize_opts o = TS_TOKENIZE_OPTS_INIT;
+    o.inputs = pos, o.num_inputs = npos, o.out_dir = out, o.name = name, o.tok = tok;
+    o.val_fraction = val_fraction, o.val_tokens = val_tokens, o.shard_tokens = shard_tokens, o.special = special;
+    ts_tokenize_result r;
+    st = ts_tokenize_files(&o, &r);
+    ts_tokenizer_free(tok);
+    if (st != TS_OK) return cli_fail("data tokenize", "error") ? cli_exit_for(st) : 0;
+    char e[1024];
+    printf("%lld tokens from %d files (%lld bytes, %.2f MB/s), vocabulary %lld (%s)\n", (long long)r.tokens, npos,
+           (long long)r.bytes, r.seconds > 0 ? (double)r.bytes / 1e6 / r.seconds : 0.0, (long long)r.vocab_size,
+           ts_tokenizer_kind_name(kind));
+    printf("val:   %lld tokens in %d shards\ntrain: %lld tokens in %d shards, in %s\n", (long long)r.val_tokens,
+           r.val_shards, (long long)r.train_tokens, r.train_shards, cli_printable(out, e, sizeof e));
+    printf("unigram entropy of the training tokens: %.4f bits/token, %.4f nats/token\n", r.entropy_bits,
+           r.entropy_nats);
+    return 0;
+}
+
+static int data_info(int argc, char **argv) {
+    int64_t vocab = 0;
+    const cli_flag flags[] = {
+        {"vocab-size", CLI_INT, &vocab, "also check every token is below this (0: no check)", 0, 65536},
+    };
+    const cli_command cmd = {"data info", "tessera data info SHARD.bin... [flags]",
+                             "Checks llm.c token shards (header, size, tokens) and prints each one's token count,\n"
+                             "largest id and unigram entropy.",
+                             flags, (int)(sizeof flags / sizeof flags[0])};
+    static const char *pos[TOKENIZE_MAX_INPUTS];
+    int npos = 0;
+    int rc = cli_parse(&cmd, argc, argv, pos, TOKENIZE_MAX_INPUTS, &npos);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (npos < 1) return cli_usage_error(&cmd, "expected one or more shard files");
+    for (int i = 0; i < npos; i++) {
+        ts_token_shard *s = NULL;
+        ts_status st = ts_token_shard_open(pos[i], vocab, &s);
+        if (st != TS_OK) return cli_fail("data info", "error") ? cli_exit_for(st) : 0;
+        int64_t n = 0;
+        const uint16_t *t = ts_token_shard_tokens(s, &n);
+        unsigned most = 0;
+        for (int64_t k = 0; k < n; k++) most = t[k] > most ? t[k] : most;
+        char e[1024];
+        printf("%s: %lld tokens, largest id %u, unigram entropy %.4f bits/token\n", cli_printable(pos[i], e, sizeof e),
+               (long long)n, most, ts_tokens_entropy_bits(t, n));
+        ts_token_shard_free(s);
+    }
+    return 0;
+}
+
 int ts_cmd_data(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         FILE *f = argc < 2 ? stderr : stdout;
         fprintf(f, "usage: tessera data WHAT [flags]\n\n"
                    "  export   write Fashion-MNIST (or MNIST) as JPEG/PNG files, one folder per class\n"
                    "  show     write a grid of one decoded, augmented pipeline batch with labels\n"
+                   "  tokenize encode text files into llm.c token shards (train and val splits)\n"
+                   "  info     check llm.c token shards and print their counts\n"
                    "\n'tessera data WHAT --help' lists the flags.\n");
         return argc < 2 ? CLI_EXIT_USAGE : 0;
     }
     if (strcmp(argv[1], "export") == 0) return data_export(argc - 1, argv + 1);
     if (strcmp(argv[1], "show") == 0) return data_show(argc - 1, argv + 1);
-    fprintf(stderr, "tessera data: unknown command '%s' (available: export, show)\n", argv[1]);
+    if (strcmp(argv[1], "tokenize") == 0) return data_tokenize(argc - 1, argv + 1);
+    if (strcmp(argv[1], "info") == 0) return data_info(argc - 1, argv + 1);
+    fprintf(stderr, "tessera data: unknown command '%s' (available: export, show, tokenize, info)\n", argv[1]);
     return CLI_EXIT_USAGE;
 }
