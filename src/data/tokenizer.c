@@ -21,7 +21,8 @@
 
 #define EOT_TEXT "<|endoftext|>"
 #define EOT_LEN 13
-#define CACHE_SLOTS (1u << 17)   /* power of two */
+#define CACHE_SLOTS (1u << 17)   /* at most; power of two */
+#define CACHE_FIRST (1u << 10)   /* at first */
 #define CACHE_MAX_WORD 64        /* longer words are not cached */
 
 typedef struct cache_slot {
@@ -47,8 +48,8 @@ struct ts_tokenizer {
     size_t pair_cap;
     int32_t *str_slot;   /* bytes -> id (open addressing over tok), size str_cap */
     size_t str_cap;
-    cache_slot *cache;
-    size_t cache_used;
+    cache_slot *cache;   /* made at the first word, doubled up to CACHE_SLOTS */
+    size_t cache_used, cache_cap;
     char *ckeys;
     uint32_t *cids;
     size_t ckeys_n, ckeys_cap, cids_n, cids_cap;
@@ -395,10 +396,6 @@ ts_status ts__tokenizer_gpt2_mem(const char *vocab, size_t vocab_len, const char
         st = parse_vocab(t, vocab, vocab_len, vocab_what);
     }
     if (st == TS_OK) st = parse_merges(t, m, merges_len, merges_what);
-    if (st == TS_OK) {
-        t->cache = ts__calloc(CACHE_SLOTS, sizeof *t->cache);
-        if (!t->cache) st = TS_ERR_NOMEM;
-    }
     free(m);
     if (st != TS_OK) {
         ts_tokenizer_free(t);
@@ -471,7 +468,7 @@ static size_t bpe_merge(const ts_tokenizer *t, uint32_t *w, size_t n) {
 }
 
 static cache_slot *cache_find(ts_tokenizer *t, const unsigned char *s, size_t n, uint64_t h) {
-    size_t mask = CACHE_SLOTS - 1;
+    size_t mask = t->cache_cap - 1;
     for (size_t i = h & mask;; i = (i + 1) & mask) {
         cache_slot *c = &t->cache[i];
         if (!c->hash || (c->hash == h && c->klen == n && memcmp(t->ckeys + c->key, s, n) == 0)) return c;
@@ -491,8 +488,19 @@ static bool grow(void **p, size_t *cap, size_t need, size_t elem) {
 /* Remembers word s[0..n) -> ids[0..m) (silently skipped when memory is short; cleared when full). */
 static void cache_put(ts_tokenizer *t, cache_slot *c, const unsigned char *s, size_t n, uint64_t h, const uint32_t *ids,
                       size_t m) {
-    if (t->cache_used >= CACHE_SLOTS / 2 || t->ckeys_n + n > UINT32_MAX / 2) {
-        memset(t->cache, 0, CACHE_SLOTS * sizeof *t->cache);
+    if (t->cache_used >= t->cache_cap / 2 && t->cache_cap < CACHE_SLOTS) { /* double: rehash the slots */
+        cache_slot *old = t->cache, *bigger = ts__calloc(2 * t->cache_cap, sizeof *bigger);
+        if (!bigger) return;
+        size_t old_cap = t->cache_cap;
+        t->cache = bigger;
+        t->cache_cap *= 2;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i].hash) *cache_find(t, (const unsigned char *)t->ckeys + old[i].key, old[i].klen, old[i].hash) = old[i];
+        free(old);
+        c = cache_find(t, s, n, h);
+    }
+    if (t->cache_used >= t->cache_cap / 2 || t->ckeys_n + n > UINT32_MAX / 2) {
+        memset(t->cache, 0, t->cache_cap * sizeof *t->cache);
         t->cache_used = t->ckeys_n = t->cids_n = 0;
         c = cache_find(t, s, n, h);
     }
@@ -510,7 +518,9 @@ static void cache_put(ts_tokenizer *t, cache_slot *c, const unsigned char *s, si
 static ts_status encode_word(ts_tokenizer *t, const unsigned char *s, size_t n, ts_token_list *out) {
     uint64_t h = 0;
     cache_slot *c = NULL;
-    if (n <= CACHE_MAX_WORD) {
+    if (n <= CACHE_MAX_WORD && !t->cache && (t->cache = ts__calloc(CACHE_FIRST, sizeof *t->cache)))
+        t->cache_cap = CACHE_FIRST; /* NULL: no cache */
+    if (n <= CACHE_MAX_WORD && t->cache) {
         h = hash_bytes(s, n);
         c = cache_find(t, s, n, h);
         if (c->hash) {

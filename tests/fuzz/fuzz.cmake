@@ -13,20 +13,23 @@
 #   fuzz_store  src/distributed/store_tcp.c   the TCP store server's request parsing, over loopback
 #   fuzz_safetensors  src/io/safetensors.c    safetensors files (ts__safetensors_load_mem)
 #   fuzz_json   src/core/json.c               the JSON reader: a full walk against ts__json_skip
+#   fuzz_tokens src/data/tokens.c, tokenizer.c token shards, GPT-2 vocab.json/merges.txt, encode/decode
 set(TS_FUZZ_DIR ${CMAKE_BINARY_DIR}/fuzz)
-set(TS_FUZZ_TARGETS ckpt idx image store safetensors json)
+set(TS_FUZZ_TARGETS ckpt idx image store safetensors json tokens)
 set(TS_FUZZ_SRC_ckpt src/io/ckpt.c src/core/file.c)
 set(TS_FUZZ_SRC_idx src/data/idx.c src/core/file.c)
 set(TS_FUZZ_SRC_image src/pipeline/decode.c src/pipeline/ops.c src/core/file.c)
 set(TS_FUZZ_SRC_store src/distributed/store_tcp.c src/distributed/store.c src/distributed/sock.c)
 set(TS_FUZZ_SRC_safetensors src/io/safetensors.c src/core/json.c src/core/file.c)
 set(TS_FUZZ_SRC_json src/core/json.c)
+set(TS_FUZZ_SRC_tokens src/data/tokens.c src/data/tokenizer.c src/core/json.c src/core/file.c)
 set(TS_FUZZ_RUNS_ckpt 200000)
 set(TS_FUZZ_RUNS_idx 50000)
 set(TS_FUZZ_RUNS_image 100000)
 set(TS_FUZZ_RUNS_store 5000)
 set(TS_FUZZ_RUNS_safetensors 100000)
 set(TS_FUZZ_RUNS_json 200000)
+set(TS_FUZZ_RUNS_tokens 20000)
 
 find_program(TS_CLANG NAMES clang clang-19 clang-18 clang-17 clang-16 clang-15 clang-14)
 set(TS_FUZZ_OK FALSE)
