@@ -317,6 +317,109 @@ ts_status ts_model_new(const char *name, int64_t num_classes, ts_rng *rng, ts_mo
 /* ts_model_new(name, 0, rng, out). */
 ts_status ts_model_by_name(const char *name, ts_rng *rng, ts_module **out);
 
+/* ---- GPT-2 (Hugging Face's GPT2LMHeadModel) ------------------------------------------------------- */
+/* A GPT-2 family language model: token and position embeddings, n_layer pre-LayerNorm blocks
+ * (x + attn(ln_1(x)), then x + mlp(ln_2(x)); causal multi-head attention through
+ * ts_scaled_dot_product_attention; the MLP n_embd -> 4 n_embd -> n_embd with GELU's tanh
+ * approximation, Hugging Face's "gelu_new"), a final LayerNorm, and the output projection tied to the
+ * token embedding (logits = h wte^T). LayerNorm eps as given (GPT-2's 1e-5).
+ *
+ * Names and shapes are those of transformers.GPT2LMHeadModel's state dict, so its safetensors files
+ * load as they are and ours load into it:
+ *   transformer.wte.weight (vocab, n_embd)      transformer.wpe.weight (seq_len, n_embd)
+ *   transformer.h.<i>.ln_1.{weight,bias}        transformer.h.<i>.attn.c_attn.{weight (n_embd, 3 n_embd), bias}
+ *   transformer.h.<i>.attn.c_proj.{weight (n_embd, n_embd), bias}   transformer.h.<i>.ln_2.{weight,bias}
+ *   transformer.h.<i>.mlp.c_fc.{weight (n_embd, 4 n_embd), bias}    transformer.h.<i>.mlp.c_proj.{weight (4 n_embd, n_embd), bias}
+ *   transformer.ln_f.{weight,bias}
+ * The linear layers are GPT-2's Conv1D: weight stored [in, out], y = x W + b. lm_head.weight is the
+ * same tensor as transformer.wte.weight and appears once, as transformer.wte.weight (as in
+ * named_parameters() and in what save_pretrained writes); ts_gpt_load_state_dict accepts a
+ * lm_head.weight too (it must equal wte).
+ *
+ * Initialisation as GPT-2 / nanoGPT / Hugging Face's _init_weights: every weight N(0, init_std) (wte and
+ * wpe included), the residual projections (attn.c_proj.weight, mlp.c_proj.weight) N(0, init_std /
+ * sqrt(2 n_layer)), biases 0, LayerNorm weight 1 and bias 0.
+ *
+ * Dropout p (training mode only) after the embedding sum and on each residual branch's output
+ * (Hugging Face's embd_pdrop and resid_pdrop); there is no dropout on the attention probabilities
+ * (attn_pdrop): train with dropout 0 or accept that difference.
+ *
+ * Forward: tokens (B, T) TS_I64 in [0, vocab_size), 1 <= T <= seq_len -> logits (B, T, vocab_size) F32. */
+typedef struct ts_gpt_config {
+    int64_t n_layer, n_head, n_embd; /* n_embd divisible by n_head */
+    int64_t seq_len;                 /* the context length (n_positions) */
+    int64_t vocab_size;
+    float dropout;                   /* embedding and residual dropout, in [0, 1); default 0 */
+    float layer_norm_eps;            /* default 1e-5 */
+    float init_std;                  /* default 0.02 */
+} ts_gpt_config;
+/* GPT-2 small: 12 layers, 12 heads, 768 wide, 1024 positions, 50257 tokens. */
+#define TS_GPT_CONFIG_INIT ((ts_gpt_config){12, 12, 768, 1024, 50257, 0.0f, 1e-5f, 0.02f})
+
+/* The presets: "gpt2" (12/12/768), "gpt2-medium" (24/16/1024), "gpt2-large" (36/20/1280), "gpt2-xl"
+ * (48/25/1600), all with 1024 positions and 50257 tokens; "gpt2-tiny" (2 layers, 2 heads, 64 wide,
+ * 64 positions, 512 tokens: for tests). Unknown names are TS_ERR_INVALID_ARG listing the known ones. */
+ts_status ts_gpt_preset(const char *name, ts_gpt_config *out);
+/* The preset names in order (NULL past the end). */
+const char *ts_gpt_preset_name_at(int i);
+/* Checks c's fields (TS_ERR_INVALID_ARG naming the bad one). */
+ts_status ts_gpt_config_check(const ts_gpt_config *c);
+/* Builds the model (CPU, training mode); rng as the other builders. ts_module_model_name gives "gpt2". */
+ts_status ts_model_gpt(const ts_gpt_config *c, ts_rng *rng, ts_module **out);
+/* The configuration a model from ts_model_gpt was built with; TS_ERR_INVALID_ARG for other modules. */
+ts_status ts_gpt_get_config(const ts_module *m, ts_gpt_config *out);
+
+/* Loads a state dict in Hugging Face's GPT-2 names into m (strict): keys as ts_model_gpt's, or as
+ * GPT2Model's (no "transformer." prefix: the original GPT-2 files); lm_head.weight, when present,
+ * must equal transformer.wte.weight (an untied head is TS_ERR_UNSUPPORTED); the attention mask
+ * buffers older files carry (attn.bias, attn.masked_bias) are skipped. Errors as ts_module_load_state_dict. */
+ts_status ts_gpt_load_state_dict(ts_module *m, const ts_tensor_list *sd);
+/* ts_safetensors_load + ts_gpt_load_state_dict. */
+ts_status ts_gpt_load_safetensors(ts_module *m, const char *path);
+/* Writes m's state dict (what GPT2LMHeadModel.save_pretrained writes: every parameter, no
+ * lm_head.weight) to path with "__metadata__" {"format": "pt"}. */
+ts_status ts_gpt_save_safetensors(ts_module *m, const char *path);
+
+/* ---- GPT-2 inference with a key/value cache ---------------------------------------------------------- */
+/* A key/value cache for one sequence (batch 1): per layer the keys and values of every position seen,
+ * (1, n_head, seq_len, head_dim) each, on m's device. ts_gpt_cache_forward runs new tokens against it
+ * without autograd: a single token costs one query row against the cached keys, O(T), not a forward
+ * over the whole sequence. m (borrowed) must outlive the cache and keep its parameters' device. */
+typedef struct ts_gpt_cache ts_gpt_cache;
+ts_status ts_gpt_cache_new(ts_module *m, ts_gpt_cache **out);
+void ts_gpt_cache_free(ts_gpt_cache *c);
+/* Number of positions in the cache. */
+int64_t ts_gpt_cache_len(const ts_gpt_cache *c);
+/* Empties the cache. */
+void ts_gpt_cache_reset(ts_gpt_cache *c);
+/* Appends tokens[0..n) (n >= 1; cache length + n <= seq_len, else TS_ERR_INVALID_ARG naming both) and
+ * returns their logits (n, vocab_size) F32 on the model's device in *logits (new reference; NULL: not
+ * wanted): equal to the full forward's logits at those positions. */
+ts_status ts_gpt_cache_forward(ts_gpt_cache *c, const int64_t *tokens, int64_t n, ts_tensor **logits);
+
+/* Called with each new token (index i from 0); return false to stop early. */
+typedef bool (*ts_gpt_token_fn)(int64_t i, int64_t token, void *user);
+typedef struct ts_gpt_sample_config {
+    int64_t max_new_tokens; /* >= 0 */
+    float temperature;      /* 1; 0 (or top_k 1): greedy, the first largest logit as torch.argmax */
+    int64_t top_k;          /* 0: every token; k: only the k largest logits (ties at the k-th kept) */
+    uint64_t seed;          /* sampling is deterministic for a seed */
+    ts_gpt_token_fn on_token; /* may be NULL */
+    void *user;
+} ts_gpt_sample_config;
+#define TS_GPT_SAMPLE_CONFIG_INIT ((ts_gpt_sample_config){16, 1.0f, 0, 0, NULL, NULL})
+
+/* Continues prompt[0..n_prompt) (n_prompt >= 1, ids in [0, vocab_size)) by up to max_new_tokens tokens,
+ * written to out[0..) (room for max_new_tokens); *n_out (may be NULL) gets how many. Each step divides
+ * the last logits by the temperature, keeps the top_k largest, and samples from their softmax with a
+ * generator seeded with seed (greedy as above). The context is nanoGPT's: when the sequence is longer
+ * than seq_len the model sees only its last seq_len tokens — the prompt is cropped so, and once the
+ * cache is full each further token re-reads the last seq_len tokens (a full forward per token from
+ * then on, as nanoGPT does without a cache). Runs in eval mode without autograd (the module's mode is
+ * restored). */
+ts_status ts_gpt_generate(ts_module *m, const int64_t *prompt, int64_t n_prompt, const ts_gpt_sample_config *c,
+                          int64_t *out, int64_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

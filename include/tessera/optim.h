@@ -106,6 +106,23 @@ ts_status ts_optimizer_load_state(ts_optimizer *opt, const ts_tensor_list *st);
  * (Values are not checked for finiteness here; ts_trainer_resume does that.) */
 ts_status ts_optimizer_check_state(const ts_optimizer *opt, const ts_tensor_list *st);
 
+/* ---- weight-decay groups ------------------------------------------------------------------------- */
+/* Which parameters the configured weight_decay (SGD's L2 term, AdamW's decoupled decay) applies to;
+ * the others are updated as with weight_decay 0 — torch.optim's parameter groups with "weight_decay": 0.
+ * By default every parameter decays (TS_DECAY_ALL). The rule is configuration, not state: set it again
+ * after building the optimizer for a resumed run.
+ *   TS_DECAY_MATRICES  nanoGPT's and llm.c's rule: parameters with 2 or more dims decay (linear and
+ *                      Conv1D weights, convolution kernels, the token and position embeddings); those
+ *                      with fewer (biases, LayerNorm and BatchNorm weights and biases) do not. */
+typedef enum ts_decay_rule { TS_DECAY_ALL = 0, TS_DECAY_MATRICES = 1 } ts_decay_rule;
+/* Applies rule to every parameter of opt (replacing earlier marks). */
+ts_status ts_optimizer_set_decay_rule(ts_optimizer *opt, ts_decay_rule rule);
+/* Marks one parameter (by its name in the list opt was built on) as decaying or not; an unknown name is
+ * TS_ERR_INVALID_ARG naming it. */
+ts_status ts_optimizer_set_decay(ts_optimizer *opt, const char *name, bool decay);
+/* Whether the parameter called name decays (false for an unknown name). */
+bool ts_optimizer_decays(const ts_optimizer *opt, const char *name);
+
 /* ---- gradients: clipping, scaling, dynamic loss scaling -------------------------------------------- */
 /* torch.nn.utils.clip_grad_norm_(params, max_norm) with the L2 norm: total = sqrt(sum of the squares of
  * every element of every gradient) over the entries of params that have one (in double); when

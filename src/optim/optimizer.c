@@ -24,6 +24,7 @@ typedef struct param_state {
     bool buf_fresh;                           /* buf allocated by this step, not yet written */
     ts_tensor *exp_avg, *exp_avg_sq, *vmax;   /* AdamW */
     int64_t step;                             /* AdamW: steps taken by this parameter */
+    bool no_decay;                            /* excluded from weight decay (ts_optimizer_set_decay) */
 } param_state;
 
 struct ts_optimizer {
@@ -202,7 +203,8 @@ static ts_status state_prepare(ts_optimizer *o, param_state *s) {
 
 static ts_status step_sgd(ts_optimizer *o, param_state *s, const ts_tensor *g) {
     const ts_sgd_config *c = &o->sgd;
-    ts_sgd_args a = {o->lr, c->momentum, c->dampening, c->weight_decay, c->nesterov, c->maximize, s->buf_fresh};
+    const float wd = s->no_decay ? 0.0f : c->weight_decay;
+    ts_sgd_args a = {o->lr, c->momentum, c->dampening, wd, c->nesterov, c->maximize, s->buf_fresh};
     TS_TRY(s->p->storage->device->k_optim->sgd_step(s->p, g, s->buf, &a));
     s->buf_fresh = false;
     return TS_OK;
@@ -212,8 +214,9 @@ static ts_status step_adamw(ts_optimizer *o, param_state *s, const ts_tensor *g)
     const ts_adamw_config *c = &o->adamw;
     int64_t step = s->step + 1;
     double lr = o->lr, bc1 = 1.0 - pow((double)c->beta1, (double)step), bc2 = 1.0 - pow((double)c->beta2, (double)step);
-    ts_adamw_args a = {o->lr, c->beta1, c->beta2, c->eps, c->weight_decay, (float)(lr / bc1), (float)sqrt(bc2),
-                       (float)(1.0 - lr * (double)c->weight_decay), c->amsgrad, c->maximize};
+    const float wd = s->no_decay ? 0.0f : c->weight_decay;
+    ts_adamw_args a = {o->lr, c->beta1, c->beta2, c->eps, wd, (float)(lr / bc1), (float)sqrt(bc2),
+                       (float)(1.0 - lr * (double)wd), c->amsgrad, c->maximize};
     TS_TRY(s->p->storage->device->k_optim->adamw_step(s->p, g, s->exp_avg, s->exp_avg_sq, c->amsgrad ? s->vmax : NULL,
                                                        &a));
     s->step = step;
@@ -256,6 +259,31 @@ ts_status ts_optimizer_step(ts_optimizer *o) {
     }
     o->nsteps++;
     return TS_OK;
+}
+
+/* ---- weight-decay groups ------------------------------------------------------------------------------ */
+ts_status ts_optimizer_set_decay(ts_optimizer *o, const char *name, bool decay) {
+    TS_ARG(o && name, "ts_optimizer_set_decay: NULL argument");
+    for (int i = 0; i < o->n; i++)
+        if (!strcmp(o->ps[i].name, name)) {
+            o->ps[i].no_decay = !decay;
+            return TS_OK;
+        }
+    return ts_error(TS_ERR_INVALID_ARG, "ts_optimizer_set_decay: the %s optimizer has no parameter '%s'",
+                    ts_optimizer_name(o), name);
+}
+
+ts_status ts_optimizer_set_decay_rule(ts_optimizer *o, ts_decay_rule rule) {
+    TS_ARG(o, "ts_optimizer_set_decay_rule: NULL optimizer");
+    TS_ARG(rule == TS_DECAY_ALL || rule == TS_DECAY_MATRICES, "ts_optimizer_set_decay_rule: unknown rule %d", (int)rule);
+    for (int i = 0; i < o->n; i++) o->ps[i].no_decay = rule == TS_DECAY_MATRICES && o->ps[i].p->ndim < 2;
+    return TS_OK;
+}
+
+bool ts_optimizer_decays(const ts_optimizer *o, const char *name) {
+    for (int i = 0; o && name && i < o->n; i++)
+        if (!strcmp(o->ps[i].name, name)) return !o->ps[i].no_decay;
+    return false;
 }
 
 /* ---- state ------------------------------------------------------------------------------------------ */
