@@ -25,6 +25,7 @@ static const subcommand subcommands[] = {
     {"run", ts_cmd_run, "launch N processes of a program with the distributed environment"},
     {"data", ts_cmd_data, "export image folders, show a decoded and augmented pipeline batch"},
     {"export", ts_cmd_export, "write a model for inference runtimes (ONNX)"},
+    {"generate", ts_cmd_generate, "continue a prompt with a GPT-2 model (token ids in and out)"},
     {"devices", ts_cmd_devices, "list the CPU and CUDA devices (or why there are no GPUs)"},
     {"env", ts_cmd_env, "list the TS_* environment variables: their values, defaults and what they do"},
     {"trace", ts_cmd_trace, "merge the per-rank traces of `tessera train --trace` into one timeline"},
