@@ -7,7 +7,8 @@
  * the model left as they were; no file or temporary left after a failure.
  * When python3 has onnx and onnxruntime, a residual network, a functional
  * forward over most mapped ops and an embedding model are compared with
- * onnxruntime (tests/onnx_check.py, 1e-4); otherwise that part says it skipped.
+ * onnxruntime (tests/onnx_check.py, 1e-4), and a GPT-2 (causal attention, LayerNorm, tanh GELU, int64
+ * token ids in); otherwise that part says it skipped.
  */
 #include "export/pb.h"
 #include "nn/module.h"
@@ -936,11 +937,36 @@ static void test_trace_hook(void) {
     for (int k = 0; k < TS_OP_COUNT; k++) CHECK(strcmp(ts__op_name((ts__op_kind)k), "?") != 0);
 }
 
+/* A GPT-2 (embeddings, LayerNorm, causal attention, tanh GELU, the tied head) against onnxruntime: int64 token ids in,
+ * logits out; the batch symbolic (rerun with 1 row), the sequence length the example's. */
+static void test_gpt(void) {
+    ts_gpt_config c;
+    CHECK_OK(ts_gpt_preset("gpt2-tiny", &c));
+    c.n_head = 4;
+    c.n_embd = 32;
+    c.vocab_size = 97;
+    c.init_std = 0.2f;
+    ts_rng r;
+    ts_rng_seed(&r, 17);
+    ts_module *m = NULL;
+    CHECK_OK(ts_model_gpt(&c, &r, &m));
+    int64_t ids[3 * 21];
+    for (int i = 0; i < 3 * 21; i++) ids[i] = (int64_t)ts_rng_below(&r, 97);
+    ts_tensor *x = NULL;
+    CHECK_OK(ts_tensor_from_data(NULL, TS_I64, 2, (int64_t[]){3, 21}, ids, &x));
+    if (m && x)
+        export_and_compare(m, x, "gpt",
+                           "--rerun-batch 1 --expect-initializer transformer.wte.weight --expect-initializer "
+                           "transformer.h.1.attn.c_attn.weight --expect-op Softmax --expect-op Tanh");
+    ts_tensor_release(x);
+    ts_module_free(m);
+}
+
 static void test_report(void) {
     if (ort_skipped) printf("note: onnxruntime comparisons skipped (python3 lacks onnx/onnxruntime)\n");
     tu_rm_tmpdir();
 }
 
-TU_MAIN(T(test_protobuf_writer), T(test_trace_hook), T(test_cnn_structure), T(test_residual_and_state),
+TU_MAIN(T(test_protobuf_writer), T(test_gpt), T(test_trace_hook), T(test_cnn_structure), T(test_residual_and_state),
         T(test_functional_ops), T(test_new_ops), T(test_norm_ops), T(test_errors), T(test_pruning_identity_constants), T(test_alloc_failures),
         T(test_report))

@@ -49,6 +49,7 @@
 #include "tensor/tensor.h"
 #include "tessera/export.h"
 
+#include <math.h>
 #include <stdio.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -688,6 +689,38 @@ static ts_status emit_permute(exporter *e, emit_args *x) {
     return node(e, "Transpose", x->node_name, 1, x->in, x->out, 1, at);
 }
 
+/* Scaled-dot-product attention as its formula: Softmax(MatMul(q, Transpose(k)) * scale [+ mask]) then MatMul with
+ * v. The causal mask is a constant (Tq, Tk) of 0 and -inf (key j > query i: top-left aligned, as the op), so the
+ * sequence lengths are the example's (the batch stays symbolic). */
+static ts_status emit_attention(exporter *e, emit_args *x) {
+    const int64_t tq = x->r->in[0]->shape[2], tk = x->r->in[1]->shape[2];
+    char kt[NAME_MAX_LEN], s[NAME_MAX_LEN], sc[NAME_MAX_LEN], ss[NAME_MAX_LEN], mk[NAME_MAX_LEN], sm[NAME_MAX_LEN],
+        p[NAME_MAX_LEN];
+    const int64_t perm[4] = {0, 1, 3, 2};
+    attr tr[] = {A_INTS("perm", 4, perm)}, ax[] = {A_INT("axis", -1)};
+    const float scale = (float)x->r->a.f[0];
+    x->batch = x->inv[0]->batch;
+    TS_TRY(step(e, x, "kt", "Transpose", 1, (const char *[]){x->in[1]}, aux_name(x, "kt", kt, sizeof kt), 1, tr));
+    TS_TRY(step(e, x, "qk", "MatMul", 2, (const char *[]){x->in[0], kt}, aux_name(x, "qk", s, sizeof s), 0, NULL));
+    TS_TRY(write_const(e, aux_name(x, "scale", sc, sizeof sc), TS_F32, 0, NULL, &scale));
+    TS_TRY(step(e, x, "scaled", "Mul", 2, (const char *[]){s, sc}, aux_name(x, "scaled", ss, sizeof ss), 0, NULL));
+    const char *logits = ss;
+    if (x->r->a.i[0]) {
+        float *m = ts__malloc(sizeof(float) * (size_t)(tq * tk));
+        if (!m) return ts_error(TS_ERR_NOMEM, "ts_export_onnx: out of memory for a %lld x %lld attention mask",
+                                (long long)tq, (long long)tk);
+        for (int64_t i = 0; i < tq; i++)
+            for (int64_t j = 0; j < tk; j++) m[i * tk + j] = j > i ? -INFINITY : 0.0f;
+        ts_status st = write_const(e, aux_name(x, "causal_mask", mk, sizeof mk), TS_F32, 2, (int64_t[]){tq, tk}, m);
+        free(m);
+        TS_TRY(st);
+        TS_TRY(step(e, x, "masked", "Add", 2, (const char *[]){ss, mk}, aux_name(x, "masked", sm, sizeof sm), 0, NULL));
+        logits = sm;
+    }
+    TS_TRY(step(e, x, "softmax", "Softmax", 1, (const char *[]){logits}, aux_name(x, "p", p, sizeof p), 1, ax));
+    return node(e, "MatMul", x->node_name, 2, (const char *[]){p, x->in[2]}, x->out, 0, NULL);
+}
+
 /* Uneven adaptive average pooling (windows of different sizes, possibly overlapping, which ONNX pooling
  * cannot say) as the linear map it is: x (N, C, H, W) -> Reshape (N, C, H*W) -> MatMul with the constant
  * P (H*W, OH*OW), P[h*W + w][i*OW + j] = 1 / |window (i, j)| where (h, w) is in it -> Reshape (N, C, OH, OW).
@@ -848,7 +881,8 @@ static const struct {
     [TS_OP_LAYER_NORM] = {emit_layer_norm, "LayerNormalization"},
     [TS_OP_GROUP_NORM] = {emit_group_norm, "Reshape+InstanceNormalization+Reshape+Mul+Add"},
     [TS_OP_CAST] = {emit_cast, "Cast"},
-    /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead), TS_OP_ATTENTION */
+    [TS_OP_ATTENTION] = {emit_attention, "Transpose+MatMul+Mul(+Add)+Softmax+MatMul"},
+    /* no mapping: TS_OP_CROSS_ENTROPY (takes class indices; export the logits instead) */
 };
 
 /* "conv2d, batchnorm2d, ..." : the ops with a mapping, for messages. */

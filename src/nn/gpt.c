@@ -83,6 +83,7 @@ static ts_status conv1d_forward(ts_module *self, const ts_tensor *x, ts_tensor *
     const int nd = ts_tensor_ndim(x);
     memcpy(shape, ts_tensor_shape(x), sizeof(int64_t) * (size_t)nd);
     shape[nd - 1] = nout;
+    if (nd > 1) shape[0] = -1; /* the batch as -1: an exported graph keeps it symbolic */
     ts_tensor *x2 = NULL, *y = NULL, *yb = NULL;
     ts_status st;
     TS_CHECK_GOTO(ts_reshape(x, 2, (int64_t[]){-1, in}, &x2));
@@ -98,16 +99,16 @@ fail:
 
 /* (B, T, C) -> q, k, v each (B, H, T, D) through c_attn */
 ts_status ts__gpt_qkv(ts_module *attn, const ts_tensor *x, int64_t n_head, ts_tensor *qkv[3]) {
-    const int64_t B = ts_tensor_dim(x, 0), T = ts_tensor_dim(x, 1), C = ts_tensor_dim(x, 2);
+    const int64_t T = ts_tensor_dim(x, 1), C = ts_tensor_dim(x, 2);
     ts_tensor *a = NULL, *a5 = NULL, *p = NULL, *s = NULL;
     ts_status st;
     qkv[0] = qkv[1] = qkv[2] = NULL;
     TS_CHECK_GOTO(ts_module_call(attn, "c_attn", x, &a));                          /* (B, T, 3C) */
-    TS_CHECK_GOTO(ts_reshape(a, 5, (int64_t[]){B, T, 3, n_head, C / n_head}, &a5)); /* (B, T, 3, H, D) */
+    TS_CHECK_GOTO(ts_reshape(a, 5, (int64_t[]){-1, T, 3, n_head, C / n_head}, &a5)); /* (B, T, 3, H, D) */
     TS_CHECK_GOTO(ts_permute(a5, (int[]){2, 0, 3, 1, 4}, &p));                     /* (3, B, H, T, D) */
     for (int i = 0; i < 3; i++) {
         TS_CHECK_GOTO(ts_slice(p, 0, i, i + 1, &s));
-        TS_CHECK_GOTO(ts_reshape(s, 4, (int64_t[]){B, n_head, T, C / n_head}, &qkv[i]));
+        TS_CHECK_GOTO(ts_reshape(s, 4, (int64_t[]){-1, n_head, T, C / n_head}, &qkv[i]));
         ts_tensor_release(s);
         s = NULL;
     }
@@ -126,11 +127,11 @@ fail:
 
 /* y (B, H, T, D) -> (B, T, C) -> c_proj */
 ts_status ts__gpt_merge_heads(ts_module *attn, const ts_tensor *y, ts_tensor **out) {
-    const int64_t B = ts_tensor_dim(y, 0), H = ts_tensor_dim(y, 1), T = ts_tensor_dim(y, 2), D = ts_tensor_dim(y, 3);
+    const int64_t H = ts_tensor_dim(y, 1), T = ts_tensor_dim(y, 2), D = ts_tensor_dim(y, 3);
     ts_tensor *t = NULL, *r = NULL;
     ts_status st;
     TS_CHECK_GOTO(ts_transpose(y, 1, 2, &t));
-    TS_CHECK_GOTO(ts_reshape(t, 3, (int64_t[]){B, T, H * D}, &r));
+    TS_CHECK_GOTO(ts_reshape(t, 3, (int64_t[]){-1, T, H * D}, &r));
     st = ts_module_call(attn, "c_proj", r, out);
 fail:
     ts_tensor_release(t);
@@ -253,6 +254,7 @@ ts_status ts__gpt_head(ts_module *root, const ts_tensor *h, ts_tensor **out) {
     int64_t shape[TS_MAX_DIMS];
     memcpy(shape, ts_tensor_shape(h), sizeof(int64_t) * (size_t)nd);
     shape[nd - 1] = ts_tensor_dim(wte, 0);
+    if (nd > 1) shape[0] = -1; /* as in conv1d_forward */
     ts_tensor *h2 = NULL, *l = NULL;
     ts_status st;
     TS_CHECK_GOTO(ts_reshape(h, 2, (int64_t[]){-1, C}, &h2));
