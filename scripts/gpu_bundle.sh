@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 ARCHS=${1:-90}
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTS_CUDA=ON -DTS_WITH_DNNL=OFF -DTS_WITH_MPI=OFF \
   -DTS_TESTS_LINK_SHARED=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" >/dev/null
-TARGETS="tessera test_cuda test_cuda_host test_nccl_host test_golden_ops test_golden_step test_precision test_optim test_accum test_train test_ddp test_attention"
+TARGETS="tessera test_cuda test_cuda_host test_nccl_host test_golden_ops test_golden_step test_precision test_optim test_accum test_train test_ddp test_attention test_gpt"
 cmake --build build-gpu -j "$(nproc)" --target $TARGETS
 rm -rf .gpu && mkdir -p .gpu/bin .gpu/lib
 for t in $TARGETS; do cp "build-gpu/$t" .gpu/bin/; done

@@ -41,6 +41,7 @@ TS_TEST_DEVICE=cuda:0 step accum_cuda .gpu/bin/test_accum # the trainer: accumul
 TS_TEST_DEVICE=cuda:0 step trainer_cuda .gpu/bin/test_train # the trainer: resume bit for bit, forged checkpoints, DDP
 TS_TEST_DEVICE=cuda:0 step ddp_equiv_cuda .gpu/bin/test_ddp # DDP ranks (threads) on the GPU equal one process
 TS_TEST_DEVICE=cuda:0 step attention_cuda .gpu/bin/test_attention test_device_kernels # the CUDA kernels against the CPU's, four shapes
+TS_TEST_DEVICE=cuda:0 step gpt_cuda .gpu/bin/test_gpt test_device # GPT-2 vs transformers: logits, gradients, cached greedy generation
 TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=find step golden_ops_cuda_find .gpu/bin/test_golden_ops
 TS_TEST_DEVICE=cuda:0 TS_CUDNN_ALGO=find step golden_step_cuda_find .gpu/bin/test_golden_step
 if [ -d .gpu/fashion-mnist ]; then # end to end: train on the GPU, evaluate the checkpoint on the CPU

@@ -77,24 +77,27 @@ static void diff(const ts_tensor *a, const ts_tensor *b, double *max_abs, double
     free(p);
 }
 
-/* logits, loss and loss's gradients of the golden case against transformers' */
-static void check_case(const char *cas) {
+/* logits, loss and loss's gradients of the golden case against transformers', on dev: logits and loss within
+ * tol, every gradient within gtol of its largest value */
+static void check_case(const char *cas, ts_device *dev, double tol, double gtol) {
     if (!load_golden()) return;
     ts_module *m = golden_model();
-    ts_tensor *ids = tg_getf(&golden, "%s/ids", cas), *tg = tg_getf(&golden, "%s/targets", cas), *lg = NULL, *l2 = NULL,
-              *t1 = NULL, *loss = NULL;
+    CHECK_OK(ts_module_to(m, dev));
+    ts_tensor *ids = tg_on_device(tg_getf(&golden, "%s/ids", cas), dev),
+              *tg = tg_on_device(tg_getf(&golden, "%s/targets", cas), dev), *lg = NULL, *l2 = NULL, *t1 = NULL,
+              *loss = NULL;
     const int64_t V = golden_config().vocab_size;
     CHECK_OK(ts_module_forward(m, ids, &lg));
     double e, ref;
     diff(lg, tg_getf(&golden, "%s/logits", cas), &e, &ref);
-    printf("  %s: logits max |diff| %.3g (max |logit| %.3g)\n", cas, e, ref);
-    CHECK(e <= 1e-5);
+    printf("  %s on %s: logits max |diff| %.3g (max |logit| %.3g)\n", cas, ts_device_name(dev), e, ref);
+    CHECK(e <= tol);
     CHECK_OK(ts_reshape(lg, 2, (int64_t[]){-1, V}, &l2));
     CHECK_OK(ts_reshape(tg, 1, (int64_t[]){-1}, &t1));
     CHECK_OK(ts_cross_entropy(l2, t1, 0.0f, &loss));
     const double dl = fabs(ts_tensor_item(loss, 0) - tg_float(tg_getf(&golden, "%s/loss", cas), 0));
     printf("  %s: loss %.7f, |diff| %.3g\n", cas, ts_tensor_item(loss, 0), dl);
-    CHECK(dl <= 1e-5);
+    CHECK(dl <= tol);
     CHECK_OK(ts_backward(loss, NULL, false));
     ts_tensor_list ps = TS_TENSOR_LIST_INIT;
     CHECK_OK(ts_module_parameters(m, &ps));
@@ -106,11 +109,13 @@ static void check_case(const char *cas) {
         if (!want || !ts_tensor_grad(ps.tensors[i])) continue;
         diff(ts_tensor_grad(ps.tensors[i]), want, &e, &ref);
         if (e / ref > worst) worst = e / ref, worst_name = ps.names[i];
-        if (e > 1e-4 * ref) fprintf(stderr, "  grad %s: |diff| %.3g, max |grad| %.3g\n", ps.names[i], e, ref);
-        CHECK(e <= 1e-4 * ref);
+        if (e > gtol * ref) fprintf(stderr, "  grad %s: |diff| %.3g, max |grad| %.3g\n", ps.names[i], e, ref);
+        CHECK(e <= gtol * ref);
     }
     printf("  %s: %d gradients, worst max |diff| / max |grad| %.3g (%s)\n", cas, ps.n, worst, worst_name);
     ts_tensor_list_clear(&ps);
+    ts_tensor_release(ids);
+    ts_tensor_release(tg);
     ts_tensor_release(lg);
     ts_tensor_release(l2);
     ts_tensor_release(t1);
@@ -118,8 +123,8 @@ static void check_case(const char *cas) {
     ts_module_free(m);
 }
 
-static void test_golden_full(void) { check_case("full"); }
-static void test_golden_short(void) { check_case("short"); }
+static void test_golden_full(void) { check_case("full", ts_device_cpu(), 1e-5, 1e-4); }
+static void test_golden_short(void) { check_case("short", ts_device_cpu(), 1e-5, 1e-4); }
 
 static void test_golden_adamw(void) {
     if (!load_golden()) return;
@@ -176,9 +181,11 @@ static void test_golden_adamw(void) {
     ts_module_free(m);
 }
 
-static void test_golden_greedy(void) {
+/* the trained golden model's greedy tokens on dev against transformers' */
+static void check_greedy(ts_device *dev) {
     if (!load_golden()) return;
     ts_module *m = golden_model_from(GOLDEN_TRAINED);
+    CHECK_OK(ts_module_to(m, dev));
     ts_tensor *p = tg_get(&golden, "gen/prompt"), *want = tg_get(&golden, "gen/greedy");
     const int64_t np = ts_tensor_numel(p), nw = ts_tensor_numel(want);
     int64_t prompt[16], out[64], n = -1;
@@ -200,6 +207,18 @@ static void test_golden_greedy(void) {
     CHECK_OK(ts_gpt_generate(m, prompt, np, &sc, out2, &n));
     CHECK(n == nw && !memcmp(out, out2, sizeof(int64_t) * (size_t)nw));
     ts_module_free(m);
+}
+
+static void test_golden_greedy(void) { check_greedy(ts_device_cpu()); }
+
+/* On TS_TEST_DEVICE (cuda:0 in scripts/gpu_check.sh; the CPU when unset): the golden cases' logits, loss and
+ * gradients (the device's own float32 sums: 1e-4 and 1e-3 of the largest gradient) and greedy generation
+ * through the cache (the attention kernel, or the matmul path where the device has none). */
+static void test_device(void) {
+    ts_device *dev = tu_test_device();
+    check_case("full", dev, 1e-4, 1e-3);
+    check_case("short", dev, 1e-4, 1e-3);
+    check_greedy(dev);
 }
 
 /* ---- names, shapes, presets ---------------------------------------------------------------------------- */
@@ -477,6 +496,14 @@ static void test_sampling(void) {
     CHECK(in_top == 40);
     CHECK(distinct_ranks > 0); /* temperature 2 over 3 tokens: not always the first */
     ts_tensor_release(l);
+    /* a tiny temperature is greedy, not NaN */
+    int64_t g[40];
+    sc.top_k = 0;
+    sc.temperature = 0;
+    CHECK_OK(ts_gpt_generate(m, prompt, 3, &sc, g, &n));
+    sc.temperature = 1e-20f;
+    CHECK_OK(ts_gpt_generate(m, prompt, 3, &sc, a, &n));
+    CHECK(!memcmp(a, g, sizeof a));
     /* the callback sees each token and can stop */
     struct collect col = {0, -1};
     sc.on_token = on_token;
@@ -566,6 +593,6 @@ static void test_decay_groups(void) {
     }
 }
 
-TU_MAIN(T(test_golden_full), T(test_golden_short), T(test_golden_adamw), T(test_golden_greedy),
+TU_MAIN(T(test_golden_full), T(test_golden_short), T(test_golden_adamw), T(test_golden_greedy), T(test_device),
         T(test_names_match_transformers_file), T(test_presets_and_errors), T(test_init), T(test_state_dict_forms),
         T(test_cache_equals_full_forward), T(test_sampling), T(test_generate_past_context), T(test_decay_groups))

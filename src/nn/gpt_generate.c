@@ -245,10 +245,10 @@ static int64_t argmax(const float *l, int64_t V) {
     return best;
 }
 
-/* The next token from the logits l[0..V) (modified); scratch: V floats. */
+/* The next token from the logits l[0..V) (modified); scratch: V floats. The softmax of l / temperature is taken as
+ * exp((l - max) / temperature) in double: finite for any temperature > 0. */
 static int64_t sample(float *l, int64_t V, const ts_gpt_sample_config *sc, ts_rng *r, float *scratch) {
     if (sc->temperature == 0.0f || sc->top_k == 1) return argmax(l, V);
-    for (int64_t i = 0; i < V; i++) l[i] = (float)((double)l[i] / (double)sc->temperature);
     if (sc->top_k > 0 && sc->top_k < V) { /* nanoGPT: logits below the k-th largest -> -inf */
         memcpy(scratch, l, sizeof(float) * (size_t)V);
         qsort(scratch, (size_t)V, sizeof(float), cmp_desc);
@@ -256,14 +256,14 @@ static int64_t sample(float *l, int64_t V, const ts_gpt_sample_config *sc, ts_rn
         for (int64_t i = 0; i < V; i++)
             if (l[i] < kth) l[i] = -INFINITY;
     }
-    const float mx = l[argmax(l, V)];
+    const double mx = l[argmax(l, V)], t = sc->temperature;
     double sum = 0;
-    for (int64_t i = 0; i < V; i++) sum += exp((double)l[i] - (double)mx);
+    for (int64_t i = 0; i < V; i++) sum += exp(((double)l[i] - mx) / t);
     const double u = ts_rng_uniform(r) * sum;
     double acc = 0;
     int64_t last = 0;
     for (int64_t i = 0; i < V; i++) {
-        const double p = exp((double)l[i] - (double)mx);
+        const double p = exp(((double)l[i] - mx) / t);
         if (p <= 0) continue;
         last = i;
         acc += p;
