@@ -3,7 +3,8 @@ parameters, bit for bit, as `tessera train` ($TESSERA_BIN); events reach the cal
 evaluation, checkpoint), also for two DDP ranks under `tessera run -n 2 python`; bad fields and values are tessera.ArgumentError naming the field; an exception in the
 callback and Ctrl-C stop the run and come back as themselves; nproc > 1 outside a launcher says how to start
 the ranks. The exports: safetensors from a checkpoint and from a dict of torch tensors (read back by the
-`safetensors` package where installed), ONNX from a checkpoint."""
+`safetensors` package where installed), ONNX from a checkpoint. A GPT on token shards: tokens counted, eval
+events every eval_every steps."""
 import os
 import signal
 import subprocess
@@ -125,4 +126,22 @@ with tempfile.TemporaryDirectory() as d:
           "export_onnx: a fresh zoo model, a fixed input shape")
     raises(tessera.ArgumentError, "unknown model 'nosuch'", tessera.export_onnx, onnx_path, model="nosuch")
     raises(tessera.ArgumentError, "a model name or a checkpoint", tessera.export_onnx, onnx_path)
+# a GPT on token shards (made by `tessera data tokenize`): tokens counted, eval events, validation loss
+if TS:
+    with tempfile.TemporaryDirectory() as d:
+        here = os.path.dirname(os.path.abspath(__file__))
+        text = os.path.join(here, "..", "golden", "tok", "text.txt")
+        subprocess.run([TS, "data", "tokenize", text, "--out", os.path.join(d, "tok")], check=True,
+                       stdout=subprocess.DEVNULL)
+        events = []
+        r = tessera.train(model="gpt2-tiny", data=os.path.join(d, "tok"), seq_len=16, batch_size=4, max_steps=6,
+                          eval_every=3, eval_batches=2, optimizer="adamw", lr=3e-3, threads=1,
+                          callback=events.append, progress=False)
+        check(r["model"] == "gpt2-tiny" and r["num_classes"] == 257 and r["tokens"] == 6 * 4 * 16 and
+              r["tokens_per_second"] > 0, f"a GPT's run: 257 tokens, {r['tokens']} trained")
+        evals = [e for e in events if e["kind"] == "eval"]
+        check([e["step"] for e in evals] == [3, 6] and evals[-1]["eval"]["samples"] == 2 * 4 * 16 and
+              evals[-1]["tokens_per_second"] > 0, "eval events every 3 steps, over 2 batches of positions")
+        raises(tessera.ArgumentError, "holds token shards: model cnn takes images", tessera.train, model="cnn",
+               data=os.path.join(d, "tok"), max_steps=1, progress=False)
 print("all passed")
