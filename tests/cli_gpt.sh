@@ -55,6 +55,22 @@ g2=$("$TS" generate --checkpoint "$T/a.ckpt" --prompt "The " --max-new-tokens 40
 [ -n "$g1" ] && [ "$g1" = "$g2" ] && grep -q "^The " <<<"$g1" && ok "generate: text after the prompt, seeded" \
   || bad "generate: '$g1' / '$g2'"
 
+# ONNX export of the checkpoint: token ids in, the reference files as int64 ids and float logits
+"$TS" export --checkpoint "$T/a.ckpt" --out "$T/a.onnx" --input-shape 2,20 --reference "$T/ref" >/dev/null 2>&1 \
+  && head -c 80 "$T/ref.input.npy" | grep -q "'descr': '<i8'.*'shape': (2, 20)" \
+  && head -c 80 "$T/ref.output.npy" | grep -q "'descr': '<f4'.*'shape': (2, 20, 257)" \
+  && ok "export: a GPT as ONNX, example token ids (2, 20) -> logits (2, 20, 257)" || bad "export of the GPT"
+PY=$(bash "$(dirname "$0")/find_python.sh" onnxruntime 2>/dev/null)
+if [ -n "$PY" ]; then
+  "$PY" - "$T" <<'PYEOF' && ok "onnxruntime's logits = Tessera's (1e-5)" || bad "onnxruntime disagrees"
+import sys, numpy as np, onnxruntime as ort
+d = sys.argv[1]
+s = ort.InferenceSession(d + "/a.onnx")
+x, y = np.load(d + "/ref.input.npy"), np.load(d + "/ref.output.npy")
+sys.exit(0 if abs(s.run(None, {s.get_inputs()[0].name: x})[0] - y).max() < 1e-5 else 1)
+PYEOF
+fi
+
 # mismatches, named
 out=$("$TS" train --model cnn --data "$T/tok" --max-steps 1 2>&1)
 grep -q "holds token shards: model cnn takes images" <<<"$out" && ok "cnn on token shards refused" || bad "$out"

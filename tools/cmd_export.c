@@ -36,7 +36,8 @@ static bool parse_shape(const char *s, int *ndim, int64_t *shape) {
     return n > 0;
 }
 
-/* Writes t (float32, CPU or not) as a NumPy .npy file (format 1.0, little-endian '<f4', C order). */
+/* Writes t (float32 or int64, CPU or not) as a NumPy .npy file (format 1.0, little-endian '<f4' or '<i8', C
+ * order). */
 static int write_npy(const char *path, ts_tensor *t) {
     int nd = ts_tensor_ndim(t);
     const int64_t *sh = ts_tensor_shape(t);
@@ -44,10 +45,11 @@ static int write_npy(const char *path, ts_tensor *t) {
     size_t k = 0;
     for (int d = 0; d < nd; d++)
         k += (size_t)snprintf(shape + k, sizeof shape - k, "%lld%s", (long long)sh[d], nd == 1 || d + 1 < nd ? ", " : "");
-    int hl = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }", shape);
+    int hl = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
+                      ts_tensor_dtype(t) == TS_I64 ? "<i8" : "<f4", shape);
     size_t total = 10 + (size_t)hl + 1, pad = (64 - total % 64) % 64; /* header padded to 64 bytes, '\n' last */
     size_t nb = ts_tensor_nbytes(t);
-    float *data = malloc(nb ? nb : 1);
+    void *data = malloc(nb ? nb : 1);
     if (!data || ts_tensor_to_host(t, data, nb) != TS_OK) {
         free(data);
         fprintf(stderr, "tessera export: %s: cannot read the tensor: %s\n", path, ts_last_error());
@@ -93,7 +95,7 @@ static int export_flags(int argc, char **argv, export_args *a) {
         {"model", CLI_STRING, &a->model, "model name (cnn, mlp, ...; default: the checkpoint's)", 1, 0},
         {"checkpoint", CLI_STRING, &a->checkpoint, "checkpoint whose model to export (default: fresh weights)", 1, 0},
         {"out", CLI_STRING, &a->out, "file to write (replaced atomically)", 1, 0},
-        {"input-shape", CLI_STRING, &a->shape, "shape of the example input N,C,H,W (N is symbolic in the graph; default 1 x the checkpoint's input, else the model's: 1,1,28,28 or 1,3,224,224)", 1, 0},
+        {"input-shape", CLI_STRING, &a->shape, "shape of the example input N,C,H,W (N is symbolic in the graph; default 1 x the checkpoint's input, else the model's: 1,1,28,28 or 1,3,224,224; a GPT: batch,sequence, default 1,its context)", 1, 0},
         {"seed", CLI_INT, &a->seed, "seed of fresh weights and of the example input's values", 0, 9.2e18},
         {"reference", CLI_STRING, &a->reference,
          "also write PREFIX.input.npy (the example) and PREFIX.output.npy (Tessera's outputs)", 1, 0},

@@ -279,6 +279,29 @@ fail:
 }
 
 /* ---- the model an export writes ------------------------------------------------------------------------- */
+/* A GPT's example input: token ids uniform in [0, vocab) from seed + 1, (1, seq_len) or shape (2 dims). */
+static ts_status gpt_example(const ts_gpt_config *g, uint64_t seed, int ndim, const int64_t *shape, ts_module **m,
+                             ts_tensor **example) {
+    int64_t dims[2] = {1, g->seq_len};
+    ts_status st = TS_OK;
+    if (ndim != 0 && (ndim != 2 || shape[1] > g->seq_len))
+        st = ts_error(TS_ERR_INVALID_ARG, "export: a GPT takes token ids (batch, sequence) with sequence <= %lld; "
+                      "the input shape has %d dimensions", (long long)g->seq_len, ndim);
+    if (st == TS_OK && ndim == 2) dims[0] = shape[0], dims[1] = shape[1];
+    if (st == TS_OK) st = ts_tensor_empty(ts_device_cpu(), TS_I64, 2, dims, example);
+    if (st == TS_OK) {
+        ts_rng rng;
+        ts_rng_seed(&rng, seed + 1);
+        int64_t *ids = ts_tensor_data(*example);
+        for (int64_t i = 0; i < dims[0] * dims[1]; i++) ids[i] = (int64_t)(ts_rng_uniform(&rng) * (double)g->vocab_size) % g->vocab_size;
+    }
+    if (st != TS_OK) {
+        ts_tensor_release(*example), *example = NULL;
+        ts_module_free(*m), *m = NULL;
+    }
+    return st;
+}
+
 ts_status ts_export_model_new(const char *checkpoint, const char *model, uint64_t seed, int ndim,
                               const int64_t *shape, ts_module **m, ts_tensor **example, const char **name) {
     TS_ARG(m && example, "ts_export_model_new: NULL output");
@@ -300,6 +323,11 @@ ts_status ts_export_model_new(const char *checkpoint, const char *model, uint64_
     ts_model_desc md;
     ts_model_info(checkpoint ? info.model : model, &md);
     if (name) *name = md.name;
+    ts_gpt_config gpt;
+    if (md.tokens && ts_gpt_get_config(*m, &gpt) == TS_OK) { /* a language model: token ids, 1 x its context */
+        ts_checkpoint_model_info_clear(&info);
+        return gpt_example(&gpt, seed, ndim, shape, m, example);
+    }
     if (ndim == 0) { /* 1 x the checkpoint's recorded input, else the model's */
         dims[0] = 1, dims[1] = info.channels > 0 ? info.channels : md.in_channels;
         dims[2] = info.height > 0 ? info.height : md.image_size, dims[3] = info.width > 0 ? info.width : md.image_size;
