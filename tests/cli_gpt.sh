@@ -37,9 +37,9 @@ cp "$T/dir/step-000000000012.ckpt" "$T/part.ckpt" 2>/dev/null || bad "no step-12
 "$TS" ckpt diff "$T/full.ckpt" "$T/resumed.ckpt" --tol 0 >/dev/null 2>&1 \
   && ok "resumed at step 12 of 30 = uninterrupted (tol 0)" || bad "resume differs: $("$TS" ckpt diff "$T/full.ckpt" "$T/resumed.ckpt" 2>&1 | tail -3)"
 
-# two ranks of 4 rows = one process of 8 (the same windows each step)
-"$TS" train $GPT --max-steps 10 --checkpoint "$T/one.ckpt" >/dev/null 2>&1 || bad "one process"
-"$TS" train ${GPT/--batch-size 8/--batch-size 4} --nproc 2 --max-steps 10 --checkpoint "$T/two.ckpt" >/dev/null 2>&1 \
+# two ranks of 4 rows = one process of 8 (the same windows each step), 20 steps
+"$TS" train $GPT --max-steps 20 --checkpoint "$T/one.ckpt" >/dev/null 2>&1 || bad "one process"
+"$TS" train ${GPT/--batch-size 8/--batch-size 4} --nproc 2 --max-steps 20 --checkpoint "$T/two.ckpt" >/dev/null 2>&1 \
   || bad "two ranks"
 "$TS" ckpt diff "$T/one.ckpt" "$T/two.ckpt" --tol 1e-5 >/dev/null 2>&1 \
   && ok "--nproc 2 at 4 rows = 1 process at 8 (tol 1e-5)" || bad "DDP differs: $("$TS" ckpt diff "$T/one.ckpt" "$T/two.ckpt" --tol 1e-5 2>&1 | tail -3)"
