@@ -384,13 +384,11 @@ static int data_info(int argc, char **argv) {
         ts_token_shard *s = NULL;
         ts_status st = ts_token_shard_open(pos[i], vocab, &s);
         if (st != TS_OK) return cli_fail("data info", "error") ? cli_exit_for(st) : 0;
-        int64_t n = 0;
+        int64_t n = 0, most = ts_token_shard_max_id(s);
         const uint16_t *t = ts_token_shard_tokens(s, &n);
-        unsigned most = 0;
-        for (int64_t k = 0; k < n; k++) most = t[k] > most ? t[k] : most;
         char e[1024];
-        printf("%s: %lld tokens, largest id %u, unigram entropy %.4f bits/token\n", cli_printable(pos[i], e, sizeof e),
-               (long long)n, most, ts_tokens_entropy_bits(t, n));
+        printf("%s: %lld tokens, largest id %lld, unigram entropy %.4f bits/token\n", cli_printable(pos[i], e, sizeof e),
+               (long long)n, (long long)(most > 0 ? most : 0), ts_tokens_entropy_bits(t, n));
         ts_token_shard_free(s);
     }
     return 0;

@@ -200,6 +200,8 @@ void ts_token_shard_free(ts_token_shard *s); /* NULL is fine */
 const uint16_t *ts_token_shard_tokens(const ts_token_shard *s, int64_t *n);
 /* The path it was opened from (borrowed). */
 const char *ts_token_shard_path(const ts_token_shard *s);
+/* The largest token id in the shard (-1 when it holds none): a scan of its tokens. */
+int64_t ts_token_shard_max_id(const ts_token_shard *s);
 
 /* ---- tokenizers --------------------------------------------------------------------------------------- */
 /* Text to token ids and back. Two kinds:

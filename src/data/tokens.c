@@ -89,6 +89,12 @@ ts_status ts_tokens_write(const char *path, const uint32_t *tokens, int64_t n) {
     return ts__atomic_close(path, tmp, f, TS_OK, werr);
 }
 
+int64_t ts_token_shard_max_id(const ts_token_shard *s) {
+    int64_t most = -1;
+    for (int64_t i = 0; s && i < s->n; i++) most = s->tokens[i] > most ? s->tokens[i] : most;
+    return most;
+}
+
 ts_status ts_token_shard_open(const char *path, int64_t vocab_size, ts_token_shard **out) {
     TS_ARG(path && out, "ts_token_shard_open: NULL argument");
     *out = NULL;

@@ -177,7 +177,7 @@ fail:
 }
 
 /* x + child(ln(x)) */
-static ts_status residual(ts_module *self, const char *ln, const char *child, const ts_tensor *x, ts_tensor **out) {
+ts_status ts__gpt_residual(ts_module *self, const char *ln, const char *child, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *a = NULL, *b = NULL;
     ts_status st;
     TS_CHECK_GOTO(ts_module_call(self, ln, x, &a));
@@ -191,8 +191,8 @@ fail:
 
 static ts_status block_forward(ts_module *self, const ts_tensor *x, ts_tensor **out) {
     ts_tensor *h = NULL;
-    TS_TRY(residual(self, "ln_1", "attn", x, &h));
-    ts_status st = residual(self, "ln_2", "mlp", h, out);
+    TS_TRY(ts__gpt_residual(self, "ln_1", "attn", x, &h));
+    ts_status st = ts__gpt_residual(self, "ln_2", "mlp", h, out);
     ts_tensor_release(h);
     return st;
 }

@@ -140,20 +140,16 @@ static ts_status block_step(ts_gpt_cache *c, int64_t l, const ts_tensor *x, ts_t
     char path[64];
     snprintf(path, sizeof path, "transformer.h.%lld", (long long)l);
     ts_module *blk = ts_module_child(c->m, path);
-    ts_tensor *a = NULL, *o = NULL, *h = NULL, *b = NULL, *mo = NULL;
+    ts_tensor *a = NULL, *o = NULL, *h = NULL;
     ts_status st;
     TS_CHECK_GOTO(ts_module_call(blk, "ln_1", x, &a));
-    TS_CHECK_GOTO(attn_step(c, ts_module_child(blk, "attn"), l, a, &o));
+    TS_CHECK_GOTO(attn_step(c, ts_module_child(blk, "attn"), l, a, &o)); /* the cached attention branch */
     TS_CHECK_GOTO(ts_add(x, o, &h));
-    TS_CHECK_GOTO(ts_module_call(blk, "ln_2", h, &b));
-    TS_CHECK_GOTO(ts_module_call(blk, "mlp", b, &mo));
-    st = ts_add(h, mo, out);
+    st = ts__gpt_residual(blk, "ln_2", "mlp", h, out); /* the MLP branch as the full forward's */
 fail:
     ts_tensor_release(a);
     ts_tensor_release(o);
     ts_tensor_release(h);
-    ts_tensor_release(b);
-    ts_tensor_release(mo);
     return st;
 }
 

@@ -21,6 +21,8 @@ ts_status ts__gpt_embed(ts_module *transformer, const ts_tensor *tokens, int64_t
 ts_status ts__gpt_qkv(ts_module *attn, const ts_tensor *x, int64_t n_head, ts_tensor *qkv[3]);
 /* attention output y (B, H, T, D) -> (B, T, H D) -> attn's c_proj. */
 ts_status ts__gpt_merge_heads(ts_module *attn, const ts_tensor *y, ts_tensor **out);
+/* x + block's `child`(block's `ln`(x)): one pre-LayerNorm residual branch of a block. */
+ts_status ts__gpt_residual(ts_module *block, const char *ln, const char *child, const ts_tensor *x, ts_tensor **out);
 /* hidden states h (..., C) -> logits (..., vocab) through the tied head. root: the GPT2LMHeadModel. */
 ts_status ts__gpt_head(ts_module *root, const ts_tensor *h, ts_tensor **out);
 

@@ -287,10 +287,7 @@ static ts_status token_vocab(const char *pattern, int64_t *vocab) {
         for (size_t i = 0; i < g.gl_pathc && st == TS_OK; i++) {
             ts_token_shard *sh = NULL;
             if ((st = ts_token_shard_open(g.gl_pathv[i], 0, &sh)) != TS_OK) break;
-            int64_t n = 0;
-            const uint16_t *t = ts_token_shard_tokens(sh, &n);
-            for (int64_t k = 0; k < n; k++)
-                if (t[k] >= *vocab) *vocab = (int64_t)t[k] + 1;
+            *vocab = TS_MAX(*vocab, ts_token_shard_max_id(sh) + 1);
             ts_token_shard_free(sh);
         }
     globfree(&g);
