@@ -3,9 +3,10 @@
  * one size, and the cached generation's tokens per second, for bench/gpt_vs_pytorch.py.
  *
  * usage: bench_gpt [N_LAYER N_HEAD N_EMBD B T VOCAB ITERS GEN_TOKENS]   (defaults 4 4 256 8 256 8192 5 128)
- * Prints one line "key=value ...": ms (the median forward + backward after a first one), tok_s (B T / ms),
- * gen_tok_s (greedy tokens per second of ts_gpt_generate from a one-token prompt, GEN_TOKENS of them),
- * params. Random weights (GPT-2's initialisation), random tokens; float32; the threads are Tessera's default
+ * Prints one line "key=value ...": ms (the median training step after a first one: forward, cross-entropy,
+ * backward and AdamW's update with GPT-2's decay groups, as nanoGPT and llm.c step), tok_s (B T / ms), fb_ms
+ * (the forward + backward of those steps alone), gen_tok_s (greedy tokens per second of ts_gpt_generate from a
+ * one-token prompt, GEN_TOKENS of them; 0 skips it), params. Random weights (GPT-2's initialisation), random tokens; float32; the threads are Tessera's default
  * (OMP_NUM_THREADS / TS_NUM_THREADS).
  */
 #include "tessera.h"
@@ -45,7 +46,16 @@ int main(int argc, char **argv) {
     ts_tensor *x = NULL, *t = NULL;
     check(ts_tensor_from_data(NULL, TS_I64, 2, (int64_t[]){B, T}, ids, &x));
     check(ts_tensor_from_data(NULL, TS_I64, 1, (int64_t[]){B * T}, ids + B * T, &t));
-    double *ms = malloc(sizeof(double) * (size_t)(iters + 1));
+    ts_tensor_list params = TS_TENSOR_LIST_INIT;
+    check(ts_module_parameters(m, &params));
+    ts_adamw_config ac = TS_ADAMW_CONFIG_INIT;
+    ac.lr = 6e-4f;
+    ac.beta2 = 0.95f;
+    ac.weight_decay = 0.1f;
+    ts_optimizer *opt = NULL;
+    check(ts_optim_adamw_new(&params, &ac, &opt));
+    check(ts_optimizer_set_decay_rule(opt, TS_DECAY_MATRICES));
+    double *ms = malloc(sizeof(double) * (size_t)(iters + 1) * 2), *fb = ms + iters + 1;
     for (int it = 0; it <= iters; it++) {
         ts_tensor *y = NULL, *y2 = NULL, *loss = NULL;
         const double t0 = ts_time_now();
@@ -53,23 +63,29 @@ int main(int argc, char **argv) {
         check(ts_reshape(y, 2, (int64_t[]){B * T, c.vocab_size}, &y2));
         check(ts_cross_entropy(y2, t, 0.0f, &loss));
         check(ts_backward(loss, NULL, false));
+        fb[it] = (ts_time_now() - t0) * 1e3;
+        check(ts_optimizer_step(opt));
+        ts_optimizer_zero_grad(opt);
         ms[it] = (ts_time_now() - t0) * 1e3;
-        ts_module_zero_grad(m);
         ts_tensor_release(y);
         ts_tensor_release(y2);
         ts_tensor_release(loss);
     }
     qsort(ms + 1, (size_t)iters, sizeof(double), cmp);
-    const double med = ms[1 + iters / 2];
+    qsort(fb + 1, (size_t)iters, sizeof(double), cmp);
+    const double med = ms[1 + iters / 2], fb_med = fb[1 + iters / 2];
+    ts_optimizer_free(opt);
+    ts_tensor_list_clear(&params);
     int64_t prompt = 0, *out = malloc(sizeof(int64_t) * (size_t)v[7]), n = 0;
     ts_gpt_sample_config sc = TS_GPT_SAMPLE_CONFIG_INIT;
     sc.max_new_tokens = v[7];
     sc.temperature = 0;
     const double g0 = ts_time_now();
-    check(ts_gpt_generate(m, &prompt, 1, &sc, out, &n));
+    if (sc.max_new_tokens > 0) check(ts_gpt_generate(m, &prompt, 1, &sc, out, &n));
     const double gs = ts_time_now() - g0;
-    printf("ms=%.2f tok_s=%.0f gen_tok_s=%.1f params=%lld threads=%d\n", med, (double)(B * T) / med * 1e3,
-           (double)n / gs, (long long)ts_module_num_parameters(m), ts_get_num_threads());
+    printf("ms=%.2f tok_s=%.0f fb_ms=%.2f gen_tok_s=%.1f params=%lld threads=%d\n", med,
+           (double)(B * T) / med * 1e3, fb_med, n ? (double)n / gs : 0.0, (long long)ts_module_num_parameters(m),
+           ts_get_num_threads());
     free(out);
     free(ms);
     free(ids);
