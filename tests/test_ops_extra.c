@@ -287,27 +287,45 @@ static void test_noncontiguous(void) {
 }
 
 /* ---- activations over the whole float range ---------------------------------------------------- */
-/* The CPU kernels use their own vectorising exp and erf (src/ops/cpu/vmath.h): check them against libm in
- * double from -100 to 100, with the infinities and a NaN. */
+/* The CPU kernels use their own vectorising exp, erf and tanh (src/ops/cpu/vmath.h): check them against libm
+ * in double from -100 to 100, with the infinities and a NaN; GELU's tanh form's gradient too. */
+static double gelu_tanh_ref(double v) { return 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); }
+
+static double gelu_tanh_grad_ref(double v) {
+    const double u = sqrt(2 / M_PI) * (v + 0.044715 * v * v * v), t = tanh(u);
+    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * sqrt(2 / M_PI) * (1 + 3 * 0.044715 * v * v);
+}
+
 static void test_activations_range(void) {
-    enum { N = 40003 };
+    enum { N = 40003, K = 6 };
     static float xs[N];
     for (int i = 0; i < N - 3; i++) xs[i] = -100.0f + 200.0f * (float)i / (float)(N - 4);
+    for (int i = 0; i < 200; i++) xs[2 * i + 1] = ldexpf((float)(i + 1) / 200.0f, -i % 24); /* near 0: tanh's cutover */
     xs[N - 3] = INFINITY;
     xs[N - 2] = -INFINITY;
     xs[N - 1] = NAN;
-    ts_tensor *x = tu_tensor(1, (int64_t[]){N}, xs), *ys[4] = {NULL};
+    ts_tensor *x = tu_tensor(1, (int64_t[]){N}, xs), *ys[K] = {NULL}, *xg = tu_tensor(1, (int64_t[]){N}, xs);
+    ts_tensor_set_requires_grad(xg, true);
     CHECK_OK(ts_sigmoid(x, &ys[0]));
     CHECK_OK(ts_silu(x, &ys[1]));
     CHECK_OK(ts_gelu(x, false, &ys[2]));
     CHECK_OK(ts_tanh(x, &ys[3]));
-    double worst[4] = {0};
-    for (int i = 0; i < N - 1 && ys[0] && ys[1] && ys[2] && ys[3]; i++) {
+    CHECK_OK(ts_gelu(xg, true, &ys[4]));
+    static float ones[N];
+    for (int i = 0; i < N; i++) ones[i] = 1.0f;
+    ts_tensor *g1 = tu_tensor(1, (int64_t[]){N}, ones);
+    CHECK_OK(ts_backward(ys[4], g1, false)); /* ys[5]: the derivative */
+    ts_tensor_release(g1);
+    ys[5] = ts_tensor_grad(xg);
+    ts_tensor_retain(ys[5]);
+    double worst[K] = {0};
+    for (int i = 0; i < N - 1 && ys[0] && ys[1] && ys[2] && ys[3] && ys[4] && ys[5]; i++) {
         double v = xs[i], sg = 1.0 / (1.0 + exp(-v));
         /* at -inf, x * 0: nan, as PyTorch gives */
-        double want[4] = {sg, v == -INFINITY ? NAN : v * sg, v == -INFINITY ? NAN : 0.5 * v * (1 + erf(v / sqrt(2))),
-                          tanh(v)};
-        for (int k = 0; k < 4; k++) {
+        double want[K] = {sg, v == -INFINITY ? NAN : v * sg, v == -INFINITY ? NAN : 0.5 * v * (1 + erf(v / sqrt(2))),
+                          tanh(v), v == -INFINITY ? NAN : gelu_tanh_ref(v),
+                          isinf(v) ? ts_tensor_data_f32(ys[5])[i] : gelu_tanh_grad_ref(v)};
+        for (int k = 0; k < K; k++) {
             double got = ts_tensor_data_f32(ys[k])[i];
             double err = (got == want[k] || (isnan(got) && isnan(want[k])))
                              ? 0
@@ -315,12 +333,16 @@ static void test_activations_range(void) {
             if (!(err <= worst[k])) worst[k] = err; /* (a nan err counts) */
         }
     }
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < K; k++) {
         if (!(worst[k] <= 1)) fprintf(stderr, "activation %d: worst %.3g of tolerance\n", k, worst[k]);
         CHECK(worst[k] <= 1);
         CHECK(ys[k] && isnan(ts_tensor_data_f32(ys[k])[N - 1]));
     }
-    release_all(ys, 4);
+    for (int i = 1; i < 400 && ys[3]; i += 2) /* tanh(x) = x below 4e-4, as in float */
+        if (fabsf(xs[i]) < 4e-4f) CHECK(ts_tensor_data_f32(ys[3])[i] == xs[i]);
+    CHECK(ys[3] && ts_tensor_data_f32(ys[3])[N - 3] == 1.0f && ts_tensor_data_f32(ys[3])[N - 2] == -1.0f);
+    ts_tensor_release(xg);
+    release_all(ys, K);
     /* softmax rows with -inf (masked) entries, huge logits, and a NaN */
     ts_tensor *s = tu_tensor(2, (int64_t[]){3, 4}, (float[]){0, -INFINITY, 1, -INFINITY, 1000, 999, -1000, 88.8f,
                                                               1, NAN, 2, 3}), *y = NULL;

@@ -5,9 +5,10 @@
  * same formula in the same operation order. Plain C11 that also compiles as CUDA C++ (TS_HD marks the functions
  * __host__ __device__ there); no library headers, so .cu files can include it.
  *
- * exp and erf: the activations take them through TS_ELEM_EXPF / TS_ELEM_ERFF, expf and erff
- * unless the includer defines them first. The CPU kernels define them as the vectorising
- * polynomials of ops/cpu/vmath.h (ts__vexpf, ts__verff); the CUDA kernels keep expf and erff.
+ * exp, erf and tanh: the activations take them through TS_ELEM_EXPF / TS_ELEM_ERFF / TS_ELEM_TANHF,
+ * expf, erff and tanhf unless the includer defines them first. The CPU kernels define them as the
+ * vectorising polynomials of ops/cpu/vmath.h (ts__vexpf, ts__verff, ts__vtanhf); the CUDA kernels keep
+ * the libm ones.
  * Define them before the first include of this header in a file: the functions below are
  * compiled with whatever the macros say there.
  *
@@ -28,6 +29,9 @@
 #endif
 #ifndef TS_ELEM_ERFF
 #define TS_ELEM_ERFF erff
+#endif
+#ifndef TS_ELEM_TANHF
+#define TS_ELEM_TANHF tanhf
 #endif
 
 /* ---- binary ops: op is a ts_binop (device/k_ew.h): 0 add, 1 sub, 2 mul, 3 div ----------------------- */
@@ -61,12 +65,12 @@ enum { TS_ELEM_SIGMOID = 0, TS_ELEM_TANH = 1, TS_ELEM_GELU = 2, TS_ELEM_GELU_TAN
 #define TS_ELEM_GELU_TANH_C 0.044715f
 
 static inline TS_HD float ts_elem_sigmoid(float x) { return 1.0f / (1.0f + TS_ELEM_EXPF(-x)); }
-static inline TS_HD float ts_elem_tanh(float x) { return tanhf(x); }
+static inline TS_HD float ts_elem_tanh(float x) { return TS_ELEM_TANHF(x); }
 /* x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) */
 static inline TS_HD float ts_elem_gelu(float x) { return 0.5f * x * (1.0f + TS_ELEM_ERFF(x * TS_ELEM_INV_SQRT_2)); }
 /* 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
 static inline TS_HD float ts_elem_gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(TS_ELEM_SQRT_2_OVER_PI * (x + TS_ELEM_GELU_TANH_C * x * x * x)));
+    return 0.5f * x * (1.0f + TS_ELEM_TANHF(TS_ELEM_SQRT_2_OVER_PI * (x + TS_ELEM_GELU_TANH_C * x * x * x)));
 }
 static inline TS_HD float ts_elem_silu(float x) { return x * ts_elem_sigmoid(x); }
 
@@ -94,7 +98,7 @@ static inline TS_HD float ts_elem_gelu_backward(float g, float x) {
 /* u = c (x + k x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2) */
 static inline TS_HD float ts_elem_gelu_tanh_backward(float g, float x) {
     float x2 = x * x;
-    float t = tanhf(TS_ELEM_SQRT_2_OVER_PI * (x + TS_ELEM_GELU_TANH_C * x2 * x));
+    float t = TS_ELEM_TANHF(TS_ELEM_SQRT_2_OVER_PI * (x + TS_ELEM_GELU_TANH_C * x2 * x));
     float du = TS_ELEM_SQRT_2_OVER_PI * (1.0f + 3.0f * TS_ELEM_GELU_TANH_C * x2);
     return g * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
 }

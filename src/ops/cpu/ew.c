@@ -9,9 +9,10 @@
 #include "core/half.h"
 #include "device/k_ew.h"
 #include "ops/cpu/vmath.h"
-/* the activations' exp and erf: vmath.h's vectorising ones (before device/k_elem.h) */
+/* the activations' exp, erf and tanh: vmath.h's vectorising ones (before device/k_elem.h) */
 #define TS_ELEM_EXPF ts__vexpf
 #define TS_ELEM_ERFF ts__verff
+#define TS_ELEM_TANHF ts__vtanhf
 #include "device/k_elem.h"
 
 #include <math.h>
@@ -288,45 +289,65 @@ static ts_status cpu_expand_scalar(ts_tensor *out, const ts_tensor *s, float alp
 }
 
 /* ---- activations (formulas: device/k_elem.h) ------------------------------------------------------------ */
-/* One loop per op, each with a constant op, so the formula inlines and vectorises (tanh stays a call);
- * parallel above `lim` elements. */
-#define UNARY_LOOP(OP)                                                 \
-    _Pragma("omp parallel for if (n > lim) schedule(static)")          \
-    for (int64_t i = 0; i < n; i++) o[i] = ts_elem_unary(OP, p[i])
+/* The activations run in spans of ACT_SPAN elements, each span a call of a function cloned per CPU width
+ * (TS_CLONES: AVX-512, AVX2, the baseline) holding one loop per op with a constant op, so the formula
+ * (vmath.h's polynomials) inlines and vectorises at the CPU's width; spans are parallel above `lim`. */
+#define ACT_SPAN 4096
+
+#define UNARY_SPAN(OP)                                                  \
+    case OP:                                                            \
+        for (int64_t i = 0; i < n; i++) o[i] = ts_elem_unary(OP, p[i]); \
+        break
+
+TS_CLONES static void unary_span(ts_unop op, float *o, const float *p, int64_t n) {
+    switch (op) {
+        UNARY_SPAN(TS_UN_SIGMOID);
+        UNARY_SPAN(TS_UN_TANH);
+        UNARY_SPAN(TS_UN_GELU);
+        UNARY_SPAN(TS_UN_GELU_TANH);
+        UNARY_SPAN(TS_UN_SILU);
+    }
+}
 
 static ts_status cpu_unary(ts_unop op, ts_tensor *out, const ts_tensor *x) {
     float *o = ts__f32(out);
     const float *p = ts__f32(x);
-    int64_t n = ts_tensor_numel(out);
+    const int64_t n = ts_tensor_numel(out), spans = (n + ACT_SPAN - 1) / ACT_SPAN;
     const int64_t lim = PAR_MIN / 8; /* exp, erf, tanh: costly elements */
-    switch (op) {
-    case TS_UN_SIGMOID: UNARY_LOOP(TS_UN_SIGMOID); break;
-    case TS_UN_TANH: UNARY_LOOP(TS_UN_TANH); break;
-    case TS_UN_GELU: UNARY_LOOP(TS_UN_GELU); break;
-    case TS_UN_GELU_TANH: UNARY_LOOP(TS_UN_GELU_TANH); break;
-    case TS_UN_SILU: UNARY_LOOP(TS_UN_SILU); break;
-    }
+#pragma omp parallel for if (n > lim) schedule(static)
+    for (int64_t s = 0; s < spans; s++)
+        unary_span(op, o + s * ACT_SPAN, p + s * ACT_SPAN, TS_MIN((int64_t)ACT_SPAN, n - s * ACT_SPAN));
     return TS_OK;
 }
 
 /* v: y for sigmoid and tanh, x for the others */
-#define UNARY_BACKWARD_LOOP(OP)                                        \
-    _Pragma("omp parallel for if (n > lim) schedule(static)")          \
-    for (int64_t i = 0; i < n; i++) o[i] = ts_elem_unary_backward(OP, g[i], v[i])
+#define UNARY_BACKWARD_SPAN(OP)                                                           \
+    case OP:                                                                              \
+        for (int64_t i = 0; i < n; i++) o[i] = ts_elem_unary_backward(OP, g[i], v[i]);   \
+        break
+
+TS_CLONES static void unary_backward_span(ts_unop op, float *o, const float *g,
+                                          const float *v, int64_t n) {
+    switch (op) {
+        UNARY_BACKWARD_SPAN(TS_UN_SIGMOID);
+        UNARY_BACKWARD_SPAN(TS_UN_TANH);
+        UNARY_BACKWARD_SPAN(TS_UN_GELU);
+        UNARY_BACKWARD_SPAN(TS_UN_GELU_TANH);
+        UNARY_BACKWARD_SPAN(TS_UN_SILU);
+    }
+}
 
 static ts_status cpu_unary_backward(ts_unop op, ts_tensor *gx, const ts_tensor *gy, const ts_tensor *x,
                                     const ts_tensor *y) {
     bool from_y = op == TS_UN_SIGMOID || op == TS_UN_TANH;
     float *o = ts__f32(gx);
     const float *g = ts__f32(gy), *v = ts__f32(from_y ? y : x);
-    int64_t n = ts_tensor_numel(gx);
+    const int64_t n = ts_tensor_numel(gx), spans = (n + ACT_SPAN - 1) / ACT_SPAN;
     const int64_t lim = from_y ? PAR_MIN : PAR_MIN / 8; /* the x ones call exp, erf or tanh */
-    switch (op) {
-    case TS_UN_SIGMOID: UNARY_BACKWARD_LOOP(TS_UN_SIGMOID); break;
-    case TS_UN_TANH: UNARY_BACKWARD_LOOP(TS_UN_TANH); break;
-    case TS_UN_GELU: UNARY_BACKWARD_LOOP(TS_UN_GELU); break;
-    case TS_UN_GELU_TANH: UNARY_BACKWARD_LOOP(TS_UN_GELU_TANH); break;
-    case TS_UN_SILU: UNARY_BACKWARD_LOOP(TS_UN_SILU); break;
+#pragma omp parallel for if (n > lim) schedule(static)
+    for (int64_t s = 0; s < spans; s++) {
+        const int64_t k = s * ACT_SPAN;
+        unary_backward_span(op, o + k, g + k, v + k, TS_MIN((int64_t)ACT_SPAN, n - k));
     }
     return TS_OK;
 }

@@ -138,9 +138,9 @@ static inline void accumulate(double *acc, const float *v, int len) {
 }
 
 /* s = sum exp(x_c - m) over a row of n at stride st; with e non-NULL, e[c * st] = exp(x_c - m) too.
- * The exponentials go through a chunk buffer (a vectorised loop for contiguous rows), the sums into
- * the accumulators. */
-static double sum_exp(const float *restrict x, int64_t n, int64_t st, float m, float *restrict e) {
+ * The exponentials go through a chunk buffer (a vectorised loop for contiguous rows, cloned per CPU width),
+ * the sums into the accumulators. */
+TS_CLONES static double sum_exp(const float *restrict x, int64_t n, int64_t st, float m, float *restrict e) {
     double acc[ROW_ACC] = {0};
     float buf[EXP_CHUNK];
     for (int64_t c0 = 0; c0 < n; c0 += EXP_CHUNK) {
@@ -330,6 +330,13 @@ static ts_status cpu_cross_entropy(ts_tensor *loss, ts_tensor *lse, const ts_ten
     return TS_OK;
 }
 
+/* o[c] = si (softmax_c - spread) over a contiguous row without class weights (the one-hot term is the
+ * caller's), cloned per CPU width so the exponentials vectorise. */
+TS_CLONES static void ce_grad_row(float *restrict o, const float *restrict x, int64_t n, float si, float m, float ls,
+                                  float spread) {
+    for (int64_t c = 0; c < n; c++) o[c] = si * (ts__vexpf(ts_elem_log_softmax(x[c], m, ls)) - spread);
+}
+
 /* gx: (N, C, S...) = s_i ((1 - eps) w[t] (softmax - onehot) + eps / C (sum(w) softmax - w)) */
 static ts_status cpu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *gloss, const ts_tensor *logits,
                                             const ts_tensor *lse, const ts_tensor *target, const ts_tensor *weight,
@@ -358,15 +365,20 @@ static ts_status cpu_cross_entropy_backward(ts_tensor *gx, const ts_tensor *glos
         }
         const float si = reduction == TS_REDUCTION_NONE ? pg[i] : scale;
         const float m = pl[2 * i], ls = pl[2 * i + 1]; /* softmax = exp(log_softmax) */
+        if (!w && S == 1) {
+            ce_grad_row(orow, row, C, si, m, ls, spread);
+            orow[t[i]] -= si * hit;
+            continue;
+        }
         if (!w) {
             for (int64_t c = 0; c < C; c++)
-                orow[c * S] = si * (expf(ts_elem_log_softmax(row[c * S], m, ls)) - spread);
+                orow[c * S] = si * (ts__vexpf(ts_elem_log_softmax(row[c * S], m, ls)) - spread);
             orow[t[i] * S] -= si * hit;
             continue;
         }
         const float wt = w[t[i]], a = hit * wt + spread * (float)wall; /* coefficient of softmax */
         for (int64_t c = 0; c < C; c++)
-            orow[c * S] = si * (a * expf(ts_elem_log_softmax(row[c * S], m, ls)) - spread * w[c]);
+            orow[c * S] = si * (a * ts__vexpf(ts_elem_log_softmax(row[c * S], m, ls)) - spread * w[c]);
         orow[t[i] * S] -= si * hit * wt;
     }
     return TS_OK;
