@@ -10,14 +10,6 @@ need_fashion_mnist
 test_tmpdir
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 
 # ---- export ----------------------------------------------------------------------------------
 expect_exit 0 "exported 400 PNG images" "$TS" data export fashion-mnist --format png --limit 200 --out "$T/fm"

@@ -11,19 +11,8 @@ SRC=$(cd "$(dirname "$0")" && pwd)
 DATA=/usr/share/datasets/fashion-mnist
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-fails=0
-ok()  { echo "ok: $1"; }
-bad() { fails=$((fails+1)); echo "FAIL: $1"; }
-
-# expect_exit CODE NEEDLE CMD...: exit status CODE within 60 s and output mentioning NEEDLE
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$(timeout 60 "$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $(tail -c 600 <<<"$out")"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
+. "$SRC/testlib.sh"
+EXPECT_TIMEOUT=60 # expect_exit: every command within 60 s
 
 # ckpt show / diff: a name holding ESC [ 3 1 m and a tab is printed escaped, never raw
 seed="$SRC/fuzz/corpus/ckpt/dtypes"
@@ -166,5 +155,4 @@ expect_escaped 'wrote '"$T"'/g\x1b[31m.png' "$TS" data show "$T/img" --batch-siz
 expect_exit 0 "done: 2 steps" "${TRAIN[@]}" --checkpoint "$T/ok.ckpt"
 expect_exit 0 "train.step" "$TS" ckpt show "$T/ok.ckpt"
 
-echo "$fails failure(s)"
-[ $fails -eq 0 ]
+cli_summary

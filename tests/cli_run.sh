@@ -20,14 +20,6 @@ trap cleanup EXIT
 . "$(dirname "$0")/testlib.sh"
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 # no process carrying the marker may be left
 no_leftovers() {
   local left

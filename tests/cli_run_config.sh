@@ -13,14 +13,6 @@ need_fashion_mnist
 test_tmpdir
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 
 # ---- --print-config and --config ----------------------------------------------------------------------
 "$TS" train --model mlp --lr 0.2 --lr-schedule step --precision bf16 --skip-corrupt --image-size 28 --print-config \

@@ -14,14 +14,6 @@ test_tmpdir
 unset TS_CPU_DEVICES
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 # run NAME CMD...: exit 0 and the log in $T/NAME.log
 run() {
   local name=$1; shift

@@ -8,14 +8,6 @@ TS=${1:?usage: cli_tokenize.sh path/to/tessera}
 test_tmpdir
 G=$(cd "$(dirname "$0")" && pwd)/golden/tok
 
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 header() { od -An -t d4 -N 12 "$1" | tr -s ' ' | sed 's/^ //'; }
 tokens() { od -An -t u2 -j 1024 -v "$1" | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }
 

@@ -14,14 +14,6 @@ test_tmpdir
 PY=$(bash "$HERE/find_python.sh" json) || PY=""
 
 # expect_exit CODE NEEDLE CMD...: exit status CODE and stderr+stdout mentioning NEEDLE
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 
 expect_exit 0 "trace.rank0.json" "$TS" train --help
 expect_exit 0 "merge" "$TS" trace --help

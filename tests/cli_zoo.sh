@@ -13,14 +13,6 @@ BIN=$(dirname "$TS")
 . "$(dirname "$0")/testlib.sh"
 need_fashion_mnist
 test_tmpdir
-expect_exit() {
-  local want=$1 needle=$2; shift 2
-  local out rc
-  out=$("$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want" ]; then bad "'$*' exited $rc, expected $want: $out"; return; fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then bad "'$*' output lacks '$needle': $out"; return; fi
-  ok "$* -> $rc"
-}
 export OMP_NUM_THREADS=1
 
 # ---- a network of your own, DDP over 2 ranks, checkpoint reloaded ------------------------------------
