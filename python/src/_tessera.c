@@ -461,7 +461,8 @@ PyMODINIT_FUNC PyInit__tessera(void) {
     if (!m) return NULL;
     TensorType = (PyTypeObject *)PyType_FromSpec(&tensor_spec);
     if (!TensorType || add_errors(m) < 0 || PyModule_AddObject(m, "Tensor", Py_NewRef((PyObject *)TensorType)) < 0 ||
-        tspy_add_pipeline(m) < 0 || tspy_add_dist(m) < 0 || tspy_add_train(m) < 0 || tspy_add_ops(m) < 0) {
+        tspy_add_pipeline(m) < 0 || tspy_add_dist(m) < 0 || tspy_add_train(m) < 0 || tspy_add_ops(m) < 0 ||
+        tspy_add_text(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -68,6 +68,8 @@ static ts_module *handle_get(PyObject *h) {
     return m;
 }
 
+ts_module *tspy_module_handle_get(PyObject *h) { return handle_get(h); }
+
 /* The result of a constructor: an owned handle, or the library's error. */
 static PyObject *new_result(ts_status st, ts_module *m) {
     if (st != TS_OK) {
@@ -76,6 +78,8 @@ static PyObject *new_result(ts_status st, ts_module *m) {
     }
     return handle_owned(m);
 }
+
+PyObject *tspy_module_handle_new(ts_status st, ts_module *m) { return new_result(st, m); }
 
 ts_module *tspy_module_get(PyObject *obj) {
     PyObject *h = PyObject_GetAttrString(obj, "_h");
@@ -445,12 +449,13 @@ static PyObject *module_tensors(PyObject *mod, PyObject *args) {
     return r;
 }
 
-/* _module_load_state_dict(h, {name: tensor}, strict) */
+/* _module_load_state_dict(h, {name: tensor}, strict, gpt=False): gpt: ts_gpt_load_state_dict (Hugging Face's
+ * GPT-2 files as they are: lm_head.weight, GPT2Model's names, the old attention-mask buffers) */
 static PyObject *module_load_state_dict(PyObject *mod, PyObject *args) {
     (void)mod;
     PyObject *h, *d;
-    int strict;
-    if (!PyArg_ParseTuple(args, "OO!p", &h, &PyDict_Type, &d, &strict)) return NULL;
+    int strict, gpt = 0;
+    if (!PyArg_ParseTuple(args, "OO!p|p", &h, &PyDict_Type, &d, &strict, &gpt)) return NULL;
     ts_module *m = handle_get(h);
     if (!m) return NULL;
     ts_tensor_list l = TS_TENSOR_LIST_INIT;
@@ -468,7 +473,7 @@ static PyObject *module_load_state_dict(PyObject *mod, PyObject *args) {
         st = ts_tensor_list_append(&l, name, t);
         ts_tensor_release(t);
     }
-    if (st == TS_OK) st = ts_module_load_state_dict(m, &l, strict);
+    if (st == TS_OK) st = gpt ? ts_gpt_load_state_dict(m, &l) : ts_module_load_state_dict(m, &l, strict);
     ts_tensor_list_clear(&l);
     if (st != TS_OK) return tspy_raise(st);
     Py_RETURN_NONE;

@@ -38,6 +38,10 @@ PyTypeObject *tspy_tensor_type(void);
  * exception set. When a library call that ran a Python module's forward fails, the forward's exception is
  * kept: tspy_module_error_restore() raises it (1) or returns 0 when there is none; _clear drops a stale one. */
 ts_module *tspy_module_get(PyObject *obj);
+/* The ts_module of a module handle (a capsule from tessera.nn's _h; borrowed), or NULL with TypeError; a new
+ * handle that owns m (freed with it), or the library's error for st (m freed) when st is not TS_OK. */
+ts_module *tspy_module_handle_get(PyObject *h);
+PyObject *tspy_module_handle_new(ts_status st, ts_module *m);
 int tspy_module_error_restore(void);
 void tspy_module_error_clear(void);
 
@@ -58,5 +62,6 @@ int tspy_add_dist(PyObject *m);     /* dist.c: tessera.distributed's process gro
 int tspy_add_train(PyObject *m);    /* train.c: tessera.train, exports */
 int tspy_add_ops(PyObject *m);      /* ops.c: ops with autograd on tessera.Tensor, modules written in Python */
 int tspy_add_modules(PyObject *m);  /* modules.c (called by ops.c's hook): ts_module handles for tessera.nn */
+int tspy_add_text(PyObject *m);     /* text.c: tessera.nn.GPT's generation and files, tessera.data's tokenizers */
 
 #endif

@@ -17,9 +17,18 @@ The reader is DALI's `readers.file` rule for rule (shards, their rotation per ep
 DALI's random streams), so a DALI pipeline with the same options reads the same samples in the same order;
 the augmentation is torchvision's `RandomResizedCrop` + `RandomHorizontalFlip` + `Normalize` (training) or
 `Resize` + `CenterCrop` + `Normalize` with Pillow's resampling (evaluation). docs/python.md has the details.
+
+Text: `Tokenizer.bytes()` and `Tokenizer.gpt2(vocab_json, merges_txt)` (GPT-2's byte-level BPE; the ids equal
+tiktoken's and transformers'), `tokenize(files, out_dir)` (llm.c token shards, as `tessera data tokenize`) and
+`token_shard_info(path)` (as `tessera data info`):
+
+    tok = tessera.data.Tokenizer.gpt2("vocab.json", "merges.txt")
+    ids = tok.encode("Hello world")           # [15496, 995]
+    r = tessera.data.tokenize(["a.txt", "b.txt"], "tok", tokenizer=tok, val_fraction=0.05)
 """
 from __future__ import annotations
 
+import os
 import struct
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -27,7 +36,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 from . import _tessera
 from ._tessera import ArgumentError
 
-__all__ = ["ImagePipeline", "default_shard", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["ImagePipeline", "default_shard", "IMAGENET_MEAN", "IMAGENET_STD", "Tokenizer", "tokenize",
+           "token_shard_info"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -303,3 +313,100 @@ def _channels(v: Sequence[float], name: str, channels: int) -> List[float]:
     if channels == 1 and (v is IMAGENET_MEAN or v is IMAGENET_STD):  # the defaults with color="gray": their mean
         vals = [sum(vals) / 3.0]
     return vals
+
+
+# ---- text ----------------------------------------------------------------------------------------------------
+_Bytes = bytes  # the built-in, which Tokenizer.bytes hides inside the class
+
+
+class Tokenizer:
+    """Text to token ids and back: the library's tokenizers (tessera/data.h).
+
+    Tokenizer.bytes(): id = the byte (0..255), <|endoftext|> = 256 (vocabulary 257, no files).
+    Tokenizer.gpt2(vocab_json, merges_txt): GPT-2's byte-level BPE from its two files (any vocabulary in that
+    format); the ids equal tiktoken's and transformers.GPT2Tokenizer's. A malformed file is a
+    tessera.FormatError naming it and the line, a missing one a tessera.FileError.
+
+    A tokenizer is for one thread at a time (it caches the words it has seen): make one per thread.
+    """
+
+    def __init__(self, kind: str = "bytes", vocab_json: Optional[PathLike] = None,
+                 merges_txt: Optional[PathLike] = None) -> None:
+        self._h = _tessera._tokenizer_new(kind, vocab_json, merges_txt)  # the library names a bad kind
+        self._kind = kind
+        self._vocab_size, eot = _tessera._tokenizer_info(self._h)
+        self._eot = eot if eot >= 0 else None
+
+    @classmethod
+    def bytes(cls) -> "Tokenizer":
+        """The byte tokenizer: vocabulary 257, eot 256."""
+        return cls("bytes")
+
+    @classmethod
+    def gpt2(cls, vocab_json: PathLike, merges_txt: PathLike) -> "Tokenizer":
+        """GPT-2's BPE from vocab.json and merges.txt."""
+        return cls("gpt2", vocab_json, merges_txt)
+
+    @property
+    def kind(self) -> str:
+        """"bytes" or "gpt2"."""
+        return self._kind
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def eot(self) -> Optional[int]:
+        """The id of <|endoftext|> (None when the vocabulary has none)."""
+        return self._eot
+
+    def encode(self, text: Union[str, _Bytes], special: bool = False) -> List[int]:
+        """The ids of text (a str, encoded as UTF-8, or bytes: any bytes, UTF-8 or not, round-trip through
+        decode_bytes). special=True: "<|endoftext|>" in the text is the EOT token (tiktoken's
+        allowed_special="all", transformers'); False: ordinary text (tiktoken's encode_ordinary, llm.c's)."""
+        return _tessera._tokenizer_encode(self._h, text, special)
+
+    def decode(self, ids: Any) -> str:
+        """The text of ids (a list of ints or an int64 tensor). Byte-level tokens can end in the middle of a
+        UTF-8 character (a prefix of a sequence, one token of a multi-byte emoji): those bytes decode as U+FFFD,
+        errors="replace" (tiktoken's and transformers' default); decode_bytes gives the bytes as they are. An id
+        outside the vocabulary is a tessera.ArgumentError naming it and its position."""
+        return _tessera._tokenizer_decode(self._h, ids).decode("utf-8", errors="replace")
+
+    def decode_bytes(self, ids: Any) -> _Bytes:
+        """The bytes of ids, exactly (the library's decode): decode_bytes(encode(b)) == b for any bytes b."""
+        return _tessera._tokenizer_decode(self._h, ids)
+
+    def __repr__(self) -> str:
+        return f"tessera.data.Tokenizer({self._kind}, vocab_size={self._vocab_size}, eot={self._eot})"
+
+
+def tokenize(files: Union[PathLike, Sequence[PathLike]], out_dir: PathLike,
+             tokenizer: Union[str, Tokenizer] = "bytes", *, name: str = "tokens", val_fraction: float = 0.1,
+             val_tokens: int = 0, shard_tokens: int = 100_000_000, special: bool = False) -> Dict[str, Any]:
+    """Encodes text files into llm.c token shards, as `tessera data tokenize` (the GIL released while it runs).
+
+    Each file is one document, preceded by <|endoftext|> (the tokenizer's EOT) as llm.c's data scripts do; the
+    first tokens (`val_fraction` of them, rounded down, or exactly `val_tokens` when > 0) make the validation
+    split, the rest the training split; each split is cut into shards of at most `shard_tokens`, written as
+    OUT_DIR/<name>_val_000000.bin, ... then OUT_DIR/<name>_train_<k>.bin (out_dir is made when missing).
+    `tessera.train(data=out_dir, model="gpt2"...)` trains on them. tokenizer: a Tokenizer, or "bytes".
+
+    Returns {"bytes", "tokens", "val_tokens", "train_tokens", "val_shards", "train_shards", "vocab_size",
+    "entropy_bits", "entropy_nats" (the training tokens' unigram entropy per token), "seconds"}.
+    """
+    if isinstance(files, (str, bytes, os.PathLike)):
+        files = [files]
+    tok = Tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    if not isinstance(tok, Tokenizer):
+        raise TypeError(f"tessera.data.tokenize: tokenizer: expected a Tokenizer or 'bytes', not "
+                        f"{type(tokenizer).__name__}")
+    return _tessera._tokenize(list(files), out_dir, tok._h, name, val_fraction, val_tokens, shard_tokens, special)
+
+
+def token_shard_info(path: PathLike, vocab_size: int = 0) -> Dict[str, int]:
+    """Checks an llm.c token shard whole (header, size; vocab_size > 0: every token below it) as `tessera data
+    info`, and returns {"tokens", "max_id" (-1 when empty), "entropy_bits"}. A malformed shard is a
+    tessera.FormatError naming the path and what is wrong."""
+    return _tessera._token_shard_info(path, vocab_size)

@@ -38,7 +38,7 @@ from ._tessera import Tensor
 
 __all__ = [
     "Module", "Parameter", "Linear", "Conv2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "ReLU",
-    "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Dropout", "Embedding", "Sequential", "zoo",
+    "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten", "Dropout", "Embedding", "Sequential", "zoo", "GPT",
 ]
 
 _PARAM, _BUFFER = 0, 1
@@ -376,10 +376,105 @@ class _Zoo(_Builtin):
 
 
 def zoo(name: str, num_classes: int = 0) -> Module:
-    """The zoo's model `name` ("cnn", "mlp", "resnet18", ...) as a module (weights from the default generator:
-    tessera.manual_seed); its children are reached through state_dict() and named_parameters()."""
+    """The zoo's model `name` ("cnn", "mlp", "resnet18", ..., the GPT-2 presets) as a module (weights from the
+    default generator: tessera.manual_seed); its children are reached through state_dict() and
+    named_parameters(). A GPT-2 preset gives a GPT (num_classes: its vocabulary; 0: the preset's)."""
+    if name in _tessera._gpt_presets():
+        return GPT(name, vocab_size=num_classes if num_classes > 0 else None)
     m = _Zoo(_tessera._model_new(name, num_classes))
     return m
+
+
+_HF_CONFIG = {"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "n_positions": "seq_len",
+              "vocab_size": "vocab_size", "layer_norm_epsilon": "layer_norm_eps", "initializer_range": "init_std"}
+
+
+class GPT(_Builtin):
+    """A GPT-2 family language model, the library's (ts_model_gpt: Hugging Face's GPT2LMHeadModel).
+
+    GPT("gpt2-tiny"), GPT("gpt2", n_layer=6), GPT(n_layer=4, n_head=4, n_embd=128, seq_len=256, vocab_size=257,
+    seed=1): a preset ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-tiny"; None: GPT-2 small's sizes)
+    with the sizes given; dropout (embedding and residual, training mode only), layer_norm_eps and init_std as
+    GPT-2's by default. Weights: GPT-2's initialisation from a generator seeded with `seed`, or from the default
+    generator (tessera.manual_seed) when seed is None.
+
+    model(tokens): int64 token ids (B, T), T <= seq_len -> logits (B, T, vocab_size), with autograd.
+    state_dict() has GPT2LMHeadModel's names (transformer.wte.weight, transformer.h.0.attn.c_attn.weight, ...;
+    the tied lm_head.weight appears once, as transformer.wte.weight) and load_state_dict takes its state dict as
+    it is (lm_head.weight, GPT2Model's names and the old attention-mask buffers too).
+    """
+
+    def __init__(self, preset: Optional[str] = None, *, n_layer: Optional[int] = None, n_head: Optional[int] = None,
+                 n_embd: Optional[int] = None, seq_len: Optional[int] = None, vocab_size: Optional[int] = None,
+                 dropout: Optional[float] = None, layer_norm_eps: Optional[float] = None,
+                 init_std: Optional[float] = None, seed: Optional[int] = None) -> None:
+        super().__init__(_tessera._gpt_new(preset, n_layer, n_head, n_embd, seq_len, vocab_size, dropout,
+                                           layer_norm_eps, init_std, seed))
+
+    @classmethod
+    def _from_handle(cls, h: Any) -> "GPT":
+        m = cls.__new__(cls)
+        _Builtin.__init__(m, h)
+        return m
+
+    @classmethod
+    def from_checkpoint(cls, path: Any) -> "GPT":
+        """The GPT a Tessera training checkpoint holds (tessera.train / `tessera train --model gpt2...`), with
+        the sizes it records (what `tessera generate --checkpoint` loads); another model is an ArgumentError."""
+        return cls._from_handle(_tessera._gpt_from_checkpoint(path))
+
+    @classmethod
+    def from_safetensors(cls, path: Any, preset: Optional[str] = None, *, config: Any = None,
+                         **sizes: Any) -> "GPT":
+        """A GPT with weights from a safetensors file in Hugging Face's GPT-2 names (save_pretrained's
+        model.safetensors, or save_safetensors's). The sizes: a preset and keywords as GPT(), or `config`, a
+        Hugging Face GPT2Config as a dict or the path of its config.json (n_layer, n_head, n_embd, n_positions,
+        vocab_size, layer_norm_epsilon, initializer_range); a file that does not fit them is a ShapeError naming
+        the tensor."""
+        if config is not None:
+            if not isinstance(config, dict):
+                import json
+                with open(config, encoding="utf-8") as f:
+                    config = json.load(f)
+            sizes = {**{_HF_CONFIG[k]: v for k, v in config.items() if k in _HF_CONFIG}, **sizes}
+        m = cls(preset, **sizes)
+        m.load_safetensors(path)
+        return m
+
+    def load_safetensors(self, path: Any) -> None:
+        """Loads a safetensors file in Hugging Face's GPT-2 names into this model (strict, as load_state_dict)."""
+        _tessera._gpt_safetensors(self._h, path, False)
+
+    def save_safetensors(self, path: Any) -> None:
+        """Writes the weights as GPT2LMHeadModel.save_pretrained does (its names, no lm_head.weight, metadata
+        {"format": "pt"}): transformers' from_pretrained reads it with a config of the same sizes."""
+        _tessera._gpt_safetensors(self._h, path, True)
+
+    def load_state_dict(self, state_dict: Dict[str, Any], strict: bool = True) -> None:
+        """As Module.load_state_dict; strict also takes Hugging Face's GPT-2 state dicts as they are
+        (GPT2LMHeadModel's with lm_head.weight, which must equal wte; GPT2Model's without "transformer.")."""
+        _tessera._module_load_state_dict(self._h, dict(state_dict), strict, strict)
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The sizes it was built with: n_layer, n_head, n_embd, seq_len, vocab_size, dropout, layer_norm_eps,
+        init_std."""
+        return _tessera._gpt_config(self._h)
+
+    def generate(self, prompt_ids: Any, max_new_tokens: int = 16, temperature: float = 1.0, top_k: int = 0,
+                 seed: int = 0) -> List[int]:
+        """Continues prompt_ids (a list of token ids, or an int64 tensor (T) or (1, T)) by max_new_tokens tokens
+        and returns the new ones (the prompt not included), with a key/value cache (ts_gpt_generate), the GIL
+        released. Each step divides the last logits by `temperature`, keeps the `top_k` largest (0: all) and
+        samples from their softmax with a generator seeded with `seed`; temperature 0 or top_k 1 is greedy
+        (torch.argmax's first largest). Past seq_len the model sees the last seq_len tokens (nanoGPT's crop).
+        Runs in eval mode without autograd (the mode is restored). Bad values are ArgumentErrors naming them."""
+        return _tessera._gpt_generate(self._h, prompt_ids, max_new_tokens, temperature, top_k, seed)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"GPT(n_layer={c['n_layer']}, n_head={c['n_head']}, n_embd={c['n_embd']}, seq_len={c['seq_len']}, "
+                f"vocab_size={c['vocab_size']})")
 
 
 def _pair(v: Any) -> Tuple[int, int]:
