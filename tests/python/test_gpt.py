@@ -51,9 +51,9 @@ check(tuple(sd["transformer.h.1.attn.c_attn.weight"].shape) == (64, 192) and
 c = m.config
 check((c["n_layer"], c["n_head"], c["n_embd"], c["seq_len"], c["vocab_size"]) == (2, 2, 64, 64, V) and
       c["layer_norm_eps"] == 1e-5 and c["init_std"] == 0.2 and c["dropout"] == 0, f"config: {c}")
-check(torch.equal(T(nn.GPT("gpt2-tiny", vocab_size=V, init_std=0.2, seed=3).state_dict()["transformer.h.0.mlp.c_fc.weight"]),
-                  T(sd["transformer.h.0.mlp.c_fc.weight"])) and
-      not torch.equal(T(nn.GPT("gpt2-tiny", vocab_size=V, seed=4).state_dict()["transformer.wte.weight"]),
+same = nn.GPT("gpt2-tiny", vocab_size=V, init_std=0.2, seed=3).state_dict()
+check(torch.equal(T(same["transformer.h.0.mlp.c_fc.weight"]), T(sd["transformer.h.0.mlp.c_fc.weight"])) and
+      not torch.equal(T(nn.GPT("gpt2-tiny", vocab_size=V, init_std=0.2, seed=4).state_dict()["transformer.wte.weight"]),
                       T(sd["transformer.wte.weight"])), "seed: the same weights for a seed, others for another")
 z = nn.zoo("gpt2-tiny", num_classes=V)
 check(isinstance(z, nn.GPT) and z.config["vocab_size"] == V, "nn.zoo('gpt2-tiny') is a GPT")
@@ -185,6 +185,12 @@ with tempfile.TemporaryDirectory() as d:
           f"from_checkpoint: the trained GPT's weights and sizes ({mc})")
     check(len(mc.generate(b.encode("In the beginning"), 8, temperature=0)) == 8, "generate from the checkpoint's GPT")
     raises(tessera.FileError, "nosuch.ckpt", nn.GPT.from_checkpoint, os.path.join(d, "nosuch.ckpt"))
+    if os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):  # the run's default data
+        ck2 = os.path.join(d, "mlp.ckpt")
+        tessera.train(model="mlp", max_steps=1, epochs=1, batch_size=8, threads=1, checkpoint=ck2, progress=False)
+        raises(tessera.ArgumentError, "mlp.ckpt holds a mlp, not a GPT", nn.GPT.from_checkpoint, ck2)
+    else:
+        print("skip: no Fashion-MNIST: from_checkpoint of another model's checkpoint")
 
 # ---- against transformers ---------------------------------------------------------------------------------------
 try:
