@@ -165,8 +165,7 @@ def one(a, threads):
     tess = [os.path.join(a.build, "bench_gpt"), str(a.n_layer), str(a.n_head), str(a.n_embd), str(a.B), str(a.T),
             str(a.vocab), str(a.iters), str(a.gen)]
     tess16 = tess[:-1] + ["0"]
-    child = [sys.executable, __file__, "--child", "--threads", str(threads)] + [
-        x for x in sys.argv[1:] if x not in ("--child",)]
+    child = [sys.executable, __file__] + sys.argv[1:] + ["--child", "--threads", str(threads)]  # the last wins
     best = {}
     for _ in range(a.rounds):
         sides = [("tessera", tess, env), ("torch", child, env)]
