@@ -169,9 +169,18 @@ static void show_gpt_config(ts_run *r) {
 }
 
 static ts_status open_gpt_config(ts_run *r) {
-    const ts_run_config *c = &r->c;
+    ts_run_config *c = &r->c;
     ts_model_desc md = {0};
-    if (c->module || !ts_model_info(c->model, &md) || !md.tokens) return TS_OK;
+    if (c->module) { /* the caller's module: a GPT of ts_model_gpt trains on token shards as the zoo's does */
+        if (ts_gpt_get_config(c->module, &r->gpt) != TS_OK) {
+            ts_clear_error();
+            return TS_OK;
+        }
+        r->tokens = true;
+        c->model = "gpt2"; /* the checkpoint's model: ts_checkpoint_model_load rebuilds it from the gpt.* keys */
+        return TS_OK;
+    }
+    if (!ts_model_info(c->model, &md) || !md.tokens) return TS_OK;
     r->tokens = true;
     if (r->model_m) { /* resumed: the checkpoint's */
         TS_TRY(ts_gpt_get_config(r->model_m, &r->gpt));
@@ -240,6 +249,9 @@ static ts_status open_data(ts_run *r) {
 static ts_status open_model(ts_run *r) {
     ts_run_config *c = &r->c;
     if (c->module) { /* the caller's, trained in place: the strategy owns a share of its tensors */
+        if (r->tokens && r->gpt.vocab_size < r->data_classes)
+            return ts_error(TS_ERR_INVALID_ARG, "the GPT's vocab_size %lld: data %s holds token ids up to %lld",
+                            (long long)r->gpt.vocab_size, c->data, (long long)r->data_classes - 1);
         TS_TRY(ts_module_share(c->module, &r->model_m));
         if (r->did_resume) return TS_OK; /* the trainer loads the checkpoint into it */
     } else if (r->did_resume) {

@@ -185,6 +185,20 @@ with tempfile.TemporaryDirectory() as d:
           f"from_checkpoint: the trained GPT's weights and sizes ({mc})")
     check(len(mc.generate(b.encode("In the beginning"), 8, temperature=0)) == 8, "generate from the checkpoint's GPT")
     raises(tessera.FileError, "nosuch.ckpt", nn.GPT.from_checkpoint, os.path.join(d, "nosuch.ckpt"))
+    # a GPT object as the run's model: trained in place on the shards at its own context, its checkpoint a GPT's
+    mo = nn.GPT("gpt2-tiny", seq_len=16, vocab_size=257, seed=5)
+    before = {k: T(v).clone() for k, v in mo.state_dict().items()}
+    ck3 = os.path.join(d, "obj.ckpt")
+    r3 = tessera.train(model=mo, data=os.path.join(d, "bytes"), batch_size=2, max_steps=3, optimizer="adamw",
+                       lr=1e-3, threads=1, checkpoint=ck3, progress=False)
+    after = mo.state_dict()
+    check(r3["tokens"] == 3 * 2 * 16 and all(not torch.equal(before[k], T(v)) for k, v in after.items()),
+          f"a GPT object trains in place on token shards ({r3['tokens']} tokens, every tensor moved)")
+    m3 = nn.GPT.from_checkpoint(ck3)
+    check(m3.config["seq_len"] == 16 and all(torch.equal(T(v), T(after[k])) for k, v in m3.state_dict().items()),
+          "its checkpoint loads as a GPT with the object's weights")
+    raises(tessera.ArgumentError, "vocab_size 200", tessera.train, model=nn.GPT("gpt2-tiny", seq_len=16,
+           vocab_size=200), data=os.path.join(d, "bytes"), max_steps=1, progress=False)
     if os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"):  # the run's default data
         ck2 = os.path.join(d, "mlp.ckpt")
         tessera.train(model="mlp", max_steps=1, epochs=1, batch_size=8, threads=1, checkpoint=ck2, progress=False)
