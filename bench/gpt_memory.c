@@ -120,15 +120,17 @@ int main(int argc, char **argv) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const double maxrss = (double)ru.ru_maxrss * 1024.0;
-    /* without the reset VmHWM is the whole run's, as maxrss */
+    /* without the reset (hwm_reset=0) VmHWM is the whole run's, as maxrss */
     printf("B=%lld T=%lld n_layer=%lld n_head=%lld n_embd=%lld vocab=%lld seq_len=%lld params_n=%lld threads=%d "
-           "hwm_reset=%d base_rss=%.1f model_rss=%.1f pre_rss=%.1f params=%.1f grads=%.1f param_share=%.1f peak_rss=%.1f "
-           "maxrss=%.1f step=%.1f act=%.1f alloc_step=%.1f alloc_act=%.1f alloc_fwd=%.1f logits=%.1f\n",
+           "hwm_reset=%d ",
            (long long)B, (long long)T, v[0], v[1], v[2], v[5], (long long)c.seq_len,
-           (long long)ts_module_num_parameters(m), ts_get_num_threads(), reset, base_rss / MIB, model_rss / MIB,
-           pre_rss / MIB, params / MIB, params / MIB, 2 * params / MIB, peak_rss / MIB, maxrss / MIB, (peak_rss - model_rss) / MIB,
-           (peak_rss - model_rss - params) / MIB, alloc_step / MIB, (alloc_step - params) / MIB, fwd / MIB,
-           (double)(B * T) * (double)c.vocab_size * 4.0 / MIB);
+           (long long)ts_module_num_parameters(m), ts_get_num_threads(), reset);
+    printf("base_rss=%.1f model_rss=%.1f pre_rss=%.1f params=%.1f grads=%.1f param_share=%.1f peak_rss=%.1f "
+           "maxrss=%.1f step=%.1f act=%.1f ",
+           base_rss / MIB, model_rss / MIB, pre_rss / MIB, params / MIB, params / MIB, 2 * params / MIB,
+           peak_rss / MIB, maxrss / MIB, (peak_rss - model_rss) / MIB, (peak_rss - model_rss - params) / MIB);
+    printf("alloc_step=%.1f alloc_act=%.1f alloc_fwd=%.1f logits=%.1f\n", alloc_step / MIB,
+           (alloc_step - params) / MIB, fwd / MIB, (double)(B * T) * (double)c.vocab_size * 4.0 / MIB);
     ts_tensor_list_clear(&ps);
     ts_tensor_release(x);
     ts_tensor_release(t);

@@ -122,7 +122,8 @@ def torch_child(a, B, T):
     print("B=%d T=%d params_n=%d threads=%d torch=%s base_rss=%.1f model_rss=%.1f pre_rss=%.1f params=%.1f grads=%.1f "
           "param_share=%.1f peak_rss=%.1f maxrss=%.1f step=%.1f act=%.1f" % (
               B, T, n, torch.get_num_threads(), torch.__version__, base / M, model_rss / M, pre / M, params / M,
-              params / M, 2 * params / M, peak / M, maxrss / M, (peak - model_rss) / M, (peak - model_rss - params) / M))
+              params / M, 2 * params / M, peak / M, maxrss / M, (peak - model_rss) / M,
+              (peak - model_rss - params) / M))
 
 
 def fields(line):
@@ -170,8 +171,8 @@ def main():
           "cross-entropy + backward, %d threads; torch %s" % (a.n_layer, a.n_head, a.n_embd, a.vocab, a.block,
                                                               res["Tessera", runs[0][0], runs[0][1]]["params_n"],
                                                               a.threads, tv))
-    print("| side | B | T | tokens | logits MiB | peak RSS MiB | RSS after build | params + grads | activations (peak - "
-          "build - grads) | Tessera's allocator: after forward / peak - grads |")
+    print("| side | B | T | tokens | logits MiB | peak RSS MiB | RSS after build | params + grads | activations "
+          "(peak - build - grads) | Tessera's allocator: after forward / peak - grads |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for side in ("Tessera", "PyTorch"):
         for B, T in runs:
