@@ -237,7 +237,7 @@ static void test_errors(void) {
     ((int64_t *)ts_tensor_data(x))[5] = V + 4;
     float loss = 0;
     CHECK(ts_pp_train_step(pp, x, y, 0.0f, &loss) != TS_OK);
-    CHECK_ERR_MENTIONS("pipeline stage 0 (cpu:0), forward of micro-batch 0: layer transformer.wte + wpe (GPT2Embedding)");
+    CHECK_ERR_MENTIONS("stage 0 (cpu:0), forward of micro-batch 0: layer transformer.wte + wpe (GPT2Embedding)");
     ((int64_t *)ts_tensor_data(x))[5] = 1;
     CHECK_OK(ts_pp_train_step(pp, x, y, 0.0f, &loss)); /* and then runs */
     CHECK(isfinite(loss) && loss > 0);
@@ -247,8 +247,8 @@ static void test_errors(void) {
 }
 
 static void test_report(void) {
-    fprintf(stderr, "  GPT pipeline vs one device: losses differ by at most %.3g, parameters after 6 AdamW steps by %.3g\n",
-            worst_loss, worst_param);
+    fprintf(stderr, "  GPT pipeline vs one device: losses differ by at most %.3g, parameters after 6 AdamW steps "
+            "by %.3g\n", worst_loss, worst_param);
     CHECK(worst_param <= 1e-5 && worst_loss <= 1e-5);
 }
 

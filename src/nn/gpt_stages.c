@@ -118,7 +118,8 @@ ts_status ts__gpt_head_untie(ts_module *head, ts_device *dev, bool train) {
     if (st == TS_OK) st = ts_to_device(d, dev, &p->w);
     ts_grad_set_enabled(prev);
     ts_tensor_release(d);
-    if (st != TS_OK) return ts__error_prefix(st, "the head's copy of transformer.wte.weight on %s", ts_device_name(dev));
+    if (st != TS_OK)
+        return ts__error_prefix(st, "the head's copy of transformer.wte.weight on %s", ts_device_name(dev));
     if (ts_tensor_device(p->w) == ts_tensor_device(wte)) { /* on wte's own device the copy must be a new leaf */
         ts_tensor *c = NULL;
         st = ts_tensor_clone(p->w, &c);

@@ -153,13 +153,14 @@ static ts_status pp_check_devices(ts_device *const *devs, int nstages) {
         if (!devs[s]) return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device of stage %d is NULL", s);
         if (!devs[s]->stream)
             return ts_error(TS_ERR_DEVICE,
-                            "ts_nn_pipeline_parallel_new: stage %d's device '%s' has no worker thread, so it cannot run "
-                            "concurrently with the other stages (use virtual devices cpu:0, cpu:1, ...)",
+                            "ts_nn_pipeline_parallel_new: stage %d's device '%s' has no worker thread, so it "
+                            "cannot run concurrently with the other stages (use virtual devices cpu:0, cpu:1, ...)",
                             s, devs[s]->name);
         for (int t = 0; t < s; t++)
             if (devs[t] == devs[s])
-                return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device %s is given to stages %d and %d",
-                                devs[s]->name, t, s);
+                return ts_error(TS_ERR_INVALID_ARG,
+                                "ts_nn_pipeline_parallel_new: device %s is given to stages %d and %d", devs[s]->name,
+                                t, s);
     }
     return TS_OK;
 }
@@ -171,7 +172,8 @@ static ts_status pp_check_args(const pp_units *u, ts_device *const *devs, int ns
                         TS_PP_MAX_STAGES);
     if (nstages > u->n)
         return ts_error(TS_ERR_INVALID_ARG,
-                        "ts_nn_pipeline_parallel_new: %d stages but the %s has only %d %s (each stage needs at least one)",
+                        "ts_nn_pipeline_parallel_new: %d stages but the %s has only %d %s (each stage needs at least "
+                        "one)",
                         nstages, u->what, u->n, u->unit);
     if (micro_batches < 1)
         return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: micro_batches is %d; it must be at least 1",
@@ -194,10 +196,11 @@ static ts_status pp_counts(const pp_units *u, int nstages, const int *bounds, in
         if (bounds[s] <= lo) {
             if (s)
                 return ts_error(TS_ERR_INVALID_ARG,
-                                "ts_nn_pipeline_parallel_new: bounds[%d] = %d does not come after bounds[%d] = %d (bounds "
-                                "must increase: every stage needs at least one %s)",
+                                "ts_nn_pipeline_parallel_new: bounds[%d] = %d does not come after bounds[%d] = %d "
+                                "(bounds must increase: every stage needs at least one %s)",
                                 s, bounds[s], s - 1, lo, one);
-            return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: bounds[0] = %d (stage 0 needs at least one %s)",
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "ts_nn_pipeline_parallel_new: bounds[0] = %d (stage 0 needs at least one %s)",
                             bounds[0], one);
         }
         counts[s] = bounds[s] - lo;
@@ -227,7 +230,8 @@ static ts_status pp_layers_init(pp_impl *pp, ts_module *model, const pp_units *u
         else
             snprintf(name, sizeof name, "%s%s", u->gpt ? "transformer.h." : "", list->child_names[k - off]);
         pp->layers[k] = k < off ? pp->embed : k - off < list->nchildren ? list->children[k - off] : pp->head;
-        if (!(pp->names[k] = ts__strdup(name))) return ts_error(TS_ERR_NOMEM, "ts_nn_pipeline_parallel_new: out of memory");
+        if (!(pp->names[k] = ts__strdup(name)))
+            return ts_error(TS_ERR_NOMEM, "ts_nn_pipeline_parallel_new: out of memory");
     }
     return TS_OK;
 }
@@ -244,7 +248,8 @@ static ts_status pp_place(pp_impl *pp, const int *counts) {
     for (int s = 0; s < p; s++)
         for (int k = pp->first[s]; k < pp->first[s + 1]; k++) {
             ts_module *l = pp->layers[k];
-            ts_status st = l == pp->embed || l == pp->head ? ts__gpt_piece_to(l, pp->devs[s]) : ts_module_to(l, pp->devs[s]);
+            bool piece = l == pp->embed || l == pp->head;
+            ts_status st = piece ? ts__gpt_piece_to(l, pp->devs[s]) : ts_module_to(l, pp->devs[s]);
             if (st != TS_OK)
                 return ts__error_prefix(st, "ts_nn_pipeline_parallel_new: moving layer %s to %s", pp->names[k],
                                         pp->devs[s]->name);
@@ -571,7 +576,8 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
                         ts_shape_str(ts_tensor_ndim(x), ts_tensor_shape(x), a, sizeof a));
     r->batch = ts_tensor_dim(x, 0);
     if (y && (ts_tensor_ndim(y) < 1 || ts_tensor_dim(y, 0) != r->batch || ts_tensor_dtype(y) != TS_I64))
-        return ts_error(TS_ERR_SHAPE, "%s: targets of shape %s (%s) for inputs of shape %s (want (%lld, ...) int64)", fn,
+        return ts_error(TS_ERR_SHAPE, "%s: targets of shape %s (%s) for inputs of shape %s (want (%lld, ...) int64)",
+                        fn,
                         ts_shape_str(ts_tensor_ndim(y), ts_tensor_shape(y), a, sizeof a),
                         ts_dtype_name(ts_tensor_dtype(y)),
                         ts_shape_str(ts_tensor_ndim(x), ts_tensor_shape(x), b, sizeof b), (long long)r->batch);
