@@ -2,14 +2,14 @@
  * tests/test_gpt_pipeline.c — a GPT (ts_model_gpt) under pipeline parallelism (--strategy pipeline) on virtual
  * CPU devices equals one device: the embedding on the first stage, the blocks split by count, ln_f and the tied
  * head on the last, the head's copy of transformer.wte whose gradient joins wte's after the backward.
- *  - 6 AdamW steps through the strategies (GPipe and 1F1B, 2 and 3 stages, micro-batches that divide the
- *    batch and that do not, some targets ignore_index): every step's loss and, at the end, every parameter
- *    within 1e-5 of one device's (the micro-batches change only the order of summation);
+ *  - 6 AdamW steps through the strategies (GPipe and 1F1B, 1, 2 and 3 stages, micro-batches that divide
+ *    the batch and that do not, some targets ignore_index): every step's loss and, at the end, every
+ *    parameter within 1e-5 of one device's (the micro-batches change only the order of summation);
  *  - the state dict's names are the one-device GPT's (no copy of the head, no pipeline prefix), so a
  *    checkpoint loads into a one-device model; the blocks sit on their stages' devices;
  *  - evaluation (the pipeline's forward) gives one device's logits; forward + ts_backward on the caller's
  *    thread (the copy of wte recorded by autograd) gives one device's gradients, wte's included;
- *  - errors: more stages than blocks, bad bounds, each named.
+ *  - errors: more stages than blocks, bad bounds, a failing stage, each named; a run after a failure.
  */
 #include "test_util.h"
 
@@ -115,6 +115,8 @@ static void test_gpipe_two_stages(void) { check_training(2, NULL, 3, TS_PP_GPIPE
 static void test_1f1b_two_stages(void) { check_training(2, NULL, 4, TS_PP_1F1B, true); } /* pieces 2, 2, 2 */
 static void test_1f1b_three_stages(void) { check_training(3, (const int[]){1, 3, 4}, 5, TS_PP_1F1B, false); }
 static void test_gpipe_one_sample_micro_batches(void) { check_training(2, NULL, 6, TS_PP_GPIPE, true); }
+/* one stage: the head's copy of wte lives on wte's own device, still a leaf of its own */
+static void test_one_stage(void) { check_training(1, NULL, 2, TS_PP_GPIPE, false); }
 
 /* The names and devices: the one-device GPT's state dict, the blocks on their stages. */
 static void test_names_and_placement(void) {
@@ -264,6 +266,7 @@ int main(int argc, char **argv) {
                                     T(test_1f1b_two_stages),
                                     T(test_1f1b_three_stages),
                                     T(test_gpipe_one_sample_micro_batches),
+                                    T(test_one_stage),
                                     T(test_names_and_placement),
                                     T(test_forward_and_autograd),
                                     T(test_errors),
