@@ -2,6 +2,13 @@
  * parallel/pipeline_parallel.c — pipeline parallelism: a Sequential cut into stages on
  * devices, each batch cut into micro-batches, GPipe and 1F1B schedules.
  *
+ * The stages run a list of layers: the Sequential's children, or a GPT's (ts_model_gpt)
+ * embedding piece, blocks and head piece (nn/gpt_stages.c), cut by block count with the
+ * embedding on the first stage and ln_f + the tied head on the last. The tied weight is
+ * read at both ends: a train run gives the head its own copy of wte (ts__gpt_head_untie)
+ * and adds the copy's gradient into wte's after every stage has joined
+ * (ts__gpt_head_retie), so two stages never backpropagate into one leaf at once.
+ *
  * One call (a forward or a training step) is a *run*. Every stage gets one task
  * on its device's worker (ts_device_submit) that walks the stage's schedule, a
  * list of events "F i" (forward of micro-batch i) and "B i" (its backward),
