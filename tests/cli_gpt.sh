@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A GPT trained by `tessera train` on token shards: the banner and the validation lines, --eval-every, the
 # loss falling below the text's unigram entropy, a run resumed mid-epoch equal bit for bit to one that did not
-# stop, two DDP ranks at half the rows equal to one process (within 1e-5), `tessera eval` on the checkpoint,
+# stop, two DDP ranks at half the rows equal to one process (within 1e-5), --strategy pipeline over two virtual
+# devices equal to one process (within 1e-5) and its checkpoint generating, `tessera eval` on the checkpoint,
 # `tessera generate --checkpoint --prompt TEXT` (the byte tokenizer), and the mismatches named (an image model
 # on token shards, a GPT on images, a context longer than the model's).
 set -u
@@ -43,6 +44,27 @@ cp "$T/dir/step-000000000012.ckpt" "$T/part.ckpt" 2>/dev/null || bad "no step-12
   || bad "two ranks"
 "$TS" ckpt diff "$T/one.ckpt" "$T/two.ckpt" --tol 1e-5 >/dev/null 2>&1 \
   && ok "--nproc 2 at 4 rows = 1 process at 8 (tol 1e-5)" || bad "DDP differs: $("$TS" ckpt diff "$T/one.ckpt" "$T/two.ckpt" --tol 1e-5 2>&1 | tail -3)"
+
+# --strategy pipeline over two virtual devices (embedding + block 0 | block 1 + ln_f + the tied head), GPipe and
+# 1F1B: one process's checkpoint within 1e-5 after 20 steps (at --lr 1e-3: AdamW turns the rounding noise of
+# gradients that are zero in exact arithmetic, c_attn's key bias, into steps of up to lr), and it generates
+PGPT=${GPT/--lr 3e-3/--lr 1e-3}
+"$TS" train $PGPT --max-steps 20 --checkpoint "$T/one1.ckpt" >/dev/null 2>&1 || bad "one process at lr 1e-3"
+for sched in gpipe 1f1b; do
+  out=$("$TS" train $PGPT --max-steps 20 --strategy pipeline --devices cpu:0,cpu:1 --micro-batches 3 --schedule $sched \
+    --checkpoint "$T/pp_$sched.ckpt" 2>&1) || bad "pipeline $sched: $out"
+  "$TS" ckpt diff "$T/one1.ckpt" "$T/pp_$sched.ckpt" --tol 1e-5 >/dev/null 2>&1 \
+    && ok "--strategy pipeline --schedule $sched over cpu:0,cpu:1 = 1 device (tol 1e-5)" \
+    || bad "pipeline $sched differs: $("$TS" ckpt diff "$T/one1.ckpt" "$T/pp_$sched.ckpt" --tol 1e-5 2>&1 | tail -3)"
+done
+out=$(TS_LOG_LEVEL=info "$TS" train $PGPT --max-steps 2 --strategy pipeline --devices cpu:0,cpu:1 --micro-batches 2 2>&1)
+grep -q "pipeline: 1f1b schedule, 2 micro-batches per batch; cpu:0: 1 blocks, cpu:1: 1 blocks" <<<"$out" \
+  && ok "pipeline banner: blocks per stage" || bad "pipeline banner: $out"
+g=$("$TS" generate --checkpoint "$T/pp_1f1b.ckpt" --prompt "The " --max-new-tokens 20 --seed 5 2>&1)
+grep -q "^The " <<<"$g" && ok "generate from the pipeline's checkpoint" || bad "generate after pipeline: '$g'"
+out=$(TS_CPU_DEVICES=3 "$TS" train $PGPT --max-steps 1 --strategy pipeline --devices cpu:0,cpu:1,cpu:2 2>&1)
+grep -q "3 stages but the GPT has only 2 blocks" <<<"$out" && ok "3 stages for 2 blocks refused, named" \
+  || bad "3 stages: $out"
 
 # eval on the checkpoint
 out=$("$TS" eval --checkpoint "$T/a.ckpt" --data "$T/tok" --batch-size 4 2>&1)

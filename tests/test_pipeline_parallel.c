@@ -594,7 +594,7 @@ static void test_errors(void) {
     ts_module *lin = NULL;
     CHECK_OK(ts_nn_linear_new(3, 3, true, &r, &lin));
     CHECK_STATUS(ts_nn_pipeline_parallel_new(lin, stage_devs, 1, NULL, 2, TS_PP_GPIPE, NULL, &pipe), TS_ERR_INVALID_ARG);
-    CHECK_ERR_MENTIONS("must be a Sequential (got Linear)");
+    CHECK_ERR_MENTIONS("must be a Sequential or a GPT (got Linear)");
 
     ts_pp_schedule sched;
     CHECK_OK(ts_pp_schedule_parse("1F1B", &sched));

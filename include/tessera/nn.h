@@ -162,7 +162,8 @@ int ts_nn_sequential_len(const ts_module *seq);
  * Strategies: DDP, DataParallel, checkpoints and resume work with any custom
  * module. Model and pipeline parallelism split a Sequential's children between
  * devices, so a custom module is one stage's layer (wrap your blocks in a
- * Sequential to split them); tile parallelism refuses a custom module by name
+ * Sequential to split them; pipeline parallelism also splits ts_model_gpt's
+ * blocks); tile parallelism refuses a custom module by name
  * (it cannot know the module's spatial reach).
  *
  * type_name (copied; NULL: "Module") is what messages and ts_module_type_name

@@ -201,8 +201,20 @@ const char *ts_pp_schedule_name(ts_pp_schedule s);
  * module ("PipelineParallel") of nstages stages: stage s gets seq's children [bounds[s-1], bounds[s])
  * (bounds[-1] = 0; nstages strictly increasing entries ending at the number of
  * children, as ts_nn_model_parallel_new; NULL: as equal layer counts as
- * possible — ts_pp_split_by_time gives a split by measured cost) and its
- * parameters and buffers are moved to devs[s] (borrowed). micro_batches >= 1 is
+ * possible, the first stages taking the remainder — ts_pp_split_by_time gives a
+ * split by measured cost) and its parameters and buffers are moved to devs[s]
+ * (borrowed).
+ *
+ * seq may also be a GPT (ts_model_gpt): bounds then count its blocks
+ * (transformer.h.<i>; NULL: equal counts), the embedding (wte, wpe, dropout)
+ * runs on the first stage and ln_f with the tied head on the last, each stage
+ * needs at least one block, and the GPT's state dict keeps its own names. The
+ * head multiplies by its own copy of transformer.wte.weight, made on the last
+ * stage's device at the start of each ts_pp_train_step; its gradient is added
+ * into wte's when every stage's backward has finished (two stages never
+ * accumulate into one tensor at once). Targets are then (B, T), logits (B, T, V).
+ *
+ * micro_batches >= 1 is
  * the count each batch is cut into. Do not ts_module_to the pipeline afterwards.
  * output_device (NULL: the last stage's device) is where ts_module_forward
  * returns the output. The wrapper holds seq as its child "module".
@@ -224,7 +236,9 @@ ts_status ts_nn_pipeline_parallel_new(ts_module *seq, ts_device *const *devs, in
  * batch's) and the backward, each stage backpropagating on its own worker: its
  * input is a detached leaf, ts_backward(stage output, gradient from the next
  * stage) leaves the input's gradient, which is copied to the previous stage.
- * x: (B, ...) any device; y: (B) TS_I64, any device. Gradients are added to
+ * x: (B, ...) any device; y: (B) TS_I64, any device — or (B, T...) for a
+ * sequence model whose logits are (B, T..., V): every position is a row, as in
+ * the trainer's loss. Gradients are added to
  * the parameters' .grad (zero them between steps); *loss gets the batch loss.
  * On failure the error names the stage, device, pass and micro-batch, and the
  * gradients are partial. */
@@ -237,7 +251,7 @@ typedef struct ts_pp_stats {
     int micro_batches;               /* m: micro-batches the last batch was cut into */
     ts_pp_schedule schedule;
     bool train;                      /* the run was a ts_pp_train_step */
-    int layers[TS_PP_MAX_STAGES]; /* number of the Sequential's children in each stage */
+    int layers[TS_PP_MAX_STAGES]; /* number of the Sequential's children (a GPT's blocks) in each stage */
     double wall_s;                   /* from submitting the stages' tasks to the last one finishing */
     double busy_s[TS_PP_MAX_STAGES]; /* per stage: time computing (forward, loss, backward, copies) */
     double bubble;                   /* measured idle fraction: 1 - sum(busy_s) / (p * wall_s) */

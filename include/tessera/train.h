@@ -266,7 +266,7 @@ typedef struct ts_strategy_opts {
     const ts_ddp_options *ddp;
     bool sync_bn;         /* DDP: BatchNorm2d layers become SyncBatchNorm over pg (a group of 1: no-op) */
     /* MODEL, PIPELINE: stage boundaries as ts_nn_model_parallel_new's (NULL: MODEL by parameter count,
-     * PIPELINE by the layers' measured time on sample_shape, else equal layer counts) */
+     * PIPELINE by the layers' measured time on sample_shape, else equal layer counts; a GPT's: blocks, equal counts) */
     const int *bounds;
     int micro_batches;    /* PIPELINE: micro-batches per batch (8) */
     ts_pp_schedule schedule; /* PIPELINE: TS_PP_1F1B */
@@ -289,7 +289,7 @@ const char *ts_strategy_kind_help(ts_strategy_kind k);
 
 typedef struct ts_strategy ts_strategy;
 
-/* Wraps model (a Sequential for MODEL, PIPELINE and TILE; ownership taken, also
+/* Wraps model (a Sequential for MODEL and TILE, a Sequential or a GPT for PIPELINE; ownership taken, also
  * on failure) as o says. DDP is a collective: every rank of o->pg calls it, and
  * rank 0's parameters and buffers go to all. Errors name the strategy. */
 ts_status ts_strategy_new(ts_module *model, const ts_strategy_opts *o, ts_strategy **out);

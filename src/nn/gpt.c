@@ -231,13 +231,23 @@ static ts_status check_tokens(const gpt_ctx *g, const ts_tensor *x) {
     return TS_OK;
 }
 
+/* tokens (B, T), checked -> wte + wpe, then dropout when training: what the first block takes */
+ts_status ts__gpt_embed_input(ts_module *transformer, const ts_tensor *x, ts_tensor **out) {
+    TS_TRY(check_tokens(ctx_of(transformer), x));
+    TS_TRY(ts__gpt_embed(transformer, x, 0, out));
+    ts_status st = maybe_dropout(transformer, out);
+    if (st != TS_OK) {
+        ts_tensor_release(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 /* tokens (B, T) -> hidden states (B, T, C) after ln_f */
 static ts_status transformer_forward(ts_module *self, const ts_tensor *x, ts_tensor **out) {
-    TS_TRY(check_tokens(ctx_of(self), x));
     ts_tensor *e = NULL, *h = NULL;
     ts_status st;
-    TS_CHECK_GOTO(ts__gpt_embed(self, x, 0, &e));
-    TS_CHECK_GOTO(maybe_dropout(self, &e));
+    TS_CHECK_GOTO(ts__gpt_embed_input(self, x, &e));
     TS_CHECK_GOTO(ts_module_call(self, "h", e, &h));
     st = ts_module_call(self, "ln_f", h, out);
 fail:
@@ -248,7 +258,11 @@ fail:
 
 /* h (..., C) -> logits (..., vocab) = h wte^T */
 ts_status ts__gpt_head(ts_module *root, const ts_tensor *h, ts_tensor **out) {
-    const ts_tensor *wte = ts_module_param(ts_module_child(root, "transformer.wte"), "weight");
+    return ts__gpt_logits(ts_module_param(ts_module_child(root, "transformer.wte"), "weight"), h, out);
+}
+
+/* h (..., C) -> h wte^T (..., vocab) */
+ts_status ts__gpt_logits(const ts_tensor *wte, const ts_tensor *h, ts_tensor **out) {
     const int nd = ts_tensor_ndim(h);
     const int64_t C = ts_tensor_dim(h, -1);
     int64_t shape[TS_MAX_DIMS];

@@ -25,5 +25,10 @@ ts_status ts__gpt_merge_heads(ts_module *attn, const ts_tensor *y, ts_tensor **o
 ts_status ts__gpt_residual(ts_module *block, const char *ln, const char *child, const ts_tensor *x, ts_tensor **out);
 /* hidden states h (..., C) -> logits (..., vocab) through the tied head. root: the GPT2LMHeadModel. */
 ts_status ts__gpt_head(ts_module *root, const ts_tensor *h, ts_tensor **out);
+/* h (..., C) -> logits h wte^T (..., vocab) with wte (vocab, C) given: the head on any copy of the tied weight. */
+ts_status ts__gpt_logits(const ts_tensor *wte, const ts_tensor *h, ts_tensor **out);
+/* tokens (B, T) checked (int64, 1 <= T <= seq_len) -> wte + wpe and dropout when the GPT2Model trains:
+ * the input of the first block. transformer: the GPT2Model. */
+ts_status ts__gpt_embed_input(ts_module *transformer, const ts_tensor *tokens, ts_tensor **out);
 
 #endif

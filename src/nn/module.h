@@ -101,6 +101,27 @@ ts_status ts__batchnorm2d_check_args(const char *fn, int64_t num_features, float
  * not a BatchNorm2d (naming its type) or vt is not of kind SYNC_BATCHNORM. */
 ts_status ts__batchnorm2d_convert(ts_module *m, const ts_module_vt *vt, void *impl);
 
+/* A GPT (ts_model_gpt, nn/gpt.c) as consecutive pieces for pipeline parallelism
+ * (src/parallel/pipeline_parallel.c; nn/gpt_stages.c says how the tied weight is shared):
+ * *embed (token ids -> wte + wpe, dropout), the blocks — the children of *blocks,
+ * transformer.h (borrowed) — and *head (ln_f, then the logits through the tied weight).
+ * *embed and *head are new modules (the caller's to free) that borrow m's modules and
+ * hold no parameter, so m's state dict stays the one-device model's. TS_ERR_INVALID_ARG
+ * when m is not a GPT. The calls below take only these pieces. */
+bool ts__is_gpt(const ts_module *m);
+ts_status ts__gpt_pieces(ts_module *m, ts_module **embed, ts_module **blocks, ts_module **head);
+/* Moves the GPT modules a piece reads (embed: transformer.wte, .wpe; head: transformer.ln_f) to dev. */
+ts_status ts__gpt_piece_to(ts_module *piece, ts_device *dev);
+/* The head piece's own copy of the tied weight transformer.wte.weight on dev, used by its
+ * forwards until ts__gpt_head_retie. train: a detached leaf with wte's current values
+ * (requiring grad when wte does), whose gradient ts__gpt_head_retie adds into wte's;
+ * otherwise a copy recorded by autograd (with grad mode on, a backward through it adds
+ * to wte itself: only for one backward on one thread). */
+ts_status ts__gpt_head_untie(ts_module *head, ts_device *dev, bool train);
+/* Drops the head's copy; with add, first adds the copy's gradient (if any) into wte's
+ * .grad on wte's device (call it after every backward through the copy has finished). */
+ts_status ts__gpt_head_retie(ts_module *head, bool add);
+
 /* A new CPU F32 tensor filled with U(-bound, bound). */
 ts_status ts__param_uniform(int ndim, const int64_t *shape, double bound, ts_rng *rng, ts_tensor **out);
 

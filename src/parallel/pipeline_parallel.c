@@ -2,6 +2,13 @@
  * parallel/pipeline_parallel.c — pipeline parallelism: a Sequential cut into stages on
  * devices, each batch cut into micro-batches, GPipe and 1F1B schedules.
  *
+ * The stages run a list of layers: the Sequential's children, or a GPT's (ts_model_gpt)
+ * embedding piece, blocks and head piece (nn/gpt_stages.c), cut by block count with the
+ * embedding on the first stage and ln_f + the tied head on the last. The tied weight is
+ * read at both ends: a train run gives the head its own copy of wte (ts__gpt_head_untie)
+ * and adds the copy's gradient into wte's after every stage has joined
+ * (ts__gpt_head_retie), so two stages never backpropagate into one leaf at once.
+ *
  * One call (a forward or a training step) is a *run*. Every stage gets one task
  * on its device's worker (ts_device_submit) that walks the stage's schedule, a
  * list of events "F i" (forward of micro-batch i) and "B i" (its backward),
@@ -47,7 +54,11 @@ typedef struct pp_impl {
     int nstages, nlayers;
     ts_device *devs[TS_PP_MAX_STAGES];
     ts_device *out_dev;
-    int first[TS_PP_MAX_STAGES + 1]; /* stage s runs children [first[s], first[s+1]) */
+    /* the layers run in order: a Sequential's children, or a GPT's embedding piece, blocks and head piece */
+    ts_module **layers; /* borrowed from the model, but embed and head */
+    char **names;       /* for messages (owned) */
+    ts_module *embed, *head; /* a GPT's pieces (nn/gpt_stages.c; owned), or NULL */
+    int first[TS_PP_MAX_STAGES + 1]; /* stage s runs layers [first[s], first[s+1]) */
     int micro_batches;
     ts_pp_schedule schedule;
     ts_pp_stats stats; /* of the most recent run */
@@ -58,7 +69,13 @@ typedef struct pp_impl {
 
 static void pipeline_free_impl(ts_module *m) {
     pp_impl *pp = m->impl;
-    if (pp) free(pp->trace);
+    if (!pp) return;
+    free(pp->trace);
+    for (int k = 0; pp->names && k < pp->nlayers; k++) free(pp->names[k]);
+    free(pp->names);
+    free(pp->layers);
+    ts_module_free(pp->embed);
+    ts_module_free(pp->head);
 }
 
 static ts_status pipeline_forward(ts_module *m, const ts_tensor *x, ts_tensor **out);
@@ -113,116 +130,167 @@ const char *ts_pp_schedule_name(ts_pp_schedule s) {
 }
 
 /* ---- construction ----------------------------------------------------------------------------------- */
-static ts_module *pp_seq(ts_module *m) { return m->children[0]; }
+/* What a model is cut into: a Sequential's children (units = layers), or a GPT's blocks (the
+ * embedding joins the first stage, ln_f and the tied head the last). */
+typedef struct pp_units {
+    bool gpt;
+    int n;               /* children or blocks */
+    const char *what;    /* "Sequential" or "GPT", for messages */
+    const char *unit;    /* "layers" or "blocks" */
+} pp_units;
+
+static ts_status pp_units_of(ts_module *model, pp_units *u) {
+    if (ts_module_kind(model) == TS_MODULE_SEQUENTIAL) {
+        *u = (pp_units){false, model->nchildren, "Sequential", "layers"};
+        return TS_OK;
+    }
+    if (ts__is_gpt(model)) {
+        ts_gpt_config c;
+        TS_TRY(ts_gpt_get_config(model, &c));
+        *u = (pp_units){true, (int)c.n_layer, "GPT", "blocks"};
+        return TS_OK;
+    }
+    return ts_error(TS_ERR_INVALID_ARG,
+                    "ts_nn_pipeline_parallel_new: the module to split must be a Sequential or a GPT (got %s)",
+                    ts_module_type_name(model));
+}
+
+static ts_status pp_check_devices(ts_device *const *devs, int nstages) {
+    for (int s = 0; s < nstages; s++) {
+        if (!devs[s]) return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device of stage %d is NULL", s);
+        if (!devs[s]->stream)
+            return ts_error(TS_ERR_DEVICE,
+                            "ts_nn_pipeline_parallel_new: stage %d's device '%s' has no worker thread, so it "
+                            "cannot run concurrently with the other stages (use virtual devices cpu:0, cpu:1, ...)",
+                            s, devs[s]->name);
+        for (int t = 0; t < s; t++)
+            if (devs[t] == devs[s])
+                return ts_error(TS_ERR_INVALID_ARG,
+                                "ts_nn_pipeline_parallel_new: device %s is given to stages %d and %d", devs[s]->name,
+                                t, s);
+    }
+    return TS_OK;
+}
+
+static ts_status pp_check_args(const pp_units *u, ts_device *const *devs, int nstages, int micro_batches,
+                               ts_pp_schedule schedule) {
+    if (nstages < 1 || nstages > TS_PP_MAX_STAGES)
+        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: %d stages (want 1 to %d)", nstages,
+                        TS_PP_MAX_STAGES);
+    if (nstages > u->n)
+        return ts_error(TS_ERR_INVALID_ARG,
+                        "ts_nn_pipeline_parallel_new: %d stages but the %s has only %d %s (each stage needs at least "
+                        "one)",
+                        nstages, u->what, u->n, u->unit);
+    if (micro_batches < 1)
+        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: micro_batches is %d; it must be at least 1",
+                        micro_batches);
+    if (schedule != TS_PP_GPIPE && schedule != TS_PP_1F1B)
+        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: unknown schedule %d", (int)schedule);
+    return pp_check_devices(devs, nstages);
+}
+
+/* counts[s]: the units of stage s, from bounds (stage s: units [bounds[s-1], bounds[s]), bounds[-1] = 0)
+ * or, without bounds, as equal as possible (the first stages get the remainder). */
+static ts_status pp_counts(const pp_units *u, int nstages, const int *bounds, int *counts) {
+    if (!bounds) {
+        for (int s = 0; s < nstages; s++) counts[s] = u->n / nstages + (s < u->n % nstages);
+        return TS_OK;
+    }
+    const char *one = u->gpt ? "block" : "layer";
+    for (int s = 0; s < nstages; s++) {
+        int lo = s ? bounds[s - 1] : 0;
+        if (bounds[s] <= lo) {
+            if (s)
+                return ts_error(TS_ERR_INVALID_ARG,
+                                "ts_nn_pipeline_parallel_new: bounds[%d] = %d does not come after bounds[%d] = %d "
+                                "(bounds must increase: every stage needs at least one %s)",
+                                s, bounds[s], s - 1, lo, one);
+            return ts_error(TS_ERR_INVALID_ARG,
+                            "ts_nn_pipeline_parallel_new: bounds[0] = %d (stage 0 needs at least one %s)",
+                            bounds[0], one);
+        }
+        counts[s] = bounds[s] - lo;
+    }
+    if (bounds[nstages - 1] != u->n)
+        return ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: the bounds end at %d but the %s has %d %s",
+                        bounds[nstages - 1], u->what, u->n, u->unit);
+    return TS_OK;
+}
+
+/* pp->layers and pp->names: the Sequential's children, or the GPT's embedding piece, blocks and head piece. */
+static ts_status pp_layers_init(pp_impl *pp, ts_module *model, const pp_units *u) {
+    ts_module *list = model;
+    int off = 0;
+    if (u->gpt) {
+        TS_TRY(ts__gpt_pieces(model, &pp->embed, &list, &pp->head));
+        off = 1;
+    }
+    pp->nlayers = list->nchildren + 2 * off;
+    pp->layers = ts__calloc((size_t)pp->nlayers, sizeof *pp->layers);
+    pp->names = ts__calloc((size_t)pp->nlayers, sizeof *pp->names);
+    if (!pp->layers || !pp->names) return ts_error(TS_ERR_NOMEM, "ts_nn_pipeline_parallel_new: out of memory");
+    for (int k = 0; k < pp->nlayers; k++) {
+        char name[96];
+        if (u->gpt && (k == 0 || k == pp->nlayers - 1))
+            snprintf(name, sizeof name, "%s", k ? "transformer.ln_f + lm_head" : "transformer.wte + wpe");
+        else
+            snprintf(name, sizeof name, "%s%s", u->gpt ? "transformer.h." : "", list->child_names[k - off]);
+        pp->layers[k] = k < off ? pp->embed : k - off < list->nchildren ? list->children[k - off] : pp->head;
+        if (!(pp->names[k] = ts__strdup(name)))
+            return ts_error(TS_ERR_NOMEM, "ts_nn_pipeline_parallel_new: out of memory");
+    }
+    return TS_OK;
+}
+
+/* Stage bounds over pp->layers from the unit counts (a GPT's embedding in stage 0, its head in the last),
+ * and each stage's layers moved to its device. */
+static ts_status pp_place(pp_impl *pp, const int *counts) {
+    int p = pp->nstages, extra = pp->embed ? 1 : 0;
+    pp->first[0] = 0;
+    for (int s = 0; s < p; s++) {
+        pp->first[s + 1] = pp->first[s] + counts[s] + (s == 0 ? extra : 0) + (s == p - 1 ? extra : 0);
+        pp->stats.layers[s] = counts[s];
+    }
+    for (int s = 0; s < p; s++)
+        for (int k = pp->first[s]; k < pp->first[s + 1]; k++) {
+            ts_module *l = pp->layers[k];
+            bool piece = l == pp->embed || l == pp->head;
+            ts_status st = piece ? ts__gpt_piece_to(l, pp->devs[s]) : ts_module_to(l, pp->devs[s]);
+            if (st != TS_OK)
+                return ts__error_prefix(st, "ts_nn_pipeline_parallel_new: moving layer %s to %s", pp->names[k],
+                                        pp->devs[s]->name);
+        }
+    return TS_OK;
+}
 
 ts_status ts_nn_pipeline_parallel_new(ts_module *seq, ts_device *const *devs, int nstages, const int *bounds,
-                             int micro_batches, ts_pp_schedule schedule, ts_device *output_device,
-                             ts_module **out) {
+                                      int micro_batches, ts_pp_schedule schedule, ts_device *output_device,
+                                      ts_module **out) {
     ts_status st = TS_OK;
     ts_module *m = NULL;
+    pp_units u = {0};
+    int counts[TS_PP_MAX_STAGES];
     if (!seq || !devs || !out) {
         st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: NULL argument");
         goto fail;
     }
     *out = NULL;
-    if (ts_module_kind(seq) != TS_MODULE_SEQUENTIAL) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: the module to split must be a Sequential (got %s)",
-                      ts_module_type_name(seq));
-        goto fail;
-    }
-    int nlayers = seq->nchildren;
-    if (nstages < 1 || nstages > TS_PP_MAX_STAGES) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: %d stages (want 1 to %d)", nstages,
-                      TS_PP_MAX_STAGES);
-        goto fail;
-    }
-    if (nstages > nlayers) {
-        st = ts_error(TS_ERR_INVALID_ARG,
-                      "ts_nn_pipeline_parallel_new: %d stages but the Sequential has only %d layers (each stage needs at "
-                      "least one)",
-                      nstages, nlayers);
-        goto fail;
-    }
-    if (micro_batches < 1) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: micro_batches is %d; it must be at least 1",
-                      micro_batches);
-        goto fail;
-    }
-    if (schedule != TS_PP_GPIPE && schedule != TS_PP_1F1B) {
-        st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: unknown schedule %d", (int)schedule);
-        goto fail;
-    }
-    for (int s = 0; s < nstages; s++) {
-        if (!devs[s]) {
-            st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device of stage %d is NULL", s);
-            goto fail;
-        }
-        if (!devs[s]->stream) {
-            st = ts_error(TS_ERR_DEVICE,
-                          "ts_nn_pipeline_parallel_new: stage %d's device '%s' has no worker thread, so it cannot run "
-                          "concurrently with the other stages (use virtual devices cpu:0, cpu:1, ...)",
-                          s, devs[s]->name);
-            goto fail;
-        }
-        for (int t = 0; t < s; t++)
-            if (devs[t] == devs[s]) {
-                st = ts_error(TS_ERR_INVALID_ARG, "ts_nn_pipeline_parallel_new: device %s is given to stages %d and %d",
-                              devs[s]->name, t, s);
-                goto fail;
-            }
-    }
-    int counts[TS_PP_MAX_STAGES];
-    if (bounds) { /* stage s: children [bounds[s-1], bounds[s]), bounds[-1] = 0 */
-        for (int s = 0; s < nstages; s++) {
-            int lo = s ? bounds[s - 1] : 0;
-            if (bounds[s] <= lo) {
-                if (s)
-                    st = ts_error(TS_ERR_INVALID_ARG,
-                                  "ts_nn_pipeline_parallel_new: bounds[%d] = %d does not come after bounds[%d] = %d (bounds "
-                                  "must increase: every stage needs at least one layer)",
-                                  s, bounds[s], s - 1, lo);
-                else
-                    st = ts_error(TS_ERR_INVALID_ARG,
-                                  "ts_nn_pipeline_parallel_new: bounds[0] = %d (stage 0 needs at least one layer)", bounds[0]);
-                goto fail;
-            }
-            counts[s] = bounds[s] - lo;
-        }
-        if (bounds[nstages - 1] != nlayers) {
-            st = ts_error(TS_ERR_INVALID_ARG,
-                          "ts_nn_pipeline_parallel_new: the bounds end at %d but the Sequential has %d layers",
-                          bounds[nstages - 1], nlayers);
-            goto fail;
-        }
-    } else {
-        for (int s = 0; s < nstages; s++) counts[s] = nlayers / nstages + (s < nlayers % nstages);
-    }
-
+    TS_CHECK_GOTO(pp_units_of(seq, &u));
+    TS_CHECK_GOTO(pp_check_args(&u, devs, nstages, micro_batches, schedule));
+    TS_CHECK_GOTO(pp_counts(&u, nstages, bounds, counts));
     TS_CHECK_GOTO(ts__module_new(&pipeline_vt, sizeof(pp_impl), &m));
     pp_impl *pp = m->impl;
     pp->nstages = nstages;
-    pp->nlayers = nlayers;
     pp->micro_batches = micro_batches;
     pp->schedule = schedule;
     pp->out_dev = output_device ? output_device : devs[nstages - 1];
-    pp->first[0] = 0;
-    for (int s = 0; s < nstages; s++) {
-        pp->devs[s] = devs[s];
-        pp->first[s + 1] = pp->first[s] + counts[s];
-        pp->stats.layers[s] = counts[s];
-    }
+    for (int s = 0; s < nstages; s++) pp->devs[s] = devs[s];
     pp->stats.stages = nstages;
     pp->stats.schedule = schedule;
     m->training = seq->training;
-    /* move each stage's layers to its device */
-    for (int s = 0; s < nstages; s++)
-        for (int k = pp->first[s]; k < pp->first[s + 1]; k++) {
-            st = ts_module_to(seq->children[k], devs[s]);
-            if (st != TS_OK) {
-                ts__error_prefix(st, "ts_nn_pipeline_parallel_new: moving layer %s to %s", seq->child_names[k], devs[s]->name);
-                goto fail;
-            }
-        }
+    TS_CHECK_GOTO(pp_layers_init(pp, seq, &u));
+    TS_CHECK_GOTO(pp_place(pp, counts));
     st = ts__module_add_child(m, "module", seq);
     seq = NULL; /* owned by m now, or freed */
     TS_CHECK_GOTO(st);
@@ -245,7 +313,6 @@ static ts_status pp_get(const ts_module *m, const char *fn, pp_impl **out) {
 /* ---- one run ------------------------------------------------------------------------------------------ */
 typedef struct pp_run {
     pp_impl *pp;
-    ts_module *seq;
     bool train, grad_mode;
     const ts_tensor *x, *y; /* borrowed from the caller, who waits for the run */
     float smoothing;
@@ -300,6 +367,46 @@ static void pp_mark(pp_run *r, unsigned char *flags, int idx) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* The cross-entropy of logits against targets y. A sequence model's logits (b, T..., V) against targets
+ * (b, T...) score every position: the rows flattened, as the trainer's loss (train/strategy.c) does. */
+static ts_status pp_cross_entropy(const ts_tensor *logits, const ts_tensor *y, float smoothing, ts_tensor **out) {
+    int nd = ts_tensor_ndim(logits);
+    bool rows_last = nd >= 3 && ts_tensor_ndim(y) == nd - 1;
+    for (int d = 0; rows_last && d < nd - 1; d++) rows_last = ts_tensor_dim(logits, d) == ts_tensor_dim(y, d);
+    if (!rows_last) return ts_cross_entropy(logits, y, smoothing, out);
+    int64_t rows = ts_tensor_numel(y), two[2] = {rows, ts_tensor_dim(logits, -1)};
+    ts_tensor *l2 = NULL, *y1 = NULL;
+    ts_status st = ts_reshape(logits, 2, two, &l2);
+    if (st == TS_OK) st = ts_reshape(y, 1, &rows, &y1);
+    if (st == TS_OK) st = ts_cross_entropy(l2, y1, smoothing, out);
+    ts_tensor_release(y1);
+    ts_tensor_release(l2);
+    return st;
+}
+
+/* The last stage's loss of micro-batch i (samples [lo, hi)): its mean cross-entropy weighted by its
+ * share of the batch, kept for B(last, i). Takes the reference logits. */
+static ts_status pp_loss(pp_run *r, ts_device *dev, int i, int64_t lo, int64_t hi, ts_tensor *logits) {
+    ts_tensor *tmp = NULL, *yd = NULL, *ce = NULL, *l = NULL;
+    bool prev = ts_grad_set_enabled(false);
+    ts_status st = ts_slice(r->y, 0, lo, hi, &tmp);
+    if (st == TS_OK) st = ts_to_device(tmp, dev, &yd);
+    ts_grad_set_enabled(prev);
+    ts_tensor_release(tmp);
+    if (st == TS_OK) st = pp_cross_entropy(logits, yd, r->smoothing, &ce);
+    if (st == TS_OK) st = ts_scale(ce, (float)r->weight[i], &l);
+    if (st == TS_OK) {
+        /* a micro-batch whose targets are all ignored has a NaN mean and weight 0:
+         * it adds nothing (its backward gives zero gradients) */
+        r->loss_val[i] = r->weight[i] != 0 ? ts_tensor_item(l, 0) : 0.0;
+        r->loss[i] = l;
+    }
+    ts_tensor_release(ce);
+    ts_tensor_release(yd);
+    ts_tensor_release(logits);
+    return st == TS_OK ? TS_OK : ts__error_prefix(st, "loss");
+}
+
 /* F(s, i): stage s's layers on micro-batch i. */
 static ts_status pp_forward(pp_run *r, int s, int i) {
     pp_impl *pp = r->pp;
@@ -330,10 +437,10 @@ static ts_status pp_forward(pp_run *r, int s, int i) {
     if (st != TS_OK) return ts__error_prefix(st, "copying the input to %s", dev->name);
     cur = ts_tensor_retain(in);
     for (int k = pp->first[s]; k < pp->first[s + 1] && st == TS_OK; k++) {
-        ts_module *layer = r->seq->children[k];
+        ts_module *layer = pp->layers[k];
         ts_tensor *next = NULL;
         st = ts_module_forward(layer, cur, &next);
-        if (st != TS_OK) ts__error_prefix(st, "layer %s (%s)", r->seq->child_names[k], ts_module_type_name(layer));
+        if (st != TS_OK) ts__error_prefix(st, "layer %s (%s)", pp->names[k], ts_module_type_name(layer));
         ts_tensor_release(cur);
         cur = next;
     }
@@ -342,26 +449,7 @@ static ts_status pp_forward(pp_run *r, int s, int i) {
     else
         ts_tensor_release(in);
     if (st != TS_OK) return st;
-    if (r->train && s == r->p - 1) { /* the loss, weighted by the micro-batch's share of the batch */
-        ts_tensor *yd = NULL, *ce = NULL, *l = NULL;
-        bool prev = ts_grad_set_enabled(false);
-        st = ts_slice(r->y, 0, lo, hi, &tmp);
-        if (st == TS_OK) st = ts_to_device(tmp, dev, &yd);
-        ts_grad_set_enabled(prev);
-        ts_tensor_release(tmp);
-        if (st == TS_OK) st = ts_cross_entropy(cur, yd, r->smoothing, &ce);
-        if (st == TS_OK) st = ts_scale(ce, (float)r->weight[i], &l);
-        if (st == TS_OK) {
-            /* a micro-batch whose targets are all ignored has a NaN mean and weight 0:
-             * it adds nothing (its backward gives zero gradients) */
-            r->loss_val[i] = r->weight[i] != 0 ? ts_tensor_item(l, 0) : 0.0;
-            r->loss[i] = l;
-        }
-        ts_tensor_release(ce);
-        ts_tensor_release(yd);
-        ts_tensor_release(cur);
-        return st == TS_OK ? TS_OK : ts__error_prefix(st, "loss");
-    }
+    if (r->train && s == r->p - 1) return pp_loss(r, dev, i, lo, hi, cur); /* takes cur */
     r->out[s * m + i] = cur;
     return TS_OK;
 }
@@ -454,21 +542,25 @@ static void pp_run_clear(pp_run *r) {
 
 /* weight[i] = counted targets of micro-batch i / counted targets of the batch, so
  * sum_i weight[i] * mean_i = the batch's mean cross-entropy (ignore_index targets
- * count in neither, as in ts_cross_entropy); size / B when none is counted. */
+ * count in neither, as in ts_cross_entropy; a sample has numel(y) / B targets: a
+ * sequence's every position); size / B when none is counted. */
 static ts_status pp_weights(pp_run *r, const ts_tensor *y) {
-    int64_t *t = ts__malloc(sizeof(int64_t) * (size_t)r->batch);
+    int64_t n_all = ts_tensor_numel(y), row = n_all / r->batch;
+    int64_t *t = ts__malloc(sizeof(int64_t) * (size_t)n_all);
     if (!t) return TS_ERR_NOMEM;
-    ts_status st = ts_tensor_to_host(y, t, sizeof(int64_t) * (size_t)r->batch);
+    ts_status st = ts_tensor_to_host(y, t, sizeof(int64_t) * (size_t)n_all);
     int64_t total = 0;
-    for (int64_t k = 0; st == TS_OK && k < r->batch; k++) total += t[k] != -100;
+    for (int64_t k = 0; st == TS_OK && k < n_all; k++) total += t[k] != -100;
     for (int i = 0; st == TS_OK && i < r->m; i++) {
         int64_t lo = (int64_t)i * r->chunk, hi = TS_MIN(r->batch, lo + r->chunk), n = 0;
-        for (int64_t k = lo; k < hi; k++) n += t[k] != -100;
+        for (int64_t k = lo * row; k < hi * row; k++) n += t[k] != -100;
         r->weight[i] = total ? (double)n / (double)total : (double)(hi - lo) / (double)r->batch;
     }
     free(t);
     return st;
 }
+
+static void pp_record(pp_run *r, bool train, double wall, const size_t *base);
 
 /* Runs every stage's schedule over x (and y when training). On success the
  * caller takes what it needs from r and calls pp_run_clear. */
@@ -479,7 +571,6 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->pp = pp;
-    r->seq = pp_seq(pm);
     r->train = train;
     r->grad_mode = ts_grad_is_enabled();
     r->x = x;
@@ -491,8 +582,9 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
         return ts_error(TS_ERR_SHAPE, "%s: input of shape %s has no batch to split", fn,
                         ts_shape_str(ts_tensor_ndim(x), ts_tensor_shape(x), a, sizeof a));
     r->batch = ts_tensor_dim(x, 0);
-    if (y && (ts_tensor_ndim(y) != 1 || ts_tensor_dim(y, 0) != r->batch || ts_tensor_dtype(y) != TS_I64))
-        return ts_error(TS_ERR_SHAPE, "%s: targets of shape %s (%s) for inputs of shape %s (want (%lld) int64)", fn,
+    if (y && (ts_tensor_ndim(y) < 1 || ts_tensor_dim(y, 0) != r->batch || ts_tensor_dtype(y) != TS_I64))
+        return ts_error(TS_ERR_SHAPE, "%s: targets of shape %s (%s) for inputs of shape %s (want (%lld, ...) int64)",
+                        fn,
                         ts_shape_str(ts_tensor_ndim(y), ts_tensor_shape(y), a, sizeof a),
                         ts_dtype_name(ts_tensor_dtype(y)),
                         ts_shape_str(ts_tensor_ndim(x), ts_tensor_shape(x), b, sizeof b), (long long)r->batch);
@@ -520,6 +612,10 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
         base[s] = ts_device_memory_allocated(pp->devs[s]);
         ts_device_memory_reset_peak(pp->devs[s]);
     }
+    if (pp->head) { /* a GPT: the last stage's own copy of the tied weight (nn/gpt_stages.c) */
+        ts_status st = ts__gpt_head_untie(pp->head, pp->devs[p - 1], train);
+        if (st != TS_OK) return ts__error_prefix(st, "%s", fn);
+    }
     pp_stage_arg args[TS_PP_MAX_STAGES];
     ts_task *tasks[TS_PP_MAX_STAGES] = {0};
     r->trace = ts__tl_on(); /* the caller's recorder: the stage workers record for it */
@@ -545,8 +641,20 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
         ts_task_free(tasks[s]);
     }
     double wall = ts_time_now() - t0;
+    pp_record(r, train, wall, base);
+    if (pp->head) { /* every stage's backward is over: the head's gradient into wte's */
+        ts_status st = ts__gpt_head_retie(pp->head, train && !r->failed);
+        if (st != TS_OK && !r->failed) return ts__error_prefix(st, "%s", fn);
+    }
+    if (r->failed) return ts_error(r->fail_st, "%s: %s", fn, r->fail_msg);
+    return TS_OK;
+}
 
-    /* stats and trace */
+/* The run's stats and trace into the pipeline (ts_pp_get_stats, ts_pp_trace). */
+static void pp_record(pp_run *r, bool train, double wall, const size_t *base) {
+    pp_impl *pp = r->pp;
+    int p = r->p, m = r->m;
+    size_t n = (size_t)p * (size_t)m;
     ts_pp_stats *S = &pp->stats;
     S->micro_batches = m;
     S->train = train;
@@ -568,8 +676,6 @@ static ts_status pp_run_all(ts_module *pm, const char *fn, const ts_tensor *x, c
         memcpy(trace, r->ev, sizeof(int) * 2 * n);
         for (int s = 0; s < p; s++) pp->trace_len[s] = r->nev[s];
     }
-    if (r->failed) return ts_error(r->fail_st, "%s: %s", fn, r->fail_msg);
-    return TS_OK;
 }
 
 /* ---- the module's forward: outputs concatenated on the output device --------------------------------- */

@@ -7,8 +7,12 @@
  * on a random micro-batch of the sample shape (8 samples: the default batch
  * 64 cut in 8), timed with one stage's thread budget, so the stages take about
  * equally long where the layers allow it; without a sample shape, equal layer
- * counts. Training goes through ts_pp_train_step (schedule, loss, backward on
- * the stage workers); the module's forward returns CPU logits (evaluation).
+ * counts. A GPT (ts_model_gpt) is cut by block count instead (its blocks cost
+ * the same; the embedding joins the first stage, ln_f and the tied head the
+ * last: parallel/pipeline_parallel.c, nn/gpt_stages.c); its state dict, and so
+ * the checkpoint, stays the one-device model's. Training goes through
+ * ts_pp_train_step (schedule, loss, backward on the stage workers); the
+ * module's forward returns CPU logits (evaluation).
  */
 #include "train/strategy.h"
 
@@ -18,7 +22,8 @@
 
 /* The split by measured time into bounds, or false (then equal layer counts). */
 static bool split_by_time(ts_module *model, const ts_strategy_opts *o, int nstages, int *bounds) {
-    if (o->sample_ndim < 1 || o->sample_ndim > TS_MAX_DIMS - 1 || nstages > ts_nn_sequential_len(model))
+    if (ts_module_kind(model) != TS_MODULE_SEQUENTIAL || o->sample_ndim < 1 || o->sample_ndim > TS_MAX_DIMS - 1 ||
+        nstages > ts_nn_sequential_len(model))
         return false;
     int64_t shape[TS_MAX_DIMS];
     shape[0] = PIPELINE_PROFILE_BATCH;
@@ -44,13 +49,14 @@ static ts_status pipeline_wrap(ts_strategy *s, ts_module *model, const ts_strate
     TS_TRY(ts_nn_pipeline_parallel_new(model, s->devs, s->ndev, split, o->micro_batches, o->schedule,
                                        ts_device_cpu(), &s->runner));
     s->model = ts_module_child(s->runner, "module");
+    const char *unit = ts_module_kind(s->model) == TS_MODULE_SEQUENTIAL ? "layers" : "blocks";
     ts_pp_stats st;
     size_t len = (size_t)snprintf(s->desc, sizeof s->desc, "pipeline: %s schedule, %d micro-batches per batch;",
                                   ts_pp_schedule_name(o->schedule), o->micro_batches);
     if (ts_pp_get_stats(s->runner, &st) == TS_OK)
         for (int i = 0; i < s->ndev && len < sizeof s->desc; i++)
-            len += (size_t)snprintf(s->desc + len, sizeof s->desc - len, "%s %s: %d layers", i ? "," : "",
-                                    ts_device_name(s->devs[i]), st.layers[i]);
+            len += (size_t)snprintf(s->desc + len, sizeof s->desc - len, "%s %s: %d %s", i ? "," : "",
+                                    ts_device_name(s->devs[i]), st.layers[i], unit);
     return TS_OK;
 }
 
