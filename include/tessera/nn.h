@@ -44,6 +44,21 @@ ts_status ts_module_forward(ts_module *m, const ts_tensor *x, ts_tensor **out);
 /* Sets training mode (true) or eval mode (false) on m and all its descendants. */
 void ts_module_train(ts_module *m, bool training);
 bool ts_module_is_training(const ts_module *m);
+/* Activation checkpointing (torch.utils.checkpoint's reentrant form). When on, ts_module_forward(m)
+ * with grad mode on runs m's forward with autograd off — the unit's intermediate activations are freed
+ * as it goes — and records one node over (input, m's parameters) that keeps only the input. Its backward
+ * runs m's forward again from that input with autograd on (the default generator's state and the
+ * generators of m's Dropout modules as they were at the first forward, so dropout draws the same masks;
+ * BatchNorm running statistics updated once, not twice) and backward through it: the same gradients, for
+ * one more forward of m. m must outlive the graph and keep its parameters until backward. Works under DDP,
+ * pipeline parallelism and DataParallel (replicas inherit the mark). NULL m: TS_ERR_INVALID_ARG. */
+ts_status ts_module_set_checkpointed(ts_module *m, bool on);
+bool ts_module_is_checkpointed(const ts_module *m);
+/* Marks (on) or unmarks the units of a model: a GPT's blocks (transformer.h.N), a ResNet's residual
+ * blocks (BasicBlock, Bottleneck, wherever they sit in the tree). *units (optional): how many.
+ * TS_ERR_INVALID_ARG naming the model when it has no such unit (the cnn, the mlp, most custom
+ * modules: mark their modules with ts_module_set_checkpointed). */
+ts_status ts_model_set_activation_checkpointing(ts_module *model, bool on, int *units);
 /* Frees m, its children and its tensors (the tensors live on while other
  * references to them exist, e.g. in an optimizer). NULL is fine. */
 void ts_module_free(ts_module *m);

@@ -461,6 +461,10 @@ ts_status ts_nn_dropout_new(float p, ts_rng *rng, ts_module **out) {
     return TS_OK;
 }
 
+ts_rng *ts__dropout_module_rng(const ts_module *m) {
+    return ts_module_kind(m) == TS_MODULE_DROPOUT ? ((const dropout_impl *)m->impl)->rng : NULL;
+}
+
 ts_status ts_dropout_get_p(const ts_module *m, float *p) {
     TS_TRY(expect_kind(m, "ts_dropout_get_p", TS_MODULE_DROPOUT, TS_MODULE_DROPOUT, "a Dropout"));
     if (p) *p = ((const dropout_impl *)m->impl)->p;

@@ -53,6 +53,7 @@ ts_status ts__module_new_replica(const ts_module *src, ts_module **out) {
     r->impl = src->impl;
     r->impl_borrowed = true;
     r->training = src->training;
+    r->checkpointed = src->checkpointed;
     *out = r;
     return TS_OK;
 }
@@ -131,7 +132,8 @@ ts_status ts__param_uniform(int ndim, const int64_t *shape, double bound, ts_rng
 /* ---- every module ------------------------------------------------------------------------ */
 ts_status ts_module_forward(ts_module *m, const ts_tensor *x, ts_tensor **out) {
     TS_ARG(m && x && out, "ts_module_forward: NULL argument");
-    ts_status st = m->vt->forward(m, x, out);
+    ts_status st = m->checkpointed && ts_grad_is_enabled() ? ts__checkpoint_forward(m, x, out)
+                                                           : m->vt->forward(m, x, out);
     if (st != TS_OK) *out = NULL;
     return st;
 }

@@ -55,6 +55,9 @@ struct ts_module {
     /* the zoo model this module was built as (ts_model_new, ts_model_resnet: a static name such as
      * "resnet18"), or NULL; what a state dict's mismatch message calls the model */
     const char *model_name;
+    /* activation checkpointing (ts_module_set_checkpointed, nn/checkpoint.c): ts_module_forward with grad
+     * mode on keeps only the input and recomputes the forward in backward */
+    bool checkpointed;
 };
 
 /* A new module of type vt with impl_size zeroed bytes of configuration; training mode. */
@@ -121,6 +124,12 @@ ts_status ts__gpt_head_untie(ts_module *head, ts_device *dev, bool train);
 /* Drops the head's copy; with add, first adds the copy's gradient (if any) into wte's
  * .grad on wte's device (call it after every backward through the copy has finished). */
 ts_status ts__gpt_head_retie(ts_module *head, bool add);
+
+/* The generator a Dropout module draws from (NULL: the default), for activation checkpointing's
+ * replay (nn/checkpoint.c); NULL for other kinds. */
+ts_rng *ts__dropout_module_rng(const ts_module *m);
+/* ts_module_forward of a checkpointed module with grad mode on (nn/checkpoint.c). */
+ts_status ts__checkpoint_forward(ts_module *m, const ts_tensor *x, ts_tensor **out);
 
 /* A new CPU F32 tensor filled with U(-bound, bound). */
 ts_status ts__param_uniform(int ndim, const int64_t *shape, double bound, ts_rng *rng, ts_tensor **out);
