@@ -176,6 +176,8 @@ static void print_banner(ts_run *run) {
     printf(", %lld parameters, %d threads%s\n", (long long)ts_module_num_parameters(ts_strategy_model(s)),
            ts_get_num_threads(), ddp ? " per rank" : "");
     if (ddp && c->sync_bn) printf("--sync-bn: BatchNorm2d layers are SyncBatchNorm over all %d ranks\n", world);
+    if (c->activation_checkpointing)
+        printf("--activation-checkpointing: each block keeps only its input and runs its forward again in backward\n");
     if (ddp && c->ddp_comm == TS_PRECISION_BF16) printf("--ddp-comm bf16: gradient buckets are all-reduced in bfloat16\n");
     if (c->precision == TS_PRECISION_FP16)
         printf("--precision fp16: matmul and convolution operands rounded to float16, float32 accumulation, dynamic "

@@ -90,6 +90,9 @@ typedef struct ts_run_config {
     int64_t seq_len;          /* the context length; also the token data's rows (T) */
     int64_t vocab_size;       /* 0: the token data's (its largest id + 1), else the preset's */
     double dropout;           /* embedding and residual dropout */
+    bool activation_checkpointing; /* the model's units (GPT blocks, ResNet residual blocks) keep only their
+                                      input and recompute their forward in backward
+                                      (ts_model_set_activation_checkpointing); a model without units fails */
     /* the data */
     const char *data;         /* IDX folder, image folder, "path label" list, or a folder of token shards */
     int64_t data_threads;     /* images: decoding worker threads */

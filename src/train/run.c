@@ -331,6 +331,11 @@ static ts_status open_training(ts_run *r) {
     r->dopt.comm_dtype = ts_precision_dtype(c->ddp_comm);
     r->so.ddp = &r->dopt;
     r->so.sample_ndim = ts_batch_source_sample_shape(r->train, r->so.sample_shape);
+    if (c->activation_checkpointing) { /* before the strategy: replicas and stages inherit the marks */
+        int units = 0;
+        TS_TRY(ts_model_set_activation_checkpointing(r->model_m, true, &units));
+        ts_log(TS_LOG_INFO, "activation checkpointing: %d units recompute their forward in backward", units);
+    }
     ts_module *m = r->model_m;
     r->model_m = NULL; /* the strategy owns it now, also on failure */
     ts_status st = ts_strategy_new(m, &r->so, &r->s);

@@ -52,6 +52,7 @@ static const ts_run_field fields[] = {
     F_INT(seq_len, "seq-len", 0, 1 << 20, "GPT models: the context length, and the tokens per row of token --data (0: the preset's)"),
     F_INT(vocab_size, "vocab-size", 0, 1 << 24, "GPT models: the vocabulary (0: the token data's largest id + 1, else the preset's)"),
     F_REAL(dropout, "dropout", 0, 0.99, "GPT models: embedding and residual dropout"),
+    F_BOOL(activation_checkpointing, "activation-checkpointing", "GPT models and ResNets: each block keeps only its input during forward and runs its forward again during backward (dropout masks replayed), for the same gradients with less activation memory and about one more forward of compute"),
     F_INT(epochs, "epochs", 1, 1e6, "number of epochs"),
     F_INT(max_steps, "max-steps", 0, 1e12, "the run's length in optimizer steps, when fewer than the epochs' (the learning-rate schedule spans them; 0: no limit)"),
     F_INT(eval_every, "eval-every", 0, 1e12, "also evaluate on rank 0 every N optimizer steps (a language model's validation loss during an epoch; 0: at epoch ends only)"),
