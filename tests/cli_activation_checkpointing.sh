@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `tessera train --activation-checkpointing`: a GPT with dropout trained 30 steps with the flag equals the run
-# without it (checkpoints within 1e-5; the recomputation replays the dropout masks), also as two DDP ranks and
-# as a two-stage pipeline; the banner says it; a model without blocks (the cnn) is refused, named.
+# without it (checkpoints within 1e-5; the recomputation replays the dropout masks), also as two DDP ranks, as
+# a two-stage pipeline and as DataParallel over two virtual devices; the banner says it; a model without blocks (the cnn) is refused, named.
 set -u
 TS=${1:?usage: cli_activation_checkpointing.sh path/to/tessera}
 . "$(dirname "$0")/testlib.sh"
@@ -34,6 +34,12 @@ G0=${GPT/--dropout 0.1/--dropout 0}
 "$TS" ckpt diff "$T/one.ckpt" "$T/pp.ckpt" --tol 1e-5 >/dev/null 2>&1 \
   && ok "--strategy pipeline --activation-checkpointing = 1 device without (tol 1e-5)" \
   || bad "pipeline differs: $("$TS" ckpt diff "$T/one.ckpt" "$T/pp.ckpt" --tol 1e-5 2>&1 | tail -3)"
+
+"$TS" train $G0 --max-steps 10 --strategy data --devices cpu:0,cpu:1 --activation-checkpointing \
+  --checkpoint "$T/dp.ckpt" >/dev/null 2>&1 || bad "DataParallel with the flag"
+"$TS" ckpt diff "$T/one.ckpt" "$T/dp.ckpt" --tol 1e-5 >/dev/null 2>&1 \
+  && ok "--strategy data --activation-checkpointing = 1 device without (tol 1e-5)" \
+  || bad "DataParallel differs: $("$TS" ckpt diff "$T/one.ckpt" "$T/dp.ckpt" --tol 1e-5 2>&1 | tail -3)"
 
 # a model without units
 DATA=/usr/share/datasets/fashion-mnist

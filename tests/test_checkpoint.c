@@ -351,6 +351,10 @@ static void test_units(void) {
     CHECK(n == 8);
     CHECK(ts_module_is_checkpointed(ts_module_child(m, "layer3.1")));
     CHECK(!ts_module_is_checkpointed(ts_module_child(m, "layer3")));
+    ts_module *shared = NULL; /* what DDP, DataParallel and the run build on: the marks go along */
+    CHECK_OK(ts_module_share(m, &shared));
+    CHECK(shared && ts_module_is_checkpointed(ts_module_child(shared, "layer3.1")));
+    ts_module_free(shared);
     CHECK_OK(ts_model_set_activation_checkpointing(m, false, &n));
     CHECK(!ts_module_is_checkpointed(ts_module_child(m, "layer3.1")));
     ts_module_free(m);
