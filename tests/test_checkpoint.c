@@ -8,9 +8,14 @@
  *  - a retain_graph backward run twice through checkpointed units: the same gradients twice;
  *  - the allocator's figures on a GPT where activations dominate: what forward + loss leave allocated (the
  *    saved activations) at least halves, and the peak of forward + backward drops;
- *  - which units ts_model_set_activation_checkpointing marks, and its error for a model without units.
+ *  - which units ts_model_set_activation_checkpointing marks, and its error for a model without units;
+ *  - out of memory at every allocation of a checkpointed step (once, and from then on): TS_ERR_NOMEM, the
+ *    module's parameter and buffer slots hold their own tensors again, and a clean step follows.
  */
 #include "test_util.h"
+#include "core/internal.h"
+
+#include <limits.h>
 
 /* two generators in the same state (field by field: the struct has padding) */
 static bool same_rng(const ts_rng *a, const ts_rng *b) {
@@ -371,5 +376,85 @@ static void test_units(void) {
     CHECK(!ts_module_is_checkpointed(NULL));
 }
 
+/* one residual block (with a downsample: conv, BatchNorm) and a linear head, for failure injection */
+static ts_module *one_block(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 5);
+    ts_module *s = NULL, *c = NULL;
+    CHECK_OK(ts_nn_sequential_new(&s));
+    CHECK_OK(ts_nn_residual_block_new(3, 4, 2, &r, &c));
+    CHECK_OK(ts_nn_sequential_add(s, "layer2", c));
+    CHECK_OK(ts_nn_flatten_new(&c));
+    CHECK_OK(ts_nn_sequential_add(s, "flatten", c));
+    CHECK_OK(ts_nn_linear_new(4 * 4 * 4, 5, true, &r, &c));
+    CHECK_OK(ts_nn_sequential_add(s, "fc", c));
+    return s;
+}
+
+/* forward + loss + backward without CHECKs (for failure injection) */
+static ts_status try_step(ts_module *m, const ts_tensor *x, const ts_tensor *t) {
+    ts_tensor *o = NULL, *loss = NULL;
+    ts_status st = ts_module_forward(m, x, &o);
+    if (st == TS_OK) st = ts_cross_entropy(o, t, 0.0f, &loss);
+    if (st == TS_OK) st = ts_backward(loss, NULL, false);
+    ts_tensor_release(o);
+    ts_tensor_release(loss);
+    return st;
+}
+
+static void test_out_of_memory(void) {
+    ts_rng r;
+    ts_rng_seed(&r, 4);
+    ts_tensor *x = tu_rand(&r, 4, (int64_t[]){2, 3, 8, 8}, -1, 1, false), *t = NULL;
+    CHECK_OK(ts_tensor_from_data(NULL, TS_I64, 1, (int64_t[]){2}, (int64_t[]){1, 4}, &t));
+    ts_module *m = one_block();
+    CHECK_OK(ts_model_set_activation_checkpointing(m, true, NULL));
+    ts__alloc_fail_after(LONG_MAX);
+    CHECK_OK(try_step(m, x, t));
+    const long allocs = ts__alloc_count();
+    ts__alloc_fail_after(-1);
+    ts_module_free(m);
+    CHECK(allocs > 0);
+    long failed = 0;
+    for (int once = 0; once < 2; once++)
+        for (long n = 0; n <= allocs; n++) {
+            m = one_block();
+            CHECK_OK(ts_model_set_activation_checkpointing(m, true, NULL));
+            ts_module *blk = ts_module_child(m, "layer2");
+            ts_tensor *w = ts_module_param(ts_module_child(blk, "conv1"), "weight");
+            ts_tensor *rm = ts_module_buffer(ts_module_child(blk, "bn1"), "running_mean");
+            if (once)
+                ts__alloc_fail_once_after(n);
+            else
+                ts__alloc_fail_after(n);
+            ts_status st = try_step(m, x, t);
+            const long injected = ts__alloc_failures();
+            ts__alloc_fail_after(-1);
+            if (injected > 0) {
+                failed++;
+                if (st != TS_ERR_NOMEM)
+                    fprintf(stderr, "fail %s after %ld of %ld: %s (%s)\n", once ? "once" : "from then on", n, allocs,
+                            ts_status_name(st), ts_last_error());
+                CHECK(st == TS_ERR_NOMEM);
+            } else {
+                CHECK_OK(st);
+            }
+            CHECK(ts_module_param(ts_module_child(blk, "conv1"), "weight") == w);
+            CHECK(ts_module_buffer(ts_module_child(blk, "bn1"), "running_mean") == rm);
+            ts_tensor_list p = TS_TENSOR_LIST_INIT;
+            CHECK_OK(ts_module_parameters(m, &p));
+            for (int i = 0; i < p.n; i++) ts_tensor_zero_grad(p.tensors[i]);
+            CHECK_OK(try_step(m, x, t)); /* a clean step afterwards */
+            for (int i = 0; i < p.n; i++) CHECK(ts_tensor_grad(p.tensors[i]) != NULL);
+            ts_tensor_list_clear(&p);
+            ts_module_free(m);
+        }
+    printf("  out of memory at each of %ld allocations of a step, once and from then on: %ld failed steps, each "
+           "TS_ERR_NOMEM\n", allocs, failed);
+    ts_tensor_release(x);
+    ts_tensor_release(t);
+}
+
 TU_MAIN(T(test_gpt_same_gradients_and_steps), T(test_resnet_same_gradients_and_running_stats),
-        T(test_dropout_module_generator_replayed), T(test_memory_drops), T(test_units))
+        T(test_dropout_module_generator_replayed), T(test_memory_drops), T(test_units),
+        T(test_out_of_memory))
