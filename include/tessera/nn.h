@@ -50,7 +50,8 @@ bool ts_module_is_training(const ts_module *m);
  * runs m's forward again from that input with autograd on (the default generator's state and the
  * generators of m's Dropout modules as they were at the first forward, so dropout draws the same masks;
  * BatchNorm running statistics updated once, not twice) and backward through it: the same gradients, for
- * one more forward of m. m must outlive the graph and keep its parameters until backward. Works under DDP,
+ * one more forward of m. m must outlive the graph, keep its parameters until backward, and not run on another
+ * thread during a backward through it (the recomputation swaps stand-ins into its slots). Works under DDP,
  * pipeline parallelism and DataParallel (replicas inherit the mark). NULL m: TS_ERR_INVALID_ARG. */
 ts_status ts_module_set_checkpointed(ts_module *m, bool on);
 bool ts_module_is_checkpointed(const ts_module *m);
