@@ -142,6 +142,10 @@ if TS:
         evals = [e for e in events if e["kind"] == "eval"]
         check([e["step"] for e in evals] == [3, 6] and evals[-1]["eval"]["samples"] == 2 * 4 * 16 and
               evals[-1]["tokens_per_second"] > 0, "eval events every 3 steps, over 2 batches of positions")
+        r2 = tessera.train(model="gpt2-tiny", data=os.path.join(d, "tok"), seq_len=16, batch_size=4, max_steps=6,
+                           optimizer="adamw", lr=3e-3, threads=1, activation_checkpointing=True, progress=False)
+        check(r2["final_loss"] == r["final_loss"],
+              f"activation_checkpointing=True: the same final loss ({r2['final_loss']:.6f}), bit for bit")
         raises(tessera.ArgumentError, "holds token shards: model cnn takes images", tessera.train, model="cnn",
                data=os.path.join(d, "tok"), max_steps=1, progress=False)
 print("all passed")
