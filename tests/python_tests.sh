@@ -13,6 +13,7 @@ PY=$(bash "$HERE/find_python.sh" torch numpy) || need "no Python with torch and 
 fails=0
 for t in "$HERE"/python/test_*.py; do
   echo "== $(basename "$t")"
-  PYTHONPATH=$PYDIR "$PY" "$t" || { fails=$((fails+1)); echo "FAIL: $(basename "$t")"; }
+  # faulthandler: a crash (an abort from the C library's heap checks, a segfault) prints every thread's Python stack
+  PYTHONPATH=$PYDIR "$PY" -X faulthandler "$t" || { rc=$?; fails=$((fails+1)); echo "FAIL: $(basename "$t") (exit status $rc)"; }
 done
 [ $fails -eq 0 ]
