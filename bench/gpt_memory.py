@@ -25,6 +25,8 @@ import resource
 import subprocess
 import sys
 
+import nanogpt  # bench/nanogpt.py: the PyTorch side
+
 
 def rss(key):
     with open("/proc/self/status") as f:
@@ -35,75 +37,15 @@ def rss(key):
 
 
 def torch_child(a, B, T):
-    import math
-
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     torch.set_num_threads(a.threads)
-    C, H, V = a.n_embd, a.n_head, a.vocab
-
-    class CausalSelfAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(C, 3 * C)
-            self.c_proj = nn.Linear(C, C)
-
-        def forward(self, x):
-            b, t, c = x.size()
-            q, k, v = self.c_attn(x).split(C, dim=2)
-            q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_fc = nn.Linear(C, 4 * C)
-            self.gelu = nn.GELU(approximate="tanh")
-            self.c_proj = nn.Linear(4 * C, C)
-
-        def forward(self, x):
-            return self.c_proj(self.gelu(self.c_fc(x)))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(C), CausalSelfAttention(), nn.LayerNorm(C), MLP()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(V, C), wpe=nn.Embedding(a.block, C),
-                                                  h=nn.ModuleList(Block() for _ in range(a.n_layer)),
-                                                  ln_f=nn.LayerNorm(C)))
-            self.lm_head = nn.Linear(C, V, bias=False)
-            self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT
-            for n, p in self.named_parameters():
-                if n.endswith("c_proj.weight"):
-                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * a.n_layer))
-                elif p.dim() == 2:
-                    nn.init.normal_(p, 0.0, 0.02)
-
-        def forward(self, idx, targets):
-            t = idx.size(1)
-            pos = torch.arange(0, t, dtype=torch.long)
-            x = self.transformer.wte(idx) + self.transformer.wpe(pos)
-            for block in self.transformer.h:
-                x = block(x)
-            logits = self.lm_head(self.transformer.ln_f(x))
-            return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-
+    V = a.vocab
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, V, (B, T), generator=g)
     y = torch.randint(0, V, (B, T), generator=g)
     base = rss("VmRSS:")
-    model = GPT()
+    model = nanogpt.build(a.n_layer, a.n_head, a.n_embd, V, a.block)
     model_rss = rss("VmRSS:")
     n = sum(p.numel() for p in model.parameters())
     params = n * 4.0

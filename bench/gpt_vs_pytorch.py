@@ -22,88 +22,19 @@ Random weights (GPT-2's initialisation), random tokens; the median of ITERS time
 one; best over ROUNDS (the sides alternate, each a fresh process with the same thread count).
 """
 import argparse
-import math
 import os
 import re
 import subprocess
 import sys
 import time
 
-
-def nanogpt(a):
-    """nanoGPT's model.py (karpathy/nanoGPT), dropout 0, bias on: the same modules and calls."""
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class CausalSelfAttention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_attn = nn.Linear(a.n_embd, 3 * a.n_embd)
-            self.c_proj = nn.Linear(a.n_embd, a.n_embd)
-
-        def forward(self, x):
-            B, T, C = x.size()
-            q, k, v = self.c_attn(x).split(a.n_embd, dim=2)
-            k = k.view(B, T, a.n_head, C // a.n_head).transpose(1, 2)
-            q = q.view(B, T, a.n_head, C // a.n_head).transpose(1, 2)
-            v = v.view(B, T, a.n_head, C // a.n_head).transpose(1, 2)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
-            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c_fc = nn.Linear(a.n_embd, 4 * a.n_embd)
-            self.gelu = nn.GELU(approximate="tanh")
-            self.c_proj = nn.Linear(4 * a.n_embd, a.n_embd)
-
-        def forward(self, x):
-            return self.c_proj(self.gelu(self.c_fc(x)))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(a.n_embd)
-            self.attn = CausalSelfAttention()
-            self.ln_2 = nn.LayerNorm(a.n_embd)
-            self.mlp = MLP()
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn.Embedding(a.vocab, a.n_embd)
-            self.wpe = nn.Embedding(a.T, a.n_embd)
-            self.h = nn.ModuleList([Block() for _ in range(a.n_layer)])
-            self.ln_f = nn.LayerNorm(a.n_embd)
-            self.lm_head = nn.Linear(a.n_embd, a.vocab, bias=False)
-            self.wte.weight = self.lm_head.weight
-            for name, p in self.named_parameters():
-                if p.dim() == 2:
-                    std = 0.02 / math.sqrt(2 * a.n_layer) if name.endswith("c_proj.weight") else 0.02
-                    torch.nn.init.normal_(p, mean=0.0, std=std)
-                elif name.endswith("bias"):
-                    torch.nn.init.zeros_(p)
-
-        def forward(self, idx, targets):
-            pos = torch.arange(0, idx.size(1), dtype=torch.long)
-            x = self.wte(idx) + self.wpe(pos)
-            for block in self.h:
-                x = block(x)
-            logits = self.lm_head(self.ln_f(x))
-            return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-
-    return GPT()
+import nanogpt  # bench/nanogpt.py: the PyTorch side
 
 
 def torch_child(a):
     import torch
     torch.manual_seed(1)
-    m = nanogpt(a)
+    m = nanogpt.build(a.n_layer, a.n_head, a.n_embd, a.vocab, a.T)
     m.train()
     params = [p for p in m.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
@@ -117,7 +48,7 @@ def torch_child(a):
         for _ in range(a.iters + 1):
             t0 = time.perf_counter()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"):
-                loss = m(x, t)
+                _, loss = m(x, t)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -18,6 +18,7 @@
  */
 #include "autograd/autograd.h"
 #include "ops/half.h"
+#include "ops/loss.h"
 #include "tensor/tensor.h"
 #include "device/k_misc.h"
 #include "ops/trace.h"
@@ -201,5 +202,27 @@ fail:
     ts_tensor_release(p);
     ts_tensor_release(t);
     ts_tensor_release(o);
+    return st;
+}
+
+/* ---- a sequence model's cross-entropy (ops/loss.h) ------------------------------------------------------ */
+bool ts__class_last(const ts_tensor *logits, const ts_tensor *y) {
+    int nd = ts_tensor_ndim(logits);
+    if (nd < 3 || ts_tensor_ndim(y) != nd - 1) return false;
+    for (int d = 0; d < nd - 1; d++)
+        if (ts_tensor_shape(logits)[d] != ts_tensor_shape(y)[d]) return false;
+    return true;
+}
+
+ts_status ts__cross_entropy_seq(const ts_tensor *logits, const ts_tensor *y, float label_smoothing, ts_tensor **out) {
+    if (!ts__class_last(logits, y)) return ts_cross_entropy(logits, y, label_smoothing, out);
+    int nd = ts_tensor_ndim(logits);
+    int64_t v = ts_tensor_shape(logits)[nd - 1], rows = ts_tensor_numel(y), two[2] = {rows, v};
+    ts_tensor *l2 = NULL, *y1 = NULL;
+    ts_status st = ts_reshape(logits, 2, two, &l2);
+    if (st == TS_OK) st = ts_reshape(y, 1, &rows, &y1);
+    if (st == TS_OK) st = ts_cross_entropy(l2, y1, label_smoothing, out);
+    ts_tensor_release(y1);
+    ts_tensor_release(l2);
     return st;
 }

@@ -44,6 +44,7 @@
 #include "core/timeline.h"
 #include "device/device.h"
 #include "nn/module.h"
+#include "ops/loss.h"
 #include "tessera/parallel.h"
 
 #include <math.h>
@@ -367,23 +368,6 @@ static void pp_mark(pp_run *r, unsigned char *flags, int idx) {
     pthread_mutex_unlock(&r->mu);
 }
 
-/* The cross-entropy of logits against targets y. A sequence model's logits (b, T..., V) against targets
- * (b, T...) score every position: the rows flattened, as the trainer's loss (train/strategy.c) does. */
-static ts_status pp_cross_entropy(const ts_tensor *logits, const ts_tensor *y, float smoothing, ts_tensor **out) {
-    int nd = ts_tensor_ndim(logits);
-    bool rows_last = nd >= 3 && ts_tensor_ndim(y) == nd - 1;
-    for (int d = 0; rows_last && d < nd - 1; d++) rows_last = ts_tensor_dim(logits, d) == ts_tensor_dim(y, d);
-    if (!rows_last) return ts_cross_entropy(logits, y, smoothing, out);
-    int64_t rows = ts_tensor_numel(y), two[2] = {rows, ts_tensor_dim(logits, -1)};
-    ts_tensor *l2 = NULL, *y1 = NULL;
-    ts_status st = ts_reshape(logits, 2, two, &l2);
-    if (st == TS_OK) st = ts_reshape(y, 1, &rows, &y1);
-    if (st == TS_OK) st = ts_cross_entropy(l2, y1, smoothing, out);
-    ts_tensor_release(y1);
-    ts_tensor_release(l2);
-    return st;
-}
-
 /* The last stage's loss of micro-batch i (samples [lo, hi)): its mean cross-entropy weighted by its
  * share of the batch, kept for B(last, i). Takes the reference logits. */
 static ts_status pp_loss(pp_run *r, ts_device *dev, int i, int64_t lo, int64_t hi, ts_tensor *logits) {
@@ -393,7 +377,7 @@ static ts_status pp_loss(pp_run *r, ts_device *dev, int i, int64_t lo, int64_t h
     if (st == TS_OK) st = ts_to_device(tmp, dev, &yd);
     ts_grad_set_enabled(prev);
     ts_tensor_release(tmp);
-    if (st == TS_OK) st = pp_cross_entropy(logits, yd, r->smoothing, &ce);
+    if (st == TS_OK) st = ts__cross_entropy_seq(logits, yd, r->smoothing, &ce);
     if (st == TS_OK) st = ts_scale(ce, (float)r->weight[i], &l);
     if (st == TS_OK) {
         /* a micro-batch whose targets are all ignored has a NaN mean and weight 0:

@@ -195,27 +195,6 @@ void ts_strategy_train(ts_strategy *s, bool training) {
     if (s) ts_module_train(s->runner, training);
 }
 
-bool ts__class_last(const ts_tensor *logits, const ts_tensor *y) {
-    int nd = ts_tensor_ndim(logits);
-    if (nd < 3 || ts_tensor_ndim(y) != nd - 1) return false;
-    for (int d = 0; d < nd - 1; d++)
-        if (ts_tensor_shape(logits)[d] != ts_tensor_shape(y)[d]) return false;
-    return true;
-}
-
-ts_status ts__strategy_loss(const ts_tensor *logits, const ts_tensor *y, float label_smoothing, ts_tensor **out) {
-    if (!ts__class_last(logits, y)) return ts_cross_entropy(logits, y, label_smoothing, out);
-    int nd = ts_tensor_ndim(logits);
-    int64_t v = ts_tensor_shape(logits)[nd - 1], rows = ts_tensor_numel(y), two[2] = {rows, v};
-    ts_tensor *l2 = NULL, *y1 = NULL;
-    ts_status st = ts_reshape(logits, 2, two, &l2);
-    if (st == TS_OK) st = ts_reshape(y, 1, &rows, &y1);
-    if (st == TS_OK) st = ts_cross_entropy(l2, y1, label_smoothing, out);
-    ts_tensor_release(y1);
-    ts_tensor_release(l2);
-    return st;
-}
-
 ts_status ts__strategy_read_loss(const ts_tensor *lt, float *loss) {
     float v = 0.0f;
     ts_status st = ts_tensor_numel(lt) == 1 ? ts_tensor_to_host(lt, &v, sizeof v)
@@ -236,7 +215,7 @@ ts_status ts_strategy_forward_backward(ts_strategy *s, const ts_tensor *x, const
         ts_tensor *logits = NULL, *lt = NULL;
         double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
         st = ts_module_forward(s->runner, x, &logits);
-        if (st == TS_OK) st = ts__strategy_loss(logits, y, label_smoothing, &lt);
+        if (st == TS_OK) st = ts__cross_entropy_seq(logits, y, label_smoothing, &lt);
         ts__tl_span(TS__TL_TRAINER, "forward", t0);
         t0 = ts__tl_now();
         if (st == TS_OK) st = ts__strategy_backward(s, lt);

@@ -8,6 +8,7 @@
 #define TS_TRAIN_STRATEGY_H
 
 #include "core/internal.h"
+#include "ops/loss.h" /* ts__cross_entropy_seq, ts__class_last: the losses the strategies score */
 #include "tessera/train.h"
 
 #define TS_STRATEGY_MAX_DEVICES 64
@@ -63,13 +64,6 @@ ts_status ts__strategy_can_scale_loss(const ts_strategy *s);
 /* Sets the seed (> 0) of the strategy's backward passes; a scale other than 1 needs can_scale_loss. */
 ts_status ts__strategy_set_loss_scale(ts_strategy *s, float scale);
 
-/* Whether logits (B, T, ..., V) go with targets of their leading shape (B, T, ...): a sequence model's
- * output, the class dimension last (ndim >= 3). */
-bool ts__class_last(const ts_tensor *logits, const ts_tensor *y);
-/* The training loss of a batch: ts_cross_entropy(logits, y). A sequence model's logits (B, T, ..., V) with
- * targets (B, T, ...) — the class dimension last, as a language model's — are scored as (B*T*..., V) rows
- * against the flattened targets: the mean over every position. */
-ts_status ts__strategy_loss(const ts_tensor *logits, const ts_tensor *y, float label_smoothing, ts_tensor **out);
 
 /* x and y on dev (new references; the same tensors when they are there). */
 ts_status ts__strategy_batch_to(ts_device *dev, const ts_tensor *x, const ts_tensor *y, ts_tensor **xd,

@@ -35,7 +35,7 @@ static ts_status ddp_forward_backward(ts_strategy *s, const ts_tensor *x, const 
     double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
     ts_status st = ts__strategy_batch_to(s->devs[0], x, y, &xd, &yd); /* the rank's device */
     if (st == TS_OK) st = ts_ddp_forward(s->ddp, xd, &logits);
-    if (st == TS_OK) st = ts__strategy_loss(logits, yd, label_smoothing, &l);
+    if (st == TS_OK) st = ts__cross_entropy_seq(logits, yd, label_smoothing, &l);
     ts__tl_span(TS__TL_TRAINER, "forward", t0);
     t0 = ts__tl_now();
     if (st == TS_OK) st = ts__strategy_backward(s, l);

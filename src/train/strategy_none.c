@@ -27,7 +27,7 @@ static ts_status none_forward_backward(ts_strategy *s, const ts_tensor *x, const
     double t0 = ts__tl_now(); /* the timeline's forward and backward (core/timeline.h) */
     ts_status st = ts__strategy_batch_to(dev, x, y, &xd, &yd);
     if (st == TS_OK) st = ts_module_forward(s->model, xd, &logits);
-    if (st == TS_OK) st = ts__strategy_loss(logits, yd, label_smoothing, &lt);
+    if (st == TS_OK) st = ts__cross_entropy_seq(logits, yd, label_smoothing, &lt);
     ts__tl_span(TS__TL_TRAINER, "forward", t0);
     t0 = ts__tl_now();
     if (st == TS_OK) st = ts__strategy_backward(s, lt);
